@@ -1,0 +1,53 @@
+"""modulelens: isolate a PyTorch module from a real run, replay it alone, and work on it.
+
+Python API (the same tools as the CLI and the MCP server)::
+
+    import modulelens as ml
+    with ml.capture("blocks.1", name="blk"):      # inside your own code
+        model = build(); model(batch)
+    ml.replay_module("blk")                       # -> ReplayModuleResult
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+
+from modulelens.capture.runner import capture, record_constructors  # noqa: E402
+from modulelens.errors import ModuleLensError  # noqa: E402
+
+
+def _tool_function(name: str):
+    def call(*args: Any, repo: str | None = None, **kwargs: Any):
+        from pathlib import Path
+
+        from modulelens.registry import ToolContext, default_repo_root, get_tool
+
+        tool = get_tool(name)
+        fields = [n for n, f in tool.request.model_fields.items() if (f.json_schema_extra or {}).get("cli") == "argument"]
+        kwargs.update(dict(zip(fields, args)))
+        ctx = ToolContext(repo_root=Path(repo) if repo else default_repo_root())
+        return tool(tool.request(**kwargs), ctx)
+
+    call.__name__ = name
+    call.__doc__ = f"Run the {name} tool; keyword arguments are its request fields (see the CLI's --help)."
+    return call
+
+
+capture_module = _tool_function("capture_module")
+replay_module = _tool_function("replay_module")
+list_captures = _tool_function("list_captures")
+show_capture = _tool_function("show_capture")
+export_repro = _tool_function("export_repro")
+
+__all__ = [
+    "ModuleLensError",
+    "capture",
+    "capture_module",
+    "export_repro",
+    "list_captures",
+    "record_constructors",
+    "replay_module",
+    "show_capture",
+]

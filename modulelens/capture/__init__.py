@@ -1,0 +1,1 @@
+"""Tracing internals: constructor-argument recording, value/tensor serialisation, the tracer."""

@@ -1,0 +1,226 @@
+"""Write a captured call into the repository as a ``captures`` artifact, and read it back.
+
+Files of a capture version::
+
+    manifest.json            what was captured, how to rebuild it, sha256 of every file
+    inputs.safetensors       positional and keyword inputs (shape-only ones omitted)
+    outputs.safetensors      outputs of the real forward
+    weights.safetensors      parameters and buffers as they were before the forward
+    init.safetensors         tensors passed to constructors (when any)
+    rng.safetensors          RNG states just before the call
+    grads.safetensors        gradients (when backward was captured)
+    program.pt2              torch.export program (when export succeeded)
+    module.pkl               pickled module (only when asked for)
+    sources/<n>.py           copies of scripts whose classes live in ``__main__`` or a loaded file
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from modulelens.capture import init_args
+from modulelens.capture.tracer import CapturedCall
+from modulelens.capture.values import Encoder, TensorSink, class_path, leaves
+from modulelens.repo import Artifact, Repository
+
+KIND = "captures"
+
+
+def _save_tensors(folder: Path, filename: str, tensors: dict[str, torch.Tensor]) -> None:
+    if tensors:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / filename))
+
+
+def load_tensors(artifact: Artifact, filename: str) -> dict[str, torch.Tensor]:
+    if not artifact.has_file(filename):
+        return {}
+    return load_file(str(artifact.file(filename)))
+
+
+def module_init_spec(module: torch.nn.Module, path: str, encoder: Encoder) -> dict[str, Any] | None:
+    """The recorded construction of ``module`` as a spec (nested modules recursively)."""
+    rec = init_args.record_of(module)
+    if rec is None:
+        return None
+    spec: dict[str, Any] = {
+        "$": "module",
+        "cls": class_path(rec.cls),
+        "args": [encoder.encode(a, f"{path}.args.{i}") for i, a in enumerate(rec.args)],
+        "kwargs": {k: encoder.encode(v, f"{path}.{k}") for k, v in rec.kwargs.items()},
+    }
+    if rec.bind_error:
+        spec["bind_error"] = rec.bind_error
+    return spec
+
+
+def _source_modules(spec: Any, found: set[str]) -> set[str]:
+    """Module names of every class referenced by an init spec."""
+    if isinstance(spec, dict):
+        for key in ("cls", "path"):
+            if isinstance(spec.get(key), str) and ":" in spec[key]:
+                found.add(spec[key].split(":", 1)[0])
+        for v in spec.values():
+            _source_modules(v, found)
+    elif isinstance(spec, list):
+        for v in spec:
+            _source_modules(v, found)
+    return found
+
+
+def _file_backed_modules(names: set[str]) -> dict[str, str]:
+    """Modules that cannot be imported by name later (a script's ``__main__``, files loaded by
+    path): map module name -> file whose copy is stored with the capture."""
+    out = {}
+    for name in names:
+        mod = sys.modules.get(name)
+        file = getattr(mod, "__file__", None)
+        if not file or not file.endswith(".py"):
+            continue
+        if name == "__main__" or name.startswith("modulelens_kb_") or getattr(mod, "__modulelens_by_path__", False):
+            out[name] = file
+    return out
+
+
+def _import_roots(names: set[str]) -> list[str]:
+    """Folders from which the given modules import by name (``/p`` for ``a.b`` at ``/p/a/b.py``),
+    so that replay in a fresh process finds them whatever ``sys.path`` the capture had."""
+    roots = []
+    for name in sorted(names):
+        mod = sys.modules.get(name)
+        file = getattr(mod, "__file__", None)
+        if not file or name == "__main__":
+            continue
+        path = Path(file).resolve()
+        up = len(name.split(".")) + (1 if path.name == "__init__.py" else 0)
+        root = path.parents[up - 1] if up - 1 < len(path.parents) else None
+        if root is not None and "site-packages" not in root.parts and str(root) not in roots:
+            roots.append(str(root))
+    return roots
+
+
+def save_capture(
+    repo: Repository,
+    name: str,
+    captured: CapturedCall,
+    *,
+    target: str,
+    source: dict[str, Any],
+    pickle_module: bool = False,
+    extra_sys_path: list[str] | None = None,
+    distributed: dict[str, int] | None = None,
+) -> Artifact:
+    module = captured.module
+    init_sink = TensorSink("init.")
+    enc = Encoder(init_sink)
+    enc.module_spec = lambda m, p: module_init_spec(m, p, enc)
+    init_spec = module_init_spec(module, "init", enc)
+    unrecorded = list(captured.unrecorded) + enc.unrecorded
+    notes: list[str] = []
+    strategies = []
+    cls_path = class_path(module)
+    if init_spec is None:
+        notes.append(
+            f"constructor arguments of {cls_path} were not recorded (the module was built before "
+            "recording started); source replay is unavailable"
+        )
+    elif "<locals>" in cls_path:
+        notes.append(f"{cls_path} is defined inside a function; source replay is unavailable")
+    elif enc.unrecorded:
+        notes.append("some constructor arguments could not be recorded; source replay is unavailable")
+    elif init_spec.get("bind_error"):
+        notes.append(f"constructor arguments did not bind to the signature: {init_spec['bind_error']}")
+    else:
+        strategies.append("source")
+    if captured.program is not None:
+        strategies.append("export")
+    elif captured.export_error:
+        notes.append(f"torch.export failed: {captured.export_error}")
+    if pickle_module:
+        strategies.append("pickle")
+    notes += captured.backward_notes
+    modules = _source_modules(init_spec, set()) | {cls_path.split(":", 1)[0]}
+    file_modules = _file_backed_modules(modules)
+    shape_only = captured.inputs_sink.shape_only + captured.outputs_sink.shape_only
+
+    weight_sink = TensorSink("", captured.inputs_sink.max_bytes)
+    weights_spec = {n: weight_sink.add(n, t) for n, t in captured.weights.items()}
+    shape_only += weight_sink.shape_only
+
+    def write(folder: Path) -> dict[str, Any]:
+        _save_tensors(folder, "inputs.safetensors", captured.inputs_sink.tensors)
+        _save_tensors(folder, "outputs.safetensors", captured.outputs_sink.tensors)
+        _save_tensors(folder, "weights.safetensors", weight_sink.tensors)
+        _save_tensors(folder, "init.safetensors", init_sink.tensors)
+        _save_tensors(folder, "rng.safetensors", captured.rng)
+        backward = None
+        if captured.grad_output is not None:
+            grads: dict[str, torch.Tensor] = {}
+            for prefix, seq in (("grad_output", captured.grad_output), ("grad_input", captured.grad_input or [])):
+                for i, g in enumerate(seq):
+                    if g is not None:
+                        grads[f"{prefix}.{i}"] = g.detach().cpu()
+            for pname, g in captured.param_grads.items():
+                grads[f"param.{pname}"] = g.detach().cpu()
+            _save_tensors(folder, "grads.safetensors", grads)
+            backward = {
+                "grad_output": [g is not None for g in captured.grad_output],
+                "grad_input": [g is not None for g in (captured.grad_input or [])],
+                "param_grads": sorted(captured.param_grads),
+            }
+        if captured.program is not None:
+            torch.export.save(captured.program, str(folder / "program.pt2"))
+        if pickle_module:
+            torch.save(module, str(folder / "module.pkl"))
+        sources = {}
+        if file_modules:
+            (folder / "sources").mkdir()
+            for i, (mod_name, file) in enumerate(sorted(file_modules.items())):
+                rel = f"sources/{i}_{Path(file).name}"
+                (folder / rel).write_text(Path(file).read_text())
+                sources[mod_name] = {"file": rel, "original": os.path.abspath(file)}
+        return {
+            "module_path": captured.module_path,
+            "class_path": cls_path,
+            "target": target,
+            "call_index": captured.call_index,
+            "strategies": strategies,
+            "init": init_spec,
+            "inputs": {"args": captured.args_spec, "kwargs": captured.kwargs_spec},
+            "outputs": captured.outputs_spec,
+            "weights": weights_spec,
+            "training": captured.training,
+            "grad_enabled": captured.grad_enabled,
+            "forward_seconds": captured.forward_seconds,
+            "export": {
+                "ok": captured.program is not None,
+                "error": captured.export_error,
+                "seconds": round(captured.export_seconds, 4),
+            },
+            "backward": backward,
+            "shape_only": shape_only,
+            "unrecorded": unrecorded,
+            "notes": notes,
+            "source": source,
+            "sources": sources,
+            "sys_path": list(dict.fromkeys([*(p for p in (extra_sys_path or []) if p), *_import_roots(modules)])),
+            "distributed": distributed,
+            "environment": {
+                "torch": torch.__version__,
+                "python": platform.python_version(),
+                "platform": platform.platform(),
+                "host": socket.gethostname(),
+                "device": str(next((t.device for t in captured.weights.values()), "cpu")),
+                "num_threads": torch.get_num_threads(),
+            },
+            "input_tensors": len(leaves(captured.args_spec)) + len(leaves(captured.kwargs_spec)),
+        }
+
+    return repo.create(KIND, name, write)

@@ -1,0 +1,159 @@
+"""Rebuild a captured module and its inputs from a capture artifact.
+
+Strategies: ``source`` (import the class, construct it from the recorded arguments, load the
+captured weights), ``export`` (load the saved ``torch.export`` program: no source code needed) and
+``pickle`` (unpickle the saved module; runs arbitrary code, so only with an explicit trust flag).
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from typing import Any
+
+import torch
+
+from modulelens.capture import init_args
+from modulelens.capture.artifact import load_tensors
+from modulelens.capture.sources import Resolver
+from modulelens.capture.values import Decoder, TensorSource
+from modulelens.errors import ModuleLensError, ReplayFailed
+from modulelens.repo import Artifact
+
+STRATEGIES = ("source", "export", "pickle")
+
+
+class LoadedCapture:
+    def __init__(self, artifact: Artifact, device: str | None = None, dtype: torch.dtype | None = None):
+        self.artifact = artifact
+        self.manifest = artifact.manifest
+        self.device = device
+        self.dtype = dtype
+        sources = {
+            mod: ((artifact.file(info["file"])).read_text(), info["original"])
+            for mod, info in self.manifest.get("sources", {}).items()
+        }
+        self.resolver = Resolver(sources, self.manifest.get("sys_path", []))
+        self.synthesized: list[str] = []
+
+    # -- data ---------------------------------------------------------------------------------
+    def _decoder(self, filename: str, *, device: str | None, dtype: torch.dtype | None) -> Decoder:
+        source = TensorSource(load_tensors(self.artifact, filename), device=device, dtype=dtype)
+        return Decoder(source, self.resolver, self._build_nested)
+
+    def inputs(self) -> tuple[list[Any], dict[str, Any]]:
+        dec = self._decoder("inputs.safetensors", device=self.device, dtype=self.dtype)
+        args = dec.decode(self.manifest["inputs"]["args"])
+        kwargs = dec.decode(self.manifest["inputs"]["kwargs"])
+        self.synthesized += dec.source.synthesized
+        return list(args), dict(kwargs)
+
+    def expected_outputs(self) -> Any:
+        dec = self._decoder("outputs.safetensors", device="cpu", dtype=None)
+        out = dec.decode(self.manifest["outputs"])
+        return out, dec.source.synthesized
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        source = TensorSource(load_tensors(self.artifact, "weights.safetensors"), device=self.device, dtype=None)
+        out = {name: source.get(spec) for name, spec in self.manifest["weights"].items()}
+        self.synthesized += source.synthesized
+        return out
+
+    def rng(self) -> dict[str, torch.Tensor]:
+        return load_tensors(self.artifact, "rng.safetensors")
+
+    def grads(self) -> dict[str, torch.Tensor]:
+        return load_tensors(self.artifact, "grads.safetensors")
+
+    # -- modules ------------------------------------------------------------------------------
+    def _build_nested(self, spec: dict[str, Any]) -> torch.nn.Module:
+        init_dec = self._decoder("init.safetensors", device=None, dtype=None)
+        cls = self.resolver(spec["cls"])
+        args = [init_dec.decode(a) for a in spec["args"]]
+        kwargs = {k: init_dec.decode(v) for k, v in spec["kwargs"].items()}
+        was = init_args._active
+        if was:
+            init_args.uninstall()
+        try:
+            return cls(*args, **kwargs)
+        except Exception as e:
+            raise ReplayFailed(
+                f"constructing {spec['cls']} from the recorded arguments failed: {type(e).__name__}: {e}",
+                "the class's constructor changed since the capture; use --strategy export",
+            ) from e
+        finally:
+            if was:
+                init_args.install()
+
+    def build(self, strategy: str, trust_pickle: bool = False) -> torch.nn.Module:
+        if strategy not in STRATEGIES:
+            raise ReplayFailed(f"unknown strategy {strategy!r}", f"use one of: auto, {', '.join(STRATEGIES)}")
+        if strategy not in self.manifest["strategies"]:
+            why = "; ".join(self.manifest.get("notes", [])) or "it was not saved at capture time"
+            raise ReplayFailed(f"capture {self.artifact.ref} does not support the {strategy} strategy ({why})",
+                               f"supported: {', '.join(self.manifest['strategies']) or 'none'}")
+        if strategy == "source":
+            module = self._build_nested(self.manifest["init"])
+            self._load_weights(module)
+        elif strategy == "export":
+            program = torch.export.load(str(self.artifact.file("program.pt2")))
+            module = program.module()
+            self._load_weights(module, strict=False)
+        else:
+            if not trust_pickle:
+                raise ReplayFailed(
+                    "the pickle strategy runs arbitrary code from the capture file",
+                    "pass --trust-pickle only for captures you made yourself",
+                )
+            module = self._unpickle()
+            self._load_weights(module)
+        if self.dtype is not None:
+            module = module.to(dtype=self.dtype)
+        if self.device is not None:
+            module = module.to(self.device)
+        if strategy != "export":
+            module.train(self.manifest["training"])
+        return module
+
+    def _load_weights(self, module: torch.nn.Module, strict: bool = True) -> None:
+        weights = self.weights()
+        own = dict(module.named_parameters(remove_duplicate=False))
+        own.update(dict(module.named_buffers(remove_duplicate=False)))
+        missing = [n for n in weights if n not in own]
+        if missing and strict:
+            raise ReplayFailed(
+                f"the rebuilt module has no parameter or buffer named {', '.join(missing[:5])}",
+                "the model's code changed since the capture; use --strategy export",
+            )
+        with torch.no_grad():
+            for name, value in weights.items():
+                if name not in own:
+                    continue
+                target = own[name]
+                if tuple(target.shape) != tuple(value.shape):
+                    raise ReplayFailed(
+                        f"{name} has shape {tuple(value.shape)} in the capture but {tuple(target.shape)} in the rebuilt module",
+                        "the model's code or configuration changed since the capture",
+                    )
+                target.copy_(value.to(device=target.device, dtype=target.dtype))
+
+    def _unpickle(self) -> torch.nn.Module:
+        resolver = self.resolver
+        sources = set(self.manifest.get("sources", {}))
+
+        class _Unpickler(pickle.Unpickler):
+            def find_class(self, module: str, name: str) -> Any:
+                if module in sources:
+                    return resolver(f"{module}:{name}")
+                return super().find_class(module, name)
+
+        shim = type(pickle)("modulelens_pickle_shim")
+        shim.__dict__.update(pickle.__dict__)
+        shim.Unpickler = _Unpickler  # type: ignore[attr-defined]
+        data = self.artifact.file("module.pkl").read_bytes()
+        try:
+            return torch.load(io.BytesIO(data), weights_only=False, pickle_module=shim, map_location="cpu")
+        except ModuleLensError:
+            raise
+        except Exception as e:
+            raise ReplayFailed(f"unpickling the module failed: {type(e).__name__}: {e}", "use --strategy source or export") from e

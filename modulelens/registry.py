@@ -1,0 +1,78 @@
+"""The one registry of tools.
+
+Every capability is a :class:`Tool`: a name, a pydantic request model, a pydantic result model
+and a plain function ``fn(request, ctx) -> result``. The MCP server and the CLI are generated from
+this list, so a tool cannot exist in one front end and not the other, and argument names match.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Generic, TypeVar
+
+from pydantic import BaseModel
+
+Req = TypeVar("Req", bound=BaseModel)
+Res = TypeVar("Res", bound=BaseModel)
+
+ProgressFn = Callable[[float, float | None, str | None], None]
+
+
+def default_repo_root() -> Path:
+    """``--repo`` when given, else ``$MODULELENS_HOME``, else ``./.modulelens``."""
+    env = os.environ.get("MODULELENS_HOME")
+    return Path(env) if env else Path.cwd() / ".modulelens"
+
+
+@dataclass
+class ToolContext:
+    """What a tool function may use besides its request: where the repository is, and a way to
+    report progress (a no-op outside MCP/CLI progress displays)."""
+
+    repo_root: Path = field(default_factory=default_repo_root)
+    progress: ProgressFn = lambda done, total=None, message=None: None
+    # True when stdout is a protocol wire (MCP stdio): tools must not let user code print there.
+    stdout_is_protocol: bool = False
+
+
+@dataclass(frozen=True)
+class Tool(Generic[Req, Res]):
+    name: str
+    request: type[Req]
+    result: type[Res]
+    fn: Callable[[Req, ToolContext], Res]
+    summary: str
+    # Optional human renderer for the CLI: result -> rich renderable. None uses a generic table.
+    render: Callable[[Res], object] | None = None
+
+    @property
+    def cli_name(self) -> str:
+        return self.name.replace("_", "-")
+
+    def __call__(self, request: Req, ctx: ToolContext | None = None) -> Res:
+        return self.fn(request, ctx or ToolContext())
+
+
+_TOOLS: dict[str, Tool] = {}
+
+
+def register(tool: Tool) -> Tool:
+    if tool.name in _TOOLS:
+        raise ValueError(f"tool {tool.name!r} registered twice")
+    _TOOLS[tool.name] = tool
+    return tool
+
+
+def all_tools() -> list[Tool]:
+    """Every registered tool, in registration order (importing ``modulelens.tools`` fills it)."""
+    import modulelens.tools  # noqa: F401  (registers the tools)
+
+    return list(_TOOLS.values())
+
+
+def get_tool(name: str) -> Tool:
+    all_tools()
+    return _TOOLS[name]

@@ -1,0 +1,257 @@
+"""Local directory backend of the artifact repository.
+
+Layout::
+
+    <root>/<kind>/<name>/v<N>/manifest.json     # JSON manifest; ``files`` maps each file to sha256
+    <root>/<kind>/<name>/v<N>/...               # the artifact's files (safetensors, JSON, .pt2)
+    <root>/<kind>/<name>/aliases.json           # {"latest": N, "<tag>": N}
+    <root>/<kind>/<name>/.lock                  # serialises version allocation and alias updates
+
+An artifact is written completely into a temporary folder under ``<root>/.tmp`` and then renamed
+into place while holding the name's lock, so readers never see a half-written version and two
+concurrent writers never get the same version number.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from modulelens.errors import ChecksumMismatch, ModuleLensError, ReferenceNotFound
+from modulelens.repo.refs import Ref, parse_ref, validate_name
+
+SCHEMA_VERSION = 1
+MANIFEST = "manifest.json"
+ALIASES = "aliases.json"
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _write_json_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
+    os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def _locked(lock_path: Path) -> Iterator[None]:
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a+") as f:
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - Windows
+            import msvcrt
+
+            msvcrt.locking(f.fileno(), msvcrt.LK_LOCK, 1)
+            try:
+                yield
+            finally:
+                msvcrt.locking(f.fileno(), msvcrt.LK_UNLCK, 1)
+            return
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+class Artifact:
+    """One stored version. Files are checked against their sha256 when first read."""
+
+    def __init__(self, kind: str, name: str, version: int, path: Path, manifest: dict[str, Any]):
+        self.kind = kind
+        self.name = name
+        self.version = version
+        self.path = path
+        self.manifest = manifest
+        self._verified: set[str] = set()
+
+    @property
+    def ref(self) -> str:
+        return f"{self.name}:v{self.version}"
+
+    def has_file(self, rel: str) -> bool:
+        return rel in self.manifest.get("files", {})
+
+    def file(self, rel: str) -> Path:
+        """Path of a stored file, after checking it against the manifest's sha256."""
+        files = self.manifest.get("files", {})
+        if rel not in files:
+            raise ReferenceNotFound(
+                f"{self.kind[:-1]} {self.ref} has no file {rel!r}",
+                f"files present: {', '.join(sorted(files)) or 'none'}",
+            )
+        path = self.path / rel
+        if rel not in self._verified:
+            if not path.is_file():
+                raise ChecksumMismatch(
+                    f"file {rel!r} of {self.ref} is missing from {self.path}",
+                    "the artifact was damaged outside modulelens; capture it again",
+                )
+            actual = sha256_file(path)
+            if actual != files[rel]:
+                raise ChecksumMismatch(
+                    f"file {rel!r} of {self.ref} does not match the sha256 in its manifest "
+                    f"(expected {files[rel][:12]}..., found {actual[:12]}...)",
+                    "the file was changed after it was written; capture it again, or restore the file",
+                )
+            self._verified.add(rel)
+        return path
+
+    def read_json(self, rel: str) -> Any:
+        return json.loads(self.file(rel).read_text())
+
+
+class Repository:
+    """A local artifact repository rooted at a directory (created on first write)."""
+
+    def __init__(self, root: str | os.PathLike[str]):
+        self.root = Path(root).expanduser().resolve()
+
+    # -- layout -----------------------------------------------------------------------------
+    def _name_dir(self, kind: str, name: str) -> Path:
+        return self.root / validate_name(kind, "kind") / validate_name(name)
+
+    def names(self, kind: str) -> list[str]:
+        d = self.root / kind
+        if not d.is_dir():
+            return []
+        return sorted(p.name for p in d.iterdir() if p.is_dir() and self.versions(kind, p.name))
+
+    def versions(self, kind: str, name: str) -> list[int]:
+        d = self._name_dir(kind, name)
+        if not d.is_dir():
+            return []
+        out = []
+        for p in d.iterdir():
+            if p.is_dir() and p.name[:1] == "v" and p.name[1:].isdigit() and (p / MANIFEST).is_file():
+                out.append(int(p.name[1:]))
+        return sorted(out)
+
+    def aliases(self, kind: str, name: str) -> dict[str, int]:
+        path = self._name_dir(kind, name) / ALIASES
+        aliases = json.loads(path.read_text()) if path.is_file() else {}
+        versions = self.versions(kind, name)
+        if versions:
+            aliases["latest"] = versions[-1]
+        return aliases
+
+    # -- references -------------------------------------------------------------------------
+    def resolve(self, kind: str, ref: str | Ref) -> tuple[str, int]:
+        r = parse_ref(ref) if isinstance(ref, str) else ref
+        versions = self.versions(kind, r.name)
+        what = kind[:-1] if kind.endswith("s") else kind
+        if not versions:
+            known = self.names(kind)
+            import difflib
+
+            close = difflib.get_close_matches(r.name, known, n=3)
+            hint = (
+                f"did you mean {', '.join(close)}?"
+                if close
+                else (f"known {kind}: {', '.join(known[:20])}" if known else f"the repository {self.root} has no {kind} yet")
+            )
+            raise ReferenceNotFound(f"no {what} named {r.name!r} in {self.root}", hint)
+        if r.version is not None:
+            if r.version not in versions:
+                raise ReferenceNotFound(
+                    f"{what} {r.name!r} has no version v{r.version}",
+                    f"versions: {', '.join(f'v{v}' for v in versions)}",
+                )
+            return r.name, r.version
+        if r.tag is not None:
+            aliases = self.aliases(kind, r.name)
+            if r.tag not in aliases:
+                raise ReferenceNotFound(
+                    f"{what} {r.name!r} has no tag {r.tag!r}",
+                    f"tags: {', '.join(sorted(aliases))}",
+                )
+            return r.name, aliases[r.tag]
+        return r.name, versions[-1]
+
+    def open(self, kind: str, ref: str | Ref) -> Artifact:
+        name, version = self.resolve(kind, ref)
+        path = self._name_dir(kind, name) / f"v{version}"
+        try:
+            manifest = json.loads((path / MANIFEST).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ChecksumMismatch(
+                f"manifest of {name}:v{version} cannot be read ({e})", "capture it again"
+            ) from e
+        if manifest.get("schema_version", 0) > SCHEMA_VERSION:
+            raise ModuleLensError(
+                f"{name}:v{version} was written by a newer modulelens (schema {manifest['schema_version']})",
+                "upgrade modulelens to read it",
+            )
+        return Artifact(kind, name, version, path, manifest)
+
+    # -- writing ----------------------------------------------------------------------------
+    def create(self, kind: str, name: str, write: Callable[[Path], dict[str, Any]]) -> Artifact:
+        """Write a new version of ``name``.
+
+        ``write(folder)`` fills an empty temporary folder and returns the manifest fields. The
+        version number, checksums and bookkeeping fields are added here; then the folder is
+        renamed into place under the name's lock. If ``write`` raises, nothing is left behind.
+        """
+        name_dir = self._name_dir(kind, name)
+        tmp_root = self.root / ".tmp"
+        tmp_root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f"{kind}-{name}-", dir=tmp_root))
+        try:
+            fields = write(tmp)
+            files = {
+                p.relative_to(tmp).as_posix(): sha256_file(p)
+                for p in sorted(tmp.rglob("*"))
+                if p.is_file() and p.name != MANIFEST
+            }
+            with _locked(name_dir / ".lock"):
+                version = (self.versions(kind, name) or [0])[-1] + 1
+                manifest = {
+                    **fields,
+                    "schema_version": SCHEMA_VERSION,
+                    "kind": kind,
+                    "name": name,
+                    "version": version,
+                    "ref": f"{name}:v{version}",
+                    "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                    "files": files,
+                }
+                (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
+                final = name_dir / f"v{version}"
+                os.rename(tmp, final)
+                aliases_path = name_dir / ALIASES
+                aliases = json.loads(aliases_path.read_text()) if aliases_path.is_file() else {}
+                aliases["latest"] = version
+                _write_json_atomic(aliases_path, aliases)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return Artifact(kind, name, version, final, manifest)
+
+    def tag(self, kind: str, ref: str | Ref, tag: str) -> tuple[str, int]:
+        """Point ``tag`` at the version ``ref`` resolves to (``latest`` is managed automatically)."""
+        validate_name(tag, "tag")
+        if tag == "latest":
+            raise ModuleLensError("'latest' is set automatically", "choose another tag name")
+        name, version = self.resolve(kind, ref)
+        name_dir = self._name_dir(kind, name)
+        with _locked(name_dir / ".lock"):
+            path = name_dir / ALIASES
+            aliases = json.loads(path.read_text()) if path.is_file() else {}
+            aliases[tag] = version
+            _write_json_atomic(path, aliases)
+        return name, version

@@ -1,0 +1,10 @@
+"""One module per tool; importing this package registers them all (the order is the CLI's)."""
+
+from modulelens.tools import (  # noqa: F401, I001  (CLI order)
+    capture_module,
+    replay_module,
+    list_captures,
+    show_capture,
+    export_repro,
+    install_skills,
+)

@@ -1,0 +1,72 @@
+"""list_captures: every capture name in the repository with its versions and tags."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from modulelens.registry import Tool, ToolContext, register
+from modulelens.repo import Repository
+
+
+class ListCapturesRequest(BaseModel):
+    name: str | None = Field(None, description="Only this capture name (all its versions).")
+
+
+class CaptureEntry(BaseModel):
+    ref: str
+    name: str
+    version: int
+    tags: list[str]
+    module_path: str
+    class_path: str
+    strategies: list[str]
+    created_at: str
+
+
+class ListCapturesResult(BaseModel):
+    repo: str = Field(description="The repository folder.")
+    captures: list[CaptureEntry]
+
+
+def list_captures(req: ListCapturesRequest, ctx: ToolContext) -> ListCapturesResult:
+    repo = Repository(ctx.repo_root)
+    names = [req.name] if req.name else repo.names("captures")
+    out = []
+    for name in names:
+        if req.name:
+            repo.resolve("captures", name)  # clear error for an unknown name
+        aliases = repo.aliases("captures", name)
+        for v in repo.versions("captures", name):
+            m = repo.open("captures", f"{name}:v{v}").manifest
+            out.append(
+                CaptureEntry(
+                    ref=f"{name}:v{v}", name=name, version=v,
+                    tags=sorted(k for k, x in aliases.items() if x == v),
+                    module_path=m.get("module_path", ""), class_path=m.get("class_path", ""),
+                    strategies=m.get("strategies", []), created_at=m.get("created_at", ""),
+                )
+            )
+    return ListCapturesResult(repo=str(repo.root), captures=out)
+
+
+def _render(r: ListCapturesResult):
+    from rich.table import Table
+
+    t = Table(title=f"captures in {r.repo}", title_justify="left")
+    for col in ("ref", "tags", "module", "class", "strategies", "created"):
+        t.add_column(col)
+    for c in r.captures:
+        t.add_row(c.ref, ", ".join(c.tags), c.module_path or "<root>", c.class_path, ", ".join(c.strategies), c.created_at)
+    return t
+
+
+TOOL = register(
+    Tool(
+        name="list_captures",
+        request=ListCapturesRequest,
+        result=ListCapturesResult,
+        fn=list_captures,
+        summary="List the captures in the repository with versions, tags and replay strategies.",
+        render=_render,
+    )
+)

@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+TRAIN = EXAMPLES / "tinyformer" / "train.py"
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@pytest.fixture(scope="session")
+def app():
+    from modulelens.cli.app import build_app
+    from modulelens.registry import all_tools
+
+    return build_app(all_tools())
+
+
+@pytest.fixture
+def cli(app):
+    """Run the CLI in-process; returns (exit_code, parsed JSON or None, result)."""
+    runner = CliRunner()
+
+    def run(*args: str):
+        result = runner.invoke(app, [str(a) for a in args])
+        data = None
+        if "--json" in args:
+            try:
+                data = json.loads(result.stdout)
+            except json.JSONDecodeError:
+                data = None
+        return result.exit_code, data, result
+
+    return run
+
+
+def run_cli_subprocess(*args: str, env: dict | None = None, timeout: float = 600):
+    import subprocess
+
+    return subprocess.run(
+        [sys.executable, "-m", "modulelens", *map(str, args)], capture_output=True, text=True,
+        timeout=timeout, env={**os.environ, **(env or {})},
+    )

@@ -60,6 +60,8 @@ def test_list_and_show(cli, repo, block_ref):
     assert init["cls"] == "model:Block"
     cfg = init["kwargs"]["cfg"]
     assert cfg["$"] == "dataclass" and cfg["fields"]["activation"] == {"$": "enum", "cls": "model:Activation", "name": "GELU"}
+    code, _, r = cli("show-capture", block_ref, "--repo", repo)  # human output keeps bracket-free text intact
+    assert code == 0 and "model:Block" in r.stdout
 
 
 def test_repository_from_env(cli, repo, block_ref, monkeypatch):

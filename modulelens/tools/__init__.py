@@ -5,6 +5,7 @@ from modulelens.tools import (  # noqa: F401, I001  (CLI order)
     replay_module,
     list_captures,
     show_capture,
+    tag_capture,
     export_repro,
     install_skills,
 )

@@ -345,10 +345,12 @@ def export_repro(req: ExportReproRequest, ctx: ToolContext) -> ExportReproResult
 
 
 def _render(r: ExportReproResult):
+    from rich.markup import escape
+
     check = "not run" if r.verified is None else ("reproduces the capture" if r.verified else "[red]did not reproduce[/]")
-    return f"wrote {r.path} ({r.flavor}); data in {r.data_dir}\ncheck: {check}" + (
+    return escape(f"wrote {r.path} ({r.flavor}); data in {r.data_dir}\n") + f"check: {check}" + escape((
         f" (max abs error {r.max_abs_error})" if r.max_abs_error is not None else "") + "".join(
-        f"\nskipped {s}" for s in r.skipped)
+        f"\nskipped {s}" for s in r.skipped))
 
 
 TOOL = register(

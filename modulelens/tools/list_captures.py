@@ -50,13 +50,15 @@ def list_captures(req: ListCapturesRequest, ctx: ToolContext) -> ListCapturesRes
 
 
 def _render(r: ListCapturesResult):
+    from rich.markup import escape
     from rich.table import Table
 
     t = Table(title=f"captures in {r.repo}", title_justify="left")
     for col in ("ref", "tags", "module", "class", "strategies", "created"):
         t.add_column(col)
     for c in r.captures:
-        t.add_row(c.ref, ", ".join(c.tags), c.module_path or "<root>", c.class_path, ", ".join(c.strategies), c.created_at)
+        cells = (c.ref, ", ".join(c.tags), c.module_path or "<root>", c.class_path, ", ".join(c.strategies), c.created_at)
+        t.add_row(*map(escape, cells))
     return t
 
 

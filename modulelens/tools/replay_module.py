@@ -206,9 +206,10 @@ def replay_module(req: ReplayModuleRequest, ctx: ToolContext) -> ReplayModuleRes
 
 
 def _render(r: ReplayModuleResult):
+    from rich.markup import escape
     from rich.table import Table
 
-    t = Table(title=f"replay of {r.ref} ({r.strategy})", title_justify="left")
+    t = Table(title=escape(f"replay of {r.ref} ({r.strategy})"), title_justify="left")
     for col in ("value", "shape", "dtype", "max abs err", "max rel err", "allclose"):
         t.add_column(col)
     for o in r.outputs + (r.backward or []):
@@ -219,8 +220,8 @@ def _render(r: ReplayModuleResult):
     t.caption = (f"{verdict} (rtol {r.rtol:g}, atol {r.atol:g}); rebuild {r.reconstruction_seconds * 1e3:.1f} ms, "
                  f"run {r.run_seconds * 1e3:.1f} ms on {r.device}"
                  + ("; inputs synthesised" if r.synthesized_inputs else "")
-                 + "".join(f"\n{a.strategy} failed: {a.error}" for a in r.attempts)
-                 + "".join(f"\nnote: {n}" for n in r.notes))
+                 + escape("".join(f"\n{a.strategy} failed: {a.error}" for a in r.attempts))
+                 + escape("".join(f"\nnote: {n}" for n in r.notes)))
     return t
 
 

@@ -76,28 +76,29 @@ def show_capture(req: ShowCaptureRequest, ctx: ToolContext) -> ShowCaptureResult
 
 
 def render_summary(s: CaptureSummary, title: str | None = None):
+    from rich.markup import escape
     from rich.table import Table
 
-    t = Table(title=title or s.ref, show_header=False, title_justify="left")
+    t = Table(title=escape(title or s.ref), show_header=False, title_justify="left")
     t.add_column(style="bold")
     t.add_column()
     t.add_row("ref", s.ref + (f"  ({', '.join(s.aliases)})" if s.aliases else ""))
-    t.add_row("module", f"{s.module_path or '<root>'}  [{s.class_path}]  call {s.call_index}")
+    t.add_row("module", escape(f"{s.module_path or '<root>'}  ({s.class_path})  call {s.call_index}"))
     t.add_row("mode", "train" if s.training else "eval")
     t.add_row("strategies", ", ".join(s.strategies) or "none")
     fmt = lambda xs: ", ".join(f"{x.key} {x.dtype}{x.shape}" + ("" if x.stored else " (shape-only)") for x in xs)  # noqa: E731
-    t.add_row("inputs", fmt(s.inputs) or "none")
-    t.add_row("outputs", fmt(s.outputs) or "none")
+    t.add_row("inputs", escape(fmt(s.inputs) or "none"))
+    t.add_row("outputs", escape(fmt(s.outputs) or "none"))
     t.add_row("weights", f"{s.weights} tensors")
     if s.backward:
         t.add_row("backward", "gradients captured")
     if s.rank is not None:
         t.add_row("rank", f"{s.rank} of {s.world_size}")
     for u in s.unrecorded:
-        t.add_row("[yellow]unrecorded[/]", u)
+        t.add_row("[yellow]unrecorded[/]", escape(u))
     for n in s.notes:
-        t.add_row("[yellow]note[/]", n)
-    t.add_row("path", s.path)
+        t.add_row("[yellow]note[/]", escape(n))
+    t.add_row("path", escape(s.path))
     return t
 
 

@@ -1,0 +1,40 @@
+"""tag_capture: point a user tag (an alias such as ``prod``) at one version of a capture."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from modulelens.registry import Tool, ToolContext, register
+from modulelens.repo import Repository
+
+
+class TagCaptureRequest(BaseModel):
+    ref: str = Field(description="Capture reference to tag: name, name:v3 or name@tag.", json_schema_extra={"cli": "argument"})
+    tag: str = Field(description="The tag to set (moves it if it exists); 'latest' is automatic.",
+                     json_schema_extra={"cli": "argument"})
+
+
+class TagCaptureResult(BaseModel):
+    ref: str = Field(description="name:vN the tag now points at.")
+    tag: str
+    previous: str | None = Field(None, description="name:vN the tag pointed at before, if any.")
+
+
+def tag_capture(req: TagCaptureRequest, ctx: ToolContext) -> TagCaptureResult:
+    repo = Repository(ctx.repo_root)
+    name, _ = repo.resolve("captures", req.ref)
+    before = repo.aliases("captures", name).get(req.tag)
+    name, version = repo.tag("captures", req.ref, req.tag)
+    return TagCaptureResult(ref=f"{name}:v{version}", tag=req.tag, previous=f"{name}:v{before}" if before else None)
+
+
+TOOL = register(
+    Tool(
+        name="tag_capture",
+        request=TagCaptureRequest,
+        result=TagCaptureResult,
+        fn=tag_capture,
+        summary="Point a tag (e.g. prod) at one version of a capture, so name@tag resolves to it.",
+        render=lambda r: f"{r.ref.split(':')[0]}@{r.tag} -> {r.ref}" + (f" (was {r.previous})" if r.previous else ""),
+    )
+)

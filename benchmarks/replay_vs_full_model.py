@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples" / "tinyformer"))
 
 from model import TinyConfig, TinyFormer  # noqa: E402
+from report import publish  # noqa: E402
 
 import modulelens  # noqa: E402
 from modulelens.registry import ToolContext  # noqa: E402
@@ -98,11 +99,7 @@ def main() -> None:
         f"in-process ratio full/replay: **{full_t[0] / replay_t[0]:.1f}x**",
         f"end-to-end ratio train-step/replay: **{e2e_full[0] / e2e_replay[0]:.2f}x** (both dominated by interpreter + torch import)",
     ]
-    text = "\n".join(lines)
-    print(text)
-    out = ROOT / "benchmarks" / "results"
-    out.mkdir(exist_ok=True)
-    (out / "replay_vs_full_model.md").write_text(text + "\n")
+    publish("replay_vs_full_model", lines)
 
 
 if __name__ == "__main__":

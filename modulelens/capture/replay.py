@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import io
 import pickle
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 
@@ -21,6 +22,7 @@ from modulelens.errors import ModuleLensError, ReplayFailed
 from modulelens.repo import Artifact
 
 STRATEGIES = ("source", "export", "pickle")
+T = TypeVar("T")
 
 
 class LoadedCapture:
@@ -114,6 +116,45 @@ class LoadedCapture:
         if strategy != "export":
             module.train(self.manifest["training"])
         return module
+
+    def with_strategy(
+        self, strategy: str, trust_pickle: bool, action: Callable[[torch.nn.Module], T]
+    ) -> tuple[T, str, float, list[tuple[str, str]]]:
+        """Build the module with ``strategy`` (``auto``: source, export, then pickle if trusted;
+        the next one is tried when building or ``action(module)`` fails) and run ``action`` on it.
+        Returns (action's result, strategy used, build seconds, [(strategy, error) tried before])."""
+        import time
+
+        supported = self.manifest["strategies"]
+        if strategy == "auto":
+            order = [s for s in STRATEGIES if s in supported and (s != "pickle" or trust_pickle)]
+            if not order:
+                raise ReplayFailed(
+                    f"capture {self.artifact.ref} supports no strategy that can run here "
+                    f"(supported: {', '.join(supported) or 'none'})",
+                    "; ".join(self.manifest.get("notes", [])) or "capture again",
+                )
+        else:
+            order = [strategy]
+        attempts: list[tuple[str, str]] = []
+        for s in order:
+            try:
+                t0 = time.perf_counter()
+                module = self.build(s, trust_pickle=trust_pickle)
+                build_s = time.perf_counter() - t0
+                return action(module), s, build_s, attempts
+            except ModuleLensError as e:
+                if strategy != "auto":
+                    raise
+                attempts.append((s, str(e)))
+            except Exception as e:  # noqa: BLE001 - a strategy that crashes is reported, the next one tried
+                if strategy != "auto":
+                    raise ReplayFailed(f"{s} replay failed: {type(e).__name__}: {e}") from e
+                attempts.append((s, f"{type(e).__name__}: {e}"))
+        raise ReplayFailed(
+            f"no strategy could replay {self.artifact.ref}: " + "; ".join(f"{s}: {e}" for s, e in attempts),
+            "see the errors above",
+        )
 
     def _load_weights(self, module: torch.nn.Module, strict: bool = True) -> None:
         weights = self.weights()

@@ -192,6 +192,8 @@ class Encoder:
             return {"$": "dtype", "name": dtype_name(value)}
         if isinstance(value, torch.device):
             return {"$": "device", "v": str(value)}
+        if isinstance(value, (torch.memory_format, torch.layout, torch.qscheme)):
+            return {"$": "torch", "name": str(value).removeprefix("torch.")}
         if isinstance(value, torch.Size):
             return {"$": "size", "items": list(value)}
         if isinstance(value, enum.Enum):
@@ -307,6 +309,8 @@ class Decoder:
             return parse_dtype(spec["name"])
         if kind == "device":
             return torch.device(spec["v"])
+        if kind == "torch":
+            return getattr(torch, spec["name"])
         if kind == "size":
             return torch.Size(spec["items"])
         if kind == "enum":

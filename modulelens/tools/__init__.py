@@ -7,5 +7,10 @@ from modulelens.tools import (  # noqa: F401, I001  (CLI order)
     show_capture,
     tag_capture,
     export_repro,
+    capture_ops,
+    list_op_cards,
+    show_op_card,
+    replay_op_card,
+    profile,
     install_skills,
 )

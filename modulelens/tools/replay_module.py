@@ -9,7 +9,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, Field
 
-from modulelens.capture.replay import STRATEGIES, LoadedCapture
+from modulelens.capture.replay import LoadedCapture
 from modulelens.capture.tracer import set_rng_states
 from modulelens.capture.values import flatten, parse_dtype
 from modulelens.errors import ModuleLensError, ReplayFailed
@@ -136,37 +136,12 @@ def replay_module(req: ReplayModuleRequest, ctx: ToolContext) -> ReplayModuleRes
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ModuleLensError(f"device {device!r} is not available on this machine", "pass --device cpu")
     loaded = LoadedCapture(art, device=device, dtype=dtype)
-    supported = art.manifest["strategies"]
-    if req.strategy == "auto":
-        order = [s for s in STRATEGIES if s in supported and (s != "pickle" or req.trust_pickle)]
-        if not order:
-            raise ReplayFailed(
-                f"capture {art.ref} supports no strategy that can run here (supported: {', '.join(supported) or 'none'})",
-                "; ".join(art.manifest.get("notes", [])) or "capture again",
-            )
-    else:
-        order = [req.strategy]
-    attempts: list[StrategyAttempt] = []
-    for strategy in order:
-        try:
-            t0 = time.perf_counter()
-            module = loaded.build(strategy, trust_pickle=req.trust_pickle)
-            build_s = time.perf_counter() - t0
-            args, out, run_s = _run(loaded, module, req.backward, device)
-            break
-        except ModuleLensError as e:
-            if req.strategy != "auto":
-                raise
-            attempts.append(StrategyAttempt(strategy=strategy, error=str(e)))
-        except Exception as e:  # noqa: BLE001 - a strategy that crashes is reported and the next one tried
-            if req.strategy != "auto":
-                raise ReplayFailed(f"{strategy} replay failed: {type(e).__name__}: {e}") from e
-            attempts.append(StrategyAttempt(strategy=strategy, error=f"{type(e).__name__}: {e}"))
-    else:
-        raise ReplayFailed(
-            f"no strategy could replay {art.ref}: " + "; ".join(f"{a.strategy}: {a.error}" for a in attempts),
-            "see the errors above",
-        )
+
+    def run(module: torch.nn.Module):
+        return module, *_run(loaded, module, req.backward, device)
+
+    (module, args, out, run_s), strategy, build_s, tried = loaded.with_strategy(req.strategy, req.trust_pickle, run)
+    attempts = [StrategyAttempt(strategy=s, error=e) for s, e in tried]
     expected, missing_outputs = loaded.expected_outputs()
     actual_leaves, expected_leaves = flatten(out), flatten(expected)
     notes = list(art.manifest.get("notes", []))

@@ -1,0 +1,1 @@
+"""Operator cards: the aten operators a module runs, grouped into runtime-compatible variants."""

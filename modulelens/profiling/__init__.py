@@ -1,0 +1,1 @@
+"""Fair measurement: established timers, spread not single numbers, stated cache state."""

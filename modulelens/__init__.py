@@ -40,12 +40,18 @@ replay_module = _tool_function("replay_module")
 list_captures = _tool_function("list_captures")
 show_capture = _tool_function("show_capture")
 export_repro = _tool_function("export_repro")
+capture_ops = _tool_function("capture_ops")
+profile = _tool_function("profile")
+gather_stats = _tool_function("gather_stats")
 
 __all__ = [
     "ModuleLensError",
     "capture",
     "capture_module",
+    "capture_ops",
     "export_repro",
+    "gather_stats",
+    "profile",
     "list_captures",
     "record_constructors",
     "replay_module",

@@ -13,4 +13,5 @@ from modulelens.tools import (  # noqa: F401, I001  (CLI order)
     replay_op_card,
     profile,
     install_skills,
+    gather_stats,
 )

@@ -1,0 +1,226 @@
+"""Store statistics in the repository as ``stats`` artifacts, and compute them over captures.
+
+Files of a ``stats`` version::
+
+    manifest.json    source, summary (modules, steps, order source, findings count, notes)
+    series.json      per-module raw and EMA series (see :mod:`modulelens.stats.series`), or for a
+                     capture the statistics of each stored tensor
+    findings.json    the findings (see :mod:`modulelens.stats.findings`)
+    report.html      self-contained report (PNG embedded)
+    report.png       the plots (when matplotlib is installed)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from modulelens.repo import Artifact, Repository, validate_name
+from modulelens.stats import findings as F
+from modulelens.stats import stats as S
+from modulelens.stats.collector import StatsRun
+from modulelens.stats.report import write_report
+from modulelens.stats.series import build_series
+
+KIND = "stats"
+
+
+def default_stats_name(script: Path | None) -> str:
+    base = script.stem if script is not None else "stats"
+    base = "".join(c if (c.isalnum() or c in "_.-") else "-" for c in base).strip(".-") or "stats"
+    return validate_name(base[:100])
+
+
+def _dump(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(data, separators=(",", ":"), allow_nan=False, default=str))
+
+
+def _store(repo: Repository, name: str, series: dict[str, Any], found: list[dict[str, Any]], source: dict[str, Any],
+           summary: dict[str, Any], plots: bool) -> Artifact:
+    def write(folder: Path) -> dict[str, Any]:
+        _dump(folder / "series.json", series)
+        _dump(folder / "findings.json", found)
+        files, notes = write_report(folder, series, found, {"ref": name, "script": source.get("script")}, plots)
+        summary["notes"] = list(summary.get("notes", [])) + notes
+        summary["report_files"] = files
+        return {"source": source, "summary": summary}
+
+    return repo.create(KIND, validate_name(name), write)
+
+
+def save_run(repo: Repository, name: str, run: StatsRun, *, ema: float = 0.9, plots: bool = True,
+             thresholds: dict[str, float] | None = None, source: dict[str, Any] | None = None,
+             ) -> tuple[Artifact, list[dict[str, Any]]]:
+    series = build_series(run, ema)
+    found = F.evaluate(series, thresholds)
+    summary = {
+        "kind": "run",
+        "modules": len(series["order"]),
+        "steps_seen": run.steps_seen,
+        "steps_sampled": len(series["steps"]),
+        "sampled_steps": series["steps"][:50],
+        "every": run.every,
+        "order_source": run.order_source,
+        "findings": len(found),
+        "compiled": run.compiled,
+        "notes": list(run.notes),
+        "by_type": type_summary(series),
+    }
+    art = _store(repo, name, series, found, source or {}, summary, plots)
+    return art, found
+
+
+def type_summary(series: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per-type aggregates at the last sampled step (small: one row per module type)."""
+    out = []
+    last = len(series["steps"]) - 1
+    for t, info in sorted(series.get("types", {}).items()):
+        def at(kind: str, stat: str, info=info) -> Any:
+            c = info.get(kind, {}).get(stat)
+            return c[last] if c and 0 <= last < len(c) else None
+        u = info.get("update_ratio") or []
+        out.append({
+            "type": t, "modules": len(info["modules"]),
+            "activation_std": at("activation", "std"), "activation_zero_frac": at("activation", "zero_frac"),
+            "activation_kurtosis": at("activation", "kurtosis"), "gradient_std": at("gradient", "std"),
+            "update_ratio": u[last] if u and 0 <= last < len(u) else None,
+            "nonfinite": (at("activation", "nan") or 0) + (at("activation", "inf") or 0),
+        })
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Statistics over a capture
+# --------------------------------------------------------------------------------------------
+
+
+def capture_series(capture: Artifact) -> dict[str, Any]:
+    """Statistics of every tensor a capture holds: inputs, outputs, weights (and gradients when
+    captured). Shape-only tensors get the summary kept in the manifest (mean, std, min, max, zero
+    fraction): their other statistics are None and ``stored`` is False."""
+    from modulelens.capture.artifact import load_tensors
+    from modulelens.capture.values import leaves
+
+    m = capture.manifest
+    tensors: dict[str, Any] = {}
+    notes: list[str] = []
+
+    def add(group: str, spec: dict[str, Any], data: dict[str, Any]) -> None:
+        key = spec["key"]
+        t = data.get(key)
+        entry: dict[str, Any] = {"group": group, "shape": spec.get("shape"), "dtype": spec.get("dtype"),
+                                 "stored": t is not None}
+        if t is not None:
+            entry["stats"] = _clean(S.tensor_stats(t))
+        else:
+            summ = spec.get("stats") or {}
+            st = {k: None for k in S.STAT_NAMES}
+            st.update({k: summ.get(k) for k in ("mean", "std", "min", "max")})
+            st["zero_frac"] = summ.get("zero_fraction")
+            if st["mean"] is not None and st["std"] is not None:
+                st["rms"] = math.sqrt(st["mean"] ** 2 + st["std"] ** 2)
+            entry["stats"] = _clean(st)
+        tensors[key] = entry
+
+    inputs = load_tensors(capture, "inputs.safetensors")
+    for spec in leaves(m["inputs"]):
+        add("input", spec, inputs)
+    outputs = load_tensors(capture, "outputs.safetensors")
+    for spec in leaves(m["outputs"]):
+        add("output", spec, outputs)
+    weights = load_tensors(capture, "weights.safetensors")
+    for wname, spec in m.get("weights", {}).items():
+        add("weight", {**spec, "key": spec.get("key", wname)}, weights)
+    grads = load_tensors(capture, "grads.safetensors")
+    for key, t in grads.items():
+        tensors[f"grad.{key}"] = {"group": "gradient", "shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", ""),
+                                  "stored": True, "stats": _clean(S.tensor_stats(t))}
+    shape_only = [k for k, t in tensors.items() if not t["stored"]]
+    if shape_only:
+        notes.append(f"{len(shape_only)} tensor(s) were stored shape-only; their statistics come from the "
+                     f"capture's summary (mean, std, min, max, zero fraction): {', '.join(shape_only[:5])}")
+    return {
+        "schema": 1, "source": "capture", "capture": capture.ref, "module_path": m.get("module_path", ""),
+        "class_path": m.get("class_path", ""), "tensors": tensors, "notes": notes,
+        "definitions": dict(S.DEFINITIONS),
+    }
+
+
+def _clean(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: (float(f"{v:.7g}") if isinstance(v, float) and math.isfinite(v) else (None if isinstance(v, float) else v))
+            for k, v in d.items()}
+
+
+def _rms_of(tensors: dict[str, Any], group: str) -> float | None:
+    sq, n = 0.0, 0
+    for t in tensors.values():
+        s = t["stats"] or {}
+        if t["group"] != group or s.get("rms") is None or not t.get("shape"):
+            continue
+        k = math.prod(t["shape"])
+        sq += s["rms"] ** 2 * k
+        n += k
+    return math.sqrt(sq / n) if n else None
+
+
+def capture_findings(series: dict[str, Any], thresholds: dict[str, float] | None = None) -> list[dict[str, Any]]:
+    """Findings over one captured call: NaN/Inf (in the inputs, the weights, or produced by the
+    module), a dead output, and an exploding or vanishing gain from inputs to outputs."""
+    th = {**F.DEFAULT_THRESHOLDS, **(thresholds or {})}
+    tensors = series["tensors"]
+    module = series.get("module_path", "")
+    out: list[dict[str, Any]] = []
+
+    def bad(group: str) -> list[str]:
+        return [k for k, t in tensors.items() if t["group"] == group and ((t["stats"] or {}).get("nan") or (t["stats"] or {}).get("inf"))]
+
+    bad_in, bad_w, bad_out = bad("input"), bad("weight"), bad("output")
+    label = module or "the captured module"
+    if bad_out or bad_in or bad_w:
+        if bad_in:
+            msg = f"the inputs of {label} already hold NaN/Inf ({', '.join(bad_in[:3])}): they come from before this module"
+            action = "capture an earlier module, or check the data pipeline"
+        elif bad_w:
+            msg = f"the weights of {label} hold NaN/Inf ({', '.join(bad_w[:3])}), so its outputs are non-finite"
+            action = "find the update that wrote them (learning rate, gradient clipping) or reload a good checkpoint"
+        else:
+            msg = f"{label} turns finite inputs and weights into NaN/Inf outputs ({', '.join(bad_out[:3])})"
+            action = "look for log/sqrt of non-positive values, division by zero or overflow in its forward"
+        out.append(F._finding("nan_inf", module, 0, "error", msg + ".", action,
+                              {"nonfinite_inputs": len(bad_in), "nonfinite_weights": len(bad_w), "nonfinite_outputs": len(bad_out)}))
+        return out
+    for k, t in tensors.items():
+        s = t["stats"] or {}
+        if t["group"] == "output" and s.get("zero_frac") is not None and s["zero_frac"] >= th["dead_zero_frac"] \
+                and (s.get("min") is None or s["min"] >= 0):
+            out.append(F._finding("dead_activation", module, 0, "error",
+                                  f"{label} outputs exactly zero for {s['zero_frac']:.1%} of the values of {k}: its units are dead.",
+                                  "check the bias/initialisation feeding it, or use LeakyReLU/GELU", {"tensor": k, "zero_frac": s["zero_frac"]}))
+    rin, rout = _rms_of(tensors, "input"), _rms_of(tensors, "output")
+    if rin and rout:
+        gain = rout / rin
+        if gain >= th["explode_gain"] and rout >= th["explode_rms"]:
+            out.append(F._finding("exploding_activation", module, 0, "error",
+                                  f"{label} multiplies the scale of its inputs by {gain:.3g}x (input rms {rin:.3g}, output rms {rout:.3g}).",
+                                  "check its weight initialisation scale and any scaling factor in its forward",
+                                  {"gain": gain, "input_rms": rin, "output_rms": rout}))
+        elif 0 < gain <= th["vanish_gain"]:
+            out.append(F._finding("vanishing_activation", module, 0, "warning",
+                                  f"{label} shrinks the scale of its inputs by {1 / gain:.3g}x (input rms {rin:.3g}, output rms {rout:.3g}).",
+                                  "check its weight initialisation scale (zero-initialised on purpose? then ignore)",
+                                  {"gain": gain, "input_rms": rin, "output_rms": rout}))
+    return out
+
+
+def save_capture_stats(repo: Repository, name: str, capture: Artifact, *, plots: bool = True,
+                       thresholds: dict[str, float] | None = None) -> tuple[Artifact, dict[str, Any], list[dict[str, Any]]]:
+    series = capture_series(capture)
+    found = capture_findings(series, thresholds)
+    summary = {
+        "kind": "capture", "capture": capture.ref, "modules": 1, "tensors": len(series["tensors"]),
+        "findings": len(found), "notes": list(series["notes"]),
+    }
+    art = _store(repo, name, series, found, {"kind": "capture", "capture": capture.ref, "script": None}, summary, plots)
+    return art, series, found

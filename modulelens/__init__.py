@@ -42,6 +42,8 @@ show_capture = _tool_function("show_capture")
 export_repro = _tool_function("export_repro")
 capture_ops = _tool_function("capture_ops")
 profile = _tool_function("profile")
+generate_kernel = _tool_function("generate_kernel")
+validate_kernel = _tool_function("validate_kernel")
 gather_stats = _tool_function("gather_stats")
 
 __all__ = [
@@ -51,7 +53,9 @@ __all__ = [
     "capture_ops",
     "export_repro",
     "gather_stats",
+    "generate_kernel",
     "profile",
+    "validate_kernel",
     "list_captures",
     "record_constructors",
     "replay_module",

@@ -19,6 +19,8 @@ Req = TypeVar("Req", bound=BaseModel)
 Res = TypeVar("Res", bound=BaseModel)
 
 ProgressFn = Callable[[float, float | None, str | None], None]
+# (system prompt, user prompt, max tokens) -> (reply text, model name), via MCP sampling.
+SampleFn = Callable[[str, str, int], tuple[str, str]]
 
 
 def default_repo_root() -> Path:
@@ -36,6 +38,8 @@ class ToolContext:
     progress: ProgressFn = lambda done, total=None, message=None: None
     # True when stdout is a protocol wire (MCP stdio): tools must not let user code print there.
     stdout_is_protocol: bool = False
+    # Set by the MCP server when the connected client can sample: asks the client's own model.
+    sample: SampleFn | None = None
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,12 @@ EXAMPLES = ROOT / "examples"
 TRAIN = EXAMPLES / "tinyformer" / "train.py"
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Without a GPU, triton kernels run under the interpreter; the variable must be set before triton is
+# first imported (torch imports it lazily, e.g. when a TorchDispatchMode is first used).
+import torch  # noqa: E402
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(scope="session")

@@ -148,10 +148,16 @@ async def _call(
         except Exception:  # progress must never break a tool
             logger.debug("could not report progress for %s", tool.name, exc_info=True)
 
+    def sample(system: str, user: str, max_tokens: int) -> tuple[str, str]:
+        from modulelens.providers.sampling import sample_via_mcp
+
+        return anyio.from_thread.run(sample_via_mcp, ctx, system, user, max_tokens, token=token)
+
     tool_ctx = ToolContext(
         repo_root=repo_root if repo_root is not None else default_repo_root(),
         progress=progress,
         stdout_is_protocol=True,
+        sample=sample if ctx is not None else None,
     )
     return await anyio.to_thread.run_sync(tool.fn, request, tool_ctx)
 

@@ -12,6 +12,8 @@ from modulelens.tools import (  # noqa: F401, I001  (CLI order)
     show_op_card,
     replay_op_card,
     profile,
+    generate_kernel,
+    validate_kernel,
     install_skills,
     gather_stats,
 )

@@ -18,7 +18,8 @@ from modulelens.repo import Repository
 
 
 class ProfileRequest(BaseModel):
-    target: str = Field(description="A capture reference (blk, blk:v2) or an operator card id (blk/0).",
+    target: str = Field(description="A capture reference (blk, blk:v2), an operator card id (blk/0) or a candidate id "
+                        "(blk.card6:v1, timed in the sandbox).",
                         json_schema_extra={"cli": "argument"})
     device: str | None = Field(None, description="Device to run on (default: where it was captured).")
     min_run_time: float = Field(0.5, gt=0, description="Seconds of timed calls to collect (CPU timer) / at least (CUDA).")
@@ -29,7 +30,7 @@ class ProfileRequest(BaseModel):
 
 class ProfileResult(Timing):
     target: str
-    target_kind: str = Field(description="capture or card.")
+    target_kind: str = Field(description="capture, card or candidate.")
     what: str = Field(description="What one timed call does.")
     grad_enabled: bool = Field(description="Whether autograd recorded during the timed calls.")
     breakdown: list[OpTime] | None = None
@@ -82,8 +83,54 @@ def _profile_capture(req: ProfileRequest, repo: Repository) -> tuple[Any, str, s
     return call, device, what, grad, {"synthesized": loaded.synthesized}
 
 
+def _profile_candidate(req: ProfileRequest, repo: Repository, ctx: ToolContext) -> ProfileResult:
+    """Candidates are untrusted code: they are timed inside the sandbox, never in this process."""
+    from modulelens.kernels.backends.base import default_build_dir
+    from modulelens.kernels.candidates import load_candidate
+    from modulelens.sandbox.pool import pool
+
+    art, src = load_candidate(repo, req.target)
+    card_id = art.manifest["target"]["card_id"]
+    task = {"kind": "time_candidate", "repo": str(repo.root), "card_id": card_id, "candidate": src.model_dump(),
+            "build_dir": str(default_build_dir()), "device": req.device, "min_run_time": req.min_run_time,
+            "warmup": req.warmup}
+    ctx.progress(0, 1, f"timing {art.ref} in the sandbox")
+    result = pool().run(task, timeout=900)
+    if "crashed" in result:
+        raise ModuleLensError(f"the candidate's sandbox worker {result['crashed']} while timing it",
+                              "validate it first: validate-kernel " + art.ref)
+    if "error" in result:
+        raise ModuleLensError(result["error"], result.get("hint"))
+    card = result["card"]
+    timing = Timing.model_validate(result["timing"])
+    notes = ["timed in the sandbox worker; run profile on the card for the eager operator's breakdown"]
+    res = ProfileResult(**timing.model_dump(), target=art.ref, target_kind="candidate",
+                        what=f"one call of candidate {art.ref} ({src.backend}) on card {card_id}'s first sample",
+                        grad_enabled=False, notes=notes)
+    if card["kind"] == "memory" and card["bytes_per_call"]:
+        bw = copy_bandwidth(timing.device)
+        res.bytes_moved = card["bytes_per_call"]
+        res.achieved_bytes_per_s = card["bytes_per_call"] / timing.median_s
+        res.copy_bytes_per_s = bw["bytes_per_s"]
+        res.roofline_fraction = res.achieved_bytes_per_s / bw["bytes_per_s"]
+    ctx.progress(1, 1, "done")
+    return res
+
+
+def _is_candidate(repo: Repository, target: str) -> bool:
+    from modulelens.errors import InvalidName
+    from modulelens.repo import parse_ref
+
+    try:
+        return bool(repo.versions("candidates", parse_ref(target).name))
+    except InvalidName:
+        return False
+
+
 def profile(req: ProfileRequest, ctx: ToolContext) -> ProfileResult:
     repo = Repository(ctx.repo_root)
+    if not is_card_id(req.target) and _is_candidate(repo, req.target):
+        return _profile_candidate(req, repo, ctx)
     kind = "card" if is_card_id(req.target) else "capture"
     call, device, what, grad, extra = (_profile_card if kind == "card" else _profile_capture)(req, repo)
     ctx.progress(0, 3, f"timing {req.target}")

@@ -1,0 +1,1 @@
+"""Kernel backends (cpp, cuda, triton), the candidate contract and the template library."""

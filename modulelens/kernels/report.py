@@ -1,0 +1,40 @@
+"""The validation report of a candidate kernel."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from modulelens.profiling.timing import Timing
+
+
+class Check(BaseModel):
+    name: str
+    passed: bool
+    detail: str = ""
+
+
+class ValidationReport(BaseModel):
+    verdict: Literal["custom", "wrapper", "rejected"] = Field(
+        description="custom: correct and computes itself; wrapper: correct but calls back into torch or vendor "
+        "libraries for the computation; rejected: see reason.")
+    correct: bool = Field(description="Every correctness check passed (captured and fresh inputs, after timing too).")
+    reason: str = Field(description="Why this verdict, in one sentence.")
+    stage: str = Field(description="Last stage reached: compile, load, check, time, recheck, done.")
+    backend: str
+    compiled: bool = False
+    ran: bool = Field(False, description="The candidate ran here (False for CUDA without a GPU: compile-checked only).")
+    checks: list[Check] = Field(default_factory=list)
+    errors: list[str] = Field(default_factory=list, description="Short compile/runtime errors, usable in a repair prompt.")
+    backend_calls: list[str] = Field(default_factory=list, description="torch/vendor operators the candidate called.")
+    flags: list[str] = Field(default_factory=list, description="Suspicious findings (speedups beyond belief, ...).")
+    eager: Timing | None = None
+    candidate: Timing | None = None
+    compiled_baseline: Timing | None = Field(None, description="torch.compile of the same operator, when asked for.")
+    speedup_vs_eager: float | None = Field(None, description="eager median / candidate median; null when not timed.")
+    speedup_vs_compile: float | None = None
+    timing_note: str = ""
+    stdout_bytes: int = 0
+    stderr_tail: str = ""
+    seconds: float = 0.0

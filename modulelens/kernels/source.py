@@ -1,0 +1,46 @@
+"""A candidate kernel's source and where it came from.
+
+The candidate contract for an operator card (documented for agents in skills/optimize-kernel):
+
+* The source defines an entry point named ``forward`` (``KernelSource.entry``).
+* ``forward`` takes the card operator's arguments in the order of the card's stored sample:
+  the positional arguments, then the keyword arguments' values in stored order. Tensors arrive as
+  tensors; other arguments as Python values (int, float, bool, None, list of int).
+* It returns what the aten operator returns: one tensor, or a tuple of tensors for operators with
+  several outputs (``native_layer_norm`` returns ``(out, mean, rstd)``), with the same shapes and
+  dtypes. It must not modify its inputs, and must not return an input or memory it did not write.
+* ``cpp`` and ``cuda`` sources are C++/CUDA compiled with ``torch.utils.cpp_extension.load_inline``
+  (``functions=["forward"]``; pybind passes arguments positionally: use ``torch::Tensor``,
+  ``int64_t``, ``double``, ``bool``, ``std::vector<int64_t>``, ``c10::optional<torch::Tensor>``).
+  ``triton`` sources are Python modules with ``@triton.jit`` kernels and a Python ``forward``.
+
+For a whole captured module the contract is KernelBench's: a Python source defining
+``class ModelNew(nn.Module)`` built with the captured module's constructor arguments, whose
+``forward`` takes the captured inputs; captured weights are loaded into it by parameter name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+BackendName = Literal["cpp", "cuda", "triton"]
+
+
+class KernelSource(BaseModel):
+    backend: BackendName
+    source: str = Field(description="Full source text: C++/CUDA for cpp and cuda, Python for triton.")
+    entry: str = Field("forward", description="Name of the entry point the harness calls.")
+    family: str | None = Field(None, description="Template family, when the source came from a template.")
+    params: dict[str, Any] = Field(default_factory=dict, description="Template parameters (block sizes, ...).")
+    provider: str = Field("agent", description="template, anthropic, sampling or agent.")
+    provenance: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Where it came from: model, prompt_sha256, input/output tokens, cost_usd, template, parent.",
+    )
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(f"{self.backend}\0{self.entry}\0{self.source}".encode()).hexdigest()

@@ -1,0 +1,300 @@
+"""Layer norm family: ``aten.native_layer_norm.default(x, normalized_shape, weight?, bias?, eps)
+-> (out, mean, rstd)``; mean and rstd have shape ``x.shape[:-k] + [1] * k`` (k =
+``len(normalized_shape)``) and the dtype eager gives them (float32 for float16/bfloat16 inputs on
+CUDA), both read from the card's output spec.
+
+CPU: per row, mean and the centred sum of squares accumulated in double (two passes over a row
+that stays in L1), ``rstd = 1 / sqrt(var + eps)``, then ``(x * rstd - rstd * mean) * w + b`` as
+eager computes it; rows in parallel above the grain. Triton: one program per row (looped above
+16384 columns). CUDA: one thread block per row.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from modulelens.kernels.templates._common import (
+    ATEN_DTYPE,
+    CPP_PRELUDE,
+    CPP_SCALAR,
+    CUDA_PRELUDE,
+    CUDA_SCALAR,
+    TORCH_DTYPE,
+    TRITON_PRELUDE,
+    Call,
+    NoMatch,
+    TArg,
+    contiguous_strides,
+    cpp_checks,
+    cpp_header,
+    cpp_literal,
+    cpp_signature,
+    cuda_checks,
+    ilist,
+    next_pow2,
+    py_checks,
+    py_header,
+    py_literal,
+    py_signature,
+    require_same_device,
+)
+
+FAMILY = "layer_norm"
+OPS = ("aten.native_layer_norm.default",)
+BACKENDS = ("cpp", "triton", "cuda")
+ROW_MAX = 16384
+
+
+def match(call: Call) -> dict[str, Any]:
+    require_same_device(call)
+    x, ns = call.arg("input"), call.arg("normalized_shape")
+    w, b, eps = call.arg("weight"), call.arg("bias"), call.arg("eps")
+    if not isinstance(x, TArg) or not isinstance(ns, list) or not ns:
+        raise NoMatch("expected a tensor input and a normalized_shape")
+    k = len(ns)
+    if list(x.shape[-k:]) != list(ns) or x.ndim < k:
+        raise NoMatch(f"normalized_shape {ns} does not end the input shape {list(x.shape)}")
+    c = math.prod(ns)
+    if c == 0 or x.numel == 0:
+        raise NoMatch("empty input")
+    for name, t in (("weight", w), ("bias", b)):
+        if t is not None and (not isinstance(t, TArg) or list(t.shape) != list(ns) or t.dtype != x.dtype):
+            raise NoMatch(f"{name} must be None or a {x.dtype} tensor of shape {ns}")
+    if len(call.outputs) != 3:
+        raise NoMatch("expected (out, mean, rstd)")
+    out, mean, rstd = call.outputs
+    if out.dtype != x.dtype or mean.dtype != rstd.dtype:
+        raise NoMatch("unexpected output dtypes")
+    return {"op": call.op, "rows": x.numel // c, "C": c, "eps": float(eps), "shape": list(x.shape),
+            "stat_shape": list(mean.shape), "dtype": x.dtype, "stat_dtype": mean.dtype, "has_weight": w is not None,
+            "has_bias": b is not None, "contiguous": [t.contiguous for t in (x, w, b) if t is not None],
+            "x": call.param("input"), "w": call.param("weight"), "b": call.param("bias")}
+
+
+def variants(backend: str, p: dict[str, Any]) -> list[dict[str, Any]]:
+    if backend == "cpp":
+        return [{"grain": 32768}, {"grain": 8192}, {"grain": 1 << 40}, {"grain": 32768, "stats": "onepass"}]
+    if backend == "triton":
+        out = [{"mode": "row", "num_warps": w} for w in (4, 8, 2)] if p["C"] <= ROW_MAX else []
+        return out + [{"mode": "loop", "BLOCK": b, "num_warps": w} for b, w in ((1024, 4), (4096, 8))]
+    cap = max(32, next_pow2(p["C"]))
+    return [{"threads": t} for t in dict.fromkeys(min(t, cap) for t in (256, 128, 512, 1024))]
+
+
+def _contig(name: str, is_contig: bool) -> str:
+    return name if is_contig else f"{name}.contiguous()"
+
+
+def render_cpp(call: Call, p: dict[str, Any], v: dict[str, Any], variant: int) -> str:
+    if p["stat_dtype"] != p["dtype"]:
+        raise NoMatch("the cpp template keeps mean and rstd in the input dtype")
+    T = CPP_SCALAR[p["dtype"]]
+    dt = ATEN_DTYPE[p["dtype"]]
+    x, w, b = p["x"], p["w"], p["b"]
+    hw, hb = p["has_weight"], p["has_bias"]
+    cont = iter(p["contiguous"])
+    xs = _contig(x, next(cont))
+    ws = _contig(w, next(cont)) if hw else None
+    bs = _contig(b, next(cont)) if hb else None
+    affine = "(xr[j] * rs + sh)" + (" * W[j]" if hw else "") + (" + B[j]" if hb else "")
+    if v.get("stats") == "onepass":  # sum and sum of squares in one pass (double: no cancellation trouble
+        stats = """\
+    double s = 0.0, q = 0.0;
+    #pragma omp simd reduction(+:s, q)
+    for (int64_t j = 0; j < C; ++j) { const double d = (double)xr[j]; s += d; q += d * d; }
+    const double mu = s / C;
+    const double var = q / C - mu * mu > 0.0 ? q / C - mu * mu : 0.0;"""
+    else:  # two passes: the mean, then the centred sum of squares
+        stats = """\
+    double s = 0.0;
+    #pragma omp simd reduction(+:s)
+    for (int64_t j = 0; j < C; ++j) s += (double)xr[j];
+    const double mu = s / C;
+    double q = 0.0;
+    #pragma omp simd reduction(+:q)
+    for (int64_t j = 0; j < C; ++j) { const double d = (double)xr[j] - mu; q += d * d; }
+    const double var = q / C;"""
+    return f"""{cpp_header(call, FAMILY, variant, v)}{CPP_PRELUDE}
+using T = {T};
+constexpr int64_t ROWS = {p['rows']}, C = {p['C']};
+constexpr double EPS = {cpp_literal(p['eps'], 'double')};
+
+{cpp_signature(call, "std::tuple<at::Tensor, at::Tensor, at::Tensor>")} {{
+{cpp_checks(call)}
+  const at::Tensor xc = {xs};
+{f'  const at::Tensor wc = {ws};' if hw else ''}
+{f'  const at::Tensor bc = {bs};' if hb else ''}
+  at::Tensor out = ml_empty({ilist(p['shape'])}, {ilist(contiguous_strides(p['shape']))}, {dt});
+  at::Tensor mean = ml_empty({ilist(p['stat_shape'])}, {ilist(contiguous_strides(p['stat_shape']))}, {dt});
+  at::Tensor rstd = ml_empty({ilist(p['stat_shape'])}, {ilist(contiguous_strides(p['stat_shape']))}, {dt});
+  const T* __restrict__ X = xc.data_ptr<T>();
+{'  const T* __restrict__ W = wc.data_ptr<T>();' if hw else ''}
+{'  const T* __restrict__ B = bc.data_ptr<T>();' if hb else ''}
+  T* __restrict__ Y = out.data_ptr<T>();
+  T* __restrict__ M = mean.data_ptr<T>();
+  T* __restrict__ R = rstd.data_ptr<T>();
+  const int ml_threads = at::get_num_threads();
+  #pragma omp parallel for schedule(static) num_threads(ml_threads) if(ROWS > 1 && ROWS * C >= {v['grain']}LL)
+  for (int64_t r = 0; r < ROWS; ++r) {{
+    const T* __restrict__ xr = X + r * C;
+    T* __restrict__ yr = Y + r * C;
+{stats}
+    const double rstd_d = 1.0 / std::sqrt(var + EPS);
+    const T rs = (T)rstd_d, sh = (T)(-rstd_d * mu);
+    M[r] = (T)mu;
+    R[r] = rs;
+    #pragma omp simd
+    for (int64_t j = 0; j < C; ++j) yr[j] = {affine};
+  }}
+  return std::make_tuple(out, mean, rstd);
+}}
+"""
+
+
+def _triton_common(call: Call, p: dict[str, Any]) -> tuple[str, str, str]:
+    x, w, b = p["x"], p["w"], p["b"]
+    cont = iter(p["contiguous"])
+    lines = [f"    x = {x}.contiguous()" if not next(cont) else f"    x = {x}"]
+    if p["has_weight"]:
+        lines.append(f"    w = {w}.contiguous()" if not next(cont) else f"    w = {w}")
+    if p["has_bias"]:
+        lines.append(f"    b = {b}.contiguous()" if not next(cont) else f"    b = {b}")
+    wa = "w" if p["has_weight"] else "x"
+    ba = "b" if p["has_bias"] else "x"
+    return "\n".join(lines) + "\n", wa, ba
+
+
+def render_triton(call: Call, p: dict[str, Any], v: dict[str, Any], variant: int) -> str:
+    rows, c = p["rows"], p["C"]
+    pid = "tl.program_id(0).to(tl.int64)" if rows * c >= 2**31 else "tl.program_id(0)"
+    prep, wa, ba = _triton_common(call, p)
+    if v["mode"] == "row":
+        kernel = f"""
+@triton.jit
+def _layer_norm(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, eps, C: tl.constexpr, BLOCK: tl.constexpr,
+                HAS_W: tl.constexpr, HAS_B: tl.constexpr):
+    row = {pid}
+    cols = tl.arange(0, BLOCK)
+    mask = cols < C
+    x = tl.load(x_ptr + row * C + cols, mask=mask, other=0.0).to(tl.float32)
+    mean = tl.sum(x, axis=0) / C
+    d = tl.where(mask, x - mean, 0.0)
+    var = tl.sum(d * d, axis=0) / C
+    rstd = 1.0 / tl.sqrt(var + eps)
+    y = d * rstd
+    if HAS_W:
+        y = y * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if HAS_B:
+        y = y + tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * C + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(mean_ptr + row, mean.to(mean_ptr.dtype.element_ty))
+    tl.store(rstd_ptr + row, rstd.to(rstd_ptr.dtype.element_ty))
+"""
+        block = next_pow2(c)
+    else:
+        kernel = f"""
+@triton.jit
+def _layer_norm(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, eps, C: tl.constexpr, BLOCK: tl.constexpr,
+                HAS_W: tl.constexpr, HAS_B: tl.constexpr):
+    row = {pid}
+    base = row * C
+    cols = tl.arange(0, BLOCK)
+    acc = tl.zeros((BLOCK,), tl.float32)
+    for start in range(0, C, BLOCK):
+        mask = start + cols < C
+        acc += tl.load(x_ptr + base + start + cols, mask=mask, other=0.0).to(tl.float32)
+    mean = tl.sum(acc, axis=0) / C
+    acc = tl.zeros((BLOCK,), tl.float32)
+    for start in range(0, C, BLOCK):
+        mask = start + cols < C
+        x = tl.load(x_ptr + base + start + cols, mask=mask, other=0.0).to(tl.float32)
+        d = tl.where(mask, x - mean, 0.0)
+        acc += d * d
+    var = tl.sum(acc, axis=0) / C
+    rstd = 1.0 / tl.sqrt(var + eps)
+    for start in range(0, C, BLOCK):
+        mask = start + cols < C
+        x = tl.load(x_ptr + base + start + cols, mask=mask, other=0.0).to(tl.float32)
+        y = (x - mean) * rstd
+        if HAS_W:
+            y = y * tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
+        if HAS_B:
+            y = y + tl.load(b_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(y_ptr + base + start + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(mean_ptr + row, mean.to(mean_ptr.dtype.element_ty))
+    tl.store(rstd_ptr + row, rstd.to(rstd_ptr.dtype.element_ty))
+"""
+        block = v["BLOCK"]
+    dt, st = TORCH_DTYPE[p["dtype"]], TORCH_DTYPE[p["stat_dtype"]]
+    return f"""{py_header(call, FAMILY, variant, v)}{TRITON_PRELUDE}
+{kernel}
+
+{py_signature(call)}
+{py_checks(call)}
+{prep}    out = torch.empty({p['shape']}, dtype={dt}, device=x.device)
+    mean = torch.empty({p['stat_shape']}, dtype={st}, device=x.device)
+    rstd = torch.empty({p['stat_shape']}, dtype={st}, device=x.device)
+    _layer_norm[({rows},)](x, {wa}, {ba}, out, mean, rstd, {py_literal(p['eps'])}, C={c}, BLOCK={block},
+                           HAS_W={p['has_weight']}, HAS_B={p['has_bias']}, num_warps={v['num_warps']})
+    return out, mean, rstd
+"""
+
+
+def render_cuda(call: Call, p: dict[str, Any], v: dict[str, Any], variant: int) -> str:
+    x, w, b = p["x"], p["w"], p["b"]
+    hw, hb = p["has_weight"], p["has_bias"]
+    cont = iter(p["contiguous"])
+    xs = _contig(x, next(cont))
+    ws = _contig(w, next(cont)) if hw else None
+    bs = _contig(b, next(cont)) if hb else None
+    threads = int(v["threads"])
+    affine = "(v - mean) * rstd" + (" * static_cast<float>(w[j])" if hw else "") + (" + static_cast<float>(b[j])" if hb else "")
+    st = p["stat_shape"]
+    return f"""{cpp_header(call, FAMILY, variant, v)}{CUDA_PRELUDE}
+using scalar_t = {CUDA_SCALAR[p['dtype']]};
+using stat_t = {CUDA_SCALAR[p['stat_dtype']]};
+constexpr int64_t ROWS = {p['rows']}, C = {p['C']};
+
+__global__ void ml_layer_norm(const scalar_t* __restrict__ x, const scalar_t* __restrict__ w,
+                              const scalar_t* __restrict__ b, scalar_t* __restrict__ y, stat_t* __restrict__ mean_out,
+                              stat_t* __restrict__ rstd_out, float eps) {{
+  const int64_t row = blockIdx.x;
+  const scalar_t* __restrict__ xr = x + row * C;
+  scalar_t* __restrict__ yr = y + row * C;
+  float s = 0.0f;
+  for (int64_t j = threadIdx.x; j < C; j += blockDim.x) s += static_cast<float>(xr[j]);
+  const float mean = ml_block_allreduce(s, MlSum(), 0.0f) / C;
+  float q = 0.0f;
+  for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {{
+    const float d = static_cast<float>(xr[j]) - mean;
+    q += d * d;
+  }}
+  const float var = ml_block_allreduce(q, MlSum(), 0.0f) / C;
+  const float rstd = 1.0f / sqrtf(var + eps);
+  for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {{
+    const float v = static_cast<float>(xr[j]);
+    yr[j] = static_cast<scalar_t>({affine});
+  }}
+  if (threadIdx.x == 0) {{
+    mean_out[row] = static_cast<stat_t>(mean);
+    rstd_out[row] = static_cast<stat_t>(rstd);
+  }}
+}}
+
+{cpp_signature(call, "std::tuple<at::Tensor, at::Tensor, at::Tensor>", cuda=True)} {{
+{cuda_checks(call)}
+  const c10::cuda::CUDAGuard guard({x}.device());
+  const at::Tensor xc = {xs};
+{f'  const at::Tensor wc = {ws};' if hw else ''}
+{f'  const at::Tensor bc = {bs};' if hb else ''}
+  at::Tensor out = at::empty_strided({ilist(p['shape'])}, {ilist(contiguous_strides(p['shape']))}, {x}.options());
+  at::Tensor mean = at::empty_strided({ilist(st)}, {ilist(contiguous_strides(st))}, {x}.options().dtype({ATEN_DTYPE[p['stat_dtype']]}));
+  at::Tensor rstd = at::empty_strided({ilist(st)}, {ilist(contiguous_strides(st))}, {x}.options().dtype({ATEN_DTYPE[p['stat_dtype']]}));
+  ml_layer_norm<<<(unsigned)ROWS, {threads}, 0, c10::cuda::getCurrentCUDAStream()>>>(
+      xc.data_ptr<scalar_t>(), {'wc.data_ptr<scalar_t>()' if hw else 'nullptr'}, {'bc.data_ptr<scalar_t>()' if hb else 'nullptr'},
+      out.data_ptr<scalar_t>(), mean.data_ptr<stat_t>(), rstd.data_ptr<stat_t>(), {float(p['eps'])!r}f);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return std::make_tuple(out, mean, rstd);
+}}
+"""

@@ -1,0 +1,152 @@
+"""Adaptive average pooling family: ``aten._adaptive_avg_pool2d.default(x, output_size)`` (and
+``aten.adaptive_avg_pool2d.default``, which normally decomposes before dispatch: to
+``_adaptive_avg_pool2d``, or to ``mean.dim([-1, -2])`` for an output of 1x1) on ``[N, C, H, W]``
+or ``[C, H, W]``.
+
+Bins as eager computes them: rows ``floor(i * H / OH)`` to ``ceil((i + 1) * H / OH)``, likewise
+for columns, baked in as tables. CPU: planes in parallel, sums in double. Triton: a block of
+outputs per program, each looping over its bin up to the widest bin. Channels-last inputs are made
+contiguous and the output is returned in the eager output's layout. No CUDA template.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from modulelens.kernels.templates._common import (
+    ATEN_DTYPE,
+    CPP_PRELUDE,
+    CPP_SCALAR,
+    TORCH_DTYPE,
+    TRITON_PRELUDE,
+    Call,
+    NoMatch,
+    TArg,
+    contiguous_strides,
+    cpp_checks,
+    cpp_header,
+    cpp_signature,
+    ilist,
+    py_checks,
+    py_header,
+    py_signature,
+    require_same_device,
+)
+
+FAMILY = "pooling"
+OPS = ("aten._adaptive_avg_pool2d.default", "aten.adaptive_avg_pool2d.default")
+BACKENDS = ("cpp", "triton")
+
+
+def bins(size: int, out: int) -> tuple[list[int], list[int]]:
+    starts = [(i * size) // out for i in range(out)]
+    ends = [-((-(i + 1) * size) // out) for i in range(out)]
+    return starts, ends
+
+
+def match(call: Call) -> dict[str, Any]:
+    require_same_device(call)
+    x = call.arg("self")
+    if not isinstance(x, TArg) or x.ndim not in (3, 4) or x.numel == 0:
+        raise NoMatch("expected a non-empty [N, C, H, W] or [C, H, W] input")
+    if not call.outputs:
+        raise NoMatch("no output")
+    out = call.outputs[0]
+    h, w = x.shape[-2:]
+    oh, ow = out.shape[-2:]
+    if oh <= 0 or ow <= 0 or out.dtype != x.dtype:
+        raise NoMatch("unexpected output")
+    hs, he = bins(h, oh)
+    ws, we = bins(w, ow)
+    return {"op": call.op, "planes": x.numel // (h * w), "H": h, "W": w, "OH": oh, "OW": ow, "hs": hs, "he": he,
+            "ws": ws, "we": we, "KH": max(e - s for s, e in zip(hs, he)), "KW": max(e - s for s, e in zip(ws, we)),
+            "shape": list(x.shape), "out_shape": list(out.shape), "out_stride": list(out.stride),
+            "out_contiguous": tuple(out.stride) == contiguous_strides(out.shape), "dtype": x.dtype,
+            "input_contiguous": x.contiguous, "x": call.param("self")}
+
+
+def variants(backend: str, p: dict[str, Any]) -> list[dict[str, Any]]:
+    if backend == "cpp":
+        return [{"grain": 32768}, {"grain": 8192}, {"grain": 1 << 40}]
+    return [{"BLOCK": b, "num_warps": w} for b, w in ((128, 4), (256, 4), (64, 2), (512, 8))]
+
+
+def render_cpp(call: Call, p: dict[str, Any], v: dict[str, Any], variant: int) -> str:
+    T = CPP_SCALAR[p["dtype"]]
+    dt = ATEN_DTYPE[p["dtype"]]
+    src = p["x"] if p["input_contiguous"] else f"{p['x']}.contiguous()"
+    ret = "out" if p["out_contiguous"] else f"ml_empty({ilist(p['out_shape'])}, {ilist(p['out_stride'])}, {dt}).copy_(out)"
+    return f"""{cpp_header(call, FAMILY, variant, v)}{CPP_PRELUDE}
+using T = {T};
+constexpr int64_t PLANES = {p['planes']}, H = {p['H']}, W = {p['W']}, OH = {p['OH']}, OW = {p['OW']};
+static const int64_t HS[OH] = {ilist(p['hs'])}, HE[OH] = {ilist(p['he'])};
+static const int64_t WS[OW] = {ilist(p['ws'])}, WE[OW] = {ilist(p['we'])};
+
+{cpp_signature(call, "at::Tensor")} {{
+{cpp_checks(call)}
+  const at::Tensor xc = {src};
+  at::Tensor out = ml_empty({ilist(p['out_shape'])}, {ilist(contiguous_strides(p['out_shape']))}, {dt});
+  const T* __restrict__ X = xc.data_ptr<T>();
+  T* __restrict__ Y = out.data_ptr<T>();
+  const int ml_threads = at::get_num_threads();
+  #pragma omp parallel for schedule(static) num_threads(ml_threads) if(PLANES > 1 && PLANES * H * W >= {v['grain']}LL)
+  for (int64_t pl = 0; pl < PLANES; ++pl) {{
+    const T* __restrict__ xp = X + pl * H * W;
+    T* __restrict__ yp = Y + pl * OH * OW;
+    for (int64_t oh = 0; oh < OH; ++oh) {{
+      for (int64_t ow = 0; ow < OW; ++ow) {{
+        double s = 0.0;
+        for (int64_t h = HS[oh]; h < HE[oh]; ++h) {{
+          const T* __restrict__ row = xp + h * W;
+          #pragma omp simd reduction(+:s)
+          for (int64_t w = WS[ow]; w < WE[ow]; ++w) s += (double)row[w];
+        }}
+        yp[oh * OW + ow] = (T)(s / (double)((HE[oh] - HS[oh]) * (WE[ow] - WS[ow])));
+      }}
+    }}
+  }}
+  return {ret};
+}}
+"""
+
+
+def render_triton(call: Call, p: dict[str, Any], v: dict[str, Any], variant: int) -> str:
+    total = p["planes"] * p["OH"] * p["OW"]
+    wide = p["planes"] * p["H"] * p["W"] >= 2**31
+    src = p["x"] if p["input_contiguous"] else f"{p['x']}.contiguous()"
+    dt = TORCH_DTYPE[p["dtype"]]
+    finish = "    return out\n" if p["out_contiguous"] else (
+        f"    return torch.empty_strided({p['out_shape']}, {p['out_stride']}, dtype={dt}, device=x.device).copy_(out)\n")
+    return f"""{py_header(call, FAMILY, variant, v)}{TRITON_PRELUDE}
+
+@triton.jit
+def _adaptive_avg_pool2d(x_ptr, y_ptr, TOTAL: tl.constexpr, H: tl.constexpr, W: tl.constexpr, OH: tl.constexpr,
+                         OW: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, BLOCK: tl.constexpr):
+    idx = tl.program_id(0){'.to(tl.int64)' if wide else ''} * BLOCK + tl.arange(0, BLOCK)
+    mask = idx < TOTAL
+    ow = idx % OW
+    oh = (idx // OW) % OH
+    plane = idx // (OW * OH)
+    h0 = (oh * H) // OH
+    h1 = ((oh + 1) * H + OH - 1) // OH
+    w0 = (ow * W) // OW
+    w1 = ((ow + 1) * W + OW - 1) // OW
+    acc = tl.zeros((BLOCK,), tl.float32)
+    for kh in range(0, KH):
+        for kw in range(0, KW):
+            h = h0 + kh
+            w = w0 + kw
+            m = mask & (h < h1) & (w < w1)
+            acc += tl.load(x_ptr + plane * (H * W) + h * W + w, mask=m, other=0.0).to(tl.float32)
+    y = acc / ((h1 - h0) * (w1 - w0)).to(tl.float32)
+    tl.store(y_ptr + idx, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+{py_signature(call)}
+{py_checks(call)}
+    x = {src}
+    out = torch.empty({p['out_shape']}, dtype={dt}, device=x.device)
+    grid = (triton.cdiv({total}, {v['BLOCK']}),)
+    _adaptive_avg_pool2d[grid](x, out, TOTAL={total}, H={p['H']}, W={p['W']}, OH={p['OH']}, OW={p['OW']},
+                               KH={p['KH']}, KW={p['KW']}, BLOCK={v['BLOCK']}, num_warps={v['num_warps']})
+{finish}"""

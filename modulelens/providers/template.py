@@ -1,0 +1,49 @@
+"""The ``template`` provider: the built-in library of parametrised kernels, offline and deterministic.
+
+A thin adapter over :mod:`modulelens.kernels.templates` (``render(card, backend, variant)`` and
+``variants(card, backend)``). Given a parent that came from a template, it returns the next
+variant (``parent.params["variant"] + 1``, wrapping around): a deterministic mutation.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from modulelens.errors import ModuleLensError
+from modulelens.kernels.source import KernelSource
+from modulelens.providers.base import GenerationRequest, lineage
+
+TEMPLATES_MODULE = "modulelens.kernels.templates"
+
+
+class TemplateProvider:
+    name = "template"
+
+    def generate(self, req: GenerationRequest, ctx: Any = None) -> KernelSource:
+        templates = importlib.import_module(TEMPLATES_MODULE)
+        op = req.card.get("op", "?")
+        count = int(templates.variants(req.card, req.backend))
+        if count <= 0:
+            raise ModuleLensError(
+                f"no built-in template covers {op} for the {req.backend} backend",
+                "use --provider anthropic or sampling, or write the kernel yourself and pass it to validate_kernel",
+            )
+        if req.parent is not None and req.parent.provider == "template":
+            variant = (int(req.parent.params.get("variant", 0)) + 1) % count
+        else:
+            variant = req.variant % count
+        ks = templates.render(req.card, req.backend, variant)
+        provenance = {
+            **ks.provenance,
+            "provider": self.name,
+            "template": ks.family,
+            "variant": variant,
+            "variants": count,
+            **lineage(req),
+        }
+        return ks.model_copy(update={
+            "provider": self.name,
+            "params": {**ks.params, "variant": variant},
+            "provenance": provenance,
+        })

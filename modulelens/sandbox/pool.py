@@ -1,0 +1,204 @@
+"""Start, reuse and replace sandbox workers.
+
+Each worker is ``python -m modulelens.sandbox.worker`` in a scratch folder (also its HOME and
+TMPDIR), with an environment reduced to an allow-list (no API keys or tokens), its stdout and
+stderr going to files in the scratch folder, a memory limit it sets on itself, and tasks and
+results passing over two dedicated pipes. A task that outlives its timeout kills the worker; a
+worker that crashed, was killed, or reports itself unhealthy is replaced by a fresh one.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import re
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from modulelens.sandbox import protocol
+
+_ALLOW = re.compile(
+    r"^(PATH|LANG|LC_\w+|TZ|TERM|CUDA_\w+|NVIDIA_\w+|LD_LIBRARY_PATH|OMP_\w+|MKL_\w+|OPENBLAS_\w+|KMP_\w+|"
+    r"TORCH_\w+|TRITON_\w+|CC|CXX|NVCC_\w+|VIRTUAL_ENV|PYTHONPATH|CONDA_PREFIX|MAX_JOBS|MODULELENS_BUILD_DIR|"
+    r"XDG_CACHE_HOME|PYTORCH_\w+)$"
+)
+_SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL|AUTH", re.IGNORECASE)
+DEFAULT_MEMORY_LIMIT_MB = 6144
+
+
+def scrubbed_environment(scratch: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if _ALLOW.match(k) and not _SECRET.search(k)}
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    env.update(HOME=str(scratch), TMPDIR=str(scratch / "tmp"), XDG_CACHE_HOME=cache, PYTHONUNBUFFERED="1",
+               PYTHONDONTWRITEBYTECODE="1")
+    return env
+
+
+class WorkerCrashed(Exception):
+    def __init__(self, reason: str, stage: str | None, stderr_tail: str):
+        super().__init__(reason)
+        self.reason, self.stage, self.stderr_tail = reason, stage, stderr_tail
+
+
+class SandboxWorker:
+    def __init__(self, memory_limit_mb: int):
+        self.memory_limit_mb = memory_limit_mb
+        self.scratch = Path(tempfile.mkdtemp(prefix="modulelens-sandbox-"))
+        (self.scratch / "tmp").mkdir()
+        self.stdout_path = self.scratch / "stdout.log"
+        self.stderr_path = self.scratch / "stderr.log"
+        task_r, self._task_w = os.pipe()
+        self._result_r, result_w = os.pipe()
+        with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "modulelens.sandbox.worker", str(task_r), str(result_w), str(memory_limit_mb)],
+                pass_fds=(task_r, result_w), stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                cwd=self.scratch, env=scrubbed_environment(self.scratch), start_new_session=True,
+            )
+        os.close(task_r)
+        os.close(result_w)
+        self.tasks = 0
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stderr_tail(self, n: int = 1500) -> str:
+        try:
+            return self.stderr_path.read_bytes()[-n:].decode(errors="replace")
+        except OSError:
+            return ""
+
+    def stdout_size(self) -> int:
+        try:
+            return self.stdout_path.stat().st_size
+        except OSError:
+            return 0
+
+    def run(self, task: dict[str, Any], timeout: float, on_stage: Callable[[str], None] | None = None) -> dict[str, Any]:
+        """Send a task and wait for its result. Raises WorkerCrashed on a crash or timeout."""
+        self.tasks += 1
+        stage = "starting"
+        try:
+            protocol.send(self._task_w, task)
+        except (BrokenPipeError, OSError):
+            raise WorkerCrashed(self._death_reason(), stage, self.stderr_tail()) from None
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self.kill()
+                raise WorkerCrashed(f"timed out after {timeout:.0f} s", stage, self.stderr_tail())
+            ready, _, _ = select.select([self._result_r], [], [], min(remaining, 1.0))
+            if not ready:
+                continue
+            message = protocol.receive(self._result_r)
+            if message is None:
+                self.proc.wait(timeout=10)
+                raise WorkerCrashed(self._death_reason(), stage, self.stderr_tail())
+            if "stage" in message and "result" not in message:
+                stage = message["stage"]
+                if on_stage:
+                    on_stage(stage)
+                continue
+            return message["result"]
+
+    def _death_reason(self) -> str:
+        code = self.proc.poll()
+        if code is None:
+            try:
+                code = self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                return "stopped answering"
+        if code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            return f"crashed with {name}"
+        return f"exited with code {code}"
+
+    def kill(self) -> None:
+        if self.alive():
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                self.proc.kill()
+            self.proc.wait()
+
+    def close(self) -> None:
+        self.kill()
+        for fd in (self._task_w, self._result_r):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+class SandboxPool:
+    """One reusable worker at a time, behind a lock (tasks queue up)."""
+
+    MAX_TASKS_PER_WORKER = 50
+
+    def __init__(self, memory_limit_mb: int = DEFAULT_MEMORY_LIMIT_MB):
+        self.memory_limit_mb = memory_limit_mb
+        self._worker: SandboxWorker | None = None
+        self._lock = threading.Lock()
+        self.started = 0
+
+    def _get(self, memory_limit_mb: int) -> SandboxWorker:
+        w = self._worker
+        if w is not None and (not w.alive() or w.memory_limit_mb != memory_limit_mb or w.tasks >= self.MAX_TASKS_PER_WORKER):
+            w.close()
+            w = None
+        if w is None:
+            w = SandboxWorker(memory_limit_mb)
+            self._worker = w
+            self.started += 1
+        return w
+
+    def run(self, task: dict[str, Any], timeout: float, memory_limit_mb: int | None = None,
+            on_stage: Callable[[str], None] | None = None) -> dict[str, Any]:
+        """Run a task. Returns the worker's result; a crash or timeout becomes
+        ``{"crashed": reason, "stage": ..., "stderr_tail": ...}``."""
+        with self._lock:
+            worker = self._get(memory_limit_mb or self.memory_limit_mb)
+            before = worker.stdout_size()
+            try:
+                result = worker.run(task, timeout, on_stage)
+            except WorkerCrashed as e:
+                worker.close()
+                self._worker = None
+                return {"crashed": e.reason, "stage": e.stage, "stderr_tail": e.stderr_tail}
+            wrote = worker.stdout_size() - before
+            result["stdout_bytes"] = wrote
+            if wrote or not result.get("healthy", True):
+                worker.close()  # a worker whose state a candidate touched is not reused
+                self._worker = None
+            return result
+
+    def close(self) -> None:
+        with self._lock:
+            if self._worker is not None:
+                self._worker.close()
+                self._worker = None
+
+
+_POOL: SandboxPool | None = None
+
+
+def pool() -> SandboxPool:
+    global _POOL
+    if _POOL is None:
+        _POOL = SandboxPool()
+        atexit.register(_POOL.close)
+    return _POOL

@@ -1,0 +1,70 @@
+"""generate_kernel through the front ends: the sampling provider over a real mcp.Client round trip,
+and clear errors for providers that cannot run."""
+
+from __future__ import annotations
+
+import anyio
+import mcp
+import pytest
+import torch
+from mcp import types
+
+import modulelens
+from modulelens.registry import ToolContext
+from modulelens.tools.capture_ops import CaptureOpsRequest, capture_ops
+
+KERNEL = """#include <torch/extension.h>
+torch::Tensor forward(torch::Tensor x, int64_t dim, bool half_to_float) {
+    auto y = torch::empty_like(x);
+    return y;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def card(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("gen-repo")
+    with modulelens.capture("", name="sm", repo=repo, export=False):
+        torch.nn.Softmax(dim=-1)(torch.randn(16, 24))
+    ops = capture_ops(CaptureOpsRequest(ref="sm", repeats=3), ToolContext(repo_root=repo))
+    return repo, next(c.card_id for c in ops.cards if "softmax" in c.op)
+
+
+def test_sampling_provider_asks_the_clients_model(card):
+    from modulelens.mcp_server.server import build_server
+    from modulelens.registry import all_tools
+
+    repo, card_id = card
+    seen = {}
+
+    async def sampling_callback(context, params: types.CreateMessageRequestParams):
+        seen["system"] = params.system_prompt
+        seen["user"] = params.messages[0].content.text
+        return types.CreateMessageResult(
+            role="assistant", model="client-model-1", stop_reason="endTurn",
+            content=types.TextContent(type="text", text=f"Here you go:\n```cpp\n{KERNEL}```\n"),
+        )
+
+    async def session():
+        server = build_server(all_tools(), repo_root=repo)
+        async with mcp.Client(server, sampling_callback=sampling_callback, mode="legacy") as c:
+            r = await c.call_tool("generate_kernel", {"card": card_id, "backend": "cpp", "provider": "sampling"})
+            assert not r.is_error, r.content
+            return r.structured_content
+
+    out = anyio.run(session)
+    assert out["provider"] == "sampling" and out["provenance"]["model"] == "client-model-1"
+    assert "aten._softmax.default" in seen["user"] and "[16, 24]" in seen["user"]
+    with open(out["source_path"]) as f:
+        assert f.read().strip() == KERNEL.strip()
+
+
+def test_sampling_outside_mcp_and_missing_key_are_clear_errors(cli, card, monkeypatch):
+    repo, card_id = card
+    code, err, _ = cli("generate-kernel", card_id, "--provider", "sampling", "--repo", repo, "--json")
+    assert code == 2 and "MCP sampling" in err["error"]
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    code, err, _ = cli("generate-kernel", card_id, "--provider", "anthropic", "--repo", repo, "--json")
+    assert code == 2 and "ANTHROPIC_API_KEY" in err["error"]
+    code, err, _ = cli("generate-kernel", card_id, "--provider", "nope", "--repo", repo, "--json")
+    assert code == 2 and "template" in (err["error"] + (err["hint"] or ""))

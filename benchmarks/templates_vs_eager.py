@@ -52,6 +52,8 @@ def main() -> None:
         try:
             n = templates.variants({**card, "card_id": c.card_id}, args.backend)
         except ModuleLensError:
+            n = 0
+        if n == 0:  # random, in-place, copy and mask operators have no template
             continue
         best = None
         for v in range(n):

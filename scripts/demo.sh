@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The main demo: capture one transformer block from the unmodified example training script,
-# replay it alone with two strategies, and write a standalone KernelBench-style repro.
+# replay it alone with two strategies, write a standalone KernelBench-style repro, record its
+# operator cards, and generate + validate a C++ kernel for its softmax.
 # Installs what is missing first (./.venv). CPU only; uses a local repository.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -21,5 +22,14 @@ modulelens replay-module demo-block --strategy export
 say "4. write a standalone KernelBench-format repro (needs only torch + safetensors) and check it"
 modulelens export-repro demo-block --out "$ROOT/repros"
 
-say "5. what the repository ($MODULELENS_HOME) holds"
+say "5. record the aten operators the block runs, ranked by measured time share (operator cards)"
+modulelens capture-ops demo-block
+modulelens list-op-cards demo-block --kind memory --top 5
+
+say "6. generate a C++ template kernel for the softmax card and validate it in the sandbox"
+card=$(modulelens list-op-cards demo-block --json | python -c "import json,sys; print(next(c['card_id'] for c in json.load(sys.stdin)['cards'] if 'softmax' in c['op']))")
+cand=$(modulelens generate-kernel "$card" --backend cpp --provider template --json | python -c "import json,sys; print(json.load(sys.stdin)['candidate_id'])")
+modulelens validate-kernel "$cand"
+
+say "7. what the repository ($MODULELENS_HOME) holds"
 modulelens list-captures

@@ -16,7 +16,7 @@ import torch
 from modulelens.capture import init_args
 from modulelens.capture.artifact import save_capture
 from modulelens.capture.tracer import CaptureComplete, CapturedCall, TraceOptions, Tracer
-from modulelens.errors import CaptureFailed
+from modulelens.errors import CaptureFailed, ModuleLensError
 from modulelens.repo import Artifact, Repository, validate_name
 
 
@@ -91,22 +91,56 @@ def run_and_capture(
     captured (None if nothing), and the exception the user's code ended with (if any)."""
     init_args.install()
     tracer = Tracer(options).install()
-    error: BaseException | None = None
+    try:
+        error = run_user_file(script, script_args, kind=kind, stop=CaptureComplete)
+    finally:
+        captured = tracer.finish()
+    return tracer, captured, error
+
+
+def run_user_file(script: Path, script_args: list[str], *, kind: str = "script",
+                  stop: type[BaseException]) -> BaseException | None:
+    """Run a script (as ``__main__``) or a KernelBench file. Returns the exception the user's code
+    ended with, or None when it ended normally, with exit code 0, or through ``stop`` (raised by
+    our own hooks to end the run early)."""
     try:
         if kind == "kernelbench":
             _run_kernelbench(script)
         else:
             _run_as_main(script, script_args)
-    except CaptureComplete:
+    except stop:
         pass
     except SystemExit as e:
         if e.code not in (0, None):
-            error = e
+            return e
     except BaseException as e:  # noqa: BLE001 - reported to the caller with its location
-        error = e
-    finally:
-        captured = tracer.finish()
-    return tracer, captured, error
+        return e
+    return None
+
+
+def worker_main(run: Any, request_file: Path, result_file: Path, what: str) -> None:
+    """Body of a worker process: ``run(request)`` -> result file, then leave at once.
+
+    The caller always gets a result file: a ModuleLensError becomes {"ok": false, error, hint}, any
+    other exception an internal error with its traceback. ``os._exit`` so that user threads,
+    process groups or atexit handlers cannot keep the worker alive."""
+    import json
+
+    try:
+        result = {"ok": True, **run(json.loads(request_file.read_text()))}
+    except ModuleLensError as e:
+        result = {"ok": False, "error": e.message, "hint": e.hint, "type": type(e).__name__}
+    except BaseException as e:  # noqa: BLE001 - the caller must always get a result file
+        result = {
+            "ok": False,
+            "error": f"internal error in the {what} worker: {type(e).__name__}: {e}",
+            "hint": "please report this with the traceback: " + traceback.format_exc()[-1500:],
+            "type": "InternalError",
+        }
+    result_file.write_text(json.dumps(result))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def script_error(error: BaseException, script: Path) -> CaptureFailed:

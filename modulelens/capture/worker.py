@@ -8,7 +8,6 @@ runs this worker; each writes ``OUT_DIR/result-rank<R>.json``.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -78,29 +77,11 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
     return {**base, "ref": art.ref, "notes": notes}
 
 
-def main(argv: list[str]) -> int:
-    request = json.loads(Path(argv[0]).read_text())
-    out_dir = Path(argv[1])
+def main(argv: list[str]) -> None:
+    from modulelens.capture.runner import worker_main
+
     rank = os.environ.get("RANK", "0")
-    try:
-        result = {"ok": True, **run(request)}
-    except ModuleLensError as e:
-        result = {"ok": False, "error": e.message, "hint": e.hint, "type": type(e).__name__}
-    except BaseException as e:  # noqa: BLE001 - the caller must always get a result file
-        import traceback
-
-        result = {
-            "ok": False,
-            "error": f"internal error in the capture worker: {type(e).__name__}: {e}",
-            "hint": "please report this with the traceback: " + traceback.format_exc()[-1500:],
-            "type": "InternalError",
-        }
-    (out_dir / f"result-rank{rank}.json").write_text(json.dumps(result))
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # Leave at once: user threads, process groups or atexit handlers must not keep us alive.
-    os._exit(0)
-
+    worker_main(run, Path(argv[0]), Path(argv[1]) / f"result-rank{rank}.json", "capture")
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

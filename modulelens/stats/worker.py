@@ -8,14 +8,13 @@ statistics in the repository and writes ``OUT_DIR/result.json``.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from modulelens.errors import CaptureFailed, ModuleLensError
+from modulelens.errors import CaptureFailed
 
 
 def _count_compile_calls() -> list[int]:
@@ -38,7 +37,7 @@ def _count_compile_calls() -> list[int]:
 def run(request: dict[str, Any]) -> dict[str, Any]:
     import torch
 
-    from modulelens.capture.runner import _run_as_main, script_error
+    from modulelens.capture.runner import run_user_file, script_error
     from modulelens.stats.collector import StatsCollector, StopRun
 
     eager = request.get("eager", True)
@@ -60,17 +59,9 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
     stop_at = request.get("stop_at")
     if stop_at:  # end at a step boundary before the caller's hard limit, keeping the statistics
         collector.deadline = time.monotonic() + (stop_at - time.time())
-    error: BaseException | None = None
     collector.start()
     try:
-        _run_as_main(script, request["script_args"])
-    except StopRun:
-        pass
-    except SystemExit as e:
-        if e.code not in (0, None):
-            error = e
-    except BaseException as e:  # noqa: BLE001 - reported to the caller with its location
-        error = e
+        error = run_user_file(script, request["script_args"], stop=StopRun)
     finally:
         collector.stop()
     notes: list[str] = []
@@ -106,28 +97,10 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
     return {"ref": art.ref, "steps_seen": collector.steps_seen}
 
 
-def main(argv: list[str]) -> int:
-    request = json.loads(Path(argv[0]).read_text())
-    out_dir = Path(argv[1])
-    try:
-        result = {"ok": True, **run(request)}
-    except ModuleLensError as e:
-        result = {"ok": False, "error": e.message, "hint": e.hint, "type": type(e).__name__}
-    except BaseException as e:  # noqa: BLE001 - the caller must always get a result file
-        import traceback
+def main(argv: list[str]) -> None:
+    from modulelens.capture.runner import worker_main
 
-        result = {
-            "ok": False,
-            "error": f"internal error in the statistics worker: {type(e).__name__}: {e}",
-            "hint": "please report this with the traceback: " + traceback.format_exc()[-1500:],
-            "type": "InternalError",
-        }
-    (out_dir / "result.json").write_text(json.dumps(result))
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # Leave at once: user threads, process groups or atexit handlers must not keep us alive.
-    os._exit(0)
-
+    worker_main(run, Path(argv[0]), Path(argv[1]) / "result.json", "statistics")
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -61,17 +61,17 @@ def module_init_spec(module: torch.nn.Module, path: str, encoder: Encoder) -> di
     return spec
 
 
-def _source_modules(spec: Any, found: set[str]) -> set[str]:
+def source_modules(spec: Any, found: set[str]) -> set[str]:
     """Module names of every class referenced by an init spec."""
     if isinstance(spec, dict):
         for key in ("cls", "path"):
             if isinstance(spec.get(key), str) and ":" in spec[key]:
                 found.add(spec[key].split(":", 1)[0])
         for v in spec.values():
-            _source_modules(v, found)
+            source_modules(v, found)
     elif isinstance(spec, list):
         for v in spec:
-            _source_modules(v, found)
+            source_modules(v, found)
     return found
 
 
@@ -146,7 +146,7 @@ def save_capture(
     if pickle_module:
         strategies.append("pickle")
     notes += captured.backward_notes
-    modules = _source_modules(init_spec, set()) | {cls_path.split(":", 1)[0]}
+    modules = source_modules(init_spec, set()) | {cls_path.split(":", 1)[0]}
     file_modules = _file_backed_modules(modules)
     shape_only = captured.inputs_sink.shape_only + captured.outputs_sink.shape_only
 

@@ -7,6 +7,7 @@ captured weights), ``export`` (load the saved ``torch.export`` program: no sourc
 
 from __future__ import annotations
 
+import functools
 import io
 import pickle
 from collections.abc import Callable
@@ -68,8 +69,13 @@ class LoadedCapture:
         return load_tensors(self.artifact, "grads.safetensors")
 
     # -- modules ------------------------------------------------------------------------------
+    @functools.cached_property
+    def _init_decoder(self) -> Decoder:
+        """Decodes constructor arguments (their tensors are read once, for all nested modules)."""
+        return self._decoder("init.safetensors", device=None, dtype=None)
+
     def _build_nested(self, spec: dict[str, Any]) -> torch.nn.Module:
-        init_dec = self._decoder("init.safetensors", device=None, dtype=None)
+        init_dec = self._init_decoder
         cls = self.resolver(spec["cls"])
         args = [init_dec.decode(a) for a in spec["args"]]
         kwargs = {k: init_dec.decode(v) for k, v in spec["kwargs"].items()}

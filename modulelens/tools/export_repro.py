@@ -129,18 +129,11 @@ class _Renderer:
         raise NotStandalone(f"a value of type {spec.get('type', kind)} was not recorded")
 
 
-def _user_modules(spec: Any, out: set[str]) -> set[str]:
-    if isinstance(spec, dict):
-        for key in ("cls", "path"):
-            v = spec.get(key)
-            if isinstance(v, str) and ":" in v and _top(v.split(":", 1)[0]) not in _ALLOWED_TOP:
-                out.add(v.split(":", 1)[0])
-        for v in spec.values():
-            _user_modules(v, out)
-    elif isinstance(spec, list):
-        for v in spec:
-            _user_modules(v, out)
-    return out
+def _user_modules(spec: Any) -> set[str]:
+    """Modules of the classes a construction spec refers to, other than torch and the standard library."""
+    from modulelens.capture.artifact import source_modules
+
+    return {m for m in source_modules(spec, set()) if _top(m) not in _ALLOWED_TOP}
 
 
 def _module_source(art: Artifact, module: str) -> str:
@@ -262,7 +255,7 @@ def _source_build(art: Artifact, r: _Renderer) -> tuple[str, str]:
     m = art.manifest
     if "source" not in m["strategies"] or not m.get("init"):
         raise NotStandalone("the capture has no recorded construction (no source strategy)")
-    users = _user_modules(m["init"], set())
+    users = _user_modules(m["init"])
     if len(users) > 1:
         raise NotStandalone(f"the module's code spans several files ({', '.join(sorted(users))})")
     body = ""

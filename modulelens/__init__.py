@@ -22,7 +22,9 @@ def _tool_function(name: str):
     def call(*args: Any, repo: str | None = None, **kwargs: Any):
         from pathlib import Path
 
-        from modulelens.registry import ToolContext, default_repo_root, get_tool
+        from modulelens.registry import ToolContext
+        from modulelens.repo import default_repo_root
+        from modulelens.tools import get_tool
 
         tool = get_tool(name)
         fields = [n for n, f in tool.request.model_fields.items() if (f.json_schema_extra or {}).get("cli") == "argument"]

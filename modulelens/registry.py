@@ -3,11 +3,13 @@
 Every capability is a :class:`Tool`: a name, a pydantic request model, a pydantic result model
 and a plain function ``fn(request, ctx) -> result``. The MCP server and the CLI are generated from
 this list, so a tool cannot exist in one front end and not the other, and argument names match.
+
+The registry knows no tool: each module of :mod:`modulelens.tools` registers itself on import, and
+:func:`modulelens.tools.all_tools` is the one place that imports them all.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,18 +17,14 @@ from typing import Generic, TypeVar
 
 from pydantic import BaseModel
 
+from modulelens.repo import default_repo_root
+
 Req = TypeVar("Req", bound=BaseModel)
 Res = TypeVar("Res", bound=BaseModel)
 
 ProgressFn = Callable[[float, float | None, str | None], None]
 # (system prompt, user prompt, max tokens) -> (reply text, model name), via MCP sampling.
 SampleFn = Callable[[str, str, int], tuple[str, str]]
-
-
-def default_repo_root() -> Path:
-    """``--repo`` when given, else ``$MODULELENS_HOME``, else ``./.modulelens``."""
-    env = os.environ.get("MODULELENS_HOME")
-    return Path(env) if env else Path.cwd() / ".modulelens"
 
 
 @dataclass
@@ -70,13 +68,6 @@ def register(tool: Tool) -> Tool:
     return tool
 
 
-def all_tools() -> list[Tool]:
-    """Every registered tool, in registration order (importing ``modulelens.tools`` fills it)."""
-    import modulelens.tools  # noqa: F401  (registers the tools)
-
+def registered() -> list[Tool]:
+    """The tools registered so far, in registration order."""
     return list(_TOOLS.values())
-
-
-def get_tool(name: str) -> Tool:
-    all_tools()
-    return _TOOLS[name]

@@ -24,7 +24,7 @@ if not torch.cuda.is_available():
 @pytest.fixture(scope="session")
 def app():
     from modulelens.cli.app import build_app
-    from modulelens.registry import all_tools
+    from modulelens.tools import all_tools
 
     return build_app(all_tools())
 

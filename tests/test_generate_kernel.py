@@ -32,7 +32,7 @@ def card(tmp_path_factory):
 
 def test_sampling_provider_asks_the_clients_model(card):
     from modulelens.mcp_server.server import build_server
-    from modulelens.registry import all_tools
+    from modulelens.tools import all_tools
 
     repo, card_id = card
     seen = {}

@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 
 from modulelens.cli.app import build_app
 from modulelens.errors import ModuleLensError
-from modulelens.registry import ToolContext, all_tools, get_tool
+from modulelens.registry import ToolContext
+from modulelens.tools import all_tools, get_tool
 from modulelens.tools.install_skills import (
     InstallSkillsRequest,
     available_skills,

@@ -147,7 +147,7 @@ def test_compile_error_is_short_and_usable(softmax_card):
 
 def test_mcp_session_survives_a_segfaulting_candidate(softmax_card):
     from modulelens.mcp_server.server import build_server
-    from modulelens.registry import all_tools
+    from modulelens.tools import all_tools
 
     repo, card_id = softmax_card
     server = build_server(all_tools(), repo_root=repo)

@@ -190,7 +190,7 @@ class capture:
         pickle: bool = False,
         max_tensor_bytes: int | None = None,
     ):
-        from modulelens.registry import default_repo_root
+        from modulelens.repo import default_repo_root
 
         self.name = validate_name(name) if name else None
         self.repo = Repository(repo if repo is not None else default_repo_root())

@@ -36,7 +36,9 @@ from rich.table import Table
 from rich.text import Text
 
 from modulelens.errors import ModuleLensError
-from modulelens.registry import Tool, ToolContext, all_tools, default_repo_root
+from modulelens.registry import Tool, ToolContext
+from modulelens.repo import default_repo_root
+from modulelens.tools import all_tools
 
 __all__ = ["build_app", "generic_render", "get_app", "is_argument_field", "main"]
 

@@ -38,7 +38,9 @@ from pydantic import BaseModel, Field, ValidationError
 from pydantic.fields import FieldInfo
 
 from modulelens.errors import ModuleLensError, ReferenceNotFound
-from modulelens.registry import Tool, ToolContext, all_tools, default_repo_root
+from modulelens.registry import Tool, ToolContext
+from modulelens.repo import default_repo_root
+from modulelens.tools import all_tools
 
 __all__ = ["CAPTURES_URI", "CAPTURE_TEMPLATE", "build_server", "run_stdio"]
 

@@ -23,7 +23,9 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from modulelens.errors import ChecksumMismatch, ModuleLensError, ReferenceNotFound
 from modulelens.repo.refs import Ref, parse_ref, validate_name
@@ -31,6 +33,35 @@ from modulelens.repo.refs import Ref, parse_ref, validate_name
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
 ALIASES = "aliases.json"
+
+
+class ManifestBase(BaseModel):
+    """The bookkeeping fields :meth:`Repository.create` adds to every manifest.
+
+    Each domain package owns a subclass with its own fields (``capture.manifest.CaptureManifest``,
+    ``ops.model.OpSetManifest``, ...) and reads a stored manifest only through it, with
+    :meth:`Artifact.manifest_as`. Unknown fields are kept, so a file written by a newer minor
+    version of a domain model still loads.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    schema_version: int = 0
+    kind: str = ""
+    name: str = ""
+    version: int = 0
+    ref: str = ""
+    created_at: str = ""
+    files: dict[str, str] = Field(default_factory=dict, description="relative path -> sha256")
+
+
+M = TypeVar("M", bound=ManifestBase)
+
+
+def default_repo_root() -> Path:
+    """``--repo`` when given, else ``$MODULELENS_HOME``, else ``./.modulelens``."""
+    env = os.environ.get("MODULELENS_HOME")
+    return Path(env) if env else Path.cwd() / ".modulelens"
 
 
 def sha256_file(path: Path) -> str:
@@ -77,19 +108,32 @@ class Artifact:
         self.name = name
         self.version = version
         self.path = path
-        self.manifest = manifest
+        self.raw_manifest = manifest
+        self.base = _validate(ManifestBase, manifest, f"{name}:v{version}")
         self._verified: set[str] = set()
+        self._typed: dict[type, ManifestBase] = {}
+
+    @property
+    def manifest(self) -> dict[str, Any]:
+        """Transitional: the raw manifest dict. Read manifests through :meth:`manifest_as`."""
+        return self.raw_manifest
+
+    def manifest_as(self, model: type[M]) -> M:
+        """The manifest read through its domain model (validated once per model, then cached)."""
+        if model not in self._typed:
+            self._typed[model] = _validate(model, self.raw_manifest, self.ref)
+        return self._typed[model]  # type: ignore[return-value]
 
     @property
     def ref(self) -> str:
         return f"{self.name}:v{self.version}"
 
     def has_file(self, rel: str) -> bool:
-        return rel in self.manifest.get("files", {})
+        return rel in self.base.files
 
     def file(self, rel: str) -> Path:
         """Path of a stored file, after checking it against the manifest's sha256."""
-        files = self.manifest.get("files", {})
+        files = self.base.files
         if rel not in files:
             raise ReferenceNotFound(
                 f"{self.kind[:-1]} {self.ref} has no file {rel!r}",
@@ -114,6 +158,18 @@ class Artifact:
 
     def read_json(self, rel: str) -> Any:
         return json.loads(self.file(rel).read_text())
+
+
+def _validate(model: type[M], data: dict[str, Any], ref: str) -> M:
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(x) for x in first["loc"]) or "manifest"
+        raise ChecksumMismatch(
+            f"manifest of {ref} does not have the expected form ({where}: {first['msg']})",
+            "the manifest was edited or damaged outside modulelens; capture it again",
+        ) from None
 
 
 class Repository:
@@ -192,18 +248,20 @@ class Repository:
             raise ChecksumMismatch(
                 f"manifest of {name}:v{version} cannot be read ({e})", "capture it again"
             ) from e
-        if manifest.get("schema_version", 0) > SCHEMA_VERSION:
+        art = Artifact(kind, name, version, path, manifest)
+        if art.base.schema_version > SCHEMA_VERSION:
             raise ModuleLensError(
-                f"{name}:v{version} was written by a newer modulelens (schema {manifest['schema_version']})",
+                f"{name}:v{version} was written by a newer modulelens (schema {art.base.schema_version})",
                 "upgrade modulelens to read it",
             )
-        return Artifact(kind, name, version, path, manifest)
+        return art
 
     # -- writing ----------------------------------------------------------------------------
-    def create(self, kind: str, name: str, write: Callable[[Path], dict[str, Any]]) -> Artifact:
+    def create(self, kind: str, name: str, write: Callable[[Path], dict[str, Any] | BaseModel]) -> Artifact:
         """Write a new version of ``name``.
 
-        ``write(folder)`` fills an empty temporary folder and returns the manifest fields. The
+        ``write(folder)`` fills an empty temporary folder and returns the manifest fields (a dict,
+        or the domain's manifest model, whose bookkeeping fields are then overwritten). The
         version number, checksums and bookkeeping fields are added here; then the folder is
         renamed into place under the name's lock. If ``write`` raises, nothing is left behind.
         """
@@ -213,6 +271,8 @@ class Repository:
         tmp = Path(tempfile.mkdtemp(prefix=f"{kind}-{name}-", dir=tmp_root))
         try:
             fields = write(tmp)
+            if isinstance(fields, BaseModel):
+                fields = fields.model_dump(mode="json", exclude=set(ManifestBase.model_fields))
             files = {
                 p.relative_to(tmp).as_posix(): sha256_file(p)
                 for p in sorted(tmp.rglob("*"))
@@ -227,7 +287,7 @@ class Repository:
                     "name": name,
                     "version": version,
                     "ref": f"{name}:v{version}",
-                    "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                    "created_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
                     "files": files,
                 }
                 (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))

@@ -358,8 +358,7 @@ class StatsCollector:
 
     def save(self, name: str | None = None, repo: str | os.PathLike[str] | None = None, **meta: Any):
         """Store the run as a ``stats`` artifact (series, findings, report); returns the artifact."""
-        from modulelens.registry import default_repo_root
-        from modulelens.repo import Repository
+        from modulelens.repo import Repository, default_repo_root
         from modulelens.stats.artifact import default_stats_name, save_run
 
         run = self.finish()

@@ -1,4 +1,7 @@
-"""One module per tool; importing this package registers them all (the order is the CLI's)."""
+"""One module per tool; importing this package registers them all (the order is the CLI's).
+
+Tools never import each other: what two tools share lives in a domain package.
+"""
 
 from modulelens.tools import (  # noqa: F401, I001  (CLI order)
     capture_module,
@@ -17,3 +20,19 @@ from modulelens.tools import (  # noqa: F401, I001  (CLI order)
     install_skills,
     gather_stats,
 )
+
+from modulelens.errors import ModuleLensError  # noqa: E402
+from modulelens.registry import Tool, registered  # noqa: E402
+
+
+def all_tools() -> list[Tool]:
+    """Every tool, in registration order (the CLI's and the MCP server's order)."""
+    return registered()
+
+
+def get_tool(name: str) -> Tool:
+    """The tool called ``name``; a clear error names the known ones otherwise."""
+    for tool in registered():
+        if tool.name == name:
+            return tool
+    raise ModuleLensError(f"no tool named {name!r}", f"tools: {', '.join(t.name for t in registered())}")

@@ -1,0 +1,104 @@
+"""The manifest of a ``captures`` artifact: what was captured and how to rebuild and replay it.
+
+Every reader of a capture goes through :class:`CaptureManifest` (``artifact.manifest_as(
+CaptureManifest)`` or :func:`capture_manifest`); nothing reads the stored JSON by string key.
+Fields added after the first release have defaults, so captures written by earlier versions load.
+
+Value specs (``init``, ``inputs``, ``outputs``, ``weights``) stay JSON here: their format belongs to
+:mod:`modulelens.capture.values`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from modulelens.repo import Artifact, ManifestBase
+
+KIND = "captures"
+
+Strategy = Literal["source", "export", "pickle"]
+
+
+class CallInputs(BaseModel):
+    """Value specs of the positional and keyword arguments of the captured call."""
+
+    args: Any = Field(default_factory=lambda: {"$": "tuple", "items": []})
+    kwargs: Any = Field(default_factory=lambda: {"$": "dict", "items": []})
+
+
+class ExportInfo(BaseModel):
+    ok: bool = False
+    error: str | None = None
+    seconds: float = 0.0
+
+
+class BackwardInfo(BaseModel):
+    """Which gradients were captured (their tensors are in ``grads.safetensors``)."""
+
+    grad_output: list[bool] = Field(default_factory=list)
+    grad_input: list[bool] = Field(default_factory=list)
+    param_grads: list[str] = Field(default_factory=list)
+
+
+class RunSource(BaseModel):
+    """How the capture was produced: a script, a KernelBench file, or the Python API."""
+
+    kind: str = "script"
+    script: str | None = None
+    argv: list[str] = Field(default_factory=list)
+    cwd: str | None = None
+
+
+class StoredSource(BaseModel):
+    """A copy of a file whose classes cannot be imported by name later (a script's ``__main__``)."""
+
+    file: str = Field(description="path inside the artifact")
+    original: str = Field("", description="where the file was at capture time")
+
+
+class DistributedInfo(BaseModel):
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+
+class CaptureEnvironment(BaseModel):
+    torch: str = ""
+    python: str = ""
+    platform: str = ""
+    host: str = ""
+    device: str = "cpu"
+    num_threads: int = 0
+
+
+class CaptureManifest(ManifestBase):
+    module_path: str = ""
+    class_path: str = ""
+    target: str = ""
+    call_index: int = 1
+    strategies: list[Strategy] = Field(default_factory=list)
+    init: Any = None
+    inputs: CallInputs = Field(default_factory=CallInputs)
+    outputs: Any = None
+    weights: dict[str, Any] = Field(default_factory=dict)
+    training: bool = False
+    grad_enabled: bool = False
+    forward_seconds: float = 0.0
+    export: ExportInfo = Field(default_factory=ExportInfo)
+    backward: BackwardInfo | None = None
+    shape_only: list[str] = Field(default_factory=list)
+    unrecorded: list[str] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+    source: RunSource = Field(default_factory=RunSource)
+    sources: dict[str, StoredSource] = Field(default_factory=dict)
+    sys_path: list[str] = Field(default_factory=list)
+    distributed: DistributedInfo | None = None
+    environment: CaptureEnvironment = Field(default_factory=CaptureEnvironment)
+    input_tensors: int = 0
+
+
+def capture_manifest(artifact: Artifact) -> CaptureManifest:
+    """The typed manifest of a ``captures`` artifact."""
+    return artifact.manifest_as(CaptureManifest)

@@ -71,7 +71,8 @@ class ReproRenderer(SpecVisitor[str]):
         if spec.stored:
             expr = f"_DATA[{spec.key!r}]"
         else:
-            expr = f"_synthesize({spec.shape!r}, torch.{spec.dtype}, {spec.stats or {}!r})"
+            stats = spec.stats.to_json() if spec.stats is not None else {}
+            expr = f"_synthesize({spec.shape!r}, torch.{spec.dtype}, {stats!r})"
         return expr + (".requires_grad_(True)" if spec.requires_grad else "")
 
     def nonfinite_float(self, text: str) -> str:

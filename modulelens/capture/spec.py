@@ -99,11 +99,28 @@ class _SpecModel(BaseModel):
         return self.model_dump(mode="json")
 
 
+class TensorStats(_SpecModel):
+    """The summary kept for a tensor stored shape-only: enough to make up similar data. A field is
+    absent when it cannot be measured (mean, std, min and max of a tensor without finite values)."""
+
+    mean: float | None = None
+    std: float | None = None
+    min: float | None = None
+    max: float | None = None
+    zero_fraction: float | None = None
+    nonfinite_fraction: float | None = None
+
+    @model_serializer
+    def _stored_form(self) -> dict[str, Any]:
+        measured = {name: getattr(self, name) for name in type(self).model_fields}
+        return {**{k: v for k, v in measured.items() if v is not None}, **(self.model_extra or {})}
+
+
 class TensorSpec(_SpecModel):
     """A tensor: its metadata, and the key of its data in the artifact's tensor file.
 
-    ``stored`` is False for a tensor kept shape-only (too big): ``stats`` then holds its summary
-    (mean, std, min, max, zero_fraction, nonfinite_fraction) so that similar data can be made up.
+    ``stored`` is False for a tensor kept shape-only (too big): ``stats`` then holds its summary,
+    so that similar data can be made up.
     ``stride`` is None for non-strided layouts, whose name is in ``layout``."""
 
     kind: Literal[ValueKind.TENSOR] = Field(ValueKind.TENSOR, alias=KIND)
@@ -117,7 +134,7 @@ class TensorSpec(_SpecModel):
     parameter: bool = False
     layout: str | None = None
     stored: bool = True
-    stats: dict[str, float] | None = None
+    stats: TensorStats | None = None
 
     @model_serializer
     def _stored_form(self) -> dict[str, Any]:
@@ -132,7 +149,7 @@ class TensorSpec(_SpecModel):
             out["layout"] = self.layout
         out["stored"] = self.stored
         if self.stats is not None:
-            out["stats"] = dict(self.stats)
+            out["stats"] = self.stats.to_json()
         out.update(self.model_extra or {})
         return out
 

@@ -19,7 +19,16 @@ from typing import Any
 
 import torch
 
-from modulelens.capture.spec import KIND, ModuleSpec, SpecVisitor, SpecWriter, TensorSpec, ValueKind, tensor_leaves
+from modulelens.capture.spec import (
+    KIND,
+    ModuleSpec,
+    SpecVisitor,
+    SpecWriter,
+    TensorSpec,
+    TensorStats,
+    ValueKind,
+    tensor_leaves,
+)
 from modulelens.errors import ReplayFailed
 
 SHAPE_ONLY_DEFAULT_BYTES = 64 * 1024 * 1024
@@ -41,27 +50,23 @@ def parse_dtype(name: str) -> torch.dtype:
     return dt
 
 
-def tensor_stats(t: torch.Tensor) -> dict[str, float]:
+def tensor_stats(t: torch.Tensor) -> TensorStats:
     """Summary statistics kept for shape-only tensors (enough to synthesise similar data)."""
     if t.numel() == 0:
-        return {}
+        return TensorStats()
     x = t.detach()
     if x.is_complex():
         x = torch.view_as_real(x)
     if x.dtype == torch.bool:
         x = x.to(torch.float32)
-    xf = x.to(torch.float64) if x.is_floating_point() else x.to(torch.float64)
+    xf = x.to(torch.float64)
     finite = xf[torch.isfinite(xf)]
-    out = {"zero_fraction": float((xf == 0).double().mean())}
+    stats = TensorStats(zero_fraction=float((xf == 0).double().mean()),
+                        nonfinite_fraction=float(1.0 - finite.numel() / xf.numel()))
     if finite.numel():
-        out.update(
-            mean=float(finite.mean()),
-            std=float(finite.std(unbiased=False)),
-            min=float(finite.min()),
-            max=float(finite.max()),
-        )
-    out["nonfinite_fraction"] = float(1.0 - finite.numel() / xf.numel())
-    return out
+        stats.mean, stats.std = float(finite.mean()), float(finite.std(unbiased=False))
+        stats.min, stats.max = float(finite.min()), float(finite.max())
+    return stats
 
 
 class TensorSink:
@@ -116,7 +121,7 @@ class TensorSource:
                 raise ReplayFailed(f"stored tensor {spec.key!r} is missing from the artifact", "capture it again")
             t = self.tensors[spec.key]
         else:
-            t = synthesize(spec.shape, dtype, spec.stats or {}, self._gen)
+            t = synthesize(spec.shape, dtype, spec.stats or TensorStats(), self._gen)
             self.synthesized.append(spec.key)
         device = self.device or spec.device
         target_dtype = self.dtype if (self.dtype is not None and dtype.is_floating_point) else dtype
@@ -130,16 +135,19 @@ class TensorSource:
         return out
 
 
-def synthesize(shape: list[int], dtype: torch.dtype, stats: dict[str, float], gen: torch.Generator) -> torch.Tensor:
+def synthesize(shape: list[int], dtype: torch.dtype, stats: TensorStats, gen: torch.Generator) -> torch.Tensor:
     """Random data of a matching distribution: normal(mean, std) clipped to [min, max], with the
-    recorded fraction of zeros; integers uniform in [min, max]; booleans with P(True)=1-zeros."""
-    zero = stats.get("zero_fraction", 0.0)
+    recorded fraction of zeros; integers uniform in [min, max]; booleans with P(True)=1-zeros.
+    What was not measured counts as mean 0, std 1, range [0, 1], no zeros."""
+    zero = stats.zero_fraction or 0.0
     if dtype == torch.bool:
         return torch.rand(shape, generator=gen) >= zero
-    lo, hi = stats.get("min", 0.0), stats.get("max", 1.0)
+    lo = stats.min if stats.min is not None else 0.0
+    hi = stats.max if stats.max is not None else 1.0
     if not (dtype.is_floating_point or dtype.is_complex):
         return torch.randint(int(lo), int(hi) + 1, shape, generator=gen).to(dtype)
-    x = torch.randn(shape, generator=gen, dtype=torch.float64) * stats.get("std", 1.0) + stats.get("mean", 0.0)
+    std = stats.std if stats.std is not None else 1.0
+    x = torch.randn(shape, generator=gen, dtype=torch.float64) * std + (stats.mean or 0.0)
     x = x.clamp(lo, hi)
     if zero > 0:
         x = x.masked_fill(torch.rand(shape, generator=gen, dtype=torch.float64) < zero, 0.0)

@@ -218,9 +218,9 @@ def profile_view(r: ProfileResult, wide: bool) -> RenderableType:
     if r.peak_memory_bytes is not None:
         rows.append(("peak memory", f"{r.peak_memory_bytes / 2**20:.2f} MiB ({r.peak_memory_method or ''})"))
     if r.roofline_fraction is not None and r.achieved_bytes_per_s is not None and r.copy_bytes_per_s is not None:
-        rows.append(("bandwidth", f"{r.bytes_moved} bytes per call -> {r.achieved_bytes_per_s / 1e9:.2f} GB/s = "
-                     f"{percent(r.roofline_fraction)} of this machine's copy bandwidth "
-                     f"({r.copy_bytes_per_s / 1e9:.2f} GB/s)"))
+        rows.append(("bytes moved", f"{r.bytes_moved} per call"))
+        rows.append(("bandwidth", f"{r.achieved_bytes_per_s / 1e9:.2f} GB/s = {percent(r.roofline_fraction)} of this "
+                     f"machine's copy bandwidth ({r.copy_bytes_per_s / 1e9:.2f} GB/s)"))
     rows += [("note", Cell((n,), style=_WARN)) for n in r.notes]
     parts: list[RenderableType] = [kv_table(rows, title=f"profile of {r.target}")]
     if r.breakdown:

@@ -17,6 +17,7 @@ from pydantic import BaseModel
 from rich.console import Group, RenderableType
 from rich.text import Text
 
+from modulelens.capture.summary import CaptureSummary, TensorInfo
 from modulelens.cli.formats import dtypes_cell, list_cell, number, percent, seconds, shape, shapes_cell
 from modulelens.cli.tables import Cell, Column, FittedTable, kv_table
 from modulelens.tools.capture_module import CaptureModuleResult
@@ -29,7 +30,6 @@ from modulelens.tools.list_captures import ListCapturesResult
 from modulelens.tools.profile import ProfileResult
 from modulelens.tools.replay_module import ReplayModuleResult, TensorMatch
 from modulelens.tools.replay_op_card import ReplayOpCardResult
-from modulelens.tools.show_capture import CaptureSummary, TensorInfo
 from modulelens.tools.show_op_card import ShowOpCardResult
 from modulelens.tools.tag_capture import TagCaptureResult
 from modulelens.tools.validate_kernel import ValidateKernelResult

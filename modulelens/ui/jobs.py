@@ -85,8 +85,9 @@ class Action:
 
     name: str
     tool: str
-    label: str
+    label: str  # with {subject}
     fields: frozenset[str]
+    required: frozenset[str]
     subject: Callable[[dict[str, Any]], str]
     prepare: Callable[[dict[str, Any], Path], dict[str, Any]] | None = None
 
@@ -108,11 +109,12 @@ def _script_inside(params: dict[str, Any], project: Path) -> dict[str, Any]:
 
 
 ACTIONS: dict[str, Action] = {a.name: a for a in (
-    Action("replay", "replay_module", "replay {ref}", frozenset({"ref", "strategy"}), lambda p: str(p.get("ref"))),
-    Action("validate", "validate_kernel", "validate {candidate}", frozenset({"candidate"}),
-           lambda p: str(p.get("candidate"))),
+    Action("replay", "replay_module", "replay {subject}", frozenset({"ref", "strategy"}), frozenset({"ref"}),
+           lambda p: str(p["ref"])),
+    Action("validate", "validate_kernel", "validate {subject}", frozenset({"candidate"}), frozenset({"candidate"}),
+           lambda p: str(p["candidate"])),
     Action("gather_stats", "gather_stats", "gather statistics of {subject}",
-           frozenset({"script", "script_args", "capture", "every", "steps", "name"}),
+           frozenset({"script", "script_args", "capture", "every", "steps", "name"}), frozenset(),
            lambda p: str(p.get("capture") or p.get("script") or ""), _script_inside),
 )}
 
@@ -165,6 +167,10 @@ class JobRunner:
             raise ModuleLensError(f"action {action_name!r} takes no {', '.join(sorted(unknown))}",
                                   f"it takes: {', '.join(sorted(action.fields))}")
         values = {k: v for k, v in params.items() if v not in (None, "")}
+        missing = action.required - set(values)
+        if missing:
+            raise ModuleLensError(f"action {action_name!r} needs {', '.join(sorted(missing))}",
+                                  f"it takes: {', '.join(sorted(action.fields))}")
         if action.prepare is not None:
             values = action.prepare(values, self.project_root)
         tool = get_tool(action.tool)
@@ -175,7 +181,7 @@ class JobRunner:
         data = request.model_dump(mode="json", exclude_unset=True)
         subject = action.subject(data)
         job = Job(id=uuid.uuid4().hex[:12], action=action.name, tool=tool.name,
-                  label=action.label.format(subject=subject, **data), subject=subject, request=data,
+                  label=action.label.format(subject=subject), subject=subject, request=data,
                   started_at=time.time())
         spec = JobSpec(tool=tool.name, request=data, repo_root=str(self.repo_root))
         proc = subprocess.Popen(

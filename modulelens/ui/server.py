@@ -77,4 +77,8 @@ def serve(repo_root: Path, host: str | None = None, port: int | None = None, all
     server = UiServer(repo_root, host or DEFAULT_HOST, DEFAULT_PORT if port is None else port, allow_remote, token)
     print(f"modulelens ui: repository {server.settings.repo_root}\n  open {server.url}\n  (Ctrl+C to stop)",
           file=sys.stderr, flush=True)
-    server.serve_forever()
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl+C it handled, once it has shut down
+        pass
+    print("modulelens ui: stopped", file=sys.stderr, flush=True)

@@ -13,6 +13,7 @@ attention) are bound by arithmetic, which cards do not record: they get no fract
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -46,7 +47,8 @@ class OpsetListing(ManifestBase):
     device: str = "cpu"
     backward: bool = False
     module_time: ModuleTime = Field(default_factory=ModuleTime)
-    cards: list[CardTiming] = Field(default_factory=list)
+    # Read as CardTiming only where timings are needed: a listing only counts them.
+    cards: list[Any] = Field(default_factory=list)
 
 
 class OpsetEntry(BaseModel):
@@ -69,13 +71,16 @@ def _tags_at(repo: Repository, kind: str, name: str, version: int) -> list[str]:
 
 def opset_entries(repo: Repository, capture: str | None = None) -> list[OpsetEntry]:
     """Every opset version, by name then version; only those recorded from ``capture`` when given
-    (a capture reference, resolved first: an unknown capture is a clear error)."""
+    (a capture reference, resolved first: an unknown capture is a clear error). capture_ops stores
+    the opsets of a capture under the capture's name, so only that name is read then."""
     wanted = None
+    names = repo.names(KIND)
     if capture:
-        name, version = repo.resolve("captures", capture)
-        wanted = f"{name}:v{version}"
+        cap_name, cap_version = repo.resolve("captures", capture)
+        wanted = f"{cap_name}:v{cap_version}"
+        names = [n for n in names if n == cap_name]
     out = []
-    for name in repo.names(KIND):
+    for name in names:
         for version in repo.versions(KIND, name):
             m = repo.open(KIND, f"{name}:v{version}").manifest_as(OpsetListing)
             if wanted is not None and m.capture != wanted:
@@ -116,7 +121,7 @@ def card_rooflines(repo: Repository, ref: str, copy_bytes_per_s: Callable[[str],
     ceiling = copy_bytes_per_s(m.device)
     notes = [] if ceiling else [f"no copy bandwidth for device {m.device!r} on this machine: no roofline fractions"]
     cards = []
-    for c in m.cards:
+    for c in (CardTiming.model_validate(card) for card in m.cards):
         achieved = c.bytes_per_call * c.calls / c.time_s if c.kind == "memory" and c.time_s > 0 else None
         cards.append(CardRoofline(
             card_id=f"{art.ref}/{c.index}", op=c.op, kind=c.kind, calls=c.calls, time_s=c.time_s,

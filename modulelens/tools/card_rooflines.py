@@ -9,6 +9,7 @@ from modulelens.ops import opsets
 from modulelens.ops.opsets import OpsetRooflines
 from modulelens.registry import Tool, ToolContext, register
 from modulelens.repo import Repository
+from modulelens.tables import rows_table
 
 
 class CardRooflinesRequest(BaseModel):
@@ -29,6 +30,13 @@ def card_rooflines(req: CardRooflinesRequest, ctx: ToolContext) -> OpsetRoofline
     return opsets.card_rooflines(Repository(ctx.repo_root), req.ref, _copy_bytes_per_s)
 
 
+def _render(r: OpsetRooflines):
+    gbs = f"{r.copy_bytes_per_s / 1e9:.2f} GB/s" if r.copy_bytes_per_s else "unknown"
+    return rows_table(f"rooflines of {r.opset} (copy bandwidth {gbs} on {r.device})",
+                      ("card", "op", "kind", "GB/s", "fraction"),
+                      ((c.card_id, c.op, c.kind, c.bytes_per_s / 1e9 if c.bytes_per_s else None,
+                        f"{c.fraction:.1%}" if c.fraction is not None else None) for c in r.cards))
+
 TOOL = register(
     Tool(
         name="card_rooflines",
@@ -37,5 +45,6 @@ TOOL = register(
         fn=card_rooflines,
         summary="For each operator card of an opset: achieved bandwidth (bytes moved per module run over its "
         "median time) as a fraction of this machine's measured copy bandwidth (memory-bound cards only).",
+        render=_render,
     )
 )

@@ -7,6 +7,7 @@ from pydantic import BaseModel, Field
 from modulelens.registry import Tool, ToolContext, register
 from modulelens.repo import Repository
 from modulelens.stats.runs import TensorStatsRow, capture_tensor_rows
+from modulelens.tables import rows_table
 
 
 class ShowCaptureTensorsRequest(BaseModel):
@@ -25,6 +26,11 @@ def show_capture_tensors(req: ShowCaptureTensorsRequest, ctx: ToolContext) -> Sh
     return ShowCaptureTensorsResult(ref=art.ref, tensors=rows, notes=notes)
 
 
+def _render(r: ShowCaptureTensorsResult):
+    return rows_table(f"tensors of {r.ref}", ("tensor", "group", "shape", "dtype", "mean", "std", "min", "max", "zeros"),
+                      ((t.key, t.group, "x".join(map(str, t.shape)) or "scalar", t.dtype + ("" if t.stored else " (shape-only)"), t.mean, t.std, t.min,
+                        t.max, t.zero_frac) for t in r.tensors))
+
 TOOL = register(
     Tool(
         name="show_capture_tensors",
@@ -33,5 +39,6 @@ TOOL = register(
         fn=show_capture_tensors,
         summary="Show every tensor a capture holds (inputs, outputs, weights, gradients) with shape, dtype and "
         "statistics (mean, std, rms, kurtosis, zero fraction, min, max, NaN/Inf); read-only, nothing is stored.",
+        render=_render,
     )
 )

@@ -102,7 +102,8 @@ class Guard:
                     (b"x-content-type-options", b"nosniff"),
                     (b"referrer-policy", b"no-referrer"),
                     (b"x-frame-options", b"DENY"),
-                    (b"cache-control", b"no-store"),
+                    # pages hold repository data: never stored; the vendored files: revalidated
+                    (b"cache-control", b"no-cache" if path.startswith("/static/") else b"no-store"),
                 ]
                 if set_cookie:
                     extra.append((b"set-cookie", f"{TOKEN_COOKIE}={self.token}; HttpOnly; SameSite=Strict; "

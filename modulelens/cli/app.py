@@ -56,7 +56,7 @@ _WIDE_PARAM = "ml_wide_"
 _CTX_PARAM = "ml_ctx_"
 _RESERVED_FIELDS = {"repo", "json", "quiet", "wide", "help", _REPO_PARAM, _JSON_PARAM, _QUIET_PARAM, _WIDE_PARAM,
                     _CTX_PARAM}
-_EXTRA_COMMANDS = {"mcp", "version"}
+_EXTRA_COMMANDS = {"mcp", "ui", "version"}
 
 
 # --------------------------------------------------------------------------------------------
@@ -395,7 +395,7 @@ def _epilog(tool: Tool, rich_help: bool) -> str | None:
 
 
 def build_app(tools: list[Tool], rich_help: bool | None = None) -> typer.Typer:
-    """A Typer application with one command per tool, plus ``mcp`` and ``version``.
+    """A Typer application with one command per tool, plus ``mcp``, ``ui`` and ``version``.
 
     ``rich_help``: draw ``--help`` and usage errors with rich (colours, panels); by default only
     when stdout is a terminal, so piped help is plain text without boxes.
@@ -434,6 +434,27 @@ def build_app(tools: list[Tool], rich_help: bool | None = None) -> typer.Typer:
         from modulelens.mcp_server.server import run_stdio
 
         run_stdio(repo)
+
+    # A server that runs until interrupted is no tool: through MCP it would never answer.
+    @app.command("ui")
+    def ui_command(
+        repo: Path | None = _repo_option(),
+        port: int | None = typer.Option(None, "--port", help="Port to listen on (0 picks a free one).",
+                                        show_default="8765"),
+        host: str | None = typer.Option(None, "--host", help="Address to bind; any but loopback needs --allow-remote.",
+                                        show_default="127.0.0.1"),
+        allow_remote: bool = typer.Option(False, "--allow-remote", help="Allow a non-loopback --host; every request "
+                                          "then needs the token printed at start."),
+        token: str | None = typer.Option(None, "--token", envvar="MODULELENS_UI_TOKEN",
+                                         help="The token to require (default: a fresh one on a non-loopback host)."),
+    ) -> None:
+        """Serve the local web UI (captures, operator cards, candidates, statistics, jobs) until interrupted."""
+        from modulelens.ui.server import serve
+
+        try:
+            serve(repo if repo is not None else default_repo_root(), host, port, allow_remote, token)
+        except ModuleLensError as exc:
+            _fail(exc.message, exc.hint, type(exc).__name__, False)
 
     @app.command("version")
     def version_command() -> None:

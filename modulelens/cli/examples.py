@@ -26,6 +26,13 @@ EXAMPLES: dict[str, str] = {
     "validate_kernel": "demo-block.card2:v1 --seeds 3",
     "install_skills": "path/to/your/project",
     "gather_stats": "examples/tinyformer/train.py --every 5 -- --steps 20",
+    "list_opsets": "--capture demo-block",
+    "card_rooflines": "demo-block",
+    "show_capture_tensors": "demo-block:v1",
+    "list_candidates": "--card demo-block:v1/2",
+    "show_candidate": "demo-block.card2:v1",
+    "list_stats_runs": "--json",
+    "show_stats_run": "train --stats std --stats zero_frac",
 }
 
 

@@ -1,0 +1,182 @@
+"""Read-only views of the statistics in a repository: one row per stored run, and one run's
+findings and series (the numbers behind the report's plots), chosen statistics only.
+
+:class:`StatsListing` is the typed view of a ``stats`` manifest that these views read (the fields
+:mod:`modulelens.stats.artifact` writes today); unknown fields are kept, so any run written so far
+loads. Series columns are aligned with ``steps`` and hold None where a module was not called or a
+value is undefined (see :mod:`modulelens.stats.series`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from modulelens.repo import Artifact, ManifestBase, Repository
+from modulelens.stats.artifact import KIND, capture_series
+
+Column = list[float | None]
+
+
+class StatsSummary(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    kind: Literal["run", "capture"] = "run"
+    modules: int = 0
+    steps_seen: int = 0
+    steps_sampled: int = 0
+    every: int | None = None
+    order_source: str = "capture"
+    findings: int = 0
+    notes: list[str] = Field(default_factory=list)
+    report_files: list[str] = Field(default_factory=list)
+
+
+class StatsSource(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    kind: str = "script"
+    script: str | None = None
+    argv: list[str] = Field(default_factory=list)
+    capture: str | None = None
+
+
+class StatsListing(ManifestBase):
+    source: StatsSource = Field(default_factory=StatsSource)
+    summary: StatsSummary = Field(default_factory=StatsSummary)
+
+
+class StatsRunEntry(BaseModel):
+    run_id: str = Field(description="name:vN of the stored statistics.")
+    name: str
+    version: int
+    kind: Literal["run", "capture"] = Field(description="run: a training script; capture: a capture's tensors.")
+    script: str | None = None
+    argv: list[str] = Field(default_factory=list)
+    capture: str | None = None
+    modules: int
+    steps_seen: int
+    steps_sampled: int
+    every: int | None = None
+    findings: int
+    created_at: str
+
+
+def _entry(art: Artifact) -> StatsRunEntry:
+    m = art.manifest_as(StatsListing)
+    s = m.summary
+    return StatsRunEntry(
+        run_id=art.ref, name=art.name, version=art.version, kind=s.kind, script=m.source.script,
+        argv=m.source.argv, capture=m.source.capture, modules=s.modules, steps_seen=s.steps_seen,
+        steps_sampled=s.steps_sampled, every=s.every, findings=s.findings, created_at=m.created_at,
+    )
+
+
+def stats_entries(repo: Repository) -> list[StatsRunEntry]:
+    """Every stored statistics version, by name then version."""
+    return [_entry(repo.open(KIND, f"{name}:v{version}"))
+            for name in repo.names(KIND) for version in repo.versions(KIND, name)]
+
+
+class StatsFinding(BaseModel):
+    kind: str
+    module: str = Field(description="Qualified module name ('' is the root model).")
+    step: int
+    severity: Literal["error", "warning"] = "error"
+    message: str
+    action: str
+    evidence: dict[str, Any] = Field(default_factory=dict)
+
+
+class TensorStatsRow(BaseModel):
+    key: str = Field(description="args.0, output, a parameter name, grad.<key>.")
+    group: Literal["input", "output", "weight", "gradient"]
+    shape: list[int] = Field(default_factory=list)
+    dtype: str = ""
+    stored: bool = Field(True, description="False: stored shape-only; statistics from the capture's summary.")
+    mean: float | None = None
+    std: float | None = None
+    rms: float | None = None
+    kurtosis: float | None = None
+    zero_frac: float | None = None
+    min: float | None = None
+    max: float | None = None
+    nan: int | None = None
+    inf: int | None = None
+
+
+def tensor_rows(series: dict[str, Any]) -> list[TensorStatsRow]:
+    """One row per tensor of a capture's statistics (:func:`~modulelens.stats.artifact.capture_series`)."""
+    stat_fields = set(TensorStatsRow.model_fields) - {"key", "group", "shape", "dtype", "stored"}
+    return [TensorStatsRow(key=key, group=t["group"], shape=t.get("shape") or [], dtype=t.get("dtype") or "",
+                           stored=t["stored"], **{k: v for k, v in (t.get("stats") or {}).items() if k in stat_fields})
+            for key, t in series.get("tensors", {}).items()]
+
+
+def capture_tensor_rows(repo: Repository, ref: str) -> tuple[Artifact, list[TensorStatsRow], list[str]]:
+    """Statistics of every tensor a capture holds, computed now and stored nowhere: the capture,
+    its rows and the notes (shape-only tensors)."""
+    art = repo.open("captures", ref)
+    series = capture_series(art)
+    return art, tensor_rows(series), list(series.get("notes", []))
+
+
+class ModuleSeries(BaseModel):
+    name: str
+    type: str = ""
+    index: int = Field(description="Position in execution order.")
+    activation: dict[str, Column] = Field(default_factory=dict, description="Statistics of the module's output.")
+    gradient: dict[str, Column] = Field(default_factory=dict, description="Statistics of the gradient at its output.")
+
+
+class TypeSeries(BaseModel):
+    type: str
+    modules: list[str]
+    activation: dict[str, Column] = Field(default_factory=dict)
+    gradient: dict[str, Column] = Field(default_factory=dict)
+    update_ratio: Column = Field(default_factory=list)
+
+
+class StatsRunView(BaseModel):
+    entry: StatsRunEntry
+    steps: list[int] = Field(default_factory=list)
+    order_source: str = ""
+    modules: list[ModuleSeries] = Field(default_factory=list, description="In execution order.")
+    types: list[TypeSeries] = Field(default_factory=list)
+    findings: list[StatsFinding] = Field(default_factory=list)
+    tensors: list[TensorStatsRow] = Field(default_factory=list, description="A capture's statistics: its tensors.")
+    definitions: dict[str, str] = Field(default_factory=dict)
+    notes: list[str] = Field(default_factory=list)
+    report_html: str | None = None
+    report_png: str | None = None
+    path: str = ""
+
+
+def _pick(columns: dict[str, Any], stats: Sequence[str]) -> dict[str, Column]:
+    return {s: columns[s] for s in stats if s in columns}
+
+
+def stats_view(repo: Repository, ref: str, stats: Sequence[str]) -> StatsRunView:
+    """One stored run: its row, findings, notes, report files and the series of ``stats`` (names
+    from :data:`modulelens.stats.stats.STAT_NAMES` plus gain and input_rms) per module and type."""
+    art = repo.open(KIND, ref)
+    m = art.manifest_as(StatsListing)
+    series = art.read_json("series.json")
+    files = m.summary.report_files
+    modules = [ModuleSeries(name=name, type=info.get("type", ""), index=info.get("index", i),
+                            activation=_pick(info.get("activation", {}), stats),
+                            gradient=_pick(info.get("gradient", {}), stats))
+               for i, (name, info) in enumerate(series.get("modules", {}).items())]
+    types = [TypeSeries(type=t, modules=info.get("modules", []), activation=_pick(info.get("activation", {}), stats),
+                        gradient=_pick(info.get("gradient", {}), stats), update_ratio=info.get("update_ratio", []))
+             for t, info in sorted(series.get("types", {}).items())]
+    return StatsRunView(
+        entry=_entry(art), steps=series.get("steps", []), order_source=m.summary.order_source,
+        modules=sorted(modules, key=lambda x: x.index), types=types,
+        findings=[StatsFinding.model_validate(f) for f in art.read_json("findings.json")],
+        tensors=tensor_rows(series), definitions=series.get("definitions", {}), notes=m.summary.notes,
+        report_html=str(art.file("report.html")) if "report.html" in files else None,
+        report_png=str(art.file("report.png")) if "report.png" in files else None, path=str(art.path),
+    )

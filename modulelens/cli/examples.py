@@ -31,7 +31,7 @@ EXAMPLES: dict[str, str] = {
     "show_capture_tensors": "demo-block:v1",
     "list_candidates": "--card demo-block:v1/2",
     "show_candidate": "demo-block.card2:v1",
-    "list_stats_runs": "--json",
+    "list_stats_runs": "--quiet",
     "show_stats_run": "train --stats std --stats zero_frac",
 }
 

@@ -39,6 +39,7 @@ from modulelens.errors import ModuleLensError
 from modulelens.registry import Tool, ToolContext
 from modulelens.repo import default_repo_root
 from modulelens.tools import all_tools
+from modulelens.version import package_version
 
 __all__ = ["build_app", "generic_render", "get_app", "is_argument_field", "main"]
 
@@ -459,17 +460,6 @@ def _make_command(tool: Tool) -> Callable[..., None]:
     return command
 
 
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("modulelens")
-    except PackageNotFoundError:
-        import modulelens
-
-        return str(getattr(modulelens, "__version__", "unknown"))
-
-
 def build_app(tools: list[Tool]) -> typer.Typer:
     """A Typer application with one command per tool, plus ``mcp`` and ``version``."""
     app = typer.Typer(
@@ -507,7 +497,7 @@ def build_app(tools: list[Tool]) -> typer.Typer:
     @app.command("version")
     def version_command() -> None:
         """Print the modulelens version."""
-        typer.echo(_version())
+        typer.echo(package_version())
 
     return app
 

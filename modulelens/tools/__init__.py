@@ -19,6 +19,8 @@ from modulelens.tools import (  # noqa: F401, I001  (CLI order)
     validate_kernel,
     install_skills,
     gather_stats,
+    pack,
+    run,
 )
 
 from modulelens.errors import ModuleLensError  # noqa: E402

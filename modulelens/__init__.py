@@ -52,6 +52,7 @@ validate_kernel = _tool_function("validate_kernel")
 gather_stats = _tool_function("gather_stats")
 pack = _tool_function("pack")
 run = _tool_function("run")
+check_pack = _tool_function("check_pack")
 
 __all__ = [
     "ModuleLensError",
@@ -59,6 +60,7 @@ __all__ = [
     "capture",
     "capture_module",
     "capture_ops",
+    "check_pack",
     "export_repro",
     "gather_stats",
     "generate_kernel",

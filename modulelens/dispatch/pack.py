@@ -61,6 +61,7 @@ class PackEntry(BaseModel):
     candidate_id: str
     kind: EntryKind = Field(description="op: replaces one aten operator call; module: replaces a module's forward.")
     target: str = Field(description="The card id (op) or the capture ref (module) it was validated against.")
+    capture: str | None = Field(None, description="The capture the target came from (check-pack replays it).")
     op: str | None = Field(None, description="aten overload, for op entries (aten._safe_softmax.default).")
     class_path: str | None = Field(None, description="module:Class of the replaced module, for module entries.")
     module_path: str | None = Field(None, description="Qualified name of the replaced module in its model (blocks.1).")

@@ -25,6 +25,7 @@ class CandidateRecord(BaseModel):
     candidate_id: str
     kind: Literal["op", "module"]
     target: str
+    capture: str
     op: str | None = None
     class_path: str | None = None
     module_path: str | None = None
@@ -54,13 +55,14 @@ def _card_record(repo: Repository, candidate_id: str) -> CandidateRecord:
     art, src = load_candidate(repo, candidate_id)
     card_id = art.manifest["target"]["card_id"]
     opset, card = open_card(repo, card_id)
-    capture = capture_manifest(repo.open("captures", opset.manifest["capture"]))
+    cap_art = repo.open("captures", opset.manifest["capture"])
+    capture = capture_manifest(cap_art)
     args, kwargs, _, synthesized = sample_call(opset, card, 0, device=card["device"])
     if synthesized:
         raise ModuleLensError(f"card {card_id}'s sample is shape-only", "the pattern needs a stored sample")
     grad = capture.grad_enabled or bool(opset.manifest.get("backward"))
     pattern = describe_call(args, kwargs, grad_enabled=grad and card["phase"] == "forward")
-    return CandidateRecord(candidate_id=art.ref, kind="op", target=card_id, op=card["op"], pattern=pattern,
+    return CandidateRecord(candidate_id=art.ref, kind="op", target=card_id, capture=cap_art.ref, op=card["op"], pattern=pattern,
                            backend=src.backend, entry=src.entry, source=src.source, source_sha256=src.sha256,
                            report=latest_report(repo, art))
 
@@ -90,7 +92,24 @@ def _module_record(repo: Repository, candidate_id: str) -> CandidateRecord:
     init = ModuleInit(args=cap.init.get("args"), kwargs=cap.init.get("kwargs"),
                       tensors_b64=base64.b64encode(save(tensors)).decode() if tensors else "", sys_path=cap.sys_path)
     pattern = describe_call(args, kwargs, grad_enabled=cap.grad_enabled, training=cap.training)
-    return CandidateRecord(candidate_id=art.ref, kind="module", target=cap_art.ref, class_path=target.class_path,
+    return CandidateRecord(candidate_id=art.ref, kind="module", target=cap_art.ref, capture=cap_art.ref, class_path=target.class_path,
                            module_path=target.module_path, pattern=pattern, backend=MODULE_BACKEND,
                            entry=cand.class_name, source=cand.source, source_sha256=cand.sha256, init=init,
                            claims_training=cand.claims_training, report=latest_report(repo, art))
+
+
+class CaptureReplay:
+    """What check-pack needs of a capture: rebuild the module, its inputs, the captured outputs
+    and RNG state, and the mode it ran in."""
+
+    def __init__(self, repo: Repository, ref: str):
+        from modulelens.capture.manifest import capture_manifest
+        from modulelens.capture.replay import LoadedCapture
+
+        art = repo.open("captures", ref)
+        manifest = capture_manifest(art)
+        self.ref = art.ref
+        self.training = manifest.training
+        self.grad_enabled = manifest.grad_enabled
+        self.device = manifest.environment.device
+        self.loaded = LoadedCapture(art)

@@ -21,6 +21,7 @@ from modulelens.tools import (  # noqa: F401, I001  (CLI order)
     gather_stats,
     pack,
     run,
+    check_pack,
 )
 
 from modulelens.errors import ModuleLensError  # noqa: E402

@@ -200,11 +200,19 @@ class _ModuleReplacement:
         self.cls, self.entry, self.tensors = cls, entry, tensors
 
     def build(self, live: torch.nn.Module) -> torch.nn.Module:
+        """Construct ``ModelNew`` and give it ``live``'s parameters. The RNG state is restored
+        afterwards: initialising the new module's (discarded) weights must not shift the
+        random numbers the user's run draws next (dropout masks, data)."""
+        from modulelens.capture.tracer import rng_states, set_rng_states
         from modulelens.kernels.module_candidates import construct
 
         init = self.entry.init
         assert init is not None
-        new = construct(self.cls, init.args, init.kwargs, self.tensors, init.sys_path)
+        state = rng_states()
+        try:
+            new = construct(self.cls, init.args, init.kwargs, self.tensors, init.sys_path)
+        finally:
+            set_rng_states(state)
         share_state(new, live)
         return new.train(live.training)
 

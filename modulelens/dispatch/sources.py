@@ -91,7 +91,9 @@ def _module_record(repo: Repository, candidate_id: str) -> CandidateRecord:
         tensors = load_tensors(cap_art, "init.safetensors")
     init = ModuleInit(args=cap.init.get("args"), kwargs=cap.init.get("kwargs"),
                       tensors_b64=base64.b64encode(save(tensors)).decode() if tensors else "", sys_path=cap.sys_path)
-    pattern = describe_call(args, kwargs, grad_enabled=cap.grad_enabled, training=cap.training)
+    # A candidate that does not claim training support was validated in eval mode without grad only.
+    training = cand.claims_training and cap.training
+    pattern = describe_call(args, kwargs, grad_enabled=cap.grad_enabled if training else False, training=training)
     return CandidateRecord(candidate_id=art.ref, kind="module", target=cap_art.ref, capture=cap_art.ref, class_path=target.class_path,
                            module_path=target.module_path, pattern=pattern, backend=MODULE_BACKEND,
                            entry=cand.class_name, source=cand.source, source_sha256=cand.sha256, init=init,

@@ -17,6 +17,7 @@ from modulelens.tools import (  # noqa: F401, I001  (CLI order)
     profile,
     generate_kernel,
     validate_kernel,
+    validate_module,
     install_skills,
     gather_stats,
     pack,

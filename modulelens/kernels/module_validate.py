@@ -17,11 +17,13 @@ must match the original module's for a random output gradient. A candidate that 
 training support is checked in eval mode only, and the verdict says so.
 
 Timing: the original module against the candidate in the mode the candidate is packed for
-(forward only: training with grad for a training candidate, else eval without grad).
+(forward only: training with grad for a training candidate, else eval without grad), in
+back-to-back pairs of calls: the speedup is the median of the pairs' ratios.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -34,12 +36,14 @@ from modulelens.kernels.validate import (
     _overlaps,
     _same_bits,
     _tensors,
-    _time_callable,
     _Validator,
     changed_timers,
     compare_output,
     fresh_inputs,
 )
+from modulelens.profiling.timing import Timing, _percentile
+
+_perf_counter = time.perf_counter  # taken before any candidate code runs
 
 EVAL_ONLY = "checked in eval mode only (dropout off, no gradients): not dispatched in training"
 SAME_RNG = ("training mode checked with the same RNG state before the original and the candidate "
@@ -244,24 +248,52 @@ class _ModuleValidator(_Validator):
 
     def time_it(self, reference: torch.nn.Module, new: torch.nn.Module, args: list, kwargs: dict, training: bool,
                 device: str) -> None:
-        min_run = float(self.task.get("min_run_time", 0.3))
+        """Paired timing: one original call, then one candidate call, repeated (order alternating)
+        for ``min_run_time`` seconds; the speedup is the median of the per-pair ratios, so load
+        that drifts over the run (a shared machine) hits both sides of every pair alike."""
+        min_run = float(self.task.get("min_run_time", 0.6))
         reference.train(training)
         new.train(training)
+        cuda = device.startswith("cuda")
 
-        def timed(module: torch.nn.Module) -> Any:
-            def call() -> Any:
-                with torch.set_grad_enabled(training):
-                    return module(*args, **kwargs)
-            return _time_callable(call, device, min_run_time=min_run / 2)
+        def once(module: torch.nn.Module) -> float:
+            if cuda:
+                torch.cuda.synchronize()
+            t0 = _perf_counter()
+            with torch.set_grad_enabled(training):
+                module(*args, **kwargs)
+            if cuda:
+                torch.cuda.synchronize()
+            return _perf_counter() - t0
 
-        rounds = [(timed(reference), timed(new)) for _ in range(2)]  # interleaved, so drift hits both alike
-        eager = min((r[0] for r in rounds), key=lambda t: t.median_s)
-        cand = min((r[1] for r in rounds), key=lambda t: t.median_s)
-        self.report.eager, self.report.candidate = eager, cand
-        self.report.speedup_vs_eager = eager.median_s / cand.median_s
+        for _ in range(3):  # warm-up
+            once(reference), once(new)
+        eager_s, cand_s = [], []
+        spent = 0.0
+        while spent < min_run or len(eager_s) < 20:
+            if len(eager_s) % 2:
+                c, e = once(new), once(reference)
+            else:
+                e, c = once(reference), once(new)
+            eager_s.append(e)
+            cand_s.append(c)
+            spent += e + c
+            if len(eager_s) >= 2000:
+                break
+        ratios = [e / c for e, c in zip(eager_s, cand_s) if c > 0]
+        timer = "time.perf_counter around single calls, original and candidate alternating"
+        threads = torch.get_num_threads()
+
+        def summary(xs: list[float]) -> Timing:
+            return Timing(median_s=statistics.median(xs), p20_s=_percentile(xs, 0.2), p80_s=_percentile(xs, 0.8),
+                          runs=len(xs), samples=len(xs), warmup=3, timer=timer, device=device, threads=threads,
+                          cache="warm (CPU caches are not flushed between calls)")
+
+        self.report.eager, self.report.candidate = summary(eager_s), summary(cand_s)
+        self.report.speedup_vs_eager = statistics.median(ratios)
         mode = "training mode with grad (forward)" if training else "eval mode without grad"
-        self.report.timing_note = (f"module forward in {mode}; medians of the faster of two interleaved rounds each; "
-                                   f"{eager.timer}; {eager.threads} threads")
+        self.report.timing_note = (f"module forward in {mode}; speedup is the median ratio of {len(ratios)} "
+                                   f"back-to-back pairs of calls; {threads} threads")
         if self.report.speedup_vs_eager > 10:
             self.report.flags.append(f"suspicious: {self.report.speedup_vs_eager:.1f}x faster than eager")
 
@@ -282,9 +314,16 @@ def _index(key: str) -> int:
     return int(key.rsplit(".", 1)[1])
 
 
-def validate_module(task: dict[str, Any], stage: Callable[[str], None]) -> ValidationReport:
-    """Validate the module candidate of a ``validate_module`` task (see the module docstring)."""
+def run_task(task: dict[str, Any], stage: Callable[[str], None]) -> dict[str, Any]:
+    """The sandbox worker's entry for ``validate_module`` tasks (``validate.run_task``'s counterpart):
+    the report of the module candidate (see the module docstring), and whether the worker is
+    still fit for reuse."""
+    from modulelens.errors import ModuleLensError
+
     t0 = time.perf_counter()
-    report = _ModuleValidator(task, stage).run()
+    try:
+        report = _ModuleValidator(task, stage).run()
+    except ModuleLensError as e:
+        report = ValidationReport(verdict="rejected", correct=False, reason=str(e), stage="setup", backend="module")
     report.seconds = time.perf_counter() - t0
-    return report
+    return {"report": report.model_dump(mode="json"), "healthy": not changed_timers() and report.verdict != "rejected"}

@@ -435,14 +435,9 @@ def run_task(task: dict[str, Any], stage: Callable[[str], None]) -> dict[str, An
             return time_candidate(task)
         except ModuleLensError as e:
             return {"error": e.message, "hint": e.hint, "healthy": False}
-    if kind in ("validate_card", "validate_module"):
+    if kind == "validate_card":
         try:
-            if kind == "validate_module":  # a whole-module (ModelNew) candidate
-                from modulelens.kernels.module_validate import validate_module
-
-                report = validate_module(task, stage)
-            else:
-                report = _Validator(task, stage).run()
+            report = _Validator(task, stage).run()
         except ModuleLensError as e:
             report = ValidationReport(verdict="rejected", correct=False, reason=str(e), stage="setup",
                                       backend=task["candidate"]["backend"])

@@ -28,7 +28,7 @@ def main(argv: list[str]) -> int:
     if not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")  # read when triton kernels are defined
         _limit_memory(memory_mb)  # address-space limits break CUDA; GPU runs rely on the device's memory
-    from modulelens.kernels import validate
+    from modulelens.kernels import module_validate, validate
 
     while True:
         task = protocol.receive(task_fd)
@@ -39,7 +39,8 @@ def main(argv: list[str]) -> int:
             protocol.send(result_fd, {"stage": name})
 
         try:
-            result = validate.run_task(task, stage)
+            run = module_validate.run_task if task.get("kind") == "validate_module" else validate.run_task
+            result = run(task, stage)
         except BaseException as e:  # noqa: BLE001 - the parent must always get an answer
             result = {"internal_error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:],
                       "healthy": False}

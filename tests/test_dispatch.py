@@ -323,3 +323,24 @@ def test_run_refuses_a_tampered_pack(cli, tmp_path):
     script.write_text("print('hello')\n")
     code, _, r = cli("run", script, "--pack", path, "--json")
     assert code == 2 and "modified after it was written" in r.output
+
+
+def test_two_packs_applied_to_two_models_each_count_their_own_calls(tmp_path):
+    x = torch.randn(4, 8)
+    first = _write(tmp_path / "a.pack", [_op_entry(x, cid="a.card0:v1")])
+    second = _write(tmp_path / "b.pack", [_op_entry(x, cid="b.card0:v1")])
+    model_a, model_b = _Attn(), _Attn()
+    applied_a = modulelens.apply_pack(model_a, first)
+    applied_b = modulelens.apply_pack(model_b, second)
+    try:
+        model_a(x)
+        model_b(x)
+        model_b(x)
+        applied_b.remove()
+        model_a(x)
+    finally:
+        applied_a.remove()
+        applied_b.remove()
+    assert applied_a.report().hits == 2 and applied_b.report().hits == 2
+    assert not torch._C._dispatch_has_kernel_for_dispatch_key("aten::_safe_softmax",
+                                                               torch._C.DispatchKey.ADInplaceOrView)

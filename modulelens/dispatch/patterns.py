@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field
 
 from modulelens.capture.values import dtype_name, parse_dtype
 
-_PRIMITIVES = (bool, int, float, str, type(None))
+_PRIMITIVES = frozenset({bool, int, float, str, type(None)})
 
 
 class CallPattern(BaseModel):
@@ -36,15 +36,15 @@ class CallPattern(BaseModel):
 
 def describe_value(value: Any) -> Any:
     """JSON description of one argument: ``{"tensor": {shape, stride, dtype, device}}``,
-    ``{"list": [...]}`` or ``{"value": v, "type": name}`` (non-primitive values as their str)."""
+    ``{"list": [...]}`` or ``{"value": v, "type": name}`` (values of other types than bool, int,
+    float, str and None as their str, under their type's name)."""
     if isinstance(value, torch.Tensor):
         return {"tensor": {"shape": list(value.shape), "stride": list(value.stride()),
                            "dtype": dtype_name(value.dtype), "device": value.device.type}}
-    if isinstance(value, (list, tuple)):
+    kind = type(value)
+    if kind is list or kind is tuple:
         return {"list": [describe_value(v) for v in value]}
-    if isinstance(value, _PRIMITIVES):
-        return {"value": value, "type": type(value).__name__}
-    return {"value": str(value), "type": type(value).__name__}
+    return {"value": value if kind in _PRIMITIVES else str(value), "type": kind.__name__}
 
 
 def describe_call(args: list | tuple, kwargs: dict[str, Any], *, grad_enabled: bool,
@@ -53,14 +53,18 @@ def describe_call(args: list | tuple, kwargs: dict[str, Any], *, grad_enabled: b
                        grad_enabled=grad_enabled, training=training)
 
 
+# The live side runs on every call of a packed operator: plain loops, no generator expressions.
+_Tensor = torch.Tensor
+_is_grad_enabled = torch.is_grad_enabled
+
+
 def _value_key(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return ("T", tuple(value.shape), value.stride(), value.dtype, value.device.type)
-    if isinstance(value, (list, tuple)):
-        return ("L", tuple(_value_key(v) for v in value))
-    if isinstance(value, _PRIMITIVES):
-        return (type(value).__name__, value)
-    return (type(value).__name__, str(value))
+    if isinstance(value, _Tensor):
+        return ("T", value.shape, value.stride(), value.dtype, value.device.type)
+    kind = type(value)
+    if kind is list or kind is tuple:
+        return ("L", tuple([_value_key(v) for v in value]))
+    return (kind.__name__, value if kind in _PRIMITIVES else str(value))
 
 
 def _described_key(desc: Any) -> Any:
@@ -74,8 +78,8 @@ def _described_key(desc: Any) -> Any:
 
 def call_key(args: tuple | list, kwargs: dict[str, Any], training: bool | None = None) -> tuple:
     """The key of a live call (grad mode read now)."""
-    return (torch.is_grad_enabled(), training, tuple(_value_key(a) for a in args),
-            tuple((k, _value_key(v)) for k, v in kwargs.items()))
+    return (_is_grad_enabled(), training, tuple([_value_key(a) for a in args]),
+            tuple([(k, _value_key(v)) for k, v in kwargs.items()]) if kwargs else ())
 
 
 def pattern_key(pattern: CallPattern) -> tuple:

@@ -98,6 +98,10 @@ class _Guarded:
         if live is None:
             self.misses[key] += 1
             return eager()
+        return self.run(live, run, eager)
+
+    def run(self, live: _Live, run: Callable[[_Live], Any], eager: Callable[[], Any]) -> Any:
+        """Run ``live``'s kernel; eager (and the exception counted) if it raises."""
         try:
             out = run(live)
         except Exception as e:  # noqa: BLE001 - a failing pack kernel falls back to eager and is reported
@@ -125,46 +129,82 @@ def _run_kernel(args: tuple, kwargs: dict) -> Callable[[_Live], Any]:
     return lambda live: live.impl(*args, *kwargs.values())
 
 
+class _LibraryKernels:
+    """The process's one ``torch.library`` kernel per intercepted operator (a second registration
+    would replace the first). Every runtime that intercepts the operator adds its table; a call
+    goes to the most recently added table whose runtime is active, else straight to the original
+    kernel. An operator's kernel is removed when its last table is."""
+
+    def __init__(self) -> None:
+        self.tables: dict[Any, list[tuple[_OpTable, Callable[[], bool]]]] = {}
+        self.libs: dict[Any, torch.library.Library] = {}
+
+    def add(self, op: torch._ops.OpOverload, table: _OpTable, active: Callable[[], bool]) -> None:
+        if op not in self.tables:
+            self.tables[op] = []
+            lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901 - overriding aten kernels is the point
+            name = op.name().split("::", 1)[1] + ("" if op._overloadname == "default" else f".{op._overloadname}")
+            lib.impl(name, self._kernel(op, self.tables[op]), "ADInplaceOrView", with_keyset=True)
+            self.libs[op] = lib
+        self.tables[op].append((table, active))
+
+    def remove(self, op: torch._ops.OpOverload, table: _OpTable) -> None:
+        users = self.tables.get(op, [])
+        users[:] = [u for u in users if u[0] is not table]
+        if not users and op in self.libs:
+            self.libs.pop(op)._destroy()
+            del self.tables[op]
+
+    @staticmethod
+    def _kernel(op: torch._ops.OpOverload, users: list[tuple[_OpTable, Callable[[], bool]]]) -> Callable[..., Any]:
+        redispatch = op.redispatch
+
+        def kernel(keyset, *args, **kwargs):
+            below = keyset & _AFTER_ADINPLACE
+            for table, active in reversed(users):
+                if not active():
+                    continue
+                key = call_key(args, kwargs)
+                live = table.by_key.get(key)
+                if live is None:
+                    table.misses[key] += 1
+                    break
+
+                def run(live: _Live) -> Any:
+                    with torch._C._AutoDispatchBelowADInplaceOrView():  # what the kernel calls is not intercepted again
+                        return live.impl(*args, *kwargs.values())
+
+                return table.run(live, run, lambda: redispatch(below, *args, **kwargs))
+            return redispatch(below, *args, **kwargs)
+
+        return kernel
+
+
+_LIBRARY = _LibraryKernels()
+
+
 class _LibraryInterceptor:
     """Python kernels on the ADInplaceOrView key (see the module docstring)."""
 
     def __init__(self, tables: dict[Any, _OpTable], active: Callable[[], bool]):
         self.tables = tables
         self.active = active
-        self.lib: torch.library.Library | None = None
 
     @staticmethod
     def unsupported(op: torch._ops.OpOverload) -> str | None:
+        if op in _LIBRARY.libs:
+            return None
         if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), torch._C.DispatchKey.ADInplaceOrView):
             return "in-place and view operators are not intercepted (they have their own ADInplaceOrView kernel)"
         return None
 
     def install(self) -> None:
-        self.lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901 - overriding aten kernels is the point
         for op, table in self.tables.items():
-            self.lib.impl(op.name().split("::", 1)[1] + ("" if op._overloadname == "default" else f".{op._overloadname}"),
-                          self._kernel(op, table), "ADInplaceOrView", with_keyset=True)
-
-    def _kernel(self, op: torch._ops.OpOverload, table: _OpTable) -> Callable[..., Any]:
-        active = self.active
-
-        def kernel(keyset, *args, **kwargs):
-            below = keyset & _AFTER_ADINPLACE
-            if not active():
-                return op.redispatch(below, *args, **kwargs)
-
-            def run(live: _Live) -> Any:
-                with torch._C._AutoDispatchBelowADInplaceOrView():  # what the kernel calls is not intercepted again
-                    return live.impl(*args, *kwargs.values())
-
-            return table.call(call_key(args, kwargs), run, lambda: op.redispatch(below, *args, **kwargs))
-
-        return kernel
+            _LIBRARY.add(op, table, self.active)
 
     def uninstall(self) -> None:
-        if self.lib is not None:
-            self.lib._destroy()
-            self.lib = None
+        for op, table in self.tables.items():
+            _LIBRARY.remove(op, table)
 
 
 class _ModeInterceptor(torch.utils._python_dispatch.TorchDispatchMode):

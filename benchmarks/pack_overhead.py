@@ -19,8 +19,10 @@ hit every variant alike:
 * **the example with its pack** (batch 8, as validated): step time with the pack applied
   (``library``) against without.
 
-Each figure is the median block time of the variant divided by the median block time without
-a pack. Prints a Markdown table and writes it to benchmarks/results/pack_overhead.md.
+Also: the extra microseconds one call of a packed operator costs when it matches no entry.
+
+Each ratio is the variant's median block time divided by the median block time without a pack
+(and the same for the fastest block of each: load on a shared machine only ever adds time). Prints a Markdown table and writes it to benchmarks/results/pack_overhead.md.
 """
 
 from __future__ import annotations
@@ -92,7 +94,7 @@ class Trainer:
         return time.perf_counter() - t0
 
 
-def measure(pack: Path, blocks: int, block_steps: int) -> tuple[dict[str, float], dict[str, int]]:
+def measure(pack: Path, blocks: int, block_steps: int) -> tuple[dict[str, float], dict[str, float], dict[str, int]]:
     variants = {
         "no pack, batch 16": (16, None),
         "no entry matches, library (batch 16)": (16, "library"),
@@ -117,7 +119,33 @@ def measure(pack: Path, blocks: int, block_steps: int) -> tuple[dict[str, float]
     for a in applied.values():
         a.remove()
     medians = {name: statistics.median(ts) / block_steps for name, ts in times.items()}
-    return medians, {**hits, **fallbacks}
+    fastest = {name: min(ts) / block_steps for name, ts in times.items()}
+    return medians, fastest, {**hits, **fallbacks}
+
+
+def miss_cost(pack: Path, pairs: int = 400) -> dict[str, float]:
+    """Median extra microseconds of one call of a packed operator that matches no entry (batch 16
+    shapes), from back-to-back pairs of the same call without and with the pack active."""
+    x = torch.randn(16, 4, 32, 32, requires_grad=True)
+    y, w, b = torch.randn(16, 32, 64, requires_grad=True), torch.randn(64), torch.randn(64)
+    calls = {"_safe_softmax": lambda: torch.ops.aten._safe_softmax(x, -1),
+             "native_layer_norm": lambda: torch.ops.aten.native_layer_norm(y, [64], w, b, 1e-5)}
+    out = {}
+    for mech in ("library", "mode"):
+        ctx = ml.use_pack(pack, mechanism=mech)
+        for name, fn in calls.items():
+            extra = []
+            for _ in range(pairs):
+                t0 = time.perf_counter()
+                fn()
+                t1 = time.perf_counter()
+                with ctx:
+                    t2 = time.perf_counter()
+                    fn()
+                    t3 = time.perf_counter()
+                extra.append((t3 - t2) - (t1 - t0))
+            out[f"{name}, {mech}"] = statistics.median(extra) * 1e6
+    return out
 
 
 def main() -> None:
@@ -130,21 +158,24 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="modulelens-pack-bench-") as tmp:
         pack = Path(tmp) / "tiny.pack"
         make_pack(Path(tmp) / "repo", pack)
-        medians, counts = measure(pack, args.blocks, args.block_steps)
-    base = {16: medians["no pack, batch 16"], 8: medians["no pack, batch 8"]}
+        medians, fastest, counts = measure(pack, args.blocks, args.block_steps)
+        misses = miss_cost(pack)
     rows = []
     for name, m in medians.items():
-        ref = base[16] if "16" in name else base[8]
-        rows.append(f"| {name} | {m * 1e3:.2f} | {m / ref:.3f} | {counts.get(name, '')} | "
-                    f"{counts.get(name + ' (fallbacks)', '')} |")
+        base = "no pack, batch 16" if "16" in name else "no pack, batch 8"
+        rows.append(f"| {name} | {m * 1e3:.2f} | {m / medians[base]:.3f} | {fastest[name] / fastest[base]:.3f} | "
+                    f"{counts.get(name, '')} | {counts.get(name + ' (fallbacks)', '')} |")
     table = "\n".join([
         f"Pack overhead and gain, TinyFormer training steps ({_dt.date.today()}, torch {torch.__version__}, "
         f"{platform.processor() or platform.machine()}, {args.threads} thread(s), {args.blocks} interleaved blocks of "
         f"{args.block_steps} steps; ratio = median step time / the same batch without a pack)",
         "",
-        "| variant | median step (ms) | ratio | hits | fallbacks |",
-        "| --- | --- | --- | --- | --- |",
+        "| variant | median step (ms) | ratio of medians | ratio of fastest blocks | hits | fallbacks |",
+        "| --- | --- | --- | --- | --- | --- |",
         *rows,
+        "",
+        "Extra time of one call that matches no entry (median of back-to-back pairs, microseconds): "
+        + ", ".join(f"{k} {v:.1f} us" for k, v in misses.items()),
     ])
     print(table)
     out = ROOT / "benchmarks" / "results" / "pack_overhead.md"

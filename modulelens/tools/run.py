@@ -38,6 +38,7 @@ class RunResult(BaseModel):
     step_kind: str
     step_seconds_with: float | None = Field(None, description="Median step time with the pack (first step left out).")
     step_seconds_without: float | None = Field(None, description="With --compare: the same without the pack.")
+    exit_code_without: int | None = Field(None, description="With --compare: the script's exit code without the pack.")
     speedup: float | None = Field(None, description="With --compare: step_seconds_without / step_seconds_with.")
     outputs_match: bool | None = Field(None, description="With --compare: every output agrees within rtol/atol.")
     output_kind: str = ""
@@ -71,6 +72,7 @@ def run(req: RunRequest, ctx: ToolContext) -> RunResult:
         ctx.progress(1, 2, f"running {script.name} without the pack")
         without, _ = run_script(base, req.timeout, relay=not ctx.stdout_is_protocol)
         result.step_seconds_without = typical_step(without.step_seconds)
+        result.exit_code_without = without.exit_code
         result.outputs_without = without.outputs
         result.outputs_match, result.max_output_difference = outputs_agree(with_pack.outputs, without.outputs,
                                                                             req.rtol, req.atol)

@@ -82,13 +82,15 @@ def test_run_the_training_script_with_the_pack(tiny_pack, cli):
 
 
 def test_check_pack_replays_the_capture(tiny_pack, cli):
-    repo, path, _, _ = tiny_pack
+    repo, path, _, candidates = tiny_pack
     code, r, res = cli("check-pack", path, "--min-run-time", "0.1", "--repo", repo, "--json")
     assert code == 0, res.output
     assert r["ok"] is True and len(r["checks"]) == 1
     check = r["checks"][0]
     assert check["matches_captured"] and check["matches_eager"], check["detail"]
-    assert check["hits"] > 0 and check["eager_median_s"] > 0 and check["pack_median_s"] > 0
+    assert check["hits"] > 0 and check["eager_median_s"] > 0 and check["pack_median_s"] > 0 and check["speedup"] > 0
+    hits = {e["candidate_id"]: e["hits"] for e in check["entries"]}
+    assert hits.get(candidates[2]) == 1  # the replayed block is the module entry's blocks.1
 
 
 def test_apply_pack_to_the_model_in_python(tiny_pack):

@@ -71,11 +71,11 @@ class use_pack:
 class AppliedPack:
     """A pack applied to one model: ``report()`` and ``remove()``."""
 
-    def __init__(self, model: torch.nn.Module, runtime: PackRuntime):
+    def __init__(self, model: torch.nn.Module, runtime: PackRuntime, root_path: str = ""):
         self.model = model
         self.runtime = runtime
         runtime.install()
-        self.patched = runtime.patch_model(model)
+        self.patched = runtime.patch_model(model, root_path)
         self._hooks = [model.register_forward_pre_hook(lambda m, a: runtime.activate()),
                        model.register_forward_hook(lambda m, a, o: runtime.deactivate(), always_call=True)]
 

@@ -4,7 +4,9 @@ For each capture the pack's entries came from (and any named): the module is reb
 capture (replay strategy ``auto``), run once eager with the captured RNG state and once with the
 pack applied (:func:`~modulelens.dispatch.api.apply_pack`) with the same RNG state; the pack's
 outputs are compared with the captured outputs and with the eager replay (per-dtype tolerances
-of :mod:`modulelens.numerics`); then both are timed in two interleaved rounds (the faster median of each side is kept).
+of :mod:`modulelens.numerics`); then both are timed in back-to-back pairs of calls (the pack paused for the eager side; the
+speedup is the median of the pairs' ratios). Module entries are matched with the module's path in
+its model (the capture's module path).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ class CaptureCheck(BaseModel):
     entries: list[EntryReport]
     eager_median_s: float | None = None
     pack_median_s: float | None = None
-    speedup: float | None = Field(None, description="eager / with the pack, module replay time.")
+    speedup: float | None = Field(None, description="Module replay time eager / with the pack (median of paired ratios).")
     detail: str = ""
 
 
@@ -60,7 +62,7 @@ def check_capture(repo: Repository, ref: str, make_runtime: Any, min_run_time: f
     """Replay capture ``ref`` with a fresh runtime from ``make_runtime()`` applied (see module doc)."""
     from modulelens.capture.tracer import set_rng_states
     from modulelens.dispatch.api import AppliedPack
-    from modulelens.profiling.timing import time_callable
+    from modulelens.profiling.paired import paired_timing
 
     cap = CaptureReplay(repo, ref)
     device = cap.device if not cap.device.startswith("cuda") or torch.cuda.is_available() else "cpu"
@@ -75,31 +77,28 @@ def check_capture(repo: Repository, ref: str, make_runtime: Any, min_run_time: f
         with torch.set_grad_enabled(cap.grad_enabled):
             return module(*args, **kwargs)
 
-    def timed(module: torch.nn.Module, runtime: PackRuntime | None) -> float:
-        applied = AppliedPack(module, runtime) if runtime is not None else None
-        try:
-            return time_callable(lambda: call(module), device, min_run_time=min_run_time / 2).median_s
-        finally:
-            if applied is not None:
-                applied.remove()
-
     def check(module: torch.nn.Module) -> CaptureCheck:
         eager = call(module)
-        applied = AppliedPack(module, make_runtime())
+        applied = AppliedPack(module, make_runtime(), root_path=cap.module_path)
         try:
             packed = call(module)
             report = applied.runtime.report()
+
+            def paused() -> Any:
+                with applied.runtime.pause():
+                    return call(module)
+
+            t_eager, t_pack, speedup, _ = paired_timing(paused, lambda: call(module), device,
+                                                        min_run_time=min_run_time)
         finally:
             applied.remove()
-        rounds = [(timed(module, None), timed(module, make_runtime())) for _ in range(2)]  # interleaved
-        t_eager, t_pack = min(r[0] for r in rounds), min(r[1] for r in rounds)
         ok_cap, worst, why = _agree(packed, expected)
         ok_eager, _, why_eager = _agree(packed, eager)
         entries = [e for e in report.entries if e.hits or e.fallbacks]
         return CaptureCheck(capture=cap.ref, strategy="", matches_captured=ok_cap, matches_eager=ok_eager,
                             max_abs_error=worst, hits=sum(e.hits for e in entries),
                             fallbacks=sum(e.fallbacks for e in entries), entries=entries,
-                            eager_median_s=t_eager, pack_median_s=t_pack, speedup=t_eager / t_pack,
+                            eager_median_s=t_eager.median_s, pack_median_s=t_pack.median_s, speedup=speedup,
                             detail=why or why_eager)
 
     result, strategy, _, _ = cap.loaded.with_strategy("auto", False, lambda m: check(m.train(cap.training)))

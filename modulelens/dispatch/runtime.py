@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import base64
 import collections
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
 import torch
@@ -286,6 +287,7 @@ class PackRuntime:
         self.pack = pack
         self.mechanism = mechanism
         self.depth = 0  # > 0 while dispatch is active (use_pack's block, or an applied model's forward)
+        self.paused = False  # set by pause(): everything runs eager, nothing is counted
         self.skipped: dict[int, str] = {}
         self.tables: dict[Any, _OpTable] = {}
         self.modules: dict[tuple[str, str], tuple[_Guarded, _ModuleReplacement]] = {}
@@ -308,7 +310,7 @@ class PackRuntime:
             if reason is not None:
                 self.skipped[i] = reason
         self.tables = {op: _OpTable(op, lives) for op, lives in by_op.items()}
-        self.interceptor = interceptor_cls(self.tables, lambda: self.depth > 0)
+        self.interceptor = interceptor_cls(self.tables, lambda: self.depth > 0 and not self.paused)
         self.installed = False
 
     def _add_module_entry(self, entry: PackEntry) -> None:
@@ -337,12 +339,21 @@ class PackRuntime:
     def activate(self) -> None:
         """Start dispatching (nests): entered by use_pack's block and by an applied model's forward."""
         self.depth += 1
-        if self.depth == 1 and self.tables and self.mechanism == "mode":
+        if self.depth == 1 and self.tables and self.mechanism == "mode" and not self.paused:
             self.interceptor.install()
+
+    @contextlib.contextmanager
+    def pause(self) -> Iterator[None]:
+        """Run everything eager inside the block, uncounted (to time eager on the same model)."""
+        was, self.paused = self.paused, True
+        try:
+            yield
+        finally:
+            self.paused = was
 
     def deactivate(self) -> None:
         self.depth -= 1
-        if self.depth == 0 and self.tables and self.mechanism == "mode":
+        if self.depth == 0 and self.tables and self.mechanism == "mode" and not self.paused:
             self.interceptor.uninstall()
 
     def uninstall(self) -> None:
@@ -360,15 +371,17 @@ class PackRuntime:
         self.patched.clear()
 
     # -- modules ------------------------------------------------------------------------------
-    def patch_model(self, model: torch.nn.Module) -> int:
+    def patch_model(self, model: torch.nn.Module, root_path: str = "") -> int:
         """Replace ``forward`` of every module of ``model`` that a module entry targets (same class
-        path, same qualified name). Returns how many were patched."""
+        path, same qualified name; ``root_path`` is ``model``'s own name when it is a submodule of
+        the model the entries name, e.g. a replayed capture). Returns how many were patched."""
         if not self.modules:
             return 0
         from modulelens.capture.values import class_path
 
         n = 0
-        for path, module in model.named_modules():
+        for name, module in model.named_modules():
+            path = ".".join(p for p in (root_path, name) if p)
             found = self.modules.get((class_path(module), path))
             if found is None or getattr(module.forward, "__modulelens_pack__", False):
                 continue
@@ -390,7 +403,11 @@ class PackRuntime:
                 return new(*args, **kwargs)
             return go
 
+        runtime = self
+
         def forward(*args: Any, **kwargs: Any) -> Any:
+            if runtime.paused:
+                return original(*args, **kwargs)
             return guarded.call(call_key(args, kwargs, training=module.training), run(args, kwargs),
                                 lambda: original(*args, **kwargs))
 

@@ -114,4 +114,5 @@ class CaptureReplay:
         self.training = manifest.training
         self.grad_enabled = manifest.grad_enabled
         self.device = manifest.environment.device
+        self.module_path = manifest.module_path
         self.loaded = LoadedCapture(art)

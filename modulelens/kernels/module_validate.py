@@ -23,7 +23,6 @@ back-to-back pairs of calls: the speedup is the median of the pairs' ratios.
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -41,9 +40,7 @@ from modulelens.kernels.validate import (
     compare_output,
     fresh_inputs,
 )
-from modulelens.profiling.timing import Timing, _percentile
-
-_perf_counter = time.perf_counter  # taken before any candidate code runs
+from modulelens.profiling.paired import paired_timing  # imported before candidate code runs: its timer is the real one
 
 EVAL_ONLY = "checked in eval mode only (dropout off, no gradients): not dispatched in training"
 SAME_RNG = ("training mode checked with the same RNG state before the original and the candidate "
@@ -248,54 +245,25 @@ class _ModuleValidator(_Validator):
 
     def time_it(self, reference: torch.nn.Module, new: torch.nn.Module, args: list, kwargs: dict, training: bool,
                 device: str) -> None:
-        """Paired timing: one original call, then one candidate call, repeated (order alternating)
-        for ``min_run_time`` seconds; the speedup is the median of the per-pair ratios, so load
-        that drifts over the run (a shared machine) hits both sides of every pair alike."""
-        min_run = float(self.task.get("min_run_time", 0.6))
+        """Paired timing (:mod:`modulelens.profiling.paired`): the speedup is the median ratio of
+        back-to-back pairs of calls, so load that drifts over the run hits both sides alike."""
         reference.train(training)
         new.train(training)
-        cuda = device.startswith("cuda")
 
-        def once(module: torch.nn.Module) -> float:
-            if cuda:
-                torch.cuda.synchronize()
-            t0 = _perf_counter()
-            with torch.set_grad_enabled(training):
-                module(*args, **kwargs)
-            if cuda:
-                torch.cuda.synchronize()
-            return _perf_counter() - t0
+        def run(module: torch.nn.Module) -> Callable[[], Any]:
+            def call() -> Any:
+                with torch.set_grad_enabled(training):
+                    return module(*args, **kwargs)
+            return call
 
-        for _ in range(3):  # warm-up
-            once(reference), once(new)
-        eager_s, cand_s = [], []
-        spent = 0.0
-        while spent < min_run or len(eager_s) < 20:
-            if len(eager_s) % 2:
-                c, e = once(new), once(reference)
-            else:
-                e, c = once(reference), once(new)
-            eager_s.append(e)
-            cand_s.append(c)
-            spent += e + c
-            if len(eager_s) >= 2000:
-                break
-        ratios = [e / c for e, c in zip(eager_s, cand_s) if c > 0]
-        timer = "time.perf_counter around single calls, original and candidate alternating"
-        threads = torch.get_num_threads()
-
-        def summary(xs: list[float]) -> Timing:
-            return Timing(median_s=statistics.median(xs), p20_s=_percentile(xs, 0.2), p80_s=_percentile(xs, 0.8),
-                          runs=len(xs), samples=len(xs), warmup=3, timer=timer, device=device, threads=threads,
-                          cache="warm (CPU caches are not flushed between calls)")
-
-        self.report.eager, self.report.candidate = summary(eager_s), summary(cand_s)
-        self.report.speedup_vs_eager = statistics.median(ratios)
+        eager, cand, ratio, pairs = paired_timing(run(reference), run(new), device,
+                                                  min_run_time=float(self.task.get("min_run_time", 0.6)))
+        self.report.eager, self.report.candidate, self.report.speedup_vs_eager = eager, cand, ratio
         mode = "training mode with grad (forward)" if training else "eval mode without grad"
-        self.report.timing_note = (f"module forward in {mode}; speedup is the median ratio of {len(ratios)} "
-                                   f"back-to-back pairs of calls; {threads} threads")
-        if self.report.speedup_vs_eager > 10:
-            self.report.flags.append(f"suspicious: {self.report.speedup_vs_eager:.1f}x faster than eager")
+        self.report.timing_note = (f"module forward in {mode}; speedup is the median ratio of {pairs} "
+                                   f"back-to-back pairs of calls; {eager.threads} threads")
+        if ratio > 10:
+            self.report.flags.append(f"suspicious: {ratio:.1f}x faster than eager")
 
 
 def _load_error(e: BaseException) -> str:

@@ -20,12 +20,16 @@ from modulelens.tools import (  # noqa: F401, I001  (CLI order)
     profile,
     generate_kernel,
     validate_kernel,
+    validate_module,
     list_candidates,
     show_candidate,
     install_skills,
     gather_stats,
     list_stats_runs,
     show_stats_run,
+    pack,
+    run,
+    check_pack,
 )
 
 from modulelens.errors import ModuleLensError  # noqa: E402

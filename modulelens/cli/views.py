@@ -20,18 +20,23 @@ from rich.text import Text
 from modulelens.capture.summary import CaptureSummary, TensorInfo
 from modulelens.cli.formats import dtypes_cell, list_cell, number, percent, seconds, shape, shapes_cell
 from modulelens.cli.tables import Cell, Column, FittedTable, kv_table
+from modulelens.dispatch.runtime import EntryReport
 from modulelens.kernels.sandboxed import CandidateValidation
 from modulelens.ops.replay import CardReplay
 from modulelens.ops.summary import CardDetail, OpSetSummary
 from modulelens.profiling.targets import ProfileResult
 from modulelens.tools.capture_module import CaptureModuleResult
+from modulelens.tools.check_pack import CheckPackResult
 from modulelens.tools.export_repro import ExportReproResult
 from modulelens.tools.gather_stats import GatherStatsResult
 from modulelens.tools.generate_kernel import GenerateKernelResult
 from modulelens.tools.install_skills import InstallSkillsResult
 from modulelens.tools.list_captures import ListCapturesResult
+from modulelens.tools.pack import PackResult
 from modulelens.tools.replay_module import ReplayModuleResult, TensorMatch
+from modulelens.tools.run import RunResult
 from modulelens.tools.tag_capture import TagCaptureResult
+from modulelens.tools.validate_module import ValidateModuleResult
 
 __all__ = ["View", "generic_view", "view_for"]
 
@@ -291,6 +296,81 @@ def validate_kernel_view(r: CandidateValidation, wide: bool) -> RenderableType:
 
 
 # --------------------------------------------------------------------------------------------
+# Packs
+# --------------------------------------------------------------------------------------------
+
+
+def _speedup(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}x"
+
+
+def validate_module_view(r: ValidateModuleResult, wide: bool) -> RenderableType:
+    return validate_kernel_view(r, wide)
+
+
+def pack_view(r: PackResult, wide: bool) -> RenderableType:
+    table = FittedTable([
+        Column("candidate", "key", style="cyan"),
+        Column("kind", "value", drop=2),
+        Column("target", "key"),
+        Column("verdict", "value", drop=1),
+        Column("speedup", "value", justify="right"),
+        Column("used", "value", drop=0),
+    ], title=f"pack {r.path} (sha256 {r.sha256[:12]}…)", wide=wide)
+    for e in r.entries:
+        table.add_row(e.candidate_id, e.kind, e.target, Cell((e.verdict,), style=_VERDICT.get(e.verdict, "")),
+                      _speedup(e.speedup_vs_eager), _yes_no(e.dispatched))
+    return table
+
+
+def _entries_table(entries: list[EntryReport], wide: bool, title: str) -> FittedTable:
+    table = FittedTable([
+        Column("candidate", "key", style="cyan"),
+        Column("target", "key"),
+        Column("hits", "value", justify="right"),
+        Column("fallbacks", "value", justify="right"),
+        Column("why", "text", drop=0),
+    ], title=title, wide=wide, stack=True)
+    for e in entries:
+        why = e.skip_reason or ", ".join(f"{reason} ({n})" for reason, n in e.fallback_reasons.items()) or "-"
+        table.add_row(e.candidate_id, e.target, str(e.hits), str(e.fallbacks), why)
+    return table
+
+
+def run_view(r: RunResult, wide: bool) -> RenderableType:
+    rows: list[tuple[str, str | Cell]] = [
+        ("exit code", Cell((str(r.exit_code),), style=_GOOD if r.exit_code == 0 else _BAD)),
+        ("calls", f"{r.hits} to pack kernels, {r.fallbacks} fell back to eager ({r.mechanism})"),
+        ("steps", f"{r.steps} ({r.step_kind})"),
+    ]
+    if r.step_seconds_with is not None:
+        rows.append(("step time", seconds(r.step_seconds_with) + " with the pack"
+                     + (f", {seconds(r.step_seconds_without)} without ({_speedup(r.speedup)})"
+                        if r.step_seconds_without is not None else "")))
+    if r.outputs_match is not None:
+        rows.append(("outputs", _yes_no(r.outputs_match)))
+    if r.script_error:
+        rows.append(("error", Cell((r.script_error,), style=_BAD)))
+    return Group(kv_table(rows, title="run with a pack"), _entries_table(r.entries, wide, "entries"))
+
+
+def check_pack_view(r: CheckPackResult, wide: bool) -> RenderableType:
+    table = FittedTable([
+        Column("capture", "key", style="cyan"),
+        Column("matches", "value"),
+        Column("max abs err", "value", justify="right", drop=1),
+        Column("hits", "value", justify="right"),
+        Column("fallbacks", "value", justify="right", drop=2),
+        Column("speedup", "value", justify="right"),
+        Column("detail", "text", drop=0),
+    ], title="pack check: " + ("every replay matches" if r.ok else "MISMATCH"), wide=wide)
+    for c in r.checks:
+        table.add_row(c.capture, _yes_no(c.matches_captured and c.matches_eager), f"{c.max_abs_error:.3g}",
+                      str(c.hits), str(c.fallbacks), _speedup(c.speedup), c.detail or "-")
+    return table
+
+
+# --------------------------------------------------------------------------------------------
 # Statistics and skills
 # --------------------------------------------------------------------------------------------
 
@@ -378,6 +458,10 @@ _VIEWS: dict[type[BaseModel], View] = {
     CandidateValidation: validate_kernel_view,
     GatherStatsResult: gather_stats_view,
     InstallSkillsResult: install_skills_view,
+    ValidateModuleResult: validate_module_view,
+    PackResult: pack_view,
+    RunResult: run_view,
+    CheckPackResult: check_pack_view,
 }
 
 

@@ -37,12 +37,10 @@ Use it around your own loop::
 from __future__ import annotations
 
 import collections
-import contextlib
 import math
 import os
 import sys
 import time
-import warnings
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,69 +53,25 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 
 from modulelens.capture.tracer import strip_wrapper_prefix
 from modulelens.stats import stats as S
+from modulelens.stats.order import combine_order, execution_order, fx_leaf_order, merge_observed
+from modulelens.stats.records import ModuleStep, ParamStep, StatsRun, StepRecord
+from modulelens.stats.series import DEFAULT_EMA
+from modulelens.stats.updates import UpdateMeasurement, scalars_to_host, update_sample
+from modulelens.wrappers import WRAPPER_CLASSES, is_wrapper
 
-WRAPPER_CLASSES = {"DistributedDataParallel", "DataParallel", "FullyShardedDataParallel", "OptimizedModule"}
+# The data model, order and update helpers used to live here; their names stay importable.
+__all__ = [
+    "DEFAULT_EVERY", "WRAPPER_CLASSES", "ModuleStep", "ParamStep", "StatsCollector", "StatsRun", "StepOn", "StepRecord", "StopRun",
+    "combine_order", "fx_leaf_order", "update_sample",
+]
+
+DEFAULT_EVERY = 10  # statistics on steps 0, 10, 20, ...
 StepOn = Literal["optimizer", "forward", "manual"]
 
 
 class StopRun(BaseException):
     """Raised out of the user's ``optimizer.step()`` once the requested number of steps ran.
     A BaseException so that a user's ``except Exception`` does not swallow it."""
-
-
-# --------------------------------------------------------------------------------------------
-# What one sampled step produced (host values only)
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class ModuleStep:
-    type: str
-    act: list[float] | None = None  # merged moment vector of all floating outputs of all calls
-    in_sq: float = 0.0  # sum of squares of the floating inputs (all calls)
-    in_numel: int = 0
-    in_nonfinite: bool = False
-    calls: int = 0
-    grad: list[float] | None = None
-    saturation: bool = False
-
-
-@dataclass
-class ParamStep:
-    module: str
-    numel: int = 0
-    weight_norm: float = 0.0  # L2 norm before the optimizer step (inf/NaN: it holds Inf/NaN)
-    grad_norm: float | None = None
-    update_ratio: float | None = None
-
-
-@dataclass
-class StepRecord:
-    step: int
-    modules: dict[str, ModuleStep] = field(default_factory=dict)
-    params: dict[str, ParamStep] = field(default_factory=dict)
-    # Calls whose output held NaN/Inf, in the order the calls finished: (module, input_nonfinite).
-    nonfinite: list[tuple[str, bool]] = field(default_factory=list)
-    # Modules whose output gradient held NaN/Inf, in the order the gradients arrived.
-    nonfinite_grads: list[str] = field(default_factory=list)
-
-
-@dataclass
-class StatsRun:
-    """Everything a run gathered, ready for :func:`modulelens.stats.series.build_series`."""
-
-    records: list[StepRecord]
-    order: list[str]
-    order_source: str
-    types: dict[str, str]  # module name -> class name
-    class_paths: dict[str, str]
-    param_shapes: dict[str, list[int]]
-    every: int
-    steps_seen: int
-    step_on: str
-    notes: list[str]
-    compiled: bool = False
-    sample: int | None = None  # moments of larger tensors estimated from a strided view of this many elements
 
 
 # --------------------------------------------------------------------------------------------
@@ -147,10 +101,7 @@ class _Window:
     tensor_hooks: list[Any] = field(default_factory=list)
     memo: collections.deque = field(default_factory=lambda: collections.deque(maxlen=8))
     params_seen: set[int] = field(default_factory=set)
-    # name -> (numel, ||w||, ||grad|| or None) as float64 scalars; ||w_after - w_before||.
-    param_norms: dict[str, tuple[int, torch.Tensor, torch.Tensor | None]] = field(default_factory=dict)
-    before: dict[int, tuple[str, torch.Tensor]] = field(default_factory=dict)
-    update_norms: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    updates: UpdateMeasurement = field(default_factory=UpdateMeasurement)
     open: bool = True
 
 
@@ -209,14 +160,14 @@ class StatsCollector:
         self,
         model: nn.Module | None = None,
         *,
-        every: int = 10,
+        every: int = DEFAULT_EVERY,
         max_steps: int | None = None,
         step_on: StepOn = "optimizer",
         params: bool = True,
         gradients: bool = True,
         record_no_grad: bool = False,
         fx: bool = True,
-        ema: float = 0.9,
+        ema: float = DEFAULT_EMA,
         name: str | None = None,
         repo: str | os.PathLike[str] | None = None,
         plots: bool = True,
@@ -327,7 +278,7 @@ class StatsCollector:
         """Stop collecting and return what was gathered (with the execution order)."""
         self.stop()
         if self._run is None:
-            order, source, fx_note = self._execution_order()
+            order, source, fx_note = execution_order(self._order, self.roots[0] if self.roots else None, self.fx)
             notes = list(self.notes)
             if fx_note:
                 notes.append(fx_note)
@@ -471,7 +422,7 @@ class StatsCollector:
         win.tensor_hooks.clear()
         if not self._active or not self._sampled(self.current_step + 1):
             self._set_module_hooks(False)
-        if keep and (win.calls or win.param_norms):
+        if keep and (win.calls or win.updates.norms):
             try:
                 self.records.append(self._materialize(win))
             except Exception as e:  # noqa: BLE001 - statistics must never break the user's run
@@ -519,7 +470,7 @@ class StatsCollector:
                 name = self._lookup(module)
             elif name is None and parent is not None and parent.name is not None:
                 name = self._unnamed_name(module, parent)
-            record = name is not None and type(module).__name__ not in WRAPPER_CLASSES
+            record = name is not None and not is_wrapper(module)
             if record and not self.record_no_grad and not torch.is_grad_enabled():
                 record = False
             call = _Call(module, name if record else None)
@@ -625,48 +576,23 @@ class StatsCollector:
         if win is None or not self.params:
             return
         try:
-            names, params, ws, gs, gnames = [], [], [], [], []
+            named = []
             for group in opt.param_groups:
                 for p in group["params"]:
                     entry = self._param_names.get(id(p))
                     if entry is None or id(p) in win.params_seen or p.layout != torch.strided:
                         continue
                     win.params_seen.add(id(p))
-                    names.append(entry[0])
-                    params.append(p)
-                    ws.append(p.detach())
-                    g = p.grad
-                    if g is not None and g.layout == torch.strided:
-                        gs.append(g.detach())
-                        gnames.append(entry[0])
-            if not names:
-                return
-            # One fused call per list.
-            w_norms = _norms(ws)
-            g_norms = dict(zip(gnames, _norms(gs))) if gs else {}
-            for name, p, w, wn in zip(names, params, ws, w_norms):
-                win.param_norms[name] = (w.numel(), wn, g_norms.get(name))
-                win.before[id(p)] = (name, update_sample(w).clone())
+                    named.append((entry[0], p))
+            win.updates.before_step(named)
         except Exception as e:  # noqa: BLE001
             self._note_error("reading parameters before optimizer.step()", e)
 
     def _opt_post(self, opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
         win = self._win
-        if win is not None and win.before:
+        if win is not None and win.updates.before:
             try:
-                names, afters, befores = [], [], []
-                for group in opt.param_groups:
-                    for p in group["params"]:
-                        entry = win.before.pop(id(p), None)
-                        if entry is not None:
-                            names.append(entry[0])
-                            afters.append(update_sample(p.detach()))
-                            befores.append(entry[1])
-                if names:
-                    base = _norms(befores)
-                    torch._foreach_sub_(befores, afters)  # the copies become -(update): no new memory
-                    for name, dn, bn in zip(names, _norms(befores), base):
-                        win.update_norms[name] = (dn, bn)
+                win.updates.after_step([p for group in opt.param_groups for p in group["params"]])
             except Exception as e:  # noqa: BLE001
                 self._note_error("measuring parameter updates", e)
         if self.step_on != "optimizer":
@@ -691,10 +617,10 @@ class StatsCollector:
 
         call_slots = [([vslot(v) for v in c.out], [sslot(n) for n in c.in_norms]) for c in win.calls]
         grad_slots = {n: [(seq, vslot(v)) for seq, v in lst] for n, lst in win.grads.items()}
-        pnorm_slots = {n: (k, sslot(w), sslot(g) if g is not None else None) for n, (k, w, g) in win.param_norms.items()}
-        upd_slots = {n: (sslot(d), sslot(b)) for n, (d, b) in win.update_norms.items()}
+        pnorm_slots = {n: (k, sslot(w), sslot(g) if g is not None else None) for n, (k, w, g) in win.updates.norms.items()}
+        upd_slots = {n: (sslot(d), sslot(b)) for n, (d, b) in win.updates.updates.items()}
         host_v = S.to_host(vecs)
-        host_s = _scalars_to_host(scalars)
+        host_s = scalars_to_host(scalars)
 
         rec = StepRecord(step=win.step)
         # Start order of first calls: the observed execution order.
@@ -750,137 +676,5 @@ class StatsCollector:
             if pname in upd_slots:
                 dn, bn = (host_s[j] for j in upd_slots[pname])
                 ps.update_ratio = dn / bn if bn > 0 and math.isfinite(dn) and math.isfinite(bn) else None
-        self._merge_order(seen)
+        merge_observed(self._order, seen)
         return rec
-
-    def _merge_order(self, seen: list[str]) -> None:
-        """Add this step's first-call order to the observed order: a module not seen before goes
-        right after the module that ran before it."""
-        known = set(self._order)
-        prev: str | None = None
-        for name in seen:
-            if name not in known:
-                pos = self._order.index(prev) + 1 if prev is not None else 0
-                self._order.insert(pos, name)
-                known.add(name)
-            prev = name
-
-    # -- execution order ----------------------------------------------------------------------
-    def _execution_order(self) -> tuple[list[str], str, str | None]:
-        observed = list(self._order)
-        if not self.fx or not self.roots or not observed:
-            return observed, "observed", None
-        root = self.roots[0]
-        while type(root).__name__ in WRAPPER_CLASSES:
-            inner = getattr(root, "module", None) or getattr(root, "_orig_mod", None)
-            if not isinstance(inner, nn.Module):
-                break
-            root = inner
-        leaves, error = fx_leaf_order(root)
-        if leaves is None:
-            return observed, "observed", f"torch.fx could not trace the model ({error}); the observed call order is used"
-        # fx covers the first root; modules of other roots stay where they were observed.
-        return combine_order(observed, leaves), "fx", None
-
-
-UPDATE_SAMPLE = 1 << 16
-
-
-def update_sample(w: torch.Tensor, k: int = UPDATE_SAMPLE) -> torch.Tensor:
-    """The elements the update-to-weight ratio is measured on (a view: no memory needed to remember
-    it): all of them up to ``k``; else every s-th slice along the first dimension (about ``k``
-    elements, every column covered, contiguous runs of memory: a strided gather of single elements
-    touches a cache line per element); else (slices over ``4 k`` elements, non-contiguous) a strided
-    view of about ``k`` elements covering every column."""
-    n = w.numel()
-    if n <= k:
-        return w.reshape(-1)
-    if w.dim() >= 2 and w.is_contiguous():
-        per_row = n // w.shape[0]
-        if per_row <= 4 * k:
-            return w.reshape(w.shape[0], per_row)[:: max(1, n // k)]
-    return S.strided(w.reshape(-1), k, w.shape[-1] if w.dim() else 1)
-
-
-def _norms(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """L2 norms of many tensors in one fused call, redone in float64 where the tensor's own
-    precision overflowed (on the CPU, where checking is free; on a GPU in float64 directly)."""
-    if tensors[0].device.type not in S.HOST_PATH_DEVICES:
-        return list(torch._foreach_norm(tensors, 2, dtype=torch.float64))
-    norms = list(torch._foreach_norm(tensors))
-    for i, n in enumerate(norms):
-        if not math.isfinite(float(n)) and tensors[i].dtype != torch.float64:
-            norms[i] = torch.linalg.vector_norm(tensors[i], dtype=torch.float64)
-    return norms
-
-
-def _scalars_to_host(scalars: list[torch.Tensor | float]) -> list[float]:
-    out = [s if isinstance(s, float) else 0.0 for s in scalars]
-    by_device: dict[torch.device, list[int]] = {}
-    for i, s in enumerate(scalars):
-        if not isinstance(s, float):
-            by_device.setdefault(s.device, []).append(i)
-    for idx in by_device.values():
-        vals = torch.stack([scalars[i].reshape(()).to(torch.float64) for i in idx]).cpu().tolist()  # type: ignore[union-attr]
-        for i, v in zip(idx, vals):
-            out[i] = v
-    return out
-
-
-# --------------------------------------------------------------------------------------------
-# torch.fx order
-# --------------------------------------------------------------------------------------------
-
-
-def fx_leaf_order(root: nn.Module) -> tuple[list[str] | None, str | None]:
-    """Qualified names of the leaf modules in the order ``torch.fx.symbolic_trace`` calls them,
-    or (None, why) when it cannot trace. Attributes the forward sets while tracing are restored."""
-    saved = {}
-    for m in root.modules():
-        d = m.__dict__
-        saved[id(m)] = (m, dict(d), {k: dict(d[k]) for k in ("_modules", "_parameters", "_buffers") if k in d})
-    try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr):
-            warnings.simplefilter("ignore")
-            gm = torch.fx.symbolic_trace(root)
-        names: list[str] = []
-        for node in gm.graph.nodes:
-            if node.op == "call_module":
-                n = strip_wrapper_prefix(str(node.target))
-                if n not in names:
-                    names.append(n)
-        return names, None
-    except Exception as e:  # noqa: BLE001 - any failure means: use the observed order
-        first = (str(e).strip().splitlines() or [""])[0]
-        return None, f"{type(e).__name__}: {first[:160]}"
-    finally:
-        for m, d, inner in saved.values():
-            m.__dict__.clear()
-            m.__dict__.update(d)
-            for k, v in inner.items():
-                m.__dict__[k].clear()
-                m.__dict__[k].update(v)
-
-
-def combine_order(observed: list[str], fx_leaves: list[str]) -> list[str]:
-    """The observed modules ordered by the fx leaf order: a container goes right before its first
-    leaf (parents before children); a module fx did not see goes after every module observed to run
-    before it."""
-    rank = {n: i for i, n in enumerate(fx_leaves)}
-
-    def key_of(name: str) -> int | None:
-        best = rank.get(name)
-        prefix = name + "."
-        for leaf, r in rank.items():
-            if name == "" or leaf.startswith(prefix):
-                best = r if best is None else min(best, r)
-        return best
-
-    keys = {n: key_of(n) for n in observed}
-    ranked = sorted((n for n in observed if keys[n] is not None), key=lambda n: (keys[n], 0 if n == "" else n.count(".") + 1))
-    out = list(ranked)
-    for i, n in enumerate(observed):
-        if keys[n] is None:  # after everything that was observed to run before it
-            before = [out.index(p) for p in observed[:i] if p in out]
-            out.insert(max(before) + 1 if before else 0, n)
-    return out

@@ -1,20 +1,94 @@
-"""Worker process for statistics over a script: ``python -m modulelens.stats.worker REQUEST.json OUT_DIR``.
+"""Statistics over a script in a worker process: both sides of the protocol.
 
-The user's script runs here unmodified, as ``__main__``, with a :class:`StatsCollector` installed
-(root model found at its first top-level call). The run ends when the script does, or after
-``steps`` optimizer steps (:class:`StopRun` out of ``optimizer.step()``). The worker stores the
-statistics in the repository and writes ``OUT_DIR/result.json``.
+Caller side (:func:`gather_script_stats`): write a :class:`StatsWorkerRequest` as JSON, run
+``python -m modulelens.stats.worker REQUEST.json OUT_DIR`` and read ``OUT_DIR/result.json`` as a
+:class:`StatsWorkerResult`.
+
+Worker side (:func:`run`): the user's script runs here unmodified, as ``__main__``, with a
+:class:`~modulelens.stats.collector.StatsCollector` installed (root model found at its first
+top-level call). The run ends when the script does, or after ``steps`` optimizer steps
+(:class:`~modulelens.stats.collector.StopRun` out of ``optimizer.step()``). The worker stores the
+statistics in the repository and answers with their reference.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from modulelens.errors import CaptureFailed
+from pydantic import BaseModel, Field
+
+from modulelens.errors import CaptureFailed, ModuleLensError
+from modulelens.stats.collector import DEFAULT_EVERY
+from modulelens.stats.series import DEFAULT_EMA
+from modulelens.stats.stats import DEFAULT_SAMPLE
+
+
+class StatsWorkerRequest(BaseModel):
+    """What the worker runs and how it gathers (the collector's settings; defaults are the collector's)."""
+
+    script: str = Field(description="absolute path of the training script")
+    script_args: list[str] = Field(default_factory=list)
+    name: str = Field(description="name of the stats artifact to store")
+    repo: str = Field(description="repository root")
+    every: int = DEFAULT_EVERY
+    steps: int | None = None
+    step_on: Literal["optimizer", "forward"] = "optimizer"
+    eager: bool = True
+    params: bool = True
+    fx: bool = True
+    ema: float = DEFAULT_EMA
+    plots: bool = True
+    sample: int = DEFAULT_SAMPLE
+    thresholds: dict[str, float] = Field(default_factory=dict)
+    stop_at: float | None = Field(None, description="time.time() at which to end the run at the next step boundary")
+
+
+class StatsWorkerResult(BaseModel):
+    """``result.json``: the stored run's reference, or the error that ended the worker."""
+
+    ok: bool
+    ref: str = ""
+    steps_seen: int = 0
+    error: str = ""
+    hint: str | None = None
+    type: str = ""
+
+
+# Runs a worker command with a timeout (seconds); returns (exit code, last lines of output). Raises
+# CaptureFailed when the timeout expires.
+RunProcess = Callable[[list[str], float], tuple[int, str]]
+
+
+def gather_script_stats(request: StatsWorkerRequest, run_process: RunProcess, timeout: float) -> tuple[StatsWorkerResult, str]:
+    """Caller side: run the statistics worker on ``request``; returns its (successful) result and
+    the last lines the script printed. A failed run raises its ModuleLensError."""
+    with tempfile.TemporaryDirectory(prefix="modulelens-stats-") as tmp:
+        req_file = Path(tmp) / "request.json"
+        req_file.write_text(request.model_dump_json())
+        cmd = [sys.executable, "-m", "modulelens.stats.worker", str(req_file), tmp]
+        try:
+            code, tail = run_process(cmd, timeout)
+        except CaptureFailed:
+            raise CaptureFailed(
+                f"the script ran past --timeout ({timeout:.0f} s) without reaching an optimizer step, and was "
+                "stopped", "raise --timeout, or check that the script trains (optimizer.step()) early",
+            ) from None
+        result_file = Path(tmp) / "result.json"
+        result = StatsWorkerResult.model_validate_json(result_file.read_text()) if result_file.is_file() else None
+    if result is None:
+        raise CaptureFailed(
+            f"the statistics worker ended (exit code {code}) without a result",
+            "the script may have crashed the interpreter (segfault, out of memory); last output:\n" + tail[-1500:],
+        )
+    if not result.ok:
+        raise ModuleLensError(result.error, result.hint)
+    return result, tail
 
 
 def _count_compile_calls() -> list[int]:
@@ -34,39 +108,41 @@ def _count_compile_calls() -> list[int]:
     return counter
 
 
-def run(request: dict[str, Any]) -> dict[str, Any]:
-    import torch
+def _disable_dynamo() -> None:
+    os.environ["TORCHDYNAMO_DISABLE"] = "1"  # for processes the script starts
+    try:
+        import torch._dynamo
 
+        torch._dynamo.config.disable = True
+    except Exception:  # noqa: BLE001 - older/stripped builds: the env variable still applies
+        pass
+
+
+def run(raw_request: dict[str, Any]) -> dict[str, Any]:
+    """Worker side: run the script with a collector and store the statistics (the result fields
+    besides ``ok``, for :func:`modulelens.capture.runner.worker_main`)."""
     from modulelens.capture.runner import run_user_file, script_error
     from modulelens.stats.collector import StatsCollector, StopRun
 
-    eager = request.get("eager", True)
-    if eager:
-        os.environ["TORCHDYNAMO_DISABLE"] = "1"  # for processes the script starts
-        try:
-            import torch._dynamo
-
-            torch._dynamo.config.disable = True
-        except Exception:  # noqa: BLE001 - older/stripped builds: the env variable still applies
-            pass
+    request = StatsWorkerRequest.model_validate(raw_request)
+    if request.eager:
+        _disable_dynamo()
     compiles = _count_compile_calls()
-    script = Path(request["script"]).resolve()
+    script = Path(request.script).resolve()
     collector = StatsCollector(
-        every=request["every"], max_steps=request.get("steps"), step_on=request.get("step_on", "optimizer"),
-        params=request.get("params", True), fx=request.get("fx", True), ema=request.get("ema", 0.9),
-        plots=request.get("plots", True), thresholds=request.get("thresholds") or {}, sample=request.get("sample") or None,
+        every=request.every, max_steps=request.steps, step_on=request.step_on, params=request.params, fx=request.fx,
+        ema=request.ema, plots=request.plots, thresholds=request.thresholds, sample=request.sample or None,
     )
-    stop_at = request.get("stop_at")
-    if stop_at:  # end at a step boundary before the caller's hard limit, keeping the statistics
-        collector.deadline = time.monotonic() + (stop_at - time.time())
+    if request.stop_at:  # end at a step boundary before the caller's hard limit, keeping the statistics
+        collector.deadline = time.monotonic() + (request.stop_at - time.time())
     collector.start()
     try:
-        error = run_user_file(script, request["script_args"], stop=StopRun)
+        error = run_user_file(script, request.script_args, stop=StopRun)
     finally:
         collector.stop()
     notes: list[str] = []
     if compiles[0]:
-        if eager:
+        if request.eager:
             notes.append(
                 f"the script called torch.compile {compiles[0]} time(s); it ran in eager mode instead (torch.compile "
                 "disabled) because module hooks do not run inside compiled code: the statistics describe the same "
@@ -90,17 +166,18 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
         notes.append(f"the script stopped early: {where}; statistics cover the steps before it")
     collector.notes.extend(notes)
     art = collector.save(
-        request["name"], request["repo"],
-        kind="script", script=str(script), argv=request["script_args"], every=request["every"],
-        steps=request.get("steps"),
+        request.name, request.repo,
+        kind="script", script=str(script), argv=request.script_args, every=request.every, steps=request.steps,
     )
-    return {"ref": art.ref, "steps_seen": collector.steps_seen}
+    result = StatsWorkerResult(ok=True, ref=art.ref, steps_seen=collector.steps_seen)
+    return result.model_dump(include={"ref", "steps_seen"})
 
 
 def main(argv: list[str]) -> None:
     from modulelens.capture.runner import worker_main
 
     worker_main(run, Path(argv[0]), Path(argv[1]) / "result.json", "statistics")
+
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

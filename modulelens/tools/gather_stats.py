@@ -3,18 +3,24 @@ with findings and a report."""
 
 from __future__ import annotations
 
-import json
-import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from modulelens.errors import CaptureFailed, ModuleLensError
+from modulelens.errors import CaptureFailed
 from modulelens.registry import Tool, ToolContext, register
 from modulelens.repo import Artifact, Repository, validate_name
+from modulelens.stats.collector import DEFAULT_EVERY
+from modulelens.stats.manifest import TypeRow, stats_manifest
+from modulelens.stats.series import DEFAULT_EMA
+from modulelens.stats.stats import DEFAULT_SAMPLE
+from modulelens.stats.worker import StatsWorkerRequest, gather_script_stats
+
+# TODO(lead, issue 8): the one import of a private tool function left; replace it with the capture
+# package's public worker launcher, (cmd: list[str], ctx: ToolContext, timeout: float) -> (exit code, tail).
+from modulelens.tools.capture_module import _run_worker  # noqa: E402, I001
 
 
 class GatherStatsRequest(BaseModel):
@@ -34,13 +40,13 @@ class GatherStatsRequest(BaseModel):
         description="Instead of a script: a capture reference (name, name:vN, name@tag) whose stored inputs, "
         "outputs and weights to describe.",
     )
-    every: int = Field(10, ge=1, description="Take statistics on every N-th step (steps 0, N, 2N, ...); the other "
+    every: int = Field(DEFAULT_EVERY, ge=1, description="Take statistics on every N-th step (steps 0, N, 2N, ...); the other "
                        "steps run with no hooks at all.")
     steps: int | None = Field(None, ge=1, description="Stop the script after this many optimizer steps "
                               "(default: run it to the end).")
     name: str | None = Field(None, description="Name of the statistics in the repository (default: the script's "
                              "file name, or the capture's name).")
-    ema: float = Field(0.9, ge=0.0, lt=1.0, description="EMA smoothing factor alpha of the stored smoothed series: "
+    ema: float = Field(DEFAULT_EMA, ge=0.0, lt=1.0, description="EMA smoothing factor alpha of the stored smoothed series: "
                        "ema = alpha * ema + (1 - alpha) * value, per sampled step.")
     step_on: Literal["optimizer", "forward"] = Field(
         "optimizer", description="What marks a step: each optimizer.step() (training), or each top-level call of "
@@ -51,7 +57,7 @@ class GatherStatsRequest(BaseModel):
                          "update-to-weight ratio (keeps a copy of the weights during sampled steps).")
     fx: bool = Field(True, description="Try torch.fx to order modules by execution; the observed call order is "
                      "used when it cannot trace.")
-    sample: int = Field(65536, ge=0, description="Estimate mean, std, skewness, kurtosis and KL of tensors "
+    sample: int = Field(DEFAULT_SAMPLE, ge=0, description="Estimate mean, std, skewness, kurtosis and KL of tensors "
                         "larger than this from a strided sample of about this many elements (much cheaper sampled "
                         "steps); zero fraction, min, max and NaN/Inf counts stay exact. 0 means every statistic exact.")
     plots: bool = Field(True, description="Write report.png and plots in report.html (needs matplotlib).")
@@ -81,17 +87,6 @@ class Finding(BaseModel):
     message: str = Field(description="What is wrong, in plain language.")
     action: str = Field(description="What to try.")
     evidence: dict[str, Any] = Field(default_factory=dict, description="The numbers behind it.")
-
-
-class TypeRow(BaseModel):
-    type: str
-    modules: int
-    activation_std: float | None = None
-    activation_zero_frac: float | None = None
-    activation_kurtosis: float | None = None
-    gradient_std: float | None = None
-    update_ratio: float | None = None
-    nonfinite: int = 0
 
 
 class TensorRow(BaseModel):
@@ -148,24 +143,23 @@ _ROW_STATS = ("mean", "std", "skew", "kurtosis", "zero_frac", "min", "max", "nan
 
 
 def _result(art: Artifact, source: str, tail: str = "", seconds: float = 0.0) -> GatherStatsResult:
-    summary = art.manifest.get("summary", {})
+    summary = stats_manifest(art).summary
     found = art.read_json("findings.json")
     series = art.read_json("series.json")
-    files = summary.get("report_files", [])
+    files = summary.report_files
     return GatherStatsResult(
         run_id=art.ref, source=source,  # type: ignore[arg-type]
-        modules=summary.get("modules", 0), steps_seen=summary.get("steps_seen", 0),
-        steps_sampled=summary.get("steps_sampled", 0),
-        order_source=summary.get("order_source", "capture"),
+        modules=summary.modules, steps_seen=summary.steps_seen, steps_sampled=summary.steps_sampled,
+        order_source=summary.order_source,
         order=list(series.get("order", list(series.get("tensors", {}))))[:200] if source == "script" else [],
         findings=[Finding(**f) for f in found],
-        by_type=[TypeRow(**r) for r in summary.get("by_type", [])],
+        by_type=summary.by_type,
         report_html=str(art.file("report.html")) if "report.html" in files else None,
         report_png=str(art.file("report.png")) if "report.png" in files else None,
         tensors=[TensorRow(key=k, group=t["group"], shape=t.get("shape") or [], stored=t["stored"],
                            **{f: (t["stats"] or {}).get(f) for f in _ROW_STATS})
                  for k, t in list(series.get("tensors", {}).items())[:200]],
-        series_file=str(art.file("series.json")), path=str(art.path), notes=summary.get("notes", []),
+        series_file=str(art.file("series.json")), path=str(art.path), notes=summary.notes,
         script_output_tail=tail[-4000:], seconds=round(seconds, 3),
     )
 
@@ -184,41 +178,21 @@ def gather_stats(req: GatherStatsRequest, ctx: ToolContext) -> GatherStatsResult
         return _result(art, "capture", seconds=time.perf_counter() - t0)
 
     from modulelens.stats.artifact import default_stats_name
-    from modulelens.tools.capture_module import _run_worker
 
     script = Path(req.script or "").expanduser()
     if not script.is_file():
         raise CaptureFailed(f"script {req.script!r} does not exist", "give the path of a Python training script")
     name = validate_name(req.name) if req.name else default_stats_name(script)
-    request = {
-        "script": str(script.resolve()), "script_args": req.script_args, "name": name, "every": req.every,
-        "steps": req.steps, "ema": req.ema, "step_on": req.step_on, "eager": req.eager, "params": req.params,
-        "fx": req.fx, "plots": req.plots, "sample": req.sample,
+    request = StatsWorkerRequest(
+        script=str(script.resolve()), script_args=req.script_args, name=name, repo=str(repo.root), every=req.every,
+        steps=req.steps, step_on=req.step_on, eager=req.eager, params=req.params, fx=req.fx, ema=req.ema,
+        plots=req.plots, sample=req.sample, thresholds=req.thresholds,
         # Stop at a step boundary with time left to store the statistics before the hard limit.
-        "stop_at": time.time() + req.timeout - min(60.0, 0.2 * req.timeout), "thresholds": req.thresholds, "repo": str(repo.root),
-    }
+        stop_at=time.time() + req.timeout - min(60.0, 0.2 * req.timeout),
+    )
     ctx.progress(0, 1, f"running {script.name} with statistics every {req.every} step(s)")
-    with tempfile.TemporaryDirectory(prefix="modulelens-stats-") as tmp:
-        req_file = Path(tmp) / "request.json"
-        req_file.write_text(json.dumps(request))
-        cmd = [sys.executable, "-m", "modulelens.stats.worker", str(req_file), tmp]
-        try:
-            code, tail = _run_worker(cmd, ctx, req.timeout)
-        except CaptureFailed:
-            raise CaptureFailed(
-                f"the script ran past --timeout ({req.timeout:.0f} s) without reaching an optimizer step, and was "
-                "stopped", "raise --timeout, or check that the script trains (optimizer.step()) early",
-            ) from None
-        result_file = Path(tmp) / "result.json"
-        result = json.loads(result_file.read_text()) if result_file.is_file() else None
-    if result is None:
-        raise CaptureFailed(
-            f"the statistics worker ended (exit code {code}) without a result",
-            "the script may have crashed the interpreter (segfault, out of memory); last output:\n" + tail[-1500:],
-        )
-    if not result["ok"]:
-        raise ModuleLensError(result["error"], result.get("hint"))
-    art = repo.open("stats", result["ref"])
+    result, tail = gather_script_stats(request, lambda cmd, timeout: _run_worker(cmd, ctx, timeout), req.timeout)
+    art = repo.open("stats", result.ref)
     ctx.progress(1, 1, f"stored {art.ref}")
     return _result(art, "script", tail, time.perf_counter() - t0)
 

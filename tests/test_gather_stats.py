@@ -160,3 +160,11 @@ def test_errors_and_human_output(cli, repo, tmp_path):
                      "--fault", "dead-relu", "--module", "blocks.0.act")
     assert code == 0, r.output
     assert "dead_activation" in r.stdout and "blocks.0.act" in r.stdout and "report:" in r.stdout
+
+
+def test_every_sampled_step_is_judged_through_the_cli(cli, repo):
+    """A branch taken on steps 0, 2, 4, 8, 10 only (not on the last step, 11) that blows up 590x."""
+    data = _gather(cli, repo, EXAMPLES / "faults" / "zoo.py", "--case", "branch", every=1, extra=("--steps", "12"))
+    assert [(f["kind"], f["module"]) for f in data["findings"]] == [("exploding_activation", "branch")]
+    f = data["findings"][0]
+    assert (f["first_step"], f["last_step"], f["steps_held"]) == (0, 10, 5)

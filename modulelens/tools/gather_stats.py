@@ -82,7 +82,11 @@ class Finding(BaseModel):
     kind: str = Field(description="dead_activation, exploding_activation, vanishing_activation, exploding_gradient, "
                       "vanishing_gradient, saturation, nan_inf or nan_inf_gradient.")
     module: str = Field(description="Qualified module name ('' is the root model).")
-    step: int = Field(description="Sampled step the finding is about.")
+    step: int = Field(description="Sampled step whose numbers the message gives (the last one where it held).")
+    first_step: int | None = Field(None, description="First sampled step where the finding held.")
+    last_step: int | None = Field(None, description="Last sampled step where the finding held.")
+    steps_held: int = Field(1, description="Number of sampled steps where the finding held (every sampled step "
+                            "before the first NaN/Inf is judged; for nan_inf: steps with non-finite values).")
     severity: Literal["error", "warning"] = "error"
     message: str = Field(description="What is wrong, in plain language.")
     action: str = Field(description="What to try.")
@@ -208,10 +212,11 @@ def _render(r: GatherStatsResult):
     parts: list[Any] = [head]
     if r.findings:
         t = Table(title="findings", show_lines=True, title_justify="left")
-        for c in ("kind", "module", "step", "message", "action"):
+        for c in ("kind", "module", "steps", "message", "action"):
             t.add_column(c, overflow="fold")
         for f in r.findings:
-            t.add_row(f.kind, f.module or "(model)", str(f.step), f.message, f.action)
+            held = str(f.step) if f.first_step is None else f"{f.first_step}-{f.last_step} ({f.steps_held})"
+            t.add_row(f.kind, f.module or "(model)", held, f.message, f.action)
         parts.append(t)
     else:
         parts.append(Text("no findings", style="green"))

@@ -51,3 +51,32 @@ def test_exploding_gain_and_the_first_nan():
             "grads": []}]
     found = F.evaluate(series_of([0, 5], mods, nonfinite=nan))
     assert found[0]["kind"] == "nan_inf" and found[0]["module"] == "l2" and found[0]["step"] == 5
+
+
+def test_a_finding_says_on_which_steps_it_held():
+    grow = _healthy(gain=100.0)
+    grow["activation"] = {k: [v, None, v, v] for k, v in grow["activation"].items()}  # not run on step 10
+    grow["activation"]["gain"] = [100.0, None, 2.0, 100.0]
+    mods = {"": _healthy(), "l0": _healthy(), "branch": grow}
+    [f] = F.evaluate(series_of([0, 10, 20, 30], mods))
+    assert (f["kind"], f["module"], f["first_step"], f["last_step"], f["steps_held"], f["step"]) == \
+        ("exploding_activation", "branch", 0, 30, 2, 30)
+
+
+def test_shrinking_raw_inputs_to_unit_scale_is_not_vanishing():
+    raw = {"activation": {"rms": 1.0, "input_rms": 2e4, "gain": 5e-5, "zero_frac": 0.0, "min": -3.0, "max": 3.0},
+           "gradient": {"rms": 1e-2}}
+    mods = {"": {**raw}, "bn": raw, "fc": _healthy()}
+    assert F.evaluate(series_of([0], mods)) == []
+    tiny = {"activation": {**raw["activation"], "rms": 1e-3, "input_rms": 2.0}, "gradient": {"rms": 1e-2}}
+    assert kinds(F.evaluate(series_of([0], {"": _healthy(), "bn": tiny, "fc": _healthy()}))) == \
+        [("vanishing_activation", "bn")]
+
+
+def test_gradients_are_judged_against_the_healthy_layers_near_the_loss():
+    # Gradients fade 10x per layer going backward: the median over all layers sits in the vanished
+    # part; the layers near the loss are healthy, not exploding.
+    mods = {"": _healthy(), **{f"l{k}": {**_healthy(), "gradient": {"rms": 10.0 ** (k - 12)}} for k in range(13)}}
+    found = F.evaluate(series_of([0], mods))
+    assert [f["kind"] for f in found] == ["vanishing_gradient"]
+    assert int(found[0]["module"][1:]) < 10 and "clip" not in found[0]["action"]

@@ -108,13 +108,15 @@ class TensorRow(BaseModel):
     nan: int | None = None
     inf: int | None = None
     kl_gauss: float | None = None
+    sampled: bool | None = Field(None, description="True: mean/std/skew/kurtosis/KL estimated from a sample.")
 
 
 _STATS_DOC = (
     "Statistics are over the finite elements: std is the population std (ddof=0); skew is "
     "scipy.stats.skew(bias=True); kurtosis is the EXCESS (Fisher) kurtosis, scipy.stats.kurtosis(fisher=True, "
     "bias=True); kl_gauss = KL(N(mean, std^2) || N(0, 1)) = log(1/std) + (std^2 + mean^2 - 1)/2, the closed-form "
-    "KL of the Gaussian fit to a unit Gaussian; zero_frac, nan and inf count all elements."
+    "KL of the Gaussian fit to a unit Gaussian; zero_frac, nan and inf count all elements; sampled says whether the "
+    "moments of a large tensor were estimated from a strided sample (heavy-tailed tensors are always exact)."
 )
 
 
@@ -143,7 +145,7 @@ class GatherStatsResult(BaseModel):
     seconds: float = 0.0
 
 
-_ROW_STATS = ("mean", "std", "skew", "kurtosis", "zero_frac", "min", "max", "nan", "inf", "kl_gauss")
+_ROW_STATS = ("mean", "std", "skew", "kurtosis", "zero_frac", "min", "max", "nan", "inf", "kl_gauss", "sampled")
 
 
 def _result(art: Artifact, source: str, tail: str = "", seconds: float = 0.0) -> GatherStatsResult:

@@ -62,3 +62,20 @@ def test_sampled_moments_keep_counts_and_extremes_exact():
     st = _finalized(x, sample=1000)
     assert st["zero_frac"] == 0.5  # every even element; linspace of an even count skips 0
     assert (st["min"], st["max"]) == (-5.0, 5.0)
+
+
+def test_heavy_tails_get_exact_moments_and_light_ones_say_they_were_sampled():
+    g = torch.Generator().manual_seed(5)
+    n = 2_000_000
+    normal = torch.randn(n, generator=g)
+    chi2 = torch.randn(3, n, generator=g).pow(2).sum(0)
+    t3 = normal / (chi2 / 3).sqrt()  # Student-t, 3 degrees of freedom: infinite 4th moment
+    st = _finalized(t3, sample=S.DEFAULT_SAMPLE)
+    ref = t3.double().numpy()
+    assert st["sampled"] is False
+    assert st["kurtosis"] == pytest.approx(sps.kurtosis(ref), rel=1e-6)
+    assert st["skew"] == pytest.approx(sps.skew(ref), rel=1e-6, abs=1e-9)
+    assert st["std"] == pytest.approx(ref.std(), rel=1e-9)
+    light = _finalized(normal, sample=S.DEFAULT_SAMPLE)
+    assert light["sampled"] is True and light["kurtosis"] == pytest.approx(0.0, abs=0.1)
+    assert _finalized(normal)["sampled"] is False

@@ -23,7 +23,7 @@ from modulelens.stats import stats as S
 from modulelens.stats.manifest import KIND, StatsManifest, StatsSource, StatsSummary, TypeRow
 from modulelens.stats.records import StatsRun
 from modulelens.stats.report import write_report
-from modulelens.stats.series import DEFAULT_EMA, build_series
+from modulelens.stats.series import DEFAULT_EMA, build_series, last_finite_index
 
 
 def default_stats_name(script: Path | None) -> str:
@@ -57,15 +57,16 @@ def save_run(repo: Repository, name: str, run: StatsRun, *, ema: float = DEFAULT
         kind="run", modules=len(series["order"]), steps_seen=run.steps_seen, steps_sampled=len(series["steps"]),
         sampled_steps=series["steps"][:50], every=run.every, order_source=run.order_source,  # type: ignore[arg-type]
         findings=len(found), compiled=run.compiled, notes=list(run.notes), by_type=type_summary(series),
+        by_type_step=series["steps"][last_finite_index(series)] if series["steps"] else None,
     )
     art = _store(repo, name, series, found, StatsSource.model_validate(source or {}), summary, plots)
     return art, found
 
 
 def type_summary(series: dict[str, Any]) -> list[TypeRow]:
-    """Per-type aggregates at the last sampled step (small: one row per module type)."""
+    """Per-type aggregates at the last sampled step with finite values (small: one row per type)."""
     out = []
-    last = len(series["steps"]) - 1
+    last = last_finite_index(series)
     for t, info in sorted(series.get("types", {}).items()):
         def at(kind: str, stat: str, info=info) -> Any:
             c = info.get(kind, {}).get(stat)

@@ -58,6 +58,7 @@ class StatsSummary(BaseModel):
     compiled: bool = False
     notes: list[str] = Field(default_factory=list)
     by_type: list[TypeRow] = Field(default_factory=list)
+    by_type_step: int | None = Field(None, description="the step of by_type: the last sampled one with finite values")
     report_files: list[str] = Field(default_factory=list)
     capture: str | None = None
     tensors: int | None = None

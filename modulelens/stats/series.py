@@ -225,3 +225,26 @@ def last_value(col: list[Any] | None, upto: int | None = None) -> Any:
         return None
     i = len(col) - 1 if upto is None else upto
     return col[i] if 0 <= i < len(col) else None
+
+
+def last_finite_index(series: dict[str, Any]) -> int:
+    """Index of the last sampled step where no module output or gradient held NaN/Inf (the state to
+    show in depth and per-type views); the last step when every step held some."""
+    steps = series["steps"]
+    bad = {ev["step"] for ev in series.get("nonfinite", [])}
+    return next((i for i in range(len(steps) - 1, -1, -1) if steps[i] not in bad), len(steps) - 1)
+
+
+def nonfinite_counts(series: dict[str, Any]) -> dict[str, list[int]]:
+    """Per sampled step: how many module calls produced NaN/Inf outputs (``outputs``), how many
+    modules got NaN/Inf gradients (``gradients``) and how many parameters held NaN/Inf before the
+    optimizer step (``parameters``)."""
+    steps = series["steps"]
+    by_step = {ev["step"]: ev for ev in series.get("nonfinite", [])}
+    params = series.get("params", {}).values()
+    return {
+        "outputs": [len(by_step[s]["calls"]) if s in by_step else 0 for s in steps],
+        "gradients": [len(by_step[s]["grads"]) if s in by_step else 0 for s in steps],
+        "parameters": [sum(1 for p in params if i < len(p["nonfinite_weight"]) and p["nonfinite_weight"][i])
+                       for i in range(len(steps))],
+    }

@@ -130,8 +130,10 @@ class GatherStatsResult(BaseModel):
         description="Where the module order comes from: torch.fx node order, or the observed first-call order.")
     order: list[str] = Field(default_factory=list, description="Module names in execution order (first 200).")
     findings: list[Finding] = Field(default_factory=list)
-    by_type: list[TypeRow] = Field(default_factory=list, description="Per-type aggregates at the last sampled step "
-                                   "(means over modules of that type).")
+    by_type: list[TypeRow] = Field(default_factory=list, description="Per-type aggregates (means over modules of "
+                                   "that type) at the last sampled step where values are finite (by_type_step).")
+    by_type_step: int | None = Field(None, description="The step of by_type (earlier than the last sampled step "
+                                     "when later steps held NaN/Inf).")
     report_html: str | None = Field(None, description="Self-contained HTML report (plots embedded).")
     report_png: str | None = Field(None, description="The plots as one PNG (None without matplotlib).")
     tensors: list[TensorRow] = Field(default_factory=list, description="Capture only: statistics of each stored "
@@ -159,7 +161,7 @@ def _result(art: Artifact, source: str, tail: str = "", seconds: float = 0.0) ->
         order_source=summary.order_source,
         order=list(series.get("order", list(series.get("tensors", {}))))[:200] if source == "script" else [],
         findings=[Finding(**f) for f in found],
-        by_type=summary.by_type,
+        by_type=summary.by_type, by_type_step=summary.by_type_step,
         report_html=str(art.file("report.html")) if "report.html" in files else None,
         report_png=str(art.file("report.png")) if "report.png" in files else None,
         tensors=[TensorRow(key=k, group=t["group"], shape=t.get("shape") or [], stored=t["stored"],
@@ -223,7 +225,7 @@ def _render(r: GatherStatsResult):
     else:
         parts.append(Text("no findings", style="green"))
     if r.by_type:
-        t = Table(title="by module type (last sampled step)", title_justify="left")
+        t = Table(title=f"by module type (step {r.by_type_step})", title_justify="left")
         for c in ("type", "modules", "act std", "zero frac", "grad std", "update ratio"):
             t.add_column(c)
 

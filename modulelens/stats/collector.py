@@ -18,6 +18,11 @@ its own ``optimizer.step()``), so unsampled steps run with no module hook at all
   every s-th row, about 65,536 elements, which avoids copying every weight; whole rows are contiguous
   in memory, so the copy reads few cache lines).
 
+Under ``torch.compile`` (dynamo enabled), sampled steps run the compiled code eagerly (dynamo's
+``force_eager`` stance, restored when the step ends): module hooks do not run inside compiled code,
+and hooks traced into it would cause graph breaks and recompiles. Their statistics are exact; the
+other steps run compiled.
+
 Everything stays on the tensors' device until the step ends, then moves to the host in one
 transfer. Modules are named as in ``root.named_modules()`` (wrapper prefixes of DDP/FSDP/
 ``torch.compile`` stripped), the root being the first top-level module called that has parameters
@@ -42,6 +47,7 @@ import os
 import sys
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -134,6 +140,23 @@ def _dynamo_disabled() -> bool:
     return bool(dynamo is not None and getattr(dynamo.config, "disable", False))
 
 
+def _force_eager() -> Callable[[], None] | None:
+    """Make ``torch.compile``d code run eagerly (dynamo's ``force_eager`` stance) until the returned
+    function restores the previous stance; None when dynamo is not in use (not imported, disabled)
+    or the stance cannot be set here. Module hooks do not run inside compiled code, and hooks added
+    to compiled code cause graph breaks and recompiles: sampled steps run eagerly instead, so their
+    statistics are exact and the compiled graphs of the other steps stay as they are."""
+    if "torch._dynamo" not in sys.modules or _dynamo_disabled():
+        return None
+    try:
+        from torch._dynamo import eval_frame
+
+        prior = eval_frame._set_stance(eval_frame.DynamoStance("force_eager"))
+    except Exception:  # noqa: BLE001 - private API, or called inside a compiled region
+        return None
+    return lambda: eval_frame._set_stance(prior)
+
+
 def _in_backward() -> bool:
     try:
         return torch._C._current_graph_task_id() != -1
@@ -196,6 +219,8 @@ class StatsCollector:
         self.records: list[StepRecord] = []
         self.notes: list[str] = []
         self.compiled = False
+        self.eager_sampled_steps = 0  # sampled steps run with compiled code forced eager
+        self._restore_stance: Callable[[], None] | None = None
         self.artifact: Any = None
         self.findings: list[dict[str, Any]] = []
         self._names: dict[int, tuple[weakref.ref, str]] = {}
@@ -282,7 +307,12 @@ class StatsCollector:
             notes = list(self.notes)
             if fx_note:
                 notes.append(fx_note)
-            if self.compiled:
+            if self.compiled and self.eager_sampled_steps:
+                notes.append(
+                    "the model is compiled with torch.compile: the sampled steps ran it in eager mode (torch.compiler "
+                    "stance force_eager), so their statistics are exact; the other steps ran compiled"
+                )
+            elif self.compiled:
                 notes.append(
                     "the model is compiled with torch.compile: module hooks do not run inside compiled code, so "
                     "submodules of the compiled model were not observed; gather statistics in eager mode "
@@ -408,6 +438,8 @@ class StatsCollector:
 
     def _open_window(self) -> None:
         self._win = _Window(step=self.current_step)
+        if self._restore_stance is None:
+            self._restore_stance = _force_eager()
         self._set_module_hooks(True)
 
     def _close_window(self, keep: bool = True) -> None:
@@ -416,6 +448,10 @@ class StatsCollector:
         if win is None:
             return
         win.open = False
+        if self._restore_stance is not None:
+            self._restore_stance()
+            self._restore_stance = None
+            self.eager_sampled_steps += bool(win.calls)
         S.release_scratch()
         for h in win.tensor_hooks:
             h.remove()

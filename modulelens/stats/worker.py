@@ -127,6 +127,8 @@ def run(raw_request: dict[str, Any]) -> dict[str, Any]:
     request = StatsWorkerRequest.model_validate(raw_request)
     if request.eager:
         _disable_dynamo()
+    else:
+        import torch._dynamo  # noqa: F401 - loaded now, so that step 0 can run compiled code eagerly too
     compiles = _count_compile_calls()
     script = Path(request.script).resolve()
     collector = StatsCollector(
@@ -150,8 +152,8 @@ def run(raw_request: dict[str, Any]) -> dict[str, Any]:
             )
         else:
             notes.append(
-                f"the script called torch.compile {compiles[0]} time(s) and --no-eager kept it: submodules inside "
-                "compiled code are not observed."
+                f"the script called torch.compile {compiles[0]} time(s) and --no-eager kept it for the steps "
+                "without statistics; sampled steps ran eagerly (see the other note)."
             )
     if not collector.records:
         if error is not None:

@@ -52,7 +52,9 @@ class GatherStatsRequest(BaseModel):
         "optimizer", description="What marks a step: each optimizer.step() (training), or each top-level call of "
         "the model (loops without an optimizer).")
     eager: bool = Field(True, description="Run with torch.compile disabled so that every module is observed "
-                        "(module hooks do not run inside compiled code); --no-eager keeps torch.compile.")
+                        "(module hooks do not run inside compiled code); --no-eager keeps torch.compile for the "
+                        "steps without statistics and runs the sampled steps eagerly (exact statistics, no "
+                        "recompiles).")
     params: bool = Field(True, description="Also take parameter statistics: weights, their gradients and the "
                          "update-to-weight ratio (keeps a copy of the weights during sampled steps).")
     fx: bool = Field(True, description="Try torch.fx to order modules by execution; the observed call order is "

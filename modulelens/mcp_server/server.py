@@ -11,7 +11,9 @@ When the tools include ``list_captures`` and ``show_capture``, two resources are
 ``modulelens://captures`` (``list_captures`` with its defaults, as JSON) and the template
 ``modulelens://captures/{ref}`` (``show_capture`` for ``ref``, as JSON). A ref such as
 ``enc0:v2`` or ``enc0@prod`` can be written as is or percent-encoded (``enc0%3Av2``); the
-template matcher decodes it.
+template matcher decodes it. Statistics runs are resources too: ``modulelens://stats`` (every run)
+and ``modulelens://stats/{ref}`` (one run's summary and findings), from
+:mod:`modulelens.stats.runs`.
 
 In stdio mode stdout is the protocol wire: nothing here prints, logging goes to stderr.
 """
@@ -48,6 +50,8 @@ logger = logging.getLogger(__name__)
 
 CAPTURES_URI = "modulelens://captures"
 CAPTURE_TEMPLATE = "modulelens://captures/{ref}"
+STATS_URI = "modulelens://stats"
+STATS_TEMPLATE = "modulelens://stats/{ref}"
 
 INSTRUCTIONS = (
     "modulelens captures the inputs and outputs of PyTorch modules while a script runs, stores "
@@ -235,6 +239,32 @@ def _add_capture_resources(
         return await read(show_tool, {"ref": ref})
 
 
+def _add_stats_resources(server: MCPServer, repo_root: Path | None) -> None:
+    from modulelens.repo import Repository, default_repo_root
+    from modulelens.stats.runs import list_runs, show_run
+
+    async def read(view: Any, *args: str) -> str:
+        try:
+            repo = Repository(repo_root or default_repo_root())
+            result = await anyio.to_thread.run_sync(lambda: view(repo, *args))
+        except ReferenceNotFound as exc:
+            raise ResourceNotFoundError(_error_text(exc)) from exc
+        except ModuleLensError as exc:
+            raise ResourceError(_error_text(exc)) from exc
+        return result.model_dump_json(indent=2)
+
+    @server.resource(STATS_URI, name="stats", description="Every statistics run in the repository, as JSON.",
+                     mime_type="application/json")
+    async def stats() -> str:
+        return await read(list_runs)
+
+    @server.resource(STATS_TEMPLATE, name="stats_run", description="One statistics run (ref: name, name:vN or "
+                     "name@tag): summary, findings and report path, as JSON.", mime_type="application/json",
+                     security=ResourceSecurity(exempt_params={"ref"}))
+    async def stats_run(ref: str) -> str:
+        return await read(show_run, ref)
+
+
 def build_server(tools: list[Tool], repo_root: Path | None = None) -> MCPServer:
     """An MCP server exposing ``tools`` (and the capture resources when those tools are present).
 
@@ -256,6 +286,8 @@ def build_server(tools: list[Tool], repo_root: Path | None = None) -> MCPServer:
         _add_capture_resources(
             server, by_name["list_captures"], by_name["show_capture"], repo_root
         )
+    if "gather_stats" in by_name:
+        _add_stats_resources(server, repo_root)
     return server
 
 

@@ -86,11 +86,18 @@ class StopRun(BaseException):
 
 
 @dataclass
+class _Reduced:
+    vec: torch.Tensor | list[float]
+
+
+@dataclass
 class _Call:
     module: nn.Module
     name: str | None  # None: not recorded (wrapper, outside the roots, grad disabled)
     finish: int = -1
-    in_norms: list[torch.Tensor | float] = field(default_factory=list)
+    # L2 norms of the floating inputs; a _Reduced input is the output of an earlier call of this step
+    # (its moment vector gives the norm without another pass).
+    in_norms: list[torch.Tensor | float | _Reduced] = field(default_factory=list)
     in_numel: int = 0
     out: list[torch.Tensor | list[float]] = field(default_factory=list)
 
@@ -515,7 +522,8 @@ class StatsCollector:
                 return
             win.calls.append(call)
             for t in _floating_tensors(args):
-                call.in_norms.append(S.l2(t))
+                reduced = self._reduced(win, t)
+                call.in_norms.append(_Reduced(reduced) if reduced is not None else S.l2(t))
                 call.in_numel += t.numel()
         except StopRun:
             raise
@@ -544,6 +552,15 @@ class StatsCollector:
                     self._grad_hook(win, t, call.name)
         except Exception as e:  # noqa: BLE001
             self._note_error(f"leaving {type(module).__name__}", e)
+
+    @staticmethod
+    def _reduced(win: _Window, t: torch.Tensor) -> torch.Tensor | list[float] | None:
+        """The exact moment vector of this version of ``t`` if an earlier call of the step output it."""
+        for ref, key, vec in win.memo:
+            if key[0] == id(t) and key[1] == t._version and ref() is t:
+                exact = not isinstance(vec, list) or not vec[S._I["sampled"]]
+                return vec if exact else None
+        return None
 
     def _out_moments(self, win: _Window, t: torch.Tensor, sat: tuple[float, float] | None) -> torch.Tensor | list[float]:
         # A container usually returns its last child's output: reduce each tensor version once.
@@ -651,12 +668,19 @@ class StatsCollector:
             scalars.append(v)
             return len(scalars) - 1
 
-        call_slots = [([vslot(v) for v in c.out], [sslot(n) for n in c.in_norms]) for c in win.calls]
+        def norm_slot(n: torch.Tensor | float | _Reduced) -> tuple[bool, int]:
+            return (True, vslot(n.vec)) if isinstance(n, _Reduced) else (False, sslot(n))
+
+        call_slots = [([vslot(v) for v in c.out], [norm_slot(n) for n in c.in_norms]) for c in win.calls]
         grad_slots = {n: [(seq, vslot(v)) for seq, v in lst] for n, lst in win.grads.items()}
         pnorm_slots = {n: (k, sslot(w), sslot(g) if g is not None else None) for n, (k, w, g) in win.updates.norms.items()}
         upd_slots = {n: (sslot(d), sslot(b)) for n, (d, b) in win.updates.updates.items()}
         host_v = S.to_host(vecs)
         host_s = scalars_to_host(scalars)
+
+        def norm(slot: tuple[bool, int]) -> float:
+            from_vec, i = slot
+            return S.l2_from_moments(host_v[i]) if from_vec else host_s[i]
 
         rec = StepRecord(step=win.step)
         # Start order of first calls: the observed execution order.
@@ -679,7 +703,7 @@ class StatsCollector:
             out = S.merge_all(host_v[i] for i in out_idx)
             if out is not None:
                 ms.act = out if ms.act is None else S.merge(ms.act, out)
-            norms = [host_s[i] for i in in_idx]
+            norms = [norm(j) for j in in_idx]
             ms.in_sq += sum(x * x for x in norms if math.isfinite(x))
             ms.in_numel += c.in_numel
             if any(not math.isfinite(x) for x in norms):
@@ -690,7 +714,7 @@ class StatsCollector:
                 continue
             out_idx, in_idx = call_slots[i]
             if any(host_v[j][S._I["nan"]] + host_v[j][S._I["inf"]] > 0 for j in out_idx):
-                in_bad = any(not math.isfinite(host_s[j]) for j in in_idx)
+                in_bad = any(not math.isfinite(norm(j)) for j in in_idx)
                 rec.nonfinite.append((c.name, in_bad))  # type: ignore[arg-type]
         grad_events: list[tuple[int, str, bool]] = []
         for name, lst in grad_slots.items():

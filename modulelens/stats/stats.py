@@ -358,6 +358,14 @@ def tensor_stats(t: torch.Tensor, saturation: tuple[float, float] | None = None,
         release_scratch()
 
 
+def l2_from_moments(v: Sequence[float]) -> float:
+    """The Euclidean norm of the tensor a host moment vector describes (inf when it held NaN/Inf),
+    without another pass over it: sqrt(M2 + count * mean^2)."""
+    if v[_I["nan"]] + v[_I["inf"]] > 0:
+        return math.inf
+    return math.sqrt(max(v[_I["m2"]] + v[_I["count"]] * v[_I["mean"]] ** 2, 0.0))
+
+
 def l2(t: torch.Tensor) -> torch.Tensor | float:
     """Euclidean norm (inf or NaN when the tensor holds Inf/NaN). On the CPU a float, computed in
     the tensor's precision and redone in float64 only when that overflowed; on a GPU a float64

@@ -168,3 +168,19 @@ def test_every_sampled_step_is_judged_through_the_cli(cli, repo):
     assert [(f["kind"], f["module"]) for f in data["findings"]] == [("exploding_activation", "branch")]
     f = data["findings"][0]
     assert (f["first_step"], f["last_step"], f["steps_held"]) == (0, 10, 5)
+
+
+def test_wandb_offline_run_holds_series_findings_and_report(cli, repo, tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    data = _gather(cli, repo, FAULTS, "--fault", "dead-relu", "--module", "blocks.0.act", "--steps", "5", every=2,
+                   extra=("--name", "wandb-run", "--wandb"), plots=True)
+    run_dir = Path(data["wandb_run"])
+    assert run_dir.parent == tmp_path / "wandb" and run_dir.name.startswith("offline-run-")
+    [records] = run_dir.glob("run-*.wandb")
+    raw = records.read_bytes()
+    assert b"activation/rms/blocks.0.fc" in raw and b"update_ratio/head.weight" in raw
+    [table] = (run_dir / "files" / "media" / "table").glob("findings_*.table.json")
+    assert ["dead_activation", "blocks.0.act"] == json.loads(table.read_text())["data"][0][:2]
+    assert list((run_dir / "files" / "media" / "html").glob("report_*.html"))

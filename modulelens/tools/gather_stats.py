@@ -69,6 +69,10 @@ class GatherStatsRequest(BaseModel):
         "explode_gain, explode_rms, explode_abs_rms, vanish_gain, vanish_abs_rms, explode_grad_ratio, "
         "vanish_grad_ratio, saturation_frac.",
     )
+    wandb: bool = Field(False, description="Also log the series, findings and HTML report to a Weights & Biases "
+                        "run named after the statistics (W&B settings from its environment: WANDB_MODE=offline, "
+                        "WANDB_DIR, WANDB_PROJECT; needs pip install 'modulelens[wandb]'). Training runs only.")
+    wandb_project: str | None = Field(None, description="W&B project (default: WANDB_PROJECT, else 'modulelens').")
     timeout: float = Field(3600.0, gt=0, description="Seconds for the whole run. Near the end (the last 20%, at "
                            "most 60 s) the script is stopped at the next step boundary and the statistics so far "
                            "are kept; at the limit it is killed.")
@@ -77,6 +81,8 @@ class GatherStatsRequest(BaseModel):
     def _one_source(self) -> GatherStatsRequest:
         if bool(self.script) == bool(self.capture):
             raise ValueError("give either a script or --capture (exactly one)")
+        if self.wandb and self.capture:
+            raise ValueError("--wandb logs training runs, not the statistics of a capture")
         return self
 
 
@@ -146,6 +152,7 @@ class GatherStatsResult(BaseModel):
     path: str = Field("", description="Folder of this version in the repository.")
     notes: list[str] = Field(default_factory=list)
     script_output_tail: str = Field("", description="Last lines the script printed.")
+    wandb_run: str | None = Field(None, description="With --wandb: the W&B run's URL, or its local folder offline.")
     seconds: float = 0.0
 
 
@@ -204,7 +211,12 @@ def gather_stats(req: GatherStatsRequest, ctx: ToolContext) -> GatherStatsResult
     result, tail = gather_script_stats(request, lambda cmd, timeout: _run_worker(cmd, ctx, timeout), req.timeout)
     art = repo.open("stats", result.ref)
     ctx.progress(1, 1, f"stored {art.ref}")
-    return _result(art, "script", tail, time.perf_counter() - t0)
+    out = _result(art, "script", tail, time.perf_counter() - t0)
+    if req.wandb:
+        from modulelens.stats.wandb_log import log_to_wandb
+
+        out.wandb_run = log_to_wandb(art, req.wandb_project)
+    return out
 
 
 def _render(r: GatherStatsResult):

@@ -184,3 +184,12 @@ def test_wandb_offline_run_holds_series_findings_and_report(cli, repo, tmp_path,
     [table] = (run_dir / "files" / "media" / "table").glob("findings_*.table.json")
     assert ["dead_activation", "blocks.0.act"] == json.loads(table.read_text())["data"][0][:2]
     assert list((run_dir / "files" / "media" / "html").glob("report_*.html"))
+
+
+def test_torchrun_ranks_are_merged_by_rank0(cli, repo):
+    data = _gather(cli, repo, TRAIN, "--ddp", "--steps", "3", every=1,
+                   extra=("--nproc", "2", "--name", "ddp-stats", "--steps", "3"))
+    assert data["steps_sampled"] == 3 and any("2 ranks merged" in n for n in data["notes"])
+    series = json.loads(Path(data["series_file"]).read_text())
+    assert series["modules"]["tok_emb"]["activation"]["calls"] == [2, 2, 2]  # one call per rank and step
+    assert "module" not in series["order"] and "tok_emb" in series["order"]  # DDP's wrapper is skipped

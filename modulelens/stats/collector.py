@@ -344,12 +344,14 @@ class StatsCollector:
             )
         return self._run
 
-    def save(self, name: str | None = None, repo: str | os.PathLike[str] | None = None, **meta: Any):
-        """Store the run as a ``stats`` artifact (series, findings, report); returns the artifact."""
+    def save(self, name: str | None = None, repo: str | os.PathLike[str] | None = None, *,
+             run: StatsRun | None = None, **meta: Any):
+        """Store the run (this collector's, or ``run``, e.g. merged over ranks) as a ``stats`` artifact
+        (series, findings, report); returns the artifact."""
         from modulelens.repo import Repository, default_repo_root
         from modulelens.stats.artifact import default_stats_name, save_run
 
-        run = self.finish()
+        run = run or self.finish()
         main = sys.modules.get("__main__")
         caller = getattr(main, "__file__", None)
         name = name or self.name or default_stats_name(Path(caller) if caller else None)

@@ -47,6 +47,8 @@ class StatsWorkerRequest(BaseModel):
     sample: int = DEFAULT_SAMPLE
     thresholds: dict[str, float] = Field(default_factory=dict)
     stop_at: float | None = Field(None, description="time.time() at which to end the run at the next step boundary")
+    nproc: int = Field(1, ge=1, description="processes under torchrun; rank 0 merges every rank's statistics")
+    out_dir: str = Field("", description="the worker's folder (result files; per-rank records under torchrun)")
 
 
 class StatsWorkerResult(BaseModel):
@@ -60,6 +62,8 @@ class StatsWorkerResult(BaseModel):
     type: str = ""
 
 
+RANK_WAIT_S = 300.0  # how long rank 0 waits for the other ranks' statistics after its own run ended
+
 # Runs a worker command with a timeout (seconds); returns (exit code, last lines of output). Raises
 # CaptureFailed when the timeout expires.
 RunProcess = Callable[[list[str], float], tuple[int, str]]
@@ -70,8 +74,11 @@ def gather_script_stats(request: StatsWorkerRequest, run_process: RunProcess, ti
     the last lines the script printed. A failed run raises its ModuleLensError."""
     with tempfile.TemporaryDirectory(prefix="modulelens-stats-") as tmp:
         req_file = Path(tmp) / "request.json"
-        req_file.write_text(request.model_dump_json())
-        cmd = [sys.executable, "-m", "modulelens.stats.worker", str(req_file), tmp]
+        req_file.write_text(request.model_copy(update={"out_dir": tmp}).model_dump_json())
+        worker = ["-m", "modulelens.stats.worker", str(req_file), tmp]
+        if request.nproc > 1:
+            worker = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={request.nproc}", *worker]
+        cmd = [sys.executable, *worker]
         try:
             code, tail = run_process(cmd, timeout)
         except CaptureFailed:
@@ -79,7 +86,7 @@ def gather_script_stats(request: StatsWorkerRequest, run_process: RunProcess, ti
                 f"the script ran past --timeout ({timeout:.0f} s) without reaching an optimizer step, and was "
                 "stopped", "raise --timeout, or check that the script trains (optimizer.step()) early",
             ) from None
-        result_file = Path(tmp) / "result.json"
+        result_file = Path(tmp) / result_name(0 if request.nproc > 1 else None)
         result = StatsWorkerResult.model_validate_json(result_file.read_text()) if result_file.is_file() else None
     if result is None:
         raise CaptureFailed(
@@ -89,6 +96,16 @@ def gather_script_stats(request: StatsWorkerRequest, run_process: RunProcess, ti
     if not result.ok:
         raise ModuleLensError(result.error, result.hint)
     return result, tail
+
+
+def result_name(rank: int | None) -> str:
+    """The result file of a worker: ``result.json``, or ``result-rank{rank}.json`` under torchrun."""
+    return "result.json" if rank is None else f"result-rank{rank}.json"
+
+
+def _distributed_rank() -> int | None:
+    """This process's rank under torchrun (None outside a distributed launch)."""
+    return int(os.environ["RANK"]) if "RANK" in os.environ and "WORLD_SIZE" in os.environ else None
 
 
 def _count_compile_calls() -> list[int]:
@@ -167,8 +184,18 @@ def run(raw_request: dict[str, Any]) -> dict[str, Any]:
         where = script_error(error, script).message
         notes.append(f"the script stopped early: {where}; statistics cover the steps before it")
     collector.notes.extend(notes)
+    merged = None
+    rank = _distributed_rank()
+    if rank is not None and request.nproc > 1:
+        from modulelens.stats.ranks import merge_ranks, read_ranks, write_rank
+
+        world = int(os.environ["WORLD_SIZE"])
+        if rank != 0:
+            write_rank(Path(request.out_dir), rank, collector.finish())
+            return {"ref": "", "steps_seen": collector.steps_seen}
+        merged = merge_ranks([collector.finish(), *read_ranks(Path(request.out_dir), range(1, world), RANK_WAIT_S)])
     art = collector.save(
-        request.name, request.repo,
+        request.name, request.repo, run=merged,
         kind="script", script=str(script), argv=request.script_args, every=request.every, steps=request.steps,
     )
     result = StatsWorkerResult(ok=True, ref=art.ref, steps_seen=collector.steps_seen)
@@ -178,7 +205,7 @@ def run(raw_request: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str]) -> None:
     from modulelens.capture.runner import worker_main
 
-    worker_main(run, Path(argv[0]), Path(argv[1]) / "result.json", "statistics")
+    worker_main(run, Path(argv[0]), Path(argv[1]) / result_name(_distributed_rank()), "statistics")
 
 
 if __name__ == "__main__":

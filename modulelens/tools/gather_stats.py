@@ -69,6 +69,8 @@ class GatherStatsRequest(BaseModel):
         "explode_gain, explode_rms, explode_abs_rms, vanish_gain, vanish_abs_rms, explode_grad_ratio, "
         "vanish_grad_ratio, saturation_frac.",
     )
+    nproc: int = Field(1, ge=1, description="Run the script under torchrun with this many processes (gloo/CPU or "
+                       "your backend): every rank gathers statistics, rank 0 merges them exactly into one run.")
     wandb: bool = Field(False, description="Also log the series, findings and HTML report to a Weights & Biases "
                         "run named after the statistics (W&B settings from its environment: WANDB_MODE=offline, "
                         "WANDB_DIR, WANDB_PROJECT; needs pip install 'modulelens[wandb]'). Training runs only.")
@@ -203,7 +205,7 @@ def gather_stats(req: GatherStatsRequest, ctx: ToolContext) -> GatherStatsResult
     request = StatsWorkerRequest(
         script=str(script.resolve()), script_args=req.script_args, name=name, repo=str(repo.root), every=req.every,
         steps=req.steps, step_on=req.step_on, eager=req.eager, params=req.params, fx=req.fx, ema=req.ema,
-        plots=req.plots, sample=req.sample, thresholds=req.thresholds,
+        plots=req.plots, sample=req.sample, thresholds=req.thresholds, nproc=req.nproc,
         # Stop at a step boundary with time left to store the statistics before the hard limit.
         stop_at=time.time() + req.timeout - min(60.0, 0.2 * req.timeout),
     )

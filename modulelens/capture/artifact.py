@@ -21,17 +21,26 @@ import platform
 import socket
 import sys
 from pathlib import Path
-from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
 
 from modulelens.capture import init_args
+from modulelens.capture.manifest import (
+    KIND,
+    BackwardInfo,
+    CallInputs,
+    CaptureEnvironment,
+    CaptureManifest,
+    DistributedInfo,
+    ExportInfo,
+    RunSource,
+    StoredSource,
+)
+from modulelens.capture.spec import ModuleSpec, referenced_modules
 from modulelens.capture.tracer import CapturedCall
-from modulelens.capture.values import Encoder, TensorSink, class_path, leaves
+from modulelens.capture.values import Encoder, TensorSink, class_path
 from modulelens.repo import Artifact, Repository
-
-KIND = "captures"
 
 
 def _save_tensors(folder: Path, filename: str, tensors: dict[str, torch.Tensor]) -> None:
@@ -45,34 +54,17 @@ def load_tensors(artifact: Artifact, filename: str) -> dict[str, torch.Tensor]:
     return load_file(str(artifact.file(filename)))
 
 
-def module_init_spec(module: torch.nn.Module, path: str, encoder: Encoder) -> dict[str, Any] | None:
-    """The recorded construction of ``module`` as a spec (nested modules recursively)."""
+def module_init_spec(module: torch.nn.Module, path: str, encoder: Encoder) -> ModuleSpec | None:
+    """The recorded construction of ``module`` (nested modules recursively), None if unrecorded."""
     rec = init_args.record_of(module)
     if rec is None:
         return None
-    spec: dict[str, Any] = {
-        "$": "module",
-        "cls": class_path(rec.cls),
-        "args": [encoder.encode(a, f"{path}.args.{i}") for i, a in enumerate(rec.args)],
-        "kwargs": {k: encoder.encode(v, f"{path}.{k}") for k, v in rec.kwargs.items()},
-    }
-    if rec.bind_error:
-        spec["bind_error"] = rec.bind_error
-    return spec
-
-
-def source_modules(spec: Any, found: set[str]) -> set[str]:
-    """Module names of every class referenced by an init spec."""
-    if isinstance(spec, dict):
-        for key in ("cls", "path"):
-            if isinstance(spec.get(key), str) and ":" in spec[key]:
-                found.add(spec[key].split(":", 1)[0])
-        for v in spec.values():
-            source_modules(v, found)
-    elif isinstance(spec, list):
-        for v in spec:
-            source_modules(v, found)
-    return found
+    return ModuleSpec(
+        cls=class_path(rec.cls),
+        args=[encoder.encode(a, f"{path}.args.{i}") for i, a in enumerate(rec.args)],
+        kwargs={k: encoder.encode(v, f"{path}.{k}") for k, v in rec.kwargs.items()},
+        bind_error=rec.bind_error or None,
+    )
 
 
 def _file_backed_modules(names: set[str]) -> dict[str, str]:
@@ -106,26 +98,12 @@ def _import_roots(names: set[str]) -> list[str]:
     return roots
 
 
-def save_capture(
-    repo: Repository,
-    name: str,
-    captured: CapturedCall,
-    *,
-    target: str,
-    source: dict[str, Any],
-    pickle_module: bool = False,
-    extra_sys_path: list[str] | None = None,
-    distributed: dict[str, int] | None = None,
-) -> Artifact:
-    module = captured.module
-    init_sink = TensorSink("init.")
-    enc = Encoder(init_sink)
-    enc.module_spec = lambda m, p: module_init_spec(m, p, enc)
-    init_spec = module_init_spec(module, "init", enc)
-    unrecorded = list(captured.unrecorded) + enc.unrecorded
+def _replay_strategies(captured: CapturedCall, init_spec: ModuleSpec | None, init_unrecorded: list[str],
+                       pickle_module: bool) -> tuple[list[str], list[str]]:
+    """The replay strategies a capture supports, in auto order, and notes on those it does not."""
+    cls_path = class_path(captured.module)
     notes: list[str] = []
     strategies = []
-    cls_path = class_path(module)
     if init_spec is None:
         notes.append(
             f"constructor arguments of {cls_path} were not recorded (the module was built before "
@@ -133,10 +111,10 @@ def save_capture(
         )
     elif "<locals>" in cls_path:
         notes.append(f"{cls_path} is defined inside a function; source replay is unavailable")
-    elif enc.unrecorded:
+    elif init_unrecorded:
         notes.append("some constructor arguments could not be recorded; source replay is unavailable")
-    elif init_spec.get("bind_error"):
-        notes.append(f"constructor arguments did not bind to the signature: {init_spec['bind_error']}")
+    elif init_spec.bind_error:
+        notes.append(f"constructor arguments did not bind to the signature: {init_spec.bind_error}")
     else:
         strategies.append("source")
     if captured.program is not None:
@@ -145,8 +123,73 @@ def save_capture(
         notes.append(f"torch.export failed: {captured.export_error}")
     if pickle_module:
         strategies.append("pickle")
+    return strategies, notes
+
+
+def _save_grads(folder: Path, captured: CapturedCall) -> BackwardInfo | None:
+    """Write the captured gradients; None when backward was not captured."""
+    if captured.grad_output is None:
+        return None
+    grads: dict[str, torch.Tensor] = {}
+    for prefix, seq in (("grad_output", captured.grad_output), ("grad_input", captured.grad_input or [])):
+        for i, g in enumerate(seq):
+            if g is not None:
+                grads[f"{prefix}.{i}"] = g.detach().cpu()
+    for pname, g in captured.param_grads.items():
+        grads[f"param.{pname}"] = g.detach().cpu()
+    _save_tensors(folder, "grads.safetensors", grads)
+    return BackwardInfo(
+        grad_output=[g is not None for g in captured.grad_output],
+        grad_input=[g is not None for g in (captured.grad_input or [])],
+        param_grads=sorted(captured.param_grads),
+    )
+
+
+def _save_sources(folder: Path, file_modules: dict[str, str]) -> dict[str, StoredSource]:
+    """Copy the files of modules that cannot be imported by name later into ``sources/``."""
+    sources = {}
+    if file_modules:
+        (folder / "sources").mkdir()
+        for i, (mod_name, file) in enumerate(sorted(file_modules.items())):
+            rel = f"sources/{i}_{Path(file).name}"
+            (folder / rel).write_text(Path(file).read_text())
+            sources[mod_name] = StoredSource(file=rel, original=os.path.abspath(file))
+    return sources
+
+
+def _environment(captured: CapturedCall) -> CaptureEnvironment:
+    return CaptureEnvironment(
+        torch=torch.__version__,
+        python=platform.python_version(),
+        platform=platform.platform(),
+        host=socket.gethostname(),
+        device=str(next((t.device for t in captured.weights.values()), "cpu")),
+        num_threads=torch.get_num_threads(),
+    )
+
+
+def save_capture(
+    repo: Repository,
+    name: str,
+    captured: CapturedCall,
+    *,
+    target: str,
+    source: RunSource,
+    pickle_module: bool = False,
+    extra_sys_path: list[str] | None = None,
+    distributed: DistributedInfo | None = None,
+) -> Artifact:
+    """Store ``captured`` as a new version of the capture ``name``: its tensors, gradients, export
+    program, optional pickle and script copies, and a :class:`CaptureManifest` describing them."""
+    module = captured.module
+    init_sink = TensorSink("init.")
+    enc = Encoder(init_sink)
+    enc.module_spec = lambda m, p: module_init_spec(m, p, enc)
+    init_spec = module_init_spec(module, "init", enc)
+    strategies, notes = _replay_strategies(captured, init_spec, enc.unrecorded, pickle_module)
     notes += captured.backward_notes
-    modules = source_modules(init_spec, set()) | {cls_path.split(":", 1)[0]}
+    cls_path = class_path(module)
+    modules = (referenced_modules(init_spec.to_json()) if init_spec is not None else set()) | {cls_path.split(":", 1)[0]}
     file_modules = _file_backed_modules(modules)
     shape_only = captured.inputs_sink.shape_only + captured.outputs_sink.shape_only
 
@@ -154,73 +197,44 @@ def save_capture(
     weights_spec = {n: weight_sink.add(n, t) for n, t in captured.weights.items()}
     shape_only += weight_sink.shape_only
 
-    def write(folder: Path) -> dict[str, Any]:
+    def write(folder: Path) -> CaptureManifest:
         _save_tensors(folder, "inputs.safetensors", captured.inputs_sink.tensors)
         _save_tensors(folder, "outputs.safetensors", captured.outputs_sink.tensors)
         _save_tensors(folder, "weights.safetensors", weight_sink.tensors)
         _save_tensors(folder, "init.safetensors", init_sink.tensors)
         _save_tensors(folder, "rng.safetensors", captured.rng)
-        backward = None
-        if captured.grad_output is not None:
-            grads: dict[str, torch.Tensor] = {}
-            for prefix, seq in (("grad_output", captured.grad_output), ("grad_input", captured.grad_input or [])):
-                for i, g in enumerate(seq):
-                    if g is not None:
-                        grads[f"{prefix}.{i}"] = g.detach().cpu()
-            for pname, g in captured.param_grads.items():
-                grads[f"param.{pname}"] = g.detach().cpu()
-            _save_tensors(folder, "grads.safetensors", grads)
-            backward = {
-                "grad_output": [g is not None for g in captured.grad_output],
-                "grad_input": [g is not None for g in (captured.grad_input or [])],
-                "param_grads": sorted(captured.param_grads),
-            }
+        backward = _save_grads(folder, captured)
         if captured.program is not None:
             torch.export.save(captured.program, str(folder / "program.pt2"))
         if pickle_module:
             torch.save(module, str(folder / "module.pkl"))
-        sources = {}
-        if file_modules:
-            (folder / "sources").mkdir()
-            for i, (mod_name, file) in enumerate(sorted(file_modules.items())):
-                rel = f"sources/{i}_{Path(file).name}"
-                (folder / rel).write_text(Path(file).read_text())
-                sources[mod_name] = {"file": rel, "original": os.path.abspath(file)}
-        return {
-            "module_path": captured.module_path,
-            "class_path": cls_path,
-            "target": target,
-            "call_index": captured.call_index,
-            "strategies": strategies,
-            "init": init_spec,
-            "inputs": {"args": captured.args_spec, "kwargs": captured.kwargs_spec},
-            "outputs": captured.outputs_spec,
-            "weights": weights_spec,
-            "training": captured.training,
-            "grad_enabled": captured.grad_enabled,
-            "forward_seconds": captured.forward_seconds,
-            "export": {
-                "ok": captured.program is not None,
-                "error": captured.export_error,
-                "seconds": round(captured.export_seconds, 4),
-            },
-            "backward": backward,
-            "shape_only": shape_only,
-            "unrecorded": unrecorded,
-            "notes": notes,
-            "source": source,
-            "sources": sources,
-            "sys_path": list(dict.fromkeys([*(p for p in (extra_sys_path or []) if p), *_import_roots(modules)])),
-            "distributed": distributed,
-            "environment": {
-                "torch": torch.__version__,
-                "python": platform.python_version(),
-                "platform": platform.platform(),
-                "host": socket.gethostname(),
-                "device": str(next((t.device for t in captured.weights.values()), "cpu")),
-                "num_threads": torch.get_num_threads(),
-            },
-            "input_tensors": len(leaves(captured.args_spec)) + len(leaves(captured.kwargs_spec)),
-        }
+        inputs = CallInputs(args=captured.args_spec, kwargs=captured.kwargs_spec)
+        return CaptureManifest(
+            module_path=captured.module_path,
+            class_path=cls_path,
+            target=target,
+            call_index=captured.call_index,
+            strategies=strategies,
+            init=init_spec,
+            inputs=inputs,
+            outputs=captured.outputs_spec,
+            weights=weights_spec,
+            training=captured.training,
+            grad_enabled=captured.grad_enabled,
+            forward_seconds=captured.forward_seconds,
+            export=ExportInfo(
+                ok=captured.program is not None, error=captured.export_error, seconds=round(captured.export_seconds, 4)
+            ),
+            backward=backward,
+            shape_only=shape_only,
+            unrecorded=list(captured.unrecorded) + enc.unrecorded,
+            notes=notes,
+            source=source,
+            sources=_save_sources(folder, file_modules),
+            sys_path=list(dict.fromkeys([*(p for p in (extra_sys_path or []) if p), *_import_roots(modules)])),
+            distributed=distributed,
+            environment=_environment(captured),
+            input_tensors=len(inputs.tensor_leaves()),
+        )
 
     return repo.create(KIND, name, write)

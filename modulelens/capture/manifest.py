@@ -4,8 +4,10 @@ Every reader of a capture goes through :class:`CaptureManifest` (``artifact.mani
 CaptureManifest)`` or :func:`capture_manifest`); nothing reads the stored JSON by string key.
 Fields added after the first release have defaults, so captures written by earlier versions load.
 
-Value specs (``init``, ``inputs``, ``outputs``, ``weights``) stay JSON here: their format belongs to
-:mod:`modulelens.capture.values`.
+Value specs (``inputs``, ``outputs``, ``weights``) stay JSON here: their format belongs to
+:mod:`modulelens.capture.spec`, and the methods below read them through it (``input_leaves()``,
+``weight_specs()``, ...). ``init`` is the module's recorded construction, a
+:class:`~modulelens.capture.spec.ModuleSpec`.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from modulelens.capture.spec import ModuleSpec, TensorSpec, ValueKind, tensor_leaves
 from modulelens.repo import Artifact, ManifestBase
 
 KIND = "captures"
@@ -24,8 +27,12 @@ Strategy = Literal["source", "export", "pickle"]
 class CallInputs(BaseModel):
     """Value specs of the positional and keyword arguments of the captured call."""
 
-    args: Any = Field(default_factory=lambda: {"$": "tuple", "items": []})
-    kwargs: Any = Field(default_factory=lambda: {"$": "dict", "items": []})
+    args: Any = Field(default_factory=lambda: {"$": ValueKind.TUPLE.value, "items": []})
+    kwargs: Any = Field(default_factory=lambda: {"$": ValueKind.DICT.value, "items": []})
+
+    def tensor_leaves(self) -> list[TensorSpec]:
+        """Every input tensor: positional ones first, then keyword ones, in stored order."""
+        return tensor_leaves(self.args) + tensor_leaves(self.kwargs)
 
 
 class ExportInfo(BaseModel):
@@ -79,7 +86,7 @@ class CaptureManifest(ManifestBase):
     target: str = ""
     call_index: int = 1
     strategies: list[Strategy] = Field(default_factory=list)
-    init: Any = None
+    init: ModuleSpec | None = Field(None, description="the recorded construction (None: not recorded)")
     inputs: CallInputs = Field(default_factory=CallInputs)
     outputs: Any = None
     weights: dict[str, Any] = Field(default_factory=dict)
@@ -97,6 +104,14 @@ class CaptureManifest(ManifestBase):
     distributed: DistributedInfo | None = None
     environment: CaptureEnvironment = Field(default_factory=CaptureEnvironment)
     input_tensors: int = 0
+
+    def output_leaves(self) -> list[TensorSpec]:
+        """Every output tensor, in stored order."""
+        return tensor_leaves(self.outputs)
+
+    def weight_specs(self) -> dict[str, TensorSpec]:
+        """Parameters and buffers by qualified name."""
+        return {name: TensorSpec.from_json(spec) for name, spec in self.weights.items()}
 
 
 def capture_manifest(artifact: Artifact) -> CaptureManifest:

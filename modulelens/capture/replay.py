@@ -17,7 +17,9 @@ import torch
 
 from modulelens.capture import init_args
 from modulelens.capture.artifact import load_tensors
+from modulelens.capture.manifest import CaptureManifest, capture_manifest
 from modulelens.capture.sources import Resolver
+from modulelens.capture.spec import ModuleSpec
 from modulelens.capture.values import Decoder, TensorSource
 from modulelens.errors import ModuleLensError, ReplayFailed
 from modulelens.repo import Artifact
@@ -27,16 +29,20 @@ T = TypeVar("T")
 
 
 class LoadedCapture:
+    """A capture artifact ready to replay: its typed ``manifest``, a ``resolver`` for its classes
+    (stored script copies first), and readers of its inputs, outputs, weights, RNG state and
+    gradients, on ``device`` and cast to ``dtype`` (floating tensors) when given."""
+
     def __init__(self, artifact: Artifact, device: str | None = None, dtype: torch.dtype | None = None):
         self.artifact = artifact
-        self.manifest = artifact.manifest
+        self.manifest: CaptureManifest = capture_manifest(artifact)
         self.device = device
         self.dtype = dtype
         sources = {
-            mod: ((artifact.file(info["file"])).read_text(), info["original"])
-            for mod, info in self.manifest.get("sources", {}).items()
+            mod: (artifact.file(stored.file).read_text(), stored.original)
+            for mod, stored in self.manifest.sources.items()
         }
-        self.resolver = Resolver(sources, self.manifest.get("sys_path", []))
+        self.resolver = Resolver(sources, self.manifest.sys_path)
         self.synthesized: list[str] = []
 
     # -- data ---------------------------------------------------------------------------------
@@ -46,19 +52,19 @@ class LoadedCapture:
 
     def inputs(self) -> tuple[list[Any], dict[str, Any]]:
         dec = self._decoder("inputs.safetensors", device=self.device, dtype=self.dtype)
-        args = dec.decode(self.manifest["inputs"]["args"])
-        kwargs = dec.decode(self.manifest["inputs"]["kwargs"])
+        args = dec.decode(self.manifest.inputs.args)
+        kwargs = dec.decode(self.manifest.inputs.kwargs)
         self.synthesized += dec.source.synthesized
         return list(args), dict(kwargs)
 
     def expected_outputs(self) -> Any:
         dec = self._decoder("outputs.safetensors", device="cpu", dtype=None)
-        out = dec.decode(self.manifest["outputs"])
+        out = dec.decode(self.manifest.outputs)
         return out, dec.source.synthesized
 
     def weights(self) -> dict[str, torch.Tensor]:
         source = TensorSource(load_tensors(self.artifact, "weights.safetensors"), device=self.device, dtype=None)
-        out = {name: source.get(spec) for name, spec in self.manifest["weights"].items()}
+        out = {name: source.get(spec) for name, spec in self.manifest.weight_specs().items()}
         self.synthesized += source.synthesized
         return out
 
@@ -74,11 +80,11 @@ class LoadedCapture:
         """Decodes constructor arguments (their tensors are read once, for all nested modules)."""
         return self._decoder("init.safetensors", device=None, dtype=None)
 
-    def _build_nested(self, spec: dict[str, Any]) -> torch.nn.Module:
+    def _build_nested(self, spec: ModuleSpec) -> torch.nn.Module:
         init_dec = self._init_decoder
-        cls = self.resolver(spec["cls"])
-        args = [init_dec.decode(a) for a in spec["args"]]
-        kwargs = {k: init_dec.decode(v) for k, v in spec["kwargs"].items()}
+        cls = self.resolver(spec.cls)
+        args = [init_dec.decode(a) for a in spec.args]
+        kwargs = {k: init_dec.decode(v) for k, v in spec.kwargs.items()}
         was = init_args._active
         if was:
             init_args.uninstall()
@@ -86,7 +92,7 @@ class LoadedCapture:
             return cls(*args, **kwargs)
         except Exception as e:
             raise ReplayFailed(
-                f"constructing {spec['cls']} from the recorded arguments failed: {type(e).__name__}: {e}",
+                f"constructing {spec.cls} from the recorded arguments failed: {type(e).__name__}: {e}",
                 "the class's constructor changed since the capture; use --strategy export",
             ) from e
         finally:
@@ -96,12 +102,14 @@ class LoadedCapture:
     def build(self, strategy: str, trust_pickle: bool = False) -> torch.nn.Module:
         if strategy not in STRATEGIES:
             raise ReplayFailed(f"unknown strategy {strategy!r}", f"use one of: auto, {', '.join(STRATEGIES)}")
-        if strategy not in self.manifest["strategies"]:
-            why = "; ".join(self.manifest.get("notes", [])) or "it was not saved at capture time"
+        if strategy not in self.manifest.strategies:
+            why = "; ".join(self.manifest.notes) or "it was not saved at capture time"
             raise ReplayFailed(f"capture {self.artifact.ref} does not support the {strategy} strategy ({why})",
-                               f"supported: {', '.join(self.manifest['strategies']) or 'none'}")
+                               f"supported: {', '.join(self.manifest.strategies) or 'none'}")
         if strategy == "source":
-            module = self._build_nested(self.manifest["init"])
+            if self.manifest.init is None:
+                raise ReplayFailed(f"capture {self.artifact.ref} has no recorded construction", "use --strategy export")
+            module = self._build_nested(self.manifest.init)
             self._load_weights(module)
         elif strategy == "export":
             program = torch.export.load(str(self.artifact.file("program.pt2")))
@@ -120,7 +128,7 @@ class LoadedCapture:
         if self.device is not None:
             module = module.to(self.device)
         if strategy != "export":
-            module.train(self.manifest["training"])
+            module.train(self.manifest.training)
         return module
 
     def with_strategy(
@@ -131,14 +139,14 @@ class LoadedCapture:
         Returns (action's result, strategy used, build seconds, [(strategy, error) tried before])."""
         import time
 
-        supported = self.manifest["strategies"]
+        supported = self.manifest.strategies
         if strategy == "auto":
             order = [s for s in STRATEGIES if s in supported and (s != "pickle" or trust_pickle)]
             if not order:
                 raise ReplayFailed(
                     f"capture {self.artifact.ref} supports no strategy that can run here "
                     f"(supported: {', '.join(supported) or 'none'})",
-                    "; ".join(self.manifest.get("notes", [])) or "capture again",
+                    "; ".join(self.manifest.notes) or "capture again",
                 )
         else:
             order = [strategy]
@@ -186,7 +194,7 @@ class LoadedCapture:
 
     def _unpickle(self) -> torch.nn.Module:
         resolver = self.resolver
-        sources = set(self.manifest.get("sources", {}))
+        sources = set(self.manifest.sources)
 
         class _Unpickler(pickle.Unpickler):
             def find_class(self, module: str, name: str) -> Any:

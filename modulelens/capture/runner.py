@@ -15,8 +15,10 @@ import torch
 
 from modulelens.capture import init_args
 from modulelens.capture.artifact import save_capture
+from modulelens.capture.manifest import RunSource
 from modulelens.capture.tracer import CaptureComplete, CapturedCall, TraceOptions, Tracer
-from modulelens.errors import CaptureFailed, ModuleLensError
+from modulelens.capture.worker_process import worker_main  # noqa: F401 - transitional: stats/worker.py imports it from here
+from modulelens.errors import CaptureFailed
 from modulelens.repo import Artifact, Repository, validate_name
 
 
@@ -118,31 +120,6 @@ def run_user_file(script: Path, script_args: list[str], *, kind: str = "script",
     return None
 
 
-def worker_main(run: Any, request_file: Path, result_file: Path, what: str) -> None:
-    """Body of a worker process: ``run(request)`` -> result file, then leave at once.
-
-    The caller always gets a result file: a ModuleLensError becomes {"ok": false, error, hint}, any
-    other exception an internal error with its traceback. ``os._exit`` so that user threads,
-    process groups or atexit handlers cannot keep the worker alive."""
-    import json
-
-    try:
-        result = {"ok": True, **run(json.loads(request_file.read_text()))}
-    except ModuleLensError as e:
-        result = {"ok": False, "error": e.message, "hint": e.hint, "type": type(e).__name__}
-    except BaseException as e:  # noqa: BLE001 - the caller must always get a result file
-        result = {
-            "ok": False,
-            "error": f"internal error in the {what} worker: {type(e).__name__}: {e}",
-            "hint": "please report this with the traceback: " + traceback.format_exc()[-1500:],
-            "type": "InternalError",
-        }
-    result_file.write_text(json.dumps(result))
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
-
-
 def script_error(error: BaseException, script: Path) -> CaptureFailed:
     if isinstance(error, SystemExit):
         return CaptureFailed(
@@ -222,7 +199,7 @@ class capture:
             self.name or default_name(self.options.target, Path(caller_file or "capture")),
             captured,
             target=self.options.target,
-            source={"kind": "api", "script": caller_file, "argv": list(sys.argv), "cwd": os.getcwd()},
+            source=RunSource(kind="api", script=caller_file, argv=list(sys.argv), cwd=os.getcwd()),
             pickle_module=self.pickle,
             extra_sys_path=[os.getcwd(), *([str(Path(caller_file).parent)] if caller_file else [])],
         )

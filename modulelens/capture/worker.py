@@ -1,20 +1,184 @@
-"""Worker process for script captures: ``python -m modulelens.capture.worker REQUEST.json OUT_DIR``.
+"""The capture worker, both sides: ``python -m modulelens.capture.worker REQUEST.json OUT_DIR``.
 
-The user's script runs here, never in the caller's process: it gets its own ``sys.argv``,
-``__main__`` and stdout (which the caller relays or keeps, so an MCP server's protocol stream is
-never written to), and the process simply ends after the capture. Under ``torchrun`` every rank
-runs this worker; each writes ``OUT_DIR/result-rank<R>.json``.
+The user's script runs in this worker, never in the caller's process (see
+:mod:`modulelens.capture.worker_process`), and the process simply ends after the capture. Under
+``torchrun`` every rank runs the worker; each writes ``OUT_DIR/result-rank<R>.json``.
+
+Parent side: :func:`capture_script` turns :class:`ScriptCaptureOptions` (the ``capture_module``
+request) into a :class:`CaptureWorkerRequest`, and :func:`run_capture_worker` sends it and reads the
+:class:`CaptureWorkerResult` of every rank. Child side: :func:`run` (through :func:`main`).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Literal
 
-from modulelens.errors import ModuleLensError
+from pydantic import BaseModel, Field
 
+from modulelens.capture.runner import default_name, is_kernelbench_file
+from modulelens.capture.values import SHAPE_ONLY_DEFAULT_BYTES
+from modulelens.capture.worker_process import WorkerResult, read_worker_result, run_worker_process, worker_main
+from modulelens.errors import CaptureFailed, ModuleLensError
+from modulelens.repo import Repository, validate_name
+
+REQUEST_FILE = "request.json"
+RESULT_GLOB = "result-rank*.json"
+
+
+class ScriptCaptureOptions(BaseModel):
+    """What to run and what to capture: the ``capture_module`` tool's request. ``script`` and
+    ``script_args`` are positional arguments on the CLI."""
+
+    script: str = Field(
+        description="Path of the training/inference script to run unmodified, or of a KernelBench-style file "
+        "(Model, get_inputs, get_init_inputs).",
+        json_schema_extra={"cli": "argument"},
+    )
+    script_args: list[str] = Field(
+        default_factory=list,
+        description="Arguments for the script (on the CLI, after --).",
+        json_schema_extra={"cli": "argument"},
+    )
+    module: str = Field(
+        "",
+        description="Target: a qualified name (blocks.1.attn), a glob (blocks.*.mlp) or type:ClassName. "
+        "Empty means the whole model (KernelBench files).",
+    )
+    name: str | None = Field(None, description="Capture name in the repository (default: from the target).")
+    call: int = Field(1, ge=1, description="Which matching call to capture: 1 is the first.")
+    kind: Literal["auto", "script", "kernelbench"] = Field(
+        "auto", description="How to run the file; auto detects KernelBench-style files."
+    )
+    backward: bool = Field(False, description="Also capture gradients: the one arriving at the outputs, "
+                           "and the input and parameter gradients.")
+    export: bool = Field(True, description="Save a torch.export program (replay without source code).")
+    pickle: bool = Field(False, description="Also save a pickled module (replay needs --trust-pickle).")
+    max_tensor_bytes: int = Field(
+        SHAPE_ONLY_DEFAULT_BYTES, description="Tensors larger than this are stored shape-only with statistics."
+    )
+    nproc: int = Field(1, ge=1, description="Run the script under torchrun with this many processes (gloo/CPU or your backend).")
+    ranks: str = Field("0", description="Which ranks capture in a distributed run: '0', '0,1' or 'all'.")
+    timeout: float = Field(900.0, gt=0, description="Seconds before the run is stopped.")
+
+
+class CaptureWorkerRequest(BaseModel):
+    """What the worker runs and captures (the tool has resolved defaults: nothing here has one)."""
+
+    script: str = Field(description="absolute path of the script or KernelBench file")
+    script_args: list[str]
+    kind: Literal["script", "kernelbench"]
+    module: str = Field(description="the target: qualified name, glob, type:Class, or '' for the root")
+    name: str = Field(description="capture name (validated); ranks append -rank<R> when several capture")
+    call: int
+    backward: bool
+    export: bool
+    pickle: bool
+    max_tensor_bytes: int
+    ranks: str = Field(description="'all' or comma-separated ranks that capture")
+    repo: str = Field(description="repository root")
+
+
+class CaptureWorkerResult(WorkerResult):
+    """What one rank did: ``ref`` of the capture it wrote (None when it was not asked to record)."""
+
+    rank: int
+    world_size: int
+    recorded: bool
+    ref: str | None = None
+    notes: list[str] = Field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class CaptureRun:
+    """The results of every rank (in rank-file order) and the last lines the run printed."""
+
+    results: list[CaptureWorkerResult]
+    output_tail: str
+
+
+@dataclass(frozen=True)
+class ScriptCapture:
+    """What :func:`capture_script` wrote: ``refs`` (one per capturing rank, by rank), notes of the
+    ranks that captured, and the last lines the run printed."""
+
+    refs: list[str]
+    notes: list[str]
+    output_tail: str
+
+    @property
+    def ref(self) -> str:
+        """The capture of the lowest capturing rank."""
+        return self.refs[0]
+
+
+# -- parent side ------------------------------------------------------------------------------
+
+def _worker_command(nproc: int, request_file: Path, out_dir: Path) -> list[str]:
+    worker = [str(request_file), str(out_dir)]
+    if nproc > 1:
+        return [
+            sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc-per-node={nproc}", "-m", "modulelens.capture.worker", *worker,
+        ]
+    return [sys.executable, "-m", "modulelens.capture.worker", *worker]
+
+
+def run_capture_worker(request: CaptureWorkerRequest, *, nproc: int, timeout: float, relay_to_stderr: bool) -> CaptureRun:
+    """Run the capture in a worker process (under torchrun when ``nproc`` > 1) and read what each
+    rank wrote. Raises the first failure a rank reported, or :class:`CaptureFailed` when the
+    worker timed out or ended without writing any result."""
+    timeout_error = CaptureFailed(
+        f"the script did not reach the capture within {timeout:.0f} s and was stopped",
+        "raise --timeout, or check that the target module is called early in the run",
+    )
+    with tempfile.TemporaryDirectory(prefix="modulelens-capture-") as tmp:
+        out_dir = Path(tmp)
+        request_file = out_dir / REQUEST_FILE
+        request_file.write_text(request.model_dump_json())
+        cmd = _worker_command(nproc, request_file, out_dir)
+        done = run_worker_process(cmd, relay_to_stderr=relay_to_stderr, timeout=timeout, timeout_error=timeout_error)
+        files = sorted(out_dir.glob(RESULT_GLOB))
+        if not files:
+            raise CaptureFailed(
+                f"the capture worker ended (exit code {done.code}) without a result",
+                "the script may have crashed the interpreter (segfault, out of memory); last output:\n"
+                + done.output_tail[-1500:],
+            )
+        results = [read_worker_result(f, CaptureWorkerResult) for f in files]
+    return CaptureRun(results=[r for r in results if r is not None], output_tail=done.output_tail)
+
+
+def capture_script(options: ScriptCaptureOptions, repo: Repository, *, relay_to_stderr: bool) -> ScriptCapture:
+    """Capture from an unmodified script or KernelBench file into ``repo``, in a worker process
+    (see :func:`run_capture_worker`). Raises :class:`CaptureFailed` when the script does not exist
+    or no rank captured."""
+    script = Path(options.script).expanduser()
+    if not script.is_file():
+        raise CaptureFailed(f"script {options.script!r} does not exist", "give the path of a Python file")
+    kind = options.kind
+    if kind == "auto":
+        kind = "kernelbench" if is_kernelbench_file(script) else "script"
+    request = CaptureWorkerRequest(
+        script=str(script.resolve()), script_args=options.script_args, kind=kind, module=options.module,
+        name=validate_name(options.name) if options.name else default_name(options.module, script),
+        call=options.call, backward=options.backward, export=options.export, pickle=options.pickle,
+        max_tensor_bytes=options.max_tensor_bytes, ranks=options.ranks, repo=str(repo.root),
+    )
+    run = run_capture_worker(request, nproc=options.nproc, timeout=options.timeout, relay_to_stderr=relay_to_stderr)
+    written = sorted((r for r in run.results if r.ref), key=lambda r: r.rank)
+    if not written:
+        raise CaptureFailed(f"no rank captured (ranks {options.ranks!r})", "choose ranks that exist in the run")
+    return ScriptCapture(
+        refs=[r.ref for r in written if r.ref], notes=[n for r in written for n in r.notes], output_tail=run.output_tail
+    )
+
+
+# -- child side -------------------------------------------------------------------------------
 
 def _ranks(spec: str, world: int) -> set[int]:
     if spec.strip() == "all":
@@ -25,63 +189,63 @@ def _ranks(spec: str, world: int) -> set[int]:
         raise ModuleLensError(f"invalid ranks {spec!r}", "use 'all' or a comma-separated list like '0,1'") from e
 
 
-def run(request: dict[str, Any]) -> dict[str, Any]:
+def run(request: CaptureWorkerRequest) -> CaptureWorkerResult:
+    """Run the script with the tracer installed and store the capture (this rank's, if it records)."""
     from modulelens.capture.artifact import save_capture
+    from modulelens.capture.manifest import DistributedInfo, RunSource
     from modulelens.capture.runner import run_and_capture, script_error
     from modulelens.capture.tracer import TraceOptions
-    from modulelens.repo import Repository
 
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    record = rank in _ranks(request["ranks"], world)
+    capturing = _ranks(request.ranks, world)
+    record = rank in capturing
     options = TraceOptions(
-        target=request["module"],
-        call_index=request["call"],
-        backward=request["backward"],
-        export=request["export"] and record,
-        max_tensor_bytes=request["max_tensor_bytes"],
+        target=request.module,
+        call_index=request.call,
+        backward=request.backward,
+        export=request.export and record,
+        max_tensor_bytes=request.max_tensor_bytes,
         record=record,
     )
-    script = Path(request["script"]).resolve()
+    script = Path(request.script).resolve()
     tracer, captured, error = run_and_capture(
-        script=script, script_args=request["script_args"], kind=request["kind"], options=options
+        script=script, script_args=request.script_args, kind=request.kind, options=options
     )
-    base = {"rank": rank, "world_size": world, "recorded": record}
+    result = CaptureWorkerResult(rank=rank, world_size=world, recorded=record)
     if not record:
-        return base
+        return result
     if captured is None:
         raise script_error(error, script) if error is not None else tracer.no_match_error()
-    name = request["name"]
-    if world > 1 and len(_ranks(request["ranks"], world)) > 1:
+    name = request.name
+    if world > 1 and len(capturing) > 1:
         name = f"{name}-rank{rank}"
-    notes = []
     if error is not None:
-        notes.append(f"the script ended with {type(error).__name__} after the capture: {error}")
+        result.notes.append(f"the script ended with {type(error).__name__} after the capture: {error}")
+    distributed = (
+        DistributedInfo(rank=rank, world_size=world, local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+        if world > 1 or "RANK" in os.environ
+        else None
+    )
     art = save_capture(
-        Repository(request["repo"]),
+        Repository(request.repo),
         name,
         captured,
-        target=request["module"],
-        source={
-            "kind": request["kind"],
-            "script": str(script),
-            "argv": request["script_args"],
-            "cwd": os.getcwd(),
-        },
-        pickle_module=request["pickle"],
+        target=request.module,
+        source=RunSource(kind=request.kind, script=str(script), argv=request.script_args, cwd=os.getcwd()),
+        pickle_module=request.pickle,
         extra_sys_path=[str(script.parent), os.getcwd()],
-        distributed={"rank": rank, "world_size": world, "local_rank": int(os.environ.get("LOCAL_RANK", "0"))}
-        if world > 1 or "RANK" in os.environ
-        else None,
+        distributed=distributed,
     )
-    return {**base, "ref": art.ref, "notes": notes}
+    result.ref = art.ref
+    return result
 
 
 def main(argv: list[str]) -> None:
-    from modulelens.capture.runner import worker_main
-
     rank = os.environ.get("RANK", "0")
-    worker_main(run, Path(argv[0]), Path(argv[1]) / f"result-rank{rank}.json", "capture")
+    worker_main(run, Path(argv[0]), Path(argv[1]) / f"result-rank{rank}.json", "capture",
+                request_model=CaptureWorkerRequest)
+
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -8,10 +8,14 @@ and everything after ``--`` lands in it::
 
     modulelens capture-module train.py --module blocks.1 -- --steps 3
 
-Every command also takes ``--repo DIR`` and ``--json``. Only values given on the command line are
+Every command also takes ``--repo DIR``, ``--json`` (the result as JSON, nothing else),
+``--quiet`` (no progress) and ``--wide`` (every table column in full), and its ``--help`` ends
+with an example (:mod:`modulelens.cli.examples`). Only values given on the command line are
 passed to the request model, so the model's own defaults (and default factories) always apply.
-The front end holds no logic of its own: it builds the request, calls ``tool.fn`` and shows the
-result (``tool.render`` or a generic table), or the error with its hint (exit code 2).
+The front end holds no logic of its own: it builds the request, calls ``tool.fn`` with a progress
+display (:mod:`modulelens.cli.progress`) and shows the result (the view of its model in
+:mod:`modulelens.cli.views`, else ``tool.render``, else one row per field), or the error with its
+hint (exit code 2). Colours and boxes only on a terminal; ``NO_COLOR`` is honoured (rich).
 """
 
 from __future__ import annotations
@@ -20,36 +24,39 @@ import collections.abc
 import enum
 import inspect
 import json
-import sys
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePath
-from typing import Annotated, Any, Literal, NoReturn, Self, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, NoReturn, Union, get_args, get_origin
 
 import typer
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
-from rich.text import Text
 
+from modulelens.cli.examples import example_line
+from modulelens.cli.progress import ProgressReporter, progress_mode
+from modulelens.cli.views import generic_view, view_for
 from modulelens.errors import ModuleLensError
 from modulelens.registry import Tool, ToolContext
 from modulelens.repo import default_repo_root
 from modulelens.tools import all_tools
 
-__all__ = ["build_app", "generic_render", "get_app", "is_argument_field", "main"]
+__all__ = ["build_app", "get_app", "is_argument_field", "main"]
 
 EXIT_USER_ERROR = 2
 
 # Python names of the options every command has; not valid field names (see _RESERVED_FIELDS).
 _REPO_PARAM = "ml_repo_"
 _JSON_PARAM = "ml_json_"
+_QUIET_PARAM = "ml_quiet_"
+_WIDE_PARAM = "ml_wide_"
 _CTX_PARAM = "ml_ctx_"
-_RESERVED_FIELDS = {"repo", "json", "help", _REPO_PARAM, _JSON_PARAM, _CTX_PARAM}
-_EXTRA_COMMANDS = {"mcp", "version"}
+_RESERVED_FIELDS = {"repo", "json", "quiet", "wide", "help", _REPO_PARAM, _JSON_PARAM, _QUIET_PARAM, _WIDE_PARAM,
+                    _CTX_PARAM}
+_EXTRA_COMMANDS = {"mcp", "ui", "version"}
 
 
 # --------------------------------------------------------------------------------------------
@@ -181,12 +188,12 @@ class _FieldSpec:
 
 
 def _field_parameter(
-    name: str, field: FieldInfo
+    name: str, field: FieldInfo, rich_help: bool
 ) -> tuple[inspect.Parameter, _FieldSpec]:
     kind = _cli_type(field.annotation)
     dashed = name.replace("_", "-")
     default, show_default = _cli_default(field, kind)
-    help_text = escape(field.description) if field.description else None
+    help_text = _help_text(field.description, rich_help) if field.description else None
     common: dict[str, Any] = {"help": help_text, "show_default": show_default}
     if kind.metavar is not None:
         common["metavar"] = kind.metavar
@@ -216,61 +223,6 @@ def _convert(spec: _FieldSpec, value: Any) -> Any:
 # --------------------------------------------------------------------------------------------
 
 
-class _ProgressDisplay:
-    """``ToolContext.progress`` for the CLI: a rich progress bar on stderr when it is a terminal."""
-
-    def __init__(self, enabled: bool):
-        self.enabled = enabled
-        self._progress: Any = None
-        self._task: Any = None
-        self._description = ""
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._progress is not None:
-            self._progress.stop()
-            self._progress = None
-
-    def __call__(
-        self, done: float, total: float | None = None, message: str | None = None
-    ) -> None:
-        if not self.enabled:
-            return
-        try:
-            if self._progress is None:
-                from rich.progress import (
-                    BarColumn,
-                    Progress,
-                    SpinnerColumn,
-                    TaskProgressColumn,
-                    TextColumn,
-                    TimeElapsedColumn,
-                )
-
-                self._progress = Progress(
-                    SpinnerColumn(),
-                    TextColumn("{task.description}"),
-                    BarColumn(),
-                    TaskProgressColumn(),
-                    TimeElapsedColumn(),
-                    console=Console(stderr=True),
-                    transient=True,
-                )
-                self._task = self._progress.add_task(
-                    escape(message or ""), total=total, completed=done
-                )
-                self._progress.start()
-            if message is not None:
-                self._description = escape(message)
-            self._progress.update(
-                self._task, completed=done, total=total, description=self._description
-            )
-        except Exception:  # noqa: BLE001  (progress must never break a tool)
-            self.enabled = False
-
-
 def _fail(message: str, hint: str | None, kind: str, as_json: bool) -> NoReturn:
     if as_json:
         typer.echo(json.dumps({"error": message, "hint": hint, "type": kind}, indent=2))
@@ -297,58 +249,17 @@ def _describe_validation_error(
     return "invalid " + "; ".join(parts)
 
 
-def _compact(value: Any) -> Any:
-    """A rich renderable for one (JSON-mode) value: scalars as text, lists of flat records as a
-    nested table, anything else as compact JSON."""
-    if value is None:
-        return Text("-", style="dim")
-    if isinstance(value, (str, int, float, bool)):
-        return Text(str(value))
-    if isinstance(value, list):
-        if not value:
-            return Text("[]", style="dim")
-        if all(isinstance(v, dict) for v in value):
-            keys: list[str] = []
-            for row in value:
-                keys.extend(k for k in row if k not in keys)
-            table = Table(
-                show_edge=False, pad_edge=False, box=None, header_style="bold"
-            )
-            for key in keys:
-                table.add_column(key, overflow="fold")
-            for row in value:
-                table.add_row(*(_compact_cell(row.get(k)) for k in keys))
-            return table
-        if all(isinstance(v, (str, int, float, bool)) or v is None for v in value):
-            return Text(", ".join("-" if v is None else str(v) for v in value))
-    return Text(json.dumps(value, separators=(",", ":"), default=str))
+@dataclass(frozen=True)
+class _CommonOptions:
+    """The options every tool command has besides its request's fields."""
+
+    repo: Path | None
+    as_json: bool
+    quiet: bool
+    wide: bool
 
 
-def _compact_cell(value: Any) -> Text:
-    if value is None:
-        return Text("-", style="dim")
-    if isinstance(value, (str, int, float, bool)):
-        return Text(str(value))
-    return Text(json.dumps(value, separators=(",", ":"), default=str))
-
-
-def generic_render(result: BaseModel) -> Table:
-    """The default human view of a result: one row per field."""
-    table = Table(show_header=False, box=None, pad_edge=False)
-    table.add_column("field", style="bold cyan", no_wrap=True)
-    table.add_column("value", overflow="fold")
-    for name, value in result.model_dump(mode="json").items():
-        table.add_row(name, _compact(value))
-    return table
-
-
-def _run_tool(
-    tool: Tool,
-    data: dict[str, Any],
-    specs: dict[str, _FieldSpec],
-    repo: Path | None,
-    as_json: bool,
-) -> None:
+def _run_tool(tool: Tool, data: dict[str, Any], specs: dict[str, _FieldSpec], common: _CommonOptions) -> None:
     try:
         request = tool.request.model_validate(data)
     except ValidationError as exc:
@@ -356,34 +267,34 @@ def _run_tool(
             _describe_validation_error(exc, specs),
             f"see `modulelens {tool.cli_name} --help`",
             "ValidationError",
-            as_json,
+            common.as_json,
         )
-    error: ModuleLensError | None = None
-    with _ProgressDisplay(enabled=_stderr_is_terminal()) as progress:
-        ctx = ToolContext(
-            repo_root=repo if repo is not None else default_repo_root(),
-            progress=progress,
-        )
-        try:
+    mode = progress_mode(quiet=common.quiet, as_json=common.as_json)
+    try:
+        with ProgressReporter(tool.cli_name, mode) as progress:  # gone before anything else is printed
+            ctx = ToolContext(repo_root=common.repo if common.repo is not None else default_repo_root(),
+                              progress=progress)
             result = tool.fn(request, ctx)
-        except ModuleLensError as exc:
-            error = exc
-    if error is not None:  # reported once the progress display is gone
-        _fail(error.message, error.hint, type(error).__name__, as_json)
-    if as_json:
+    except ModuleLensError as exc:
+        _fail(exc.message, exc.hint, type(exc).__name__, common.as_json)
+    if common.as_json:
         typer.echo(result.model_dump_json(indent=2))
         return
-    renderable = (
-        tool.render(result) if tool.render is not None else generic_render(result)
-    )
-    Console().print(renderable)
+    _show(tool, result, common.wide)
 
 
-def _stderr_is_terminal() -> bool:
-    try:
-        return sys.stderr.isatty()
-    except (AttributeError, ValueError):
-        return False
+def _show(tool: Tool, result: BaseModel, wide: bool) -> None:
+    """Print the result for a person: the CLI's view of its model, else the tool's own renderer,
+    else one row per field. ``crop=False``: a table whose ids do not fit is wider than the terminal,
+    never cut (see :mod:`modulelens.cli.tables`)."""
+    view = view_for(type(result))
+    if view is not None:
+        renderable = view(result, wide)
+    elif tool.render is not None:
+        renderable = tool.render(result)
+    else:
+        renderable = generic_view(result, wide)
+    Console().print(renderable, crop=False)
 
 
 # --------------------------------------------------------------------------------------------
@@ -401,7 +312,23 @@ def _repo_option() -> Any:
     )
 
 
-def _make_command(tool: Tool) -> Callable[..., None]:
+def _common_parameters() -> list[inspect.Parameter]:
+    """``--repo``, ``--json``, ``--quiet``, ``--wide`` and the click context, for one command."""
+    options: list[tuple[str, Any, Any]] = [
+        (_REPO_PARAM, Path, _repo_option()),
+        (_JSON_PARAM, bool, typer.Option(False, "--json", help="Print the result as JSON (and nothing else) on "
+                                         "stdout; no progress display.")),
+        (_QUIET_PARAM, bool, typer.Option(False, "--quiet", "-q", help="No progress display while the tool works.")),
+        (_WIDE_PARAM, bool, typer.Option(False, "--wide", help="Show every table column in full, even wider than "
+                                         "the terminal.")),
+    ]
+    params = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+              for name, annotation, default in options]
+    params.append(inspect.Parameter(_CTX_PARAM, inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context))
+    return params
+
+
+def _make_command(tool: Tool, rich_help: bool) -> Callable[..., None]:
     params: list[inspect.Parameter] = []
     specs: dict[str, _FieldSpec] = {}
     for name, field in tool.request.model_fields.items():
@@ -409,38 +336,18 @@ def _make_command(tool: Tool) -> Callable[..., None]:
             raise ValueError(
                 f"tool {tool.name!r}: request field {name!r} clashes with a common CLI option"
             )
-        param, spec = _field_parameter(name, field)
+        param, spec = _field_parameter(name, field, rich_help)
         params.append(param)
         specs[name] = spec
-    params.append(
-        inspect.Parameter(
-            _REPO_PARAM,
-            inspect.Parameter.KEYWORD_ONLY,
-            default=_repo_option(),
-            annotation=Path,
-        )
-    )
-    params.append(
-        inspect.Parameter(
-            _JSON_PARAM,
-            inspect.Parameter.KEYWORD_ONLY,
-            default=typer.Option(
-                False,
-                "--json",
-                help="Print the result as JSON (and nothing else) on stdout.",
-            ),
-            annotation=bool,
-        )
-    )
-    params.append(
-        inspect.Parameter(
-            _CTX_PARAM, inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context
-        )
-    )
+    params += _common_parameters()
 
     def command(**kwargs: Any) -> None:
-        repo = kwargs.pop(_REPO_PARAM, None)
-        as_json = bool(kwargs.pop(_JSON_PARAM, False))
+        common = _CommonOptions(
+            repo=kwargs.pop(_REPO_PARAM, None),
+            as_json=bool(kwargs.pop(_JSON_PARAM, False)),
+            quiet=bool(kwargs.pop(_QUIET_PARAM, False)),
+            wide=bool(kwargs.pop(_WIDE_PARAM, False)),
+        )
         cli_ctx = kwargs.pop(_CTX_PARAM)
         data: dict[str, Any] = {}
         for name, value in kwargs.items():
@@ -449,7 +356,7 @@ def _make_command(tool: Tool) -> Callable[..., None]:
             if source is None or source.name == "DEFAULT":
                 continue
             data[name] = _convert(specs[name], value)
-        _run_tool(tool, data, specs, repo, as_json)
+        _run_tool(tool, data, specs, common)
 
     command.__name__ = tool.name
     command.__qualname__ = tool.name
@@ -470,15 +377,38 @@ def _version() -> str:
         return str(getattr(modulelens, "__version__", "unknown"))
 
 
-def build_app(tools: list[Tool]) -> typer.Typer:
-    """A Typer application with one command per tool, plus ``mcp`` and ``version``."""
+def _stdout_is_terminal() -> bool:
+    return Console().is_terminal
+
+
+def _help_text(text: str, rich_help: bool) -> str:
+    """Help text as typer shows it: rich markup is escaped when help is drawn with rich."""
+    return escape(text) if rich_help else text
+
+
+def _epilog(tool: Tool, rich_help: bool) -> str | None:
+    """The example at the end of ``--help`` (click rewraps plain epilogs unless told not to: ``\\b``)."""
+    line = example_line(tool.name, tool.cli_name)
+    if line is None:
+        return None
+    return f"Example:\n\n  {escape(line)}" if rich_help else f"\b\nExample:\n  {line}"
+
+
+def build_app(tools: list[Tool], rich_help: bool | None = None) -> typer.Typer:
+    """A Typer application with one command per tool, plus ``mcp``, ``ui`` and ``version``.
+
+    ``rich_help``: draw ``--help`` and usage errors with rich (colours, panels); by default only
+    when stdout is a terminal, so piped help is plain text without boxes.
+    """
+    if rich_help is None:
+        rich_help = _stdout_is_terminal()
     app = typer.Typer(
         name="modulelens",
         help="Capture, store and replay the inputs and outputs of PyTorch modules.",
         no_args_is_help=True,
         add_completion=False,
         pretty_exceptions_show_locals=False,
-        rich_markup_mode="rich",
+        rich_markup_mode="rich" if rich_help else None,
     )
 
     @app.callback()
@@ -490,12 +420,13 @@ def build_app(tools: list[Tool]) -> typer.Typer:
         if tool.cli_name in seen:
             raise ValueError(f"two commands named {tool.cli_name!r}")
         seen.add(tool.cli_name)
-        summary = escape(tool.summary)
+        summary = _help_text(tool.summary, rich_help)
         app.command(
             name=tool.cli_name,
             help=summary,
             short_help=summary.strip().splitlines()[0] if summary else None,
-        )(_make_command(tool))
+            epilog=_epilog(tool, rich_help),
+        )(_make_command(tool, rich_help))
 
     @app.command("mcp")
     def mcp_command(repo: Path | None = _repo_option()) -> None:  # noqa: B008
@@ -503,6 +434,27 @@ def build_app(tools: list[Tool]) -> typer.Typer:
         from modulelens.mcp_server.server import run_stdio
 
         run_stdio(repo)
+
+    # A server that runs until interrupted is no tool: through MCP it would never answer.
+    @app.command("ui")
+    def ui_command(
+        repo: Path | None = _repo_option(),
+        port: int | None = typer.Option(None, "--port", help="Port to listen on (0 picks a free one).",
+                                        show_default="8765"),
+        host: str | None = typer.Option(None, "--host", help="Address to bind; any but loopback needs --allow-remote.",
+                                        show_default="127.0.0.1"),
+        allow_remote: bool = typer.Option(False, "--allow-remote", help="Allow a non-loopback --host; every request "
+                                          "then needs the token printed at start."),
+        token: str | None = typer.Option(None, "--token", envvar="MODULELENS_UI_TOKEN",
+                                         help="The token to require (default: a fresh one on a non-loopback host)."),
+    ) -> None:
+        """Serve the local web UI (captures, operator cards, candidates, statistics, jobs) until interrupted."""
+        from modulelens.ui.server import serve
+
+        try:
+            serve(repo if repo is not None else default_repo_root(), host, port, allow_remote, token)
+        except ModuleLensError as exc:
+            _fail(exc.message, exc.hint, type(exc).__name__, False)
 
     @app.command("version")
     def version_command() -> None:

@@ -11,9 +11,8 @@ When the tools include ``list_captures`` and ``show_capture``, two resources are
 ``modulelens://captures`` (``list_captures`` with its defaults, as JSON) and the template
 ``modulelens://captures/{ref}`` (``show_capture`` for ``ref``, as JSON). A ref such as
 ``enc0:v2`` or ``enc0@prod`` can be written as is or percent-encoded (``enc0%3Av2``); the
-template matcher decodes it. Statistics runs are resources too: ``modulelens://stats`` (every run)
-and ``modulelens://stats/{ref}`` (one run's summary and findings), from
-:mod:`modulelens.stats.runs`.
+template matcher decodes it. Likewise, with ``list_stats_runs`` and ``show_stats_run``, statistics
+runs are resources: ``modulelens://stats`` and ``modulelens://stats/{ref}``.
 
 In stdio mode stdout is the protocol wire: nothing here prints, logging goes to stderr.
 """
@@ -201,9 +200,13 @@ def _make_handler(tool: Tool, repo_root: Path | None) -> Any:
     return handler
 
 
-def _add_capture_resources(
-    server: MCPServer, list_tool: Tool, show_tool: Tool, repo_root: Path | None
+def _add_listing_resources(
+    server: MCPServer, list_tool: Tool, show_tool: Tool, repo_root: Path | None, *,
+    uri: str, template: str, name: str, item: str, ref_field: str,
 ) -> None:
+    """Two resources over a list tool (``uri``, called with its defaults) and a show tool
+    (``template``, its ``ref_field`` set to the template's ``ref``), as JSON."""
+
     async def read(tool: Tool, request_data: dict[str, Any]) -> str:
         try:
             request = tool.request.model_validate(request_data)
@@ -217,52 +220,26 @@ def _add_capture_resources(
         return result.model_dump_json(indent=2)
 
     @server.resource(
-        CAPTURES_URI,
-        name="captures",
-        description="Every capture in the repository (list_captures with its defaults), as JSON.",
+        uri,
+        name=name,
+        description=f"Every {item} in the repository ({list_tool.name} with its defaults), as JSON.",
         mime_type="application/json",
     )
-    async def captures() -> str:
+    async def listing() -> str:
         return await read(list_tool, {})
 
     # The default ResourceSecurity rejects values that look like absolute paths, and a one-letter
-    # capture name with a version ("a:v2") looks like a Windows drive ("a:"). Refs are validated
-    # by the repository itself (InvalidName), exactly as when show_capture is called as a tool.
+    # name with a version ("a:v2") looks like a Windows drive ("a:"). Refs are validated by the
+    # repository itself (InvalidName), exactly as when the show tool is called as a tool.
     @server.resource(
-        CAPTURE_TEMPLATE,
-        name="capture",
-        description="One capture (show_capture for ref, e.g. enc0, enc0:v2, enc0@prod), as JSON.",
+        template,
+        name=item.replace(" ", "_"),
+        description=f"One {item} ({show_tool.name} for ref, e.g. enc0, enc0:v2, enc0@prod), as JSON.",
         mime_type="application/json",
         security=ResourceSecurity(exempt_params={"ref"}),
     )
-    async def capture(ref: str) -> str:
-        return await read(show_tool, {"ref": ref})
-
-
-def _add_stats_resources(server: MCPServer, repo_root: Path | None) -> None:
-    from modulelens.repo import Repository, default_repo_root
-    from modulelens.stats.runs import list_runs, show_run
-
-    async def read(view: Any, *args: str) -> str:
-        try:
-            repo = Repository(repo_root or default_repo_root())
-            result = await anyio.to_thread.run_sync(lambda: view(repo, *args))
-        except ReferenceNotFound as exc:
-            raise ResourceNotFoundError(_error_text(exc)) from exc
-        except ModuleLensError as exc:
-            raise ResourceError(_error_text(exc)) from exc
-        return result.model_dump_json(indent=2)
-
-    @server.resource(STATS_URI, name="stats", description="Every statistics run in the repository, as JSON.",
-                     mime_type="application/json")
-    async def stats() -> str:
-        return await read(list_runs)
-
-    @server.resource(STATS_TEMPLATE, name="stats_run", description="One statistics run (ref: name, name:vN or "
-                     "name@tag): summary, findings and report path, as JSON.", mime_type="application/json",
-                     security=ResourceSecurity(exempt_params={"ref"}))
-    async def stats_run(ref: str) -> str:
-        return await read(show_run, ref)
+    async def one(ref: str) -> str:
+        return await read(show_tool, {ref_field: ref})
 
 
 def build_server(tools: list[Tool], repo_root: Path | None = None) -> MCPServer:
@@ -283,11 +260,15 @@ def build_server(tools: list[Tool], repo_root: Path | None = None) -> MCPServer:
             structured_output=True,
         )
     if "list_captures" in by_name and "show_capture" in by_name:
-        _add_capture_resources(
-            server, by_name["list_captures"], by_name["show_capture"], repo_root
+        _add_listing_resources(
+            server, by_name["list_captures"], by_name["show_capture"], repo_root,
+            uri=CAPTURES_URI, template=CAPTURE_TEMPLATE, name="captures", item="capture", ref_field="ref",
         )
-    if "gather_stats" in by_name:
-        _add_stats_resources(server, repo_root)
+    if "list_stats_runs" in by_name and "show_stats_run" in by_name:
+        _add_listing_resources(
+            server, by_name["list_stats_runs"], by_name["show_stats_run"], repo_root,
+            uri=STATS_URI, template=STATS_TEMPLATE, name="stats", item="statistics run", ref_field="run",
+        )
     return server
 
 

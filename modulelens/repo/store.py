@@ -160,14 +160,20 @@ class Artifact:
         return json.loads(self.file(rel).read_text())
 
 
+def validation_problem(error: ValidationError, top: str) -> str:
+    """``where: what`` of the first problem pydantic found in a stored record (``top`` names the
+    record itself), for one-line errors about damaged files."""
+    first = error.errors()[0]
+    where = ".".join(str(x) for x in first["loc"]) or top
+    return f"{where}: {first['msg']}"
+
+
 def _validate(model: type[M], data: dict[str, Any], ref: str) -> M:
     try:
         return model.model_validate(data)
     except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(x) for x in first["loc"]) or "manifest"
         raise ChecksumMismatch(
-            f"manifest of {ref} does not have the expected form ({where}: {first['msg']})",
+            f"manifest of {ref} does not have the expected form ({validation_problem(e, 'manifest')})",
             "the manifest was edited or damaged outside modulelens; capture it again",
         ) from None
 

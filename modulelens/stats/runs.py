@@ -1,61 +1,161 @@
-"""Read-only views of the stored statistics runs (the MCP resources ``modulelens://stats`` and
-``modulelens://stats/{ref}``): the list of runs, and one run's summary and findings."""
+"""Read-only views of the statistics in a repository: one row per stored run, and one run's
+findings and series (the numbers behind the report's plots), chosen statistics only.
+
+:class:`~modulelens.stats.manifest.StatsManifest` is the typed ``stats`` manifest these views read;
+unknown fields are kept, so any run written so far loads. Series columns are aligned with ``steps`` and hold None where a module was not called or a
+value is undefined (see :mod:`modulelens.stats.series`).
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from modulelens.repo import Repository
-from modulelens.stats.manifest import KIND, StatsSource, StatsSummary, stats_manifest
+from modulelens.repo import Artifact, Repository
+from modulelens.stats.artifact import capture_series
+from modulelens.stats.manifest import KIND, stats_manifest
+
+Column = list[float | None]
 
 
 class StatsRunEntry(BaseModel):
-    ref: str = Field(description="name:vN of the stats artifact")
-    created_at: str = ""
-    kind: str = Field("run", description="run (a training run) or capture (the tensors of a capture)")
-    modules: int = 0
-    steps_sampled: int = 0
-    findings: int = 0
+    run_id: str = Field(description="name:vN of the stored statistics.")
+    name: str
+    version: int
+    kind: Literal["run", "capture"] = Field(description="run: a training script; capture: a capture's tensors.")
+    script: str | None = None
+    argv: list[str] = Field(default_factory=list)
+    capture: str | None = None
+    modules: int
+    steps_seen: int
+    steps_sampled: int
+    every: int | None = None
+    findings: int
+    created_at: str
 
 
-class StatsRunList(BaseModel):
-    runs: list[StatsRunEntry] = Field(default_factory=list, description="every version of every run, newest first")
+def _entry(art: Artifact) -> StatsRunEntry:
+    m = stats_manifest(art)
+    s = m.summary
+    return StatsRunEntry(
+        run_id=art.ref, name=art.name, version=art.version, kind=s.kind, script=m.source.script,
+        argv=m.source.argv, capture=m.source.capture, modules=s.modules, steps_seen=s.steps_seen,
+        steps_sampled=s.steps_sampled, every=s.every, findings=s.findings, created_at=m.created_at,
+    )
+
+
+def stats_entries(repo: Repository) -> list[StatsRunEntry]:
+    """Every stored statistics version, by name then version."""
+    return [_entry(repo.open(KIND, f"{name}:v{version}"))
+            for name in repo.names(KIND) for version in repo.versions(KIND, name)]
+
+
+class StatsFinding(BaseModel):
+    """One finding of ``findings.json`` (see :mod:`modulelens.stats.findings`)."""
+
+    kind: str = Field(description="dead_activation, exploding_activation, vanishing_activation, exploding_gradient, "
+                      "vanishing_gradient, saturation, nan_inf or nan_inf_gradient.")
+    module: str = Field(description="Qualified module name ('' is the root model).")
+    step: int = Field(description="Sampled step whose numbers the message gives (the last one where it held).")
+    first_step: int | None = Field(None, description="First sampled step where the finding held.")
+    last_step: int | None = Field(None, description="Last sampled step where the finding held.")
+    steps_held: int = Field(1, description="Number of sampled steps where the finding held (every sampled step "
+                            "before the first NaN/Inf is judged; for nan_inf: steps with non-finite values).")
+    severity: Literal["error", "warning"] = "error"
+    message: str = Field(description="What is wrong, in plain language.")
+    action: str = Field(description="What to try.")
+    evidence: dict[str, Any] = Field(default_factory=dict, description="The numbers behind it.")
+
+
+class TensorStatsRow(BaseModel):
+    key: str = Field(description="args.0, output, a parameter name, grad.<key>.")
+    group: Literal["input", "output", "weight", "gradient"]
+    shape: list[int] = Field(default_factory=list)
+    dtype: str = ""
+    stored: bool = Field(True, description="False: stored shape-only; statistics from the capture's summary.")
+    mean: float | None = None
+    std: float | None = None
+    rms: float | None = None
+    kurtosis: float | None = None
+    zero_frac: float | None = None
+    min: float | None = None
+    max: float | None = None
+    nan: int | None = None
+    inf: int | None = None
+
+
+def tensor_rows(series: dict[str, Any]) -> list[TensorStatsRow]:
+    """One row per tensor of a capture's statistics (:func:`~modulelens.stats.artifact.capture_series`)."""
+    stat_fields = set(TensorStatsRow.model_fields) - {"key", "group", "shape", "dtype", "stored"}
+    return [TensorStatsRow(key=key, group=t["group"], shape=t.get("shape") or [], dtype=t.get("dtype") or "",
+                           stored=t["stored"], **{k: v for k, v in (t.get("stats") or {}).items() if k in stat_fields})
+            for key, t in series.get("tensors", {}).items()]
+
+
+def capture_tensor_rows(repo: Repository, ref: str) -> tuple[Artifact, list[TensorStatsRow], list[str]]:
+    """Statistics of every tensor a capture holds, computed now and stored nowhere: the capture,
+    its rows and the notes (shape-only tensors)."""
+    art = repo.open("captures", ref)
+    series = capture_series(art)
+    return art, tensor_rows(series), list(series.get("notes", []))
+
+
+class ModuleSeries(BaseModel):
+    name: str
+    type: str = ""
+    index: int = Field(description="Position in execution order.")
+    activation: dict[str, Column] = Field(default_factory=dict, description="Statistics of the module's output.")
+    gradient: dict[str, Column] = Field(default_factory=dict, description="Statistics of the gradient at its output.")
+
+
+class TypeSeries(BaseModel):
+    type: str
+    modules: list[str]
+    activation: dict[str, Column] = Field(default_factory=dict)
+    gradient: dict[str, Column] = Field(default_factory=dict)
+    update_ratio: Column = Field(default_factory=list)
 
 
 class StatsRunView(BaseModel):
-    ref: str
-    created_at: str = ""
-    source: StatsSource
-    summary: StatsSummary
-    findings: list[dict[str, Any]] = Field(default_factory=list, description="findings.json")
-    report_html: str | None = Field(None, description="path of the self-contained HTML report")
-    series_file: str = Field("", description="path of series.json (raw and EMA series per module)")
+    entry: StatsRunEntry
+    steps: list[int] = Field(default_factory=list)
+    order_source: str = ""
+    modules: list[ModuleSeries] = Field(default_factory=list, description="In execution order.")
+    types: list[TypeSeries] = Field(default_factory=list)
+    findings: list[StatsFinding] = Field(default_factory=list)
+    tensors: list[TensorStatsRow] = Field(default_factory=list, description="A capture's statistics: its tensors.")
+    definitions: dict[str, str] = Field(default_factory=dict)
+    notes: list[str] = Field(default_factory=list)
+    report_html: str | None = None
+    report_png: str | None = None
+    path: str = ""
 
 
-def list_runs(repo: Repository) -> StatsRunList:
-    """Every stored statistics run of ``repo``, newest first."""
-    entries = []
-    for name in repo.names(KIND):
-        for version in repo.versions(KIND, name):
-            art = repo.open(KIND, f"{name}:v{version}")
-            m = stats_manifest(art)
-            entries.append(StatsRunEntry(
-                ref=art.ref, created_at=m.created_at, kind=m.summary.kind, modules=m.summary.modules,
-                steps_sampled=m.summary.steps_sampled, findings=m.summary.findings,
-            ))
-    entries.sort(key=lambda e: e.created_at, reverse=True)
-    return StatsRunList(runs=entries)
+def _pick(columns: dict[str, Any], stats: Sequence[str]) -> dict[str, Column]:
+    return {s: columns[s] for s in stats if s in columns}
 
 
-def show_run(repo: Repository, ref: str) -> StatsRunView:
-    """One run (``name``, ``name:vN`` or ``name@tag``): its manifest, findings and file paths."""
+def stats_view(repo: Repository, ref: str, stats: Sequence[str]) -> StatsRunView:
+    """One stored run: its row, findings, notes, report files and the series of ``stats`` (names
+    from :data:`modulelens.stats.stats.STAT_NAMES` plus gain and input_rms) per module and type."""
     art = repo.open(KIND, ref)
     m = stats_manifest(art)
+    series = art.read_json("series.json")
+    files = m.summary.report_files
+    modules = [ModuleSeries(name=name, type=info.get("type", ""), index=info.get("index", i),
+                            activation=_pick(info.get("activation", {}), stats),
+                            gradient=_pick(info.get("gradient", {}), stats))
+               for i, (name, info) in enumerate(series.get("modules", {}).items())]
+    types = [TypeSeries(type=t, modules=info.get("modules", []), activation=_pick(info.get("activation", {}), stats),
+                        gradient=_pick(info.get("gradient", {}), stats), update_ratio=info.get("update_ratio", []))
+             for t, info in sorted(series.get("types", {}).items())]
     return StatsRunView(
-        ref=art.ref, created_at=m.created_at, source=m.source, summary=m.summary,
-        findings=art.read_json("findings.json"),
-        report_html=str(art.file("report.html")) if "report.html" in m.summary.report_files else None,
-        series_file=str(art.file("series.json")),
+        entry=_entry(art), steps=series.get("steps", []), order_source=m.summary.order_source,
+        modules=sorted(modules, key=lambda x: x.index), types=types,
+        findings=[StatsFinding.model_validate(f) for f in art.read_json("findings.json")],
+        tensors=tensor_rows(series), definitions=series.get("definitions", {}), notes=m.summary.notes,
+        report_html=str(art.file("report.html")) if "report.html" in files else None,
+        report_png=str(art.file("report.png")) if "report.png" in files else None, path=str(art.path),
     )

@@ -1,8 +1,9 @@
 """Statistics over a script in a worker process: both sides of the protocol.
 
 Caller side (:func:`gather_script_stats`): write a :class:`StatsWorkerRequest` as JSON, run
-``python -m modulelens.stats.worker REQUEST.json OUT_DIR`` and read ``OUT_DIR/result.json`` as a
-:class:`StatsWorkerResult`.
+``python -m modulelens.stats.worker REQUEST.json OUT_DIR`` (under torchrun with ``nproc`` > 1) and
+read ``OUT_DIR/result.json`` (rank 0's ``result-rank0.json``) as a :class:`StatsWorkerResult`, with
+the shared protocol of :mod:`modulelens.capture.worker_process`.
 
 Worker side (:func:`run`): the user's script runs here unmodified, as ``__main__``, with a
 :class:`~modulelens.stats.collector.StatsCollector` installed (root model found at its first
@@ -17,13 +18,13 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from modulelens.errors import CaptureFailed, ModuleLensError
+from modulelens.capture.worker_process import WorkerResult, read_worker_result, run_worker_process, worker_main
+from modulelens.errors import CaptureFailed
 from modulelens.stats.collector import DEFAULT_EVERY
 from modulelens.stats.series import DEFAULT_EMA
 from modulelens.stats.stats import DEFAULT_SAMPLE
@@ -51,27 +52,20 @@ class StatsWorkerRequest(BaseModel):
     out_dir: str = Field("", description="the worker's folder (result files; per-rank records under torchrun)")
 
 
-class StatsWorkerResult(BaseModel):
-    """``result.json``: the stored run's reference, or the error that ended the worker."""
+class StatsWorkerResult(WorkerResult):
+    """The stored run's reference (empty on ranks other than 0, which hand their statistics over)."""
 
-    ok: bool
     ref: str = ""
     steps_seen: int = 0
-    error: str = ""
-    hint: str | None = None
-    type: str = ""
 
 
 RANK_WAIT_S = 300.0  # how long rank 0 waits for the other ranks' statistics after its own run ended
 
-# Runs a worker command with a timeout (seconds); returns (exit code, last lines of output). Raises
-# CaptureFailed when the timeout expires.
-RunProcess = Callable[[list[str], float], tuple[int, str]]
-
-
-def gather_script_stats(request: StatsWorkerRequest, run_process: RunProcess, timeout: float) -> tuple[StatsWorkerResult, str]:
-    """Caller side: run the statistics worker on ``request``; returns its (successful) result and
-    the last lines the script printed. A failed run raises its ModuleLensError."""
+def gather_script_stats(request: StatsWorkerRequest, *, timeout: float, relay_to_stderr: bool,
+                        ) -> tuple[StatsWorkerResult, str]:
+    """Caller side: run the statistics worker on ``request`` (its output relayed to stderr when
+    ``relay_to_stderr``); returns its result and the last lines the script printed. A failed run
+    raises its ModuleLensError."""
     with tempfile.TemporaryDirectory(prefix="modulelens-stats-") as tmp:
         req_file = Path(tmp) / "request.json"
         req_file.write_text(request.model_copy(update={"out_dir": tmp}).model_dump_json())
@@ -79,23 +73,19 @@ def gather_script_stats(request: StatsWorkerRequest, run_process: RunProcess, ti
         if request.nproc > 1:
             worker = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={request.nproc}", *worker]
         cmd = [sys.executable, *worker]
-        try:
-            code, tail = run_process(cmd, timeout)
-        except CaptureFailed:
-            raise CaptureFailed(
-                f"the script ran past --timeout ({timeout:.0f} s) without reaching an optimizer step, and was "
-                "stopped", "raise --timeout, or check that the script trains (optimizer.step()) early",
-            ) from None
-        result_file = Path(tmp) / result_name(0 if request.nproc > 1 else None)
-        result = StatsWorkerResult.model_validate_json(result_file.read_text()) if result_file.is_file() else None
+        timeout_error = CaptureFailed(
+            f"the script ran past --timeout ({timeout:.0f} s) without reaching an optimizer step, and was "
+            "stopped", "raise --timeout, or check that the script trains (optimizer.step()) early",
+        )
+        done = run_worker_process(cmd, relay_to_stderr=relay_to_stderr, timeout=timeout, timeout_error=timeout_error)
+        result = read_worker_result(Path(tmp) / result_name(0 if request.nproc > 1 else None), StatsWorkerResult)
     if result is None:
         raise CaptureFailed(
-            f"the statistics worker ended (exit code {code}) without a result",
-            "the script may have crashed the interpreter (segfault, out of memory); last output:\n" + tail[-1500:],
+            f"the statistics worker ended (exit code {done.code}) without a result",
+            "the script may have crashed the interpreter (segfault, out of memory); last output:\n"
+            + done.output_tail[-1500:],
         )
-    if not result.ok:
-        raise ModuleLensError(result.error, result.hint)
-    return result, tail
+    return result, done.output_tail
 
 
 def result_name(rank: int | None) -> str:
@@ -135,13 +125,11 @@ def _disable_dynamo() -> None:
         pass
 
 
-def run(raw_request: dict[str, Any]) -> dict[str, Any]:
-    """Worker side: run the script with a collector and store the statistics (the result fields
-    besides ``ok``, for :func:`modulelens.capture.runner.worker_main`)."""
+def run(request: StatsWorkerRequest) -> StatsWorkerResult:
+    """Worker side: run the script with a collector and store the statistics."""
     from modulelens.capture.runner import run_user_file, script_error
     from modulelens.stats.collector import StatsCollector, StopRun
 
-    request = StatsWorkerRequest.model_validate(raw_request)
     if request.eager:
         _disable_dynamo()
     else:
@@ -192,20 +180,18 @@ def run(raw_request: dict[str, Any]) -> dict[str, Any]:
         world = int(os.environ["WORLD_SIZE"])
         if rank != 0:
             write_rank(Path(request.out_dir), rank, collector.finish())
-            return {"ref": "", "steps_seen": collector.steps_seen}
+            return StatsWorkerResult(steps_seen=collector.steps_seen)
         merged = merge_ranks([collector.finish(), *read_ranks(Path(request.out_dir), range(1, world), RANK_WAIT_S)])
     art = collector.save(
         request.name, request.repo, run=merged,
         kind="script", script=str(script), argv=request.script_args, every=request.every, steps=request.steps,
     )
-    result = StatsWorkerResult(ok=True, ref=art.ref, steps_seen=collector.steps_seen)
-    return result.model_dump(include={"ref", "steps_seen"})
+    return StatsWorkerResult(ref=art.ref, steps_seen=collector.steps_seen)
 
 
 def main(argv: list[str]) -> None:
-    from modulelens.capture.runner import worker_main
-
-    worker_main(run, Path(argv[0]), Path(argv[1]) / result_name(_distributed_rank()), "statistics")
+    worker_main(run, Path(argv[0]), Path(argv[1]) / result_name(_distributed_rank()), "statistics",
+                request_model=StatsWorkerRequest)
 
 
 if __name__ == "__main__":

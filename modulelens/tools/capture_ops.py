@@ -80,7 +80,7 @@ def _capture_first(req: CaptureOpsRequest, ctx: ToolContext) -> str:
 
 
 def _grad_outputs(loaded: LoadedCapture, outs: list[torch.Tensor]) -> list[torch.Tensor]:
-    grads = loaded.grads() if loaded.manifest.get("backward") else {}
+    grads = loaded.grads() if loaded.manifest.backward is not None else {}
     gen = torch.Generator().manual_seed(0)
     result = []
     for i, o in enumerate(outs):

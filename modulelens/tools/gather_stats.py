@@ -14,13 +14,10 @@ from modulelens.registry import Tool, ToolContext, register
 from modulelens.repo import Artifact, Repository, validate_name
 from modulelens.stats.collector import DEFAULT_EVERY
 from modulelens.stats.manifest import TypeRow, stats_manifest
+from modulelens.stats.runs import StatsFinding
 from modulelens.stats.series import DEFAULT_EMA
 from modulelens.stats.stats import DEFAULT_SAMPLE
 from modulelens.stats.worker import StatsWorkerRequest, gather_script_stats
-
-# TODO(lead, issue 8): the one import of a private tool function left; replace it with the capture
-# package's public worker launcher, (cmd: list[str], ctx: ToolContext, timeout: float) -> (exit code, tail).
-from modulelens.tools.capture_module import _run_worker  # noqa: E402, I001
 
 
 class GatherStatsRequest(BaseModel):
@@ -88,21 +85,6 @@ class GatherStatsRequest(BaseModel):
         return self
 
 
-class Finding(BaseModel):
-    kind: str = Field(description="dead_activation, exploding_activation, vanishing_activation, exploding_gradient, "
-                      "vanishing_gradient, saturation, nan_inf or nan_inf_gradient.")
-    module: str = Field(description="Qualified module name ('' is the root model).")
-    step: int = Field(description="Sampled step whose numbers the message gives (the last one where it held).")
-    first_step: int | None = Field(None, description="First sampled step where the finding held.")
-    last_step: int | None = Field(None, description="Last sampled step where the finding held.")
-    steps_held: int = Field(1, description="Number of sampled steps where the finding held (every sampled step "
-                            "before the first NaN/Inf is judged; for nan_inf: steps with non-finite values).")
-    severity: Literal["error", "warning"] = "error"
-    message: str = Field(description="What is wrong, in plain language.")
-    action: str = Field(description="What to try.")
-    evidence: dict[str, Any] = Field(default_factory=dict, description="The numbers behind it.")
-
-
 class TensorRow(BaseModel):
     key: str = Field(description="args.0, output, a parameter name, grad.<key>.")
     group: Literal["input", "output", "weight", "gradient"]
@@ -139,7 +121,7 @@ class GatherStatsResult(BaseModel):
     order_source: Literal["fx", "observed", "capture"] = Field(
         description="Where the module order comes from: torch.fx node order, or the observed first-call order.")
     order: list[str] = Field(default_factory=list, description="Module names in execution order (first 200).")
-    findings: list[Finding] = Field(default_factory=list)
+    findings: list[StatsFinding] = Field(default_factory=list)
     by_type: list[TypeRow] = Field(default_factory=list, description="Per-type aggregates (means over modules of "
                                    "that type) at the last sampled step where values are finite (by_type_step).")
     by_type_step: int | None = Field(None, description="The step of by_type (earlier than the last sampled step "
@@ -171,7 +153,7 @@ def _result(art: Artifact, source: str, tail: str = "", seconds: float = 0.0) ->
         modules=summary.modules, steps_seen=summary.steps_seen, steps_sampled=summary.steps_sampled,
         order_source=summary.order_source,
         order=list(series.get("order", list(series.get("tensors", {}))))[:200] if source == "script" else [],
-        findings=[Finding(**f) for f in found],
+        findings=[StatsFinding.model_validate(f) for f in found],
         by_type=summary.by_type, by_type_step=summary.by_type_step,
         report_html=str(art.file("report.html")) if "report.html" in files else None,
         report_png=str(art.file("report.png")) if "report.png" in files else None,
@@ -210,7 +192,7 @@ def gather_stats(req: GatherStatsRequest, ctx: ToolContext) -> GatherStatsResult
         stop_at=time.time() + req.timeout - min(60.0, 0.2 * req.timeout),
     )
     ctx.progress(0, 1, f"running {script.name} with statistics every {req.every} step(s)")
-    result, tail = gather_script_stats(request, lambda cmd, timeout: _run_worker(cmd, ctx, timeout), req.timeout)
+    result, tail = gather_script_stats(request, timeout=req.timeout, relay_to_stderr=not ctx.stdout_is_protocol)
     art = repo.open("stats", result.ref)
     ctx.progress(1, 1, f"stored {art.ref}")
     out = _result(art, "script", tail, time.perf_counter() - t0)

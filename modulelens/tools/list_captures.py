@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from modulelens.capture.manifest import KIND, capture_manifest
 from modulelens.registry import Tool, ToolContext, register
 from modulelens.repo import Repository
 
@@ -30,20 +31,20 @@ class ListCapturesResult(BaseModel):
 
 def list_captures(req: ListCapturesRequest, ctx: ToolContext) -> ListCapturesResult:
     repo = Repository(ctx.repo_root)
-    names = [req.name] if req.name else repo.names("captures")
+    names = [req.name] if req.name else repo.names(KIND)
     out = []
     for name in names:
         if req.name:
-            repo.resolve("captures", name)  # clear error for an unknown name
-        aliases = repo.aliases("captures", name)
-        for v in repo.versions("captures", name):
-            m = repo.open("captures", f"{name}:v{v}").manifest
+            repo.resolve(KIND, name)  # clear error for an unknown name
+        aliases = repo.aliases(KIND, name)
+        for v in repo.versions(KIND, name):
+            m = capture_manifest(repo.open(KIND, f"{name}:v{v}"))
             out.append(
                 CaptureEntry(
                     ref=f"{name}:v{v}", name=name, version=v,
                     tags=sorted(k for k, x in aliases.items() if x == v),
-                    module_path=m.get("module_path", ""), class_path=m.get("class_path", ""),
-                    strategies=m.get("strategies", []), created_at=m.get("created_at", ""),
+                    module_path=m.module_path, class_path=m.class_path,
+                    strategies=list(m.strategies), created_at=m.created_at,
                 )
             )
     return ListCapturesResult(repo=str(repo.root), captures=out)

@@ -9,6 +9,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, Field
 
+from modulelens.capture.manifest import KIND, capture_manifest
 from modulelens.capture.replay import LoadedCapture
 from modulelens.capture.tracer import set_rng_states
 from modulelens.capture.values import flatten, parse_dtype
@@ -92,7 +93,7 @@ def _run(loaded: LoadedCapture, module: torch.nn.Module, backward: bool, device:
     rng = loaded.rng()
     if rng:
         set_rng_states(rng)
-    grad = bool(loaded.manifest["grad_enabled"]) or backward
+    grad = loaded.manifest.grad_enabled or backward
     _sync(device)
     t0 = time.perf_counter()
     with torch.set_grad_enabled(grad):
@@ -103,8 +104,8 @@ def _run(loaded: LoadedCapture, module: torch.nn.Module, backward: bool, device:
 
 def _backward(loaded: LoadedCapture, module: torch.nn.Module, args: list[Any], out: Any, req: ReplayModuleRequest,
               dtype_cast: bool) -> list[TensorMatch]:
-    info = loaded.manifest.get("backward")
-    if not info:
+    info = loaded.manifest.backward
+    if info is None:
         raise ReplayFailed(f"capture {loaded.artifact.ref} has no gradients", "capture again with --backward")
     grads = loaded.grads()
     outs = [t for t in flatten(out) if isinstance(t, torch.Tensor)]
@@ -120,7 +121,7 @@ def _backward(loaded: LoadedCapture, module: torch.nn.Module, args: list[Any], o
             got = a.grad if a.grad is not None else torch.zeros_like(a)
             results.append(_compare(key, got, grads[key], req.rtol, req.atol, dtype_cast))
     params = dict(module.named_parameters())
-    for pname in info.get("param_grads", []):
+    for pname in info.param_grads:
         if pname in params:
             got = params[pname].grad
             got = got if got is not None else torch.zeros_like(params[pname])
@@ -130,9 +131,9 @@ def _backward(loaded: LoadedCapture, module: torch.nn.Module, args: list[Any], o
 
 def replay_module(req: ReplayModuleRequest, ctx: ToolContext) -> ReplayModuleResult:
     repo = Repository(ctx.repo_root)
-    art = repo.open("captures", req.ref)
+    art = repo.open(KIND, req.ref)
     dtype = parse_dtype(req.dtype) if req.dtype else None
-    device = req.device or art.manifest.get("environment", {}).get("device", "cpu")
+    device = req.device or capture_manifest(art).environment.device
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ModuleLensError(f"device {device!r} is not available on this machine", "pass --device cpu")
     loaded = LoadedCapture(art, device=device, dtype=dtype)
@@ -144,7 +145,7 @@ def replay_module(req: ReplayModuleRequest, ctx: ToolContext) -> ReplayModuleRes
     attempts = [StrategyAttempt(strategy=s, error=e) for s, e in tried]
     expected, missing_outputs = loaded.expected_outputs()
     actual_leaves, expected_leaves = flatten(out), flatten(expected)
-    notes = list(art.manifest.get("notes", []))
+    notes = list(loaded.manifest.notes)
     outputs: list[TensorMatch] = []
     if len(actual_leaves) != len(expected_leaves):
         notes.append(f"the replay returned {len(actual_leaves)} values, the capture {len(expected_leaves)}")

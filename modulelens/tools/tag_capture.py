@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from modulelens.capture.manifest import KIND
 from modulelens.registry import Tool, ToolContext, register
 from modulelens.repo import Repository
 
@@ -22,9 +23,9 @@ class TagCaptureResult(BaseModel):
 
 def tag_capture(req: TagCaptureRequest, ctx: ToolContext) -> TagCaptureResult:
     repo = Repository(ctx.repo_root)
-    name, _ = repo.resolve("captures", req.ref)
-    before = repo.aliases("captures", name).get(req.tag)
-    name, version = repo.tag("captures", req.ref, req.tag)
+    name, _ = repo.resolve(KIND, req.ref)
+    before = repo.aliases(KIND, name).get(req.tag)
+    name, version = repo.tag(KIND, req.ref, req.tag)
     return TagCaptureResult(ref=f"{name}:v{version}", tag=req.tag, previous=f"{name}:v{before}" if before else None)
 
 

@@ -10,6 +10,8 @@ import pytest
 import torch.nn as nn
 from pydantic import ValidationError
 
+from modulelens.capture.worker_process import read_worker_result
+from modulelens.errors import ModuleLensError
 from modulelens.stats.collector import StatsCollector
 from modulelens.stats.manifest import StatsManifest
 from modulelens.stats.worker import StatsWorkerRequest, StatsWorkerResult
@@ -26,11 +28,15 @@ def test_worker_request_round_trips_and_shares_the_collector_defaults():
         StatsWorkerRequest.model_validate_json('{"script": "/x.py"}')  # name and repo are required
 
 
-def test_worker_result_reads_both_answers():
-    ok = StatsWorkerResult.model_validate_json('{"ok": true, "ref": "train:v1", "steps_seen": 12}')
-    assert ok.ok and ok.ref == "train:v1" and ok.steps_seen == 12
-    bad = StatsWorkerResult.model_validate_json('{"ok": false, "error": "boom", "hint": "fix", "type": "CaptureFailed"}')
-    assert not bad.ok and (bad.error, bad.hint) == ("boom", "fix")
+def test_worker_result_reads_both_answers(tmp_path):
+    ok, bad = tmp_path / "ok.json", tmp_path / "bad.json"
+    ok.write_text('{"ok": true, "ref": "train:v1", "steps_seen": 12}')
+    bad.write_text('{"ok": false, "error": "boom", "hint": "fix", "type": "CaptureFailed"}')
+    result = read_worker_result(ok, StatsWorkerResult)
+    assert result is not None and (result.ref, result.steps_seen) == ("train:v1", 12)
+    with pytest.raises(ModuleLensError) as failed:
+        read_worker_result(bad, StatsWorkerResult)
+    assert (failed.value.message, failed.value.hint) == ("boom", "fix")
 
 
 @pytest.mark.parametrize("fixture", ["stats_manifest_run_v1.json", "stats_manifest_capture_v1.json"])

@@ -1,4 +1,5 @@
-"""Statistics runs as MCP resources: modulelens://stats lists them, modulelens://stats/{ref} shows one."""
+"""Statistics runs as MCP resources (over list_stats_runs and show_stats_run): modulelens://stats lists
+them, modulelens://stats/{ref} shows one."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def test_stats_runs_are_mcp_resources(tmp_path):
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
-    server = build_server([get_tool("gather_stats")], repo_root=tmp_path)
+    server = build_server([get_tool("list_stats_runs"), get_tool("show_stats_run")], repo_root=tmp_path)
 
     async def body():
         async with Client(server) as c:
@@ -40,7 +41,7 @@ def test_stats_runs_are_mcp_resources(tmp_path):
 
     listed, runs, one, missing = anyio.run(body)
     assert "modulelens://stats" in listed
-    assert sorted(r["ref"] for r in runs["runs"]) == ["run:v1", "run:v2"]
-    assert one["ref"] == "run:v1" and one["summary"]["modules"] == 4 and one["summary"]["steps_sampled"] == 2
-    assert one["findings"] == [] and one["series_file"].endswith("series.json")
+    assert sorted(r["run_id"] for r in runs["runs"]) == ["run:v1", "run:v2"]
+    assert one["entry"]["run_id"] == "run:v1" and one["entry"]["modules"] == 4 and one["steps"] == [0, 1]
+    assert one["findings"] == [] and [m["name"] for m in one["modules"]] == ["", "0", "1", "2"]
     assert "nope" in str(missing.value)

@@ -1,0 +1,389 @@
+"""Standalone KernelBench-format repro files of a capture.
+
+The file defines ``Model``, ``get_inputs`` and ``get_init_inputs`` and needs only torch and
+safetensors. Two flavours, tried in this order:
+
+* ``source``: the source of the module's defining file (its definitions only) is inlined, and
+  ``Model`` builds the module from the recorded constructor arguments: readable code an agent can
+  optimise. Possible when that file imports nothing but torch, numpy, safetensors and the standard
+  library.
+* ``export``: ``Model`` wraps the saved ``torch.export`` program.
+
+Captured weights, inputs, expected outputs and the RNG state sit in a folder next to the file.
+Running the file checks the module against the captured outputs (:func:`check_repro`).
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import math
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from modulelens.capture.manifest import CaptureManifest, capture_manifest
+from modulelens.capture.sources import definitions_source
+from modulelens.capture.spec import ModuleSpec, SpecVisitor, TensorSpec, ValueKind, referenced_modules
+from modulelens.errors import ModuleLensError
+from modulelens.repo import Artifact
+
+FLAVORS = ("source", "export")
+DATA_FILES = ("inputs.safetensors", "outputs.safetensors", "rng.safetensors", "weights.safetensors")
+VERIFY_TOLERANCE = 1e-5
+
+_ALLOWED_TOP = {"torch", "numpy", "safetensors", "math", "__future__"} | set(getattr(sys, "stdlib_module_names", ()))
+
+
+class NotStandalone(Exception):
+    """Why one flavour of repro cannot be written for a capture."""
+
+
+def _top(module: str) -> str:
+    return module.split(".", 1)[0]
+
+
+class ReproRenderer(SpecVisitor[str]):
+    """Renders value specs as Python expressions for the generated file. Classes of modules in
+    ``inline`` are referred to by their bare name (their definitions are inlined); others must come
+    from torch, numpy, safetensors or the standard library and are collected in ``imports``."""
+
+    def __init__(self, inline: set[str]):
+        self.inline = inline
+        self.imports: set[str] = set()
+
+    def class_expr(self, path: str) -> str:
+        module, _, qual = path.partition(":")
+        if module in self.inline:
+            return qual
+        if _top(module) not in _ALLOWED_TOP or "<locals>" in qual:
+            raise NotStandalone(f"it needs {module}.{qual} from outside torch and the standard library")
+        self.imports.add(module)
+        return f"{module}.{qual}"
+
+    def scalar(self, value: Any) -> str:
+        return repr(value)
+
+    def tensor(self, spec: TensorSpec) -> str:
+        if spec.stored:
+            expr = f"_DATA[{spec.key!r}]"
+        else:
+            stats = spec.stats.to_json() if spec.stats is not None else {}
+            expr = f"_synthesize({spec.shape!r}, torch.{spec.dtype}, {stats!r})"
+        return expr + (".requires_grad_(True)" if spec.requires_grad else "")
+
+    def nonfinite_float(self, text: str) -> str:
+        return f"float({text!r})"
+
+    def dtype(self, name: str) -> str:
+        return f"torch.{name}"
+
+    def device(self, name: str) -> str:
+        return f"torch.device({name!r})"
+
+    def torch_constant(self, name: str) -> str:
+        return f"torch.{name}"
+
+    def size(self, dims: list[int]) -> str:
+        return f"torch.Size({dims!r})"
+
+    def enum(self, cls: str, member: str) -> str:
+        return f"{self.class_expr(cls)}.{member}"
+
+    def type_ref(self, cls: str) -> str:
+        return self.class_expr(cls)
+
+    def callable_ref(self, path: str) -> str:
+        return self.class_expr(path)
+
+    def complex_number(self, real: float, imag: float) -> str:
+        return f"complex({real!r}, {imag!r})"
+
+    def slice(self, start: Any, stop: Any, step: Any) -> str:
+        return f"slice({', '.join(self.visit(v) for v in (start, stop, step))})"
+
+    def ellipsis(self) -> str:
+        return "..."
+
+    def number(self, cls: str, value: int | float) -> str:
+        return repr(value)
+
+    def sequence(self, kind: ValueKind, items: list[Any], cls: str | None) -> str:
+        text = ", ".join(self.visit(v) for v in items)
+        lit = f"[{text}]" if kind == ValueKind.LIST else f"({text}{',' if len(items) == 1 else ''})"
+        return f"{self.class_expr(cls)}({lit})" if cls is not None else lit
+
+    def mapping(self, items: list[tuple[Any, Any]], cls: str | None) -> str:
+        lit = "{" + ", ".join(f"{self.visit(k)}: {self.visit(v)}" for k, v in items) + "}"
+        return f"{self.class_expr(cls)}({lit})" if cls is not None else lit
+
+    def record(self, kind: ValueKind, cls: str, fields: dict[str, Any]) -> str:
+        return f"{self.class_expr(cls)}({', '.join(f'{k}={self.visit(v)}' for k, v in fields.items())})"
+
+    def object_state(self, cls: str, state: dict[str, Any]) -> str:
+        text = "{" + ", ".join(f"{k!r}: {self.visit(v)}" for k, v in state.items()) + "}"
+        return f"_restore({self.class_expr(cls)}, {text})"
+
+    def module(self, spec: ModuleSpec) -> str:
+        parts = [self.visit(a) for a in spec.args] + [f"{k}={self.visit(v)}" for k, v in spec.kwargs.items()]
+        return f"{self.class_expr(spec.cls)}({', '.join(parts)})"
+
+    def unrecorded(self, type_path: str, text: str, why: str) -> str:
+        raise NotStandalone(f"a value of type {type_path} was not recorded")
+
+    def unknown_kind(self, kind: str, spec: dict[str, Any]) -> str:
+        raise NotStandalone(f"a value of type {kind} was not recorded")
+
+
+class _MappingKeys(SpecVisitor[list[Any]]):
+    """The key specs of a dict spec, in order (nothing for other specs)."""
+
+    def mapping(self, items: list[tuple[Any, Any]], cls: str | None) -> list[Any]:
+        return [k for k, _ in items]
+
+    def scalar(self, value: Any) -> list[Any]:
+        return []
+
+    def unsupported(self, kind: ValueKind, spec: dict[str, Any]) -> list[Any]:
+        return []
+
+
+def _user_modules(spec: ModuleSpec) -> set[str]:
+    """Modules of the classes a construction refers to, other than torch and the standard library."""
+    return {m for m in referenced_modules(spec.to_json()) if _top(m) not in _ALLOWED_TOP}
+
+
+def _module_source(art: Artifact, manifest: CaptureManifest, module: str) -> str:
+    stored = manifest.sources.get(module)
+    if stored is not None:
+        return art.file(stored.file).read_text()
+    from modulelens.capture.replay import LoadedCapture
+
+    try:
+        mod = LoadedCapture(art).resolver.module(module)
+        return inspect.getsource(mod)
+    except Exception as e:  # noqa: BLE001
+        raise NotStandalone(f"the source of {module} is not available ({e})") from e
+
+
+def _check_imports(source: str, module: str) -> None:
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and (node.level or _top(node.module or "") not in _ALLOWED_TOP):
+            raise NotStandalone(f"{module} imports {'.' * node.level}{node.module or ''}, which is not torch or the standard library")
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if _top(alias.name) not in _ALLOWED_TOP:
+                    raise NotStandalone(f"{module} imports {alias.name}, which is not torch or the standard library")
+
+
+_HEADER = '''"""Standalone repro of capture {ref} ({class_path} at {module_path!r}), written by modulelens.
+
+KernelBench format: Model, get_inputs(), get_init_inputs(). Needs only torch and safetensors.
+Captured data lives in {data_name}/. Run this file to check Model against the captured outputs.
+"""
+import math
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+from safetensors.torch import load_file
+{imports}
+_HERE = Path(__file__).resolve().parent / {data_name!r}
+_DATA = load_file(str(_HERE / "inputs.safetensors")) if (_HERE / "inputs.safetensors").exists() else {{}}
+
+
+def _synthesize(shape, dtype, stats):
+    """Random data like a tensor that was stored shape-only (normal, clipped, zeros kept)."""
+    if dtype == torch.bool:
+        return torch.rand(shape) >= stats.get("zero_fraction", 0.0)
+    lo, hi = stats.get("min", 0.0), stats.get("max", 1.0)
+    if not dtype.is_floating_point:
+        return torch.randint(int(lo), int(hi) + 1, shape).to(dtype)
+    x = (torch.randn(shape, dtype=torch.float64) * stats.get("std", 1.0) + stats.get("mean", 0.0)).clamp(lo, hi)
+    return x.to(dtype)
+
+
+def _restore(cls, state):
+    obj = cls.__new__(cls)
+    obj.__dict__.update(state)
+    return obj
+
+'''
+
+_FOOTER = '''
+
+KWARG_NAMES = {kwarg_names!r}
+TRAINING = {training!r}
+
+
+class Model(nn.Module):
+    """The captured module with the captured weights. forward(*inputs): the captured positional
+    inputs, then the keyword inputs named in KWARG_NAMES, in that order."""
+
+    def __init__(self):
+        super().__init__()
+{build}
+
+    def forward(self, *inputs):
+        n = len(inputs) - len(KWARG_NAMES)
+        return self.inner(*inputs[:n], **dict(zip(KWARG_NAMES, inputs[n:])))
+
+
+def get_inputs():
+    args = {args}
+    kwargs = {kwargs}
+    return list(args) + [kwargs[k] for k in KWARG_NAMES]
+
+
+def get_init_inputs():
+    return []
+
+
+def _leaves(x):
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, dict):
+        return [t for v in x.values() for t in _leaves(v)]
+    if isinstance(x, (list, tuple)):
+        return [t for v in x for t in _leaves(v)]
+    return []
+
+
+if __name__ == "__main__":
+    model = Model(*get_init_inputs())
+    inputs = get_inputs()
+    rng = _HERE / "rng.safetensors"
+    if rng.exists():
+        torch.random.set_rng_state(load_file(str(rng))["cpu"])
+    with torch.set_grad_enabled({grad_enabled!r}):
+        out = model(*inputs)
+    expected = load_file(str(_HERE / "outputs.safetensors")) if (_HERE / "outputs.safetensors").exists() else {{}}
+    got = _leaves(out)
+    keys = {output_keys!r}
+    worst = 0.0
+    for key, t in zip(keys, got):
+        if key in expected:
+            worst = max(worst, (t.detach().double() - expected[key].double()).abs().max().item() if t.numel() else 0.0)
+    print(f"max_abs_error={{worst!r}} outputs={{len(got)}}")
+'''
+
+
+
+def _source_build(art: Artifact, manifest: CaptureManifest, r: ReproRenderer) -> tuple[str, str]:
+    if "source" not in manifest.strategies or manifest.init is None:
+        raise NotStandalone("the capture has no recorded construction (no source strategy)")
+    users = _user_modules(manifest.init)
+    if len(users) > 1:
+        raise NotStandalone(f"the module's code spans several files ({', '.join(sorted(users))})")
+    body = ""
+    if users:
+        (module,) = users
+        source = definitions_source(_module_source(art, manifest, module), module)
+        _check_imports(source, module)
+        body = f"# ---- definitions from {module} ----\n{source}\n# ---- end of {module} ----\n"
+        r.inline = {module}
+    build = (f"        self.inner = {r.module(manifest.init)}\n"
+             "        self.inner.load_state_dict(load_file(str(_HERE / 'weights.safetensors')), strict=False)\n"
+             "        self.inner.train(TRAINING)")
+    return body, build
+
+
+def _export_build(manifest: CaptureManifest) -> tuple[str, str]:
+    if "export" not in manifest.strategies:
+        raise NotStandalone("the capture has no torch.export program")
+    # An exported program keeps the train/eval behaviour it was exported with.
+    return "", "        self.inner = torch.export.load(str(_HERE / 'program.pt2')).module()"
+
+
+@dataclass(frozen=True)
+class _Rendered:
+    flavor: str
+    body: str
+    build: str
+    args: str
+    kwargs: str
+    imports: set[str]
+
+
+def _render(art: Artifact, manifest: CaptureManifest, flavors: list[str]) -> tuple[_Rendered, list[str]]:
+    """The first flavour that can be written, and why the ones before it could not."""
+    skipped: list[str] = []
+    for flavor in flavors:
+        r = ReproRenderer(set())
+        try:
+            body, build = _source_build(art, manifest, r) if flavor == "source" else _export_build(manifest)
+            args, kwargs = r.visit(manifest.inputs.args), r.visit(manifest.inputs.kwargs)
+            return _Rendered(flavor, body, build, args, kwargs, r.imports), skipped
+        except NotStandalone as e:
+            skipped.append(f"{flavor}: {e}")
+    raise ModuleLensError(f"cannot write a standalone repro of {art.ref}: " + "; ".join(skipped),
+                          "capture with export enabled, or keep the model's code importable with only torch")
+
+
+@dataclass
+class ReproFile:
+    """A written repro: the file, its data folder, the flavour used and why others were not."""
+
+    path: Path
+    data_dir: Path
+    flavor: str
+    skipped: list[str] = field(default_factory=list)
+
+
+def write_repro(art: Artifact, out: Path, flavor: str = "auto") -> ReproFile:
+    """Write the repro file of a ``captures`` artifact and its data folder into ``out``.
+
+    ``flavor`` is ``auto`` (source, else export), ``source`` or ``export``. Raises
+    :class:`ModuleLensError` when no asked flavour can be written, saying why for each."""
+    if flavor not in ("auto", *FLAVORS):
+        raise ModuleLensError(f"unknown flavor {flavor!r}", "use auto, source or export")
+    m = capture_manifest(art)
+    rendered, skipped = _render(art, m, list(FLAVORS) if flavor == "auto" else [flavor])
+    stem = f"{art.name.replace('.', '_').replace('-', '_')}_v{art.version}"
+    data_name = f"{stem}_data"
+    data_dir = out / data_name
+    if data_dir.exists():
+        shutil.rmtree(data_dir)
+    data_dir.mkdir(parents=True)
+    for f in DATA_FILES:
+        if art.has_file(f):
+            shutil.copyfile(art.file(f), data_dir / f)
+    if rendered.flavor == "export":
+        shutil.copyfile(art.file("program.pt2"), data_dir / "program.pt2")
+    imports = "".join(f"import {mod}\n" for mod in sorted(rendered.imports))
+    text = (
+        _HEADER.format(ref=art.ref, class_path=m.class_path, module_path=m.module_path, data_name=data_name, imports=imports)
+        + rendered.body
+        + _FOOTER.format(
+            kwarg_names=_MappingKeys().visit(m.inputs.kwargs), training=m.training, build=rendered.build,
+            args=rendered.args, kwargs=rendered.kwargs, grad_enabled=m.grad_enabled,
+            output_keys=[t.key for t in m.output_leaves()],
+        )
+    )
+    path = out / f"{stem}.py"
+    path.write_text(text)
+    return ReproFile(path=path, data_dir=data_dir, flavor=rendered.flavor, skipped=skipped)
+
+
+@dataclass(frozen=True)
+class ReproCheck:
+    """Running a repro file: whether it reproduced the captured outputs (max abs error within
+    :data:`VERIFY_TOLERANCE`), the error it printed, and the end of its output."""
+
+    verified: bool
+    max_abs_error: float | None
+    output: str
+
+
+def check_repro(path: Path, timeout: float = 600) -> ReproCheck:
+    """Run a repro file once in a fresh process (in its folder) and read the check it prints."""
+    proc = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=timeout, cwd=str(path.parent))
+    output = (proc.stdout + proc.stderr)[-2000:]
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("max_abs_error=")), None)
+    if proc.returncode != 0 or line is None:
+        return ReproCheck(verified=False, max_abs_error=None, output=output)
+    err = float(line.split()[0].split("=", 1)[1])
+    return ReproCheck(verified=math.isfinite(err) and err <= VERIFY_TOLERANCE, max_abs_error=err, output=output)

@@ -1,0 +1,548 @@
+"""The value-spec format: how a Python value (a module's inputs, outputs, constructor arguments, an
+operator's arguments) is written as JSON.
+
+A *spec* is either a JSON scalar (``None``, ``bool``, ``int``, a finite ``float``, ``str``) standing
+for itself, or a JSON object whose ``"$"`` field names its :class:`ValueKind` and whose other fields
+depend on the kind. Tensors are written as :class:`TensorSpec` (shape, dtype, strides, device, and
+the key of their data in a tensor file); nested modules as :class:`ModuleSpec` (class and
+constructor arguments).
+
+This module is the one place that knows the fields of each kind:
+
+* :class:`SpecVisitor` reads specs. ``visit(spec)`` calls the visitor's method for the spec's kind
+  with that kind's fields (``enum(cls, member)``, ``sequence(kind, items, cls)``, ...); child specs
+  are passed as they are stored, and a method visits them when it needs their values. This is the
+  one traversal: the decoder (:class:`modulelens.capture.values.Decoder`), the repro renderer,
+  :func:`tensor_leaves`, :func:`referenced_modules`, the kernel templates' call decoder and the
+  prompt describer are visitors.
+* :class:`SpecWriter` writes specs: the same methods, returning the spec of those fields (the
+  encoder uses it), so ``SpecWriter().visit(spec) == spec`` for every kind.
+* :class:`SpecWalker` visits every node of a spec, for visitors that collect something.
+
+Specs written by earlier versions have the same form; a kind this version does not know is an
+:class:`UnknownValueKind` error (a newer modulelens wrote it).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, Generic, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer
+
+from modulelens.errors import ModuleLensError
+from modulelens.repo.store import validation_problem
+
+KIND = "$"
+"""The field of a spec object that names its kind."""
+
+R = TypeVar("R")
+Scalar = None | bool | int | float | str
+
+
+class ValueKind(StrEnum):
+    """The kinds of spec objects (the value of their ``"$"`` field)."""
+
+    TENSOR = "tensor"
+    FLOAT = "float"  # a float that JSON cannot hold: inf, -inf, nan
+    DTYPE = "dtype"
+    DEVICE = "device"
+    TORCH = "torch"  # another torch constant: memory format, layout, qscheme
+    SIZE = "size"
+    ENUM = "enum"
+    TYPE = "type"
+    CALLABLE = "callable"
+    COMPLEX = "complex"
+    SLICE = "slice"
+    ELLIPSIS = "ellipsis"
+    NUMBER = "number"  # a scalar of another library (numpy), or a subclass of int or float
+    LIST = "list"
+    TUPLE = "tuple"
+    DICT = "dict"
+    NAMEDTUPLE = "namedtuple"
+    DATACLASS = "dataclass"
+    OBJECT = "object"  # an object written as its class and its ``__dict__``
+    MODULE = "module"  # an nn.Module written as its recorded construction
+    UNRECORDED = "unrecorded"  # a value that could not be written as data (kept for the report)
+
+
+class InvalidSpec(ModuleLensError):
+    """A value spec that does not have the form of its kind (damaged or hand-edited)."""
+
+
+class UnknownValueKind(InvalidSpec):
+    """A spec kind this version does not know (written by a newer modulelens)."""
+
+
+class UnsupportedValueKind(InvalidSpec):
+    """A spec kind that the visitor reading it does not handle."""
+
+
+class _SpecModel(BaseModel):
+    """A spec object read into a model. Unknown fields are kept (written back unchanged)."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    @classmethod
+    def from_json(cls, data: Any) -> Any:
+        """The model of a stored spec object; :class:`InvalidSpec` when it does not fit."""
+        try:
+            return cls.model_validate(data)
+        except ValidationError as e:
+            raise InvalidSpec(
+                f"a stored {cls.__name__} does not have the expected form ({validation_problem(e, 'spec')})",
+                "the artifact was edited or damaged outside modulelens; capture it again",
+            ) from None
+
+    def to_json(self) -> dict[str, Any]:
+        """The spec object as stored."""
+        return self.model_dump(mode="json")
+
+
+class TensorStats(_SpecModel):
+    """The summary kept for a tensor stored shape-only: enough to make up similar data. A field is
+    absent when it cannot be measured (mean, std, min and max of a tensor without finite values)."""
+
+    mean: float | None = None
+    std: float | None = None
+    min: float | None = None
+    max: float | None = None
+    zero_fraction: float | None = None
+    nonfinite_fraction: float | None = None
+
+    @model_serializer
+    def _stored_form(self) -> dict[str, Any]:
+        measured = {name: getattr(self, name) for name in type(self).model_fields}
+        return {**{k: v for k, v in measured.items() if v is not None}, **(self.model_extra or {})}
+
+
+class TensorSpec(_SpecModel):
+    """A tensor: its metadata, and the key of its data in the artifact's tensor file.
+
+    ``stored`` is False for a tensor kept shape-only (too big): ``stats`` then holds its summary,
+    so that similar data can be made up.
+    ``stride`` is None for non-strided layouts, whose name is in ``layout``."""
+
+    kind: Literal[ValueKind.TENSOR] = Field(ValueKind.TENSOR, alias=KIND)
+    key: str
+    shape: list[int]
+    dtype: str = Field(description="torch dtype name without the 'torch.' prefix: float32, bfloat16, ...")
+    device: str = "cpu"
+    stride: list[int] | None = None
+    contiguous: bool = True
+    requires_grad: bool = False
+    parameter: bool = False
+    layout: str | None = None
+    stored: bool = True
+    stats: TensorStats | None = None
+
+    @model_serializer
+    def _stored_form(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            KIND: ValueKind.TENSOR.value, "key": self.key, "shape": list(self.shape), "dtype": self.dtype,
+            "device": self.device, "stride": None if self.stride is None else list(self.stride),
+            "contiguous": self.contiguous, "requires_grad": self.requires_grad,
+        }
+        if self.parameter:
+            out["parameter"] = True
+        if self.layout is not None:
+            out["layout"] = self.layout
+        out["stored"] = self.stored
+        if self.stats is not None:
+            out["stats"] = self.stats.to_json()
+        out.update(self.model_extra or {})
+        return out
+
+
+class ModuleSpec(_SpecModel):
+    """An ``nn.Module`` as its recorded construction: ``cls(*args, **kwargs)``, the arguments as
+    specs. ``bind_error`` says why the arguments did not bind to the constructor's signature."""
+
+    kind: Literal[ValueKind.MODULE] = Field(ValueKind.MODULE, alias=KIND)
+    cls: str = Field(description="module:QualName of the class")
+    args: list[Any] = Field(default_factory=list)
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    bind_error: str | None = None
+
+    @model_serializer
+    def _stored_form(self) -> dict[str, Any]:
+        out: dict[str, Any] = {KIND: ValueKind.MODULE.value, "cls": self.cls, "args": list(self.args),
+                               "kwargs": dict(self.kwargs)}
+        if self.bind_error:
+            out["bind_error"] = self.bind_error
+        out.update(self.model_extra or {})
+        return out
+
+
+# -- reading ----------------------------------------------------------------------------------
+
+def _text(spec: dict[str, Any], field: str) -> str:
+    value = spec[field]
+    if not isinstance(value, str):
+        raise TypeError(f"{field} must be a string")
+    return value
+
+
+def _list(spec: dict[str, Any], field: str) -> list[Any]:
+    value = spec[field]
+    if not isinstance(value, list):
+        raise TypeError(f"{field} must be a list")
+    return value
+
+
+def _object(spec: dict[str, Any], field: str) -> dict[str, Any]:
+    value = spec[field]
+    if not isinstance(value, dict):
+        raise TypeError(f"{field} must be an object")
+    return value
+
+
+def _optional_text(spec: dict[str, Any], field: str) -> str | None:
+    return _text(spec, field) if spec.get(field) is not None else None
+
+
+def _pairs(spec: dict[str, Any]) -> list[tuple[Any, Any]]:
+    pairs = _list(spec, "items")
+    if not all(isinstance(p, list) and len(p) == 2 for p in pairs):
+        raise TypeError("items must be [key, value] pairs")
+    return [(k, v) for k, v in pairs]
+
+
+def _slice_items(spec: dict[str, Any]) -> tuple[Any, Any, Any]:
+    items = _list(spec, "items")
+    if len(items) != 3:
+        raise TypeError("items must be [start, stop, step]")
+    return items[0], items[1], items[2]
+
+
+# kind -> (visitor method, the method's arguments read from the spec object)
+_READERS: dict[ValueKind, tuple[str, Any]] = {
+    ValueKind.TENSOR: ("tensor", lambda s: (TensorSpec.from_json(s),)),
+    ValueKind.FLOAT: ("nonfinite_float", lambda s: (_text(s, "v"),)),
+    ValueKind.DTYPE: ("dtype", lambda s: (_text(s, "name"),)),
+    ValueKind.DEVICE: ("device", lambda s: (_text(s, "v"),)),
+    ValueKind.TORCH: ("torch_constant", lambda s: (_text(s, "name"),)),
+    ValueKind.SIZE: ("size", lambda s: (list(_list(s, "items")),)),
+    ValueKind.ENUM: ("enum", lambda s: (_text(s, "cls"), _text(s, "name"))),
+    ValueKind.TYPE: ("type_ref", lambda s: (_text(s, "cls"),)),
+    ValueKind.CALLABLE: ("callable_ref", lambda s: (_text(s, "path"),)),
+    ValueKind.COMPLEX: ("complex_number", lambda s: (float(s["re"]), float(s["im"]))),
+    ValueKind.SLICE: ("slice", _slice_items),
+    ValueKind.ELLIPSIS: ("ellipsis", lambda s: ()),
+    ValueKind.NUMBER: ("number", lambda s: (_text(s, "cls"), s["v"])),
+    ValueKind.LIST: ("sequence", lambda s: (ValueKind.LIST, _list(s, "items"), _optional_text(s, "cls"))),
+    ValueKind.TUPLE: ("sequence", lambda s: (ValueKind.TUPLE, _list(s, "items"), _optional_text(s, "cls"))),
+    ValueKind.DICT: ("mapping", lambda s: (_pairs(s), _optional_text(s, "cls"))),
+    ValueKind.NAMEDTUPLE: ("record", lambda s: (ValueKind.NAMEDTUPLE, _text(s, "cls"), _object(s, "fields"))),
+    ValueKind.DATACLASS: ("record", lambda s: (ValueKind.DATACLASS, _text(s, "cls"), _object(s, "fields"))),
+    ValueKind.OBJECT: ("object_state", lambda s: (_text(s, "cls"), _object(s, "state"))),
+    ValueKind.MODULE: ("module", lambda s: (ModuleSpec.from_json(s),)),
+    ValueKind.UNRECORDED: ("unrecorded", lambda s: (_text(s, "type"), _text(s, "repr"), _text(s, "why"))),
+}
+
+
+class SpecVisitor(Generic[R]):
+    """Reads a spec: :meth:`visit` calls the method of the spec's kind with its fields.
+
+    Subclasses override the methods of the kinds they handle; a kind whose method is not
+    overridden goes to :meth:`unsupported`. Child specs (items, fields, arguments) arrive as stored:
+    call :meth:`visit` on those whose value is needed. Override :meth:`unknown_kind` and
+    :meth:`malformed` to report those cases in the caller's own terms."""
+
+    def visit(self, spec: Any) -> R:
+        if spec is None or isinstance(spec, (bool, int, float, str)):
+            return self.scalar(spec)
+        if not isinstance(spec, dict) or KIND not in spec:
+            return self.malformed(spec, "a value spec is a JSON scalar or an object with a '$' field")
+        try:
+            kind = ValueKind(spec[KIND])
+        except ValueError:
+            return self.unknown_kind(str(spec[KIND]), spec)
+        method, read = _READERS[kind]
+        if getattr(type(self), method) is getattr(SpecVisitor, method):
+            return self.unsupported(kind, spec)
+        try:
+            fields = read(spec)
+        except (KeyError, TypeError, ValueError) as e:
+            return self.malformed(spec, f"a {kind.value} spec: {e}")
+        return getattr(self, method)(*fields)
+
+    # -- one method per kind (not overridden: unsupported) --------------------------------------
+    def scalar(self, value: Scalar) -> R:
+        """None, bool, int, finite float or str: the value itself."""
+        raise UnsupportedValueKind(f"plain values ({type(value).__name__}) are not supported here")
+
+    def tensor(self, spec: TensorSpec) -> R:
+        raise NotImplementedError
+
+    def nonfinite_float(self, text: str) -> R:
+        """``repr`` of the float: ``inf``, ``-inf`` or ``nan``."""
+        raise NotImplementedError
+
+    def dtype(self, name: str) -> R:
+        """A torch dtype by name without the ``torch.`` prefix."""
+        raise NotImplementedError
+
+    def device(self, name: str) -> R:
+        raise NotImplementedError
+
+    def torch_constant(self, name: str) -> R:
+        """An attribute of ``torch``: a memory format, layout or qscheme."""
+        raise NotImplementedError
+
+    def size(self, dims: list[int]) -> R:
+        """A ``torch.Size`` (its dimensions are plain ints, not specs)."""
+        raise NotImplementedError
+
+    def enum(self, cls: str, member: str) -> R:
+        raise NotImplementedError
+
+    def type_ref(self, cls: str) -> R:
+        raise NotImplementedError
+
+    def callable_ref(self, path: str) -> R:
+        """An importable function, ``module:qualname``."""
+        raise NotImplementedError
+
+    def complex_number(self, real: float, imag: float) -> R:
+        raise NotImplementedError
+
+    def slice(self, start: Any, stop: Any, step: Any) -> R:
+        """A slice; its three parts are specs."""
+        raise NotImplementedError
+
+    def ellipsis(self) -> R:
+        raise NotImplementedError
+
+    def number(self, cls: str, value: int | float) -> R:
+        """A scalar of another type than int or float (numpy), and its Python value."""
+        raise NotImplementedError
+
+    def sequence(self, kind: ValueKind, items: list[Any], cls: str | None) -> R:
+        """A list or tuple (``kind``); ``cls`` for a subclass, built from the list of items."""
+        raise NotImplementedError
+
+    def mapping(self, items: list[tuple[Any, Any]], cls: str | None) -> R:
+        """A dict as (key spec, value spec) pairs in order; ``cls`` for a subclass."""
+        raise NotImplementedError
+
+    def record(self, kind: ValueKind, cls: str, fields: dict[str, Any]) -> R:
+        """A namedtuple or dataclass (``kind``) with its fields as specs."""
+        raise NotImplementedError
+
+    def object_state(self, cls: str, state: dict[str, Any]) -> R:
+        """An object written as its class and its ``__dict__`` (values as specs)."""
+        raise NotImplementedError
+
+    def module(self, spec: ModuleSpec) -> R:
+        raise NotImplementedError
+
+    def unrecorded(self, type_path: str, text: str, why: str) -> R:
+        """A value that could not be written as data: its type, a short repr, and why."""
+        raise NotImplementedError
+
+    # -- the other cases ---------------------------------------------------------------------
+    def unsupported(self, kind: ValueKind, spec: dict[str, Any]) -> R:
+        """A kind whose method this visitor does not override."""
+        raise UnsupportedValueKind(f"values of kind {kind.value!r} are not supported here")
+
+    def unknown_kind(self, kind: str, spec: dict[str, Any]) -> R:
+        raise UnknownValueKind(f"unknown value kind {kind!r} in the artifact", "upgrade modulelens")
+
+    def malformed(self, spec: Any, why: str) -> R:
+        raise InvalidSpec(
+            f"a stored value spec does not have the expected form ({why})",
+            "the artifact was edited or damaged outside modulelens; capture it again",
+        )
+
+
+class SpecWriter(SpecVisitor[Any]):
+    """Writes specs: each method returns the spec of its fields (children must already be specs).
+
+    ``SpecWriter().visit(spec)`` gives back an equal spec, for every kind."""
+
+    def scalar(self, value: Scalar) -> Any:
+        return value
+
+    def tensor(self, spec: TensorSpec) -> dict[str, Any]:
+        return spec.to_json()
+
+    def nonfinite_float(self, text: str) -> dict[str, Any]:
+        return {KIND: ValueKind.FLOAT.value, "v": text}
+
+    def dtype(self, name: str) -> dict[str, Any]:
+        return {KIND: ValueKind.DTYPE.value, "name": name}
+
+    def device(self, name: str) -> dict[str, Any]:
+        return {KIND: ValueKind.DEVICE.value, "v": name}
+
+    def torch_constant(self, name: str) -> dict[str, Any]:
+        return {KIND: ValueKind.TORCH.value, "name": name}
+
+    def size(self, dims: list[int]) -> dict[str, Any]:
+        return {KIND: ValueKind.SIZE.value, "items": list(dims)}
+
+    def enum(self, cls: str, member: str) -> dict[str, Any]:
+        return {KIND: ValueKind.ENUM.value, "cls": cls, "name": member}
+
+    def type_ref(self, cls: str) -> dict[str, Any]:
+        return {KIND: ValueKind.TYPE.value, "cls": cls}
+
+    def callable_ref(self, path: str) -> dict[str, Any]:
+        return {KIND: ValueKind.CALLABLE.value, "path": path}
+
+    def complex_number(self, real: float, imag: float) -> dict[str, Any]:
+        return {KIND: ValueKind.COMPLEX.value, "re": real, "im": imag}
+
+    def slice(self, start: Any, stop: Any, step: Any) -> dict[str, Any]:
+        return {KIND: ValueKind.SLICE.value, "items": [start, stop, step]}
+
+    def ellipsis(self) -> dict[str, Any]:
+        return {KIND: ValueKind.ELLIPSIS.value}
+
+    def number(self, cls: str, value: int | float) -> dict[str, Any]:
+        return {KIND: ValueKind.NUMBER.value, "cls": cls, "v": value}
+
+    def sequence(self, kind: ValueKind, items: list[Any], cls: str | None) -> dict[str, Any]:
+        if kind not in (ValueKind.LIST, ValueKind.TUPLE):
+            raise ValueError(f"a sequence is a list or a tuple, not {kind.value}")
+        spec = {KIND: kind.value, "items": list(items)}
+        if cls is not None:
+            spec["cls"] = cls
+        return spec
+
+    def mapping(self, items: list[tuple[Any, Any]], cls: str | None) -> dict[str, Any]:
+        spec = {KIND: ValueKind.DICT.value, "items": [[k, v] for k, v in items]}
+        if cls is not None:
+            spec["cls"] = cls
+        return spec
+
+    def record(self, kind: ValueKind, cls: str, fields: dict[str, Any]) -> dict[str, Any]:
+        if kind not in (ValueKind.NAMEDTUPLE, ValueKind.DATACLASS):
+            raise ValueError(f"a record is a namedtuple or a dataclass, not {kind.value}")
+        return {KIND: kind.value, "cls": cls, "fields": dict(fields)}
+
+    def object_state(self, cls: str, state: dict[str, Any]) -> dict[str, Any]:
+        return {KIND: ValueKind.OBJECT.value, "cls": cls, "state": dict(state)}
+
+    def module(self, spec: ModuleSpec) -> dict[str, Any]:
+        return spec.to_json()
+
+    def unrecorded(self, type_path: str, text: str, why: str) -> dict[str, Any]:
+        return {KIND: ValueKind.UNRECORDED.value, "type": type_path, "repr": text, "why": why}
+
+
+class SpecWalker(SpecVisitor[None]):
+    """Visits every node of a spec depth-first, in stored order (dict keys before their values,
+    constructor arguments before keyword arguments). Override :meth:`tensor` or
+    :meth:`class_ref` to collect what a spec holds; the other methods only walk."""
+
+    def class_ref(self, path: str) -> None:
+        """Called for every ``module:qualname`` the spec refers to (classes and functions)."""
+
+    def scalar(self, value: Scalar) -> None:
+        pass
+
+    def tensor(self, spec: TensorSpec) -> None:
+        pass
+
+    def nonfinite_float(self, text: str) -> None:
+        pass
+
+    def dtype(self, name: str) -> None:
+        pass
+
+    def device(self, name: str) -> None:
+        pass
+
+    def torch_constant(self, name: str) -> None:
+        pass
+
+    def size(self, dims: list[int]) -> None:
+        pass
+
+    def enum(self, cls: str, member: str) -> None:
+        self.class_ref(cls)
+
+    def type_ref(self, cls: str) -> None:
+        self.class_ref(cls)
+
+    def callable_ref(self, path: str) -> None:
+        self.class_ref(path)
+
+    def complex_number(self, real: float, imag: float) -> None:
+        pass
+
+    def slice(self, start: Any, stop: Any, step: Any) -> None:
+        for part in (start, stop, step):
+            self.visit(part)
+
+    def ellipsis(self) -> None:
+        pass
+
+    def number(self, cls: str, value: int | float) -> None:
+        self.class_ref(cls)
+
+    def sequence(self, kind: ValueKind, items: list[Any], cls: str | None) -> None:
+        if cls is not None:
+            self.class_ref(cls)
+        for item in items:
+            self.visit(item)
+
+    def mapping(self, items: list[tuple[Any, Any]], cls: str | None) -> None:
+        if cls is not None:
+            self.class_ref(cls)
+        for key, value in items:
+            self.visit(key)
+            self.visit(value)
+
+    def record(self, kind: ValueKind, cls: str, fields: dict[str, Any]) -> None:
+        self.class_ref(cls)
+        for value in fields.values():
+            self.visit(value)
+
+    def object_state(self, cls: str, state: dict[str, Any]) -> None:
+        self.class_ref(cls)
+        for value in state.values():
+            self.visit(value)
+
+    def module(self, spec: ModuleSpec) -> None:
+        self.class_ref(spec.cls)
+        for arg in spec.args:
+            self.visit(arg)
+        for value in spec.kwargs.values():
+            self.visit(value)
+
+    def unrecorded(self, type_path: str, text: str, why: str) -> None:
+        pass
+
+
+class _TensorCollector(SpecWalker):
+    def __init__(self) -> None:
+        self.found: list[TensorSpec] = []
+
+    def tensor(self, spec: TensorSpec) -> None:
+        self.found.append(spec)
+
+
+class _ClassModuleCollector(SpecWalker):
+    def __init__(self) -> None:
+        self.found: set[str] = set()
+
+    def class_ref(self, path: str) -> None:
+        if ":" in path:
+            self.found.add(path.split(":", 1)[0])
+
+
+def tensor_leaves(spec: Any) -> list[TensorSpec]:
+    """Every tensor inside a spec, in stored order."""
+    collector = _TensorCollector()
+    collector.visit(spec)
+    return collector.found
+
+
+def referenced_modules(spec: Any) -> set[str]:
+    """Names of the modules defining every class and function a spec refers to."""
+    collector = _ClassModuleCollector()
+    collector.visit(spec)
+    return collector.found

@@ -1,0 +1,89 @@
+"""What a capture holds, in a few lines: the record ``show_capture`` and ``capture_module`` return,
+built from the typed manifest, and its human rendering for the CLI."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from modulelens.capture.manifest import capture_manifest
+from modulelens.capture.spec import TensorSpec
+from modulelens.repo import Artifact
+
+
+class TensorInfo(BaseModel):
+    key: str
+    shape: list[int]
+    dtype: str
+    stored: bool = Field(description="False when stored shape-only (statistics kept, data not).")
+
+    @classmethod
+    def of(cls, spec: TensorSpec) -> TensorInfo:
+        return cls(key=spec.key, shape=spec.shape, dtype=spec.dtype, stored=spec.stored)
+
+
+class CaptureSummary(BaseModel):
+    ref: str = Field(description="name:vN of this capture.")
+    name: str
+    version: int
+    aliases: list[str] = Field(default_factory=list)
+    module_path: str = Field(description="Qualified name of the module in the model ('' is the root).")
+    class_path: str = Field(description="module:QualName of the module's class.")
+    strategies: list[str] = Field(description="Replay strategies this capture supports, in auto order.")
+    call_index: int
+    training: bool
+    inputs: list[TensorInfo]
+    outputs: list[TensorInfo]
+    weights: int = Field(description="Number of parameter and buffer tensors.")
+    shape_only: list[str] = Field(default_factory=list)
+    backward: bool = Field(False, description="Whether gradients were captured.")
+    unrecorded: list[str] = Field(default_factory=list, description="Values that could not be recorded.")
+    notes: list[str] = Field(default_factory=list)
+    rank: int | None = None
+    world_size: int | None = None
+    created_at: str = ""
+    path: str = Field("", description="Folder of this version in the repository.")
+
+
+def summarize(art: Artifact, aliases: list[str] | None = None) -> CaptureSummary:
+    """The summary of a ``captures`` artifact; ``aliases`` are the tags pointing at it."""
+    m = capture_manifest(art)
+    return CaptureSummary(
+        ref=art.ref, name=art.name, version=art.version, aliases=aliases or [],
+        module_path=m.module_path, class_path=m.class_path, strategies=list(m.strategies),
+        call_index=m.call_index, training=m.training,
+        inputs=[TensorInfo.of(t) for t in m.inputs.tensor_leaves()],
+        outputs=[TensorInfo.of(t) for t in m.output_leaves()], weights=len(m.weights),
+        shape_only=list(m.shape_only), backward=m.backward is not None,
+        unrecorded=list(m.unrecorded), notes=list(m.notes),
+        rank=m.distributed.rank if m.distributed else None,
+        world_size=m.distributed.world_size if m.distributed else None,
+        created_at=m.created_at, path=str(art.path),
+    )
+
+
+def render_summary(s: CaptureSummary, title: str | None = None):
+    """A rich table of the summary, for the CLI."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    t = Table(title=escape(title or s.ref), show_header=False, title_justify="left")
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("ref", s.ref + (f"  ({', '.join(s.aliases)})" if s.aliases else ""))
+    t.add_row("module", escape(f"{s.module_path or '<root>'}  ({s.class_path})  call {s.call_index}"))
+    t.add_row("mode", "train" if s.training else "eval")
+    t.add_row("strategies", ", ".join(s.strategies) or "none")
+    fmt = lambda xs: ", ".join(f"{x.key} {x.dtype}{x.shape}" + ("" if x.stored else " (shape-only)") for x in xs)  # noqa: E731
+    t.add_row("inputs", escape(fmt(s.inputs) or "none"))
+    t.add_row("outputs", escape(fmt(s.outputs) or "none"))
+    t.add_row("weights", f"{s.weights} tensors")
+    if s.backward:
+        t.add_row("backward", "gradients captured")
+    if s.rank is not None:
+        t.add_row("rank", f"{s.rank} of {s.world_size}")
+    for u in s.unrecorded:
+        t.add_row("[yellow]unrecorded[/]", escape(u))
+    for n in s.notes:
+        t.add_row("[yellow]note[/]", escape(n))
+    t.add_row("path", escape(s.path))
+    return t

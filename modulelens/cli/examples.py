@@ -1,0 +1,42 @@
+"""One example command line per tool, shown at the end of the command's ``--help``.
+
+Keyed by tool name; the value is what follows ``modulelens <command>``. The examples follow the
+demo (``scripts/demo.sh``): capture ``blocks.1`` of the example transformer as ``demo-block``, then
+work on its operator cards. ``tests/test_cli_help.py`` parses every example against its command and
+request model, so an example cannot use an option that does not exist, and every tool needs one.
+"""
+
+from __future__ import annotations
+
+__all__ = ["EXAMPLES", "example_line"]
+
+EXAMPLES: dict[str, str] = {
+    "capture_module": "examples/tinyformer/train.py --module blocks.1 --name demo-block -- --steps 3",
+    "replay_module": "demo-block --strategy export",
+    "list_captures": "--name demo-block",
+    "show_capture": "demo-block:v1",
+    "tag_capture": "demo-block:v1 prod",
+    "export_repro": "demo-block@prod --out repros",
+    "capture_ops": "demo-block",
+    "list_op_cards": "demo-block --kind memory --top 5",
+    "show_op_card": "demo-block:v1/2",
+    "replay_op_card": "demo-block:v1/2 --sample 1",
+    "profile": "demo-block:v1/2 --min-run-time 1",
+    "generate_kernel": "demo-block:v1/2 --backend cpp --provider template",
+    "validate_kernel": "demo-block.card2:v1 --seeds 3",
+    "install_skills": "path/to/your/project",
+    "gather_stats": "examples/tinyformer/train.py --every 5 -- --steps 20",
+    "list_opsets": "--capture demo-block",
+    "card_rooflines": "demo-block",
+    "show_capture_tensors": "demo-block:v1",
+    "list_candidates": "--card demo-block:v1/2",
+    "show_candidate": "demo-block.card2:v1",
+    "list_stats_runs": "--quiet",
+    "show_stats_run": "train --stats std --stats zero_frac",
+}
+
+
+def example_line(tool_name: str, cli_name: str) -> str | None:
+    """``modulelens <cli_name> <example>``, or None when the tool has no example."""
+    args = EXAMPLES.get(tool_name)
+    return None if args is None else f"modulelens {cli_name} {args}"

@@ -1,0 +1,73 @@
+"""Short text forms of the values the CLI's tables show (shapes, dtypes, times, shares).
+
+Pure functions; :class:`~modulelens.cli.tables.Cell` forms are built from them (longest first).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from modulelens.cli.tables import ELLIPSIS, Cell
+
+__all__ = ["dtype_short", "dtypes_cell", "elided", "list_cell", "number", "percent", "seconds", "shape", "shapes_cell"]
+
+_DTYPE_PREFIXES = (("bfloat", "bf"), ("float", "f"), ("uint", "u"), ("int", "i"), ("complex", "c"))
+
+
+def shape(dims: Sequence[int] | None) -> str:
+    """``[16,64,128]``: a tensor shape without spaces (``[]`` for a scalar, ``-`` when unknown)."""
+    return "-" if dims is None else "[" + ",".join(str(d) for d in dims) + "]"
+
+
+def elided(parts: Sequence[str], sep: str = " ") -> tuple[str, ...]:
+    """The forms of a list, longest first: all of it, then fewer and fewer leading items and ``…``."""
+    if not parts:
+        return ("-",)
+    forms = [sep.join(parts)]
+    forms += [sep.join(parts[:k]) + f"{sep}{ELLIPSIS}" for k in range(len(parts) - 1, 0, -1)]
+    return tuple(forms)
+
+
+def list_cell(parts: Sequence[str], sep: str = " ", style: str = "") -> Cell:
+    return Cell(elided(parts, sep), style=style)
+
+
+def shapes_cell(shapes: Sequence[Sequence[int] | None]) -> Cell:
+    """``[8,32,64] [64] [64]``, shortened to ``[8,32,64] [64] …`` and so on."""
+    return list_cell([shape(s) for s in shapes])
+
+
+def dtype_short(dtype: str) -> str:
+    """``float32`` -> ``f32``, ``bfloat16`` -> ``bf16``, ``int64`` -> ``i64``; others unchanged."""
+    name = dtype.removeprefix("torch.")
+    for long, short in _DTYPE_PREFIXES:
+        if re.fullmatch(rf"{long}\d+", name):
+            return short + name[len(long):]
+    return name
+
+
+def dtypes_cell(dtypes: Sequence[str]) -> Cell:
+    """The distinct dtypes in order: ``float32,int64``, shortened to ``f32,i64``."""
+    distinct = list(dict.fromkeys(dtypes))
+    if not distinct:
+        return Cell(("-",))
+    return Cell((",".join(distinct), ",".join(dtype_short(d) for d in distinct)))
+
+
+def seconds(s: float | None) -> str:
+    """``12.34 us``, ``1.234 ms``, ``2.345 s`` (``-`` for None)."""
+    if s is None:
+        return "-"
+    if s < 1e-3:
+        return f"{s * 1e6:.2f} us"
+    return f"{s * 1e3:.3f} ms" if s < 1 else f"{s:.3f} s"
+
+
+def percent(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+def number(x: float | None) -> str:
+    """Three significant digits (``-`` for None)."""
+    return "-" if x is None else f"{x:.3g}"

@@ -1,0 +1,422 @@
+"""How the CLI shows each tool's result to a person, keyed by the result model.
+
+Every table goes through :class:`~modulelens.cli.tables.FittedTable`, so ids, references and
+operator names are never cut at any terminal width (``--wide`` shows every column in full). A
+result model without a view here falls back to the tool's own ``render`` or to
+:func:`generic_view` (one row per field).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel
+from rich.console import Group, RenderableType
+from rich.text import Text
+
+from modulelens.capture.summary import CaptureSummary, TensorInfo
+from modulelens.cli.formats import dtypes_cell, list_cell, number, percent, seconds, shape, shapes_cell
+from modulelens.cli.tables import Cell, Column, FittedTable, kv_table
+from modulelens.tools.capture_module import CaptureModuleResult
+from modulelens.tools.capture_ops import CaptureOpsResult
+from modulelens.tools.export_repro import ExportReproResult
+from modulelens.tools.gather_stats import GatherStatsResult
+from modulelens.tools.generate_kernel import GenerateKernelResult
+from modulelens.tools.install_skills import InstallSkillsResult
+from modulelens.tools.list_captures import ListCapturesResult
+from modulelens.tools.profile import ProfileResult
+from modulelens.tools.replay_module import ReplayModuleResult, TensorMatch
+from modulelens.tools.replay_op_card import ReplayOpCardResult
+from modulelens.tools.show_op_card import ShowOpCardResult
+from modulelens.tools.tag_capture import TagCaptureResult
+from modulelens.tools.validate_kernel import ValidateKernelResult
+
+__all__ = ["View", "generic_view", "view_for"]
+
+View = Callable[[Any, bool], RenderableType]  # (result, wide) -> what to print
+
+_GOOD, _BAD, _WARN = "green", "red", "yellow"
+
+
+def _yes_no(ok: bool) -> Cell:
+    return Cell(("yes" if ok else "no",), style=_GOOD if ok else _BAD)
+
+
+def _notes(lines: list[str], label: str = "note") -> list[RenderableType]:
+    return [Text(f"{label}: {line}", style=_WARN) for line in lines]
+
+
+# --------------------------------------------------------------------------------------------
+# Captures
+# --------------------------------------------------------------------------------------------
+
+
+def _tensor_rows(label: str, tensors: list[TensorInfo]) -> list[tuple[str, str]]:
+    if not tensors:
+        return [(label, "none")]
+    return [(label if i == 0 else "", f"{t.key} {t.dtype}{shape(t.shape)}" + ("" if t.stored else " (shape-only)"))
+            for i, t in enumerate(tensors)]
+
+
+def capture_summary_view(s: CaptureSummary, wide: bool, title: str | None = None) -> RenderableType:
+    rows: list[tuple[str, str | Cell]] = [
+        ("ref", s.ref + (f"  ({', '.join(s.aliases)})" if s.aliases else "")),
+        ("module", f"{s.module_path or '<root>'}  ({s.class_path})  call {s.call_index}"),
+        ("mode", "train" if s.training else "eval"),
+        ("strategies", ", ".join(s.strategies) or "none"),
+        *_tensor_rows("inputs", s.inputs),
+        *_tensor_rows("outputs", s.outputs),
+        ("weights", f"{s.weights} tensors"),
+    ]
+    if s.backward:
+        rows.append(("backward", "gradients captured"))
+    if s.rank is not None:
+        rows.append(("rank", f"{s.rank} of {s.world_size}"))
+    rows += [("unrecorded", Cell((u,), style=_WARN)) for u in s.unrecorded]
+    rows += [("note", Cell((n,), style=_WARN)) for n in s.notes]
+    rows.append(("path", s.path))
+    return kv_table(rows, title=title or s.ref)
+
+
+def capture_module_view(r: CaptureModuleResult, wide: bool) -> RenderableType:
+    parts: list[RenderableType] = [capture_summary_view(r, wide, title=f"captured {r.ref} in {r.seconds:.1f} s")]
+    if len(r.captures) > 1:
+        parts.append(Text("captures (one per rank): " + ", ".join(r.captures)))
+    return Group(*parts)
+
+
+def list_captures_view(r: ListCapturesResult, wide: bool) -> RenderableType:
+    table = FittedTable([
+        Column("ref", "key", style="cyan"),
+        Column("tags", "shrink", drop=3),
+        Column("module", "key"),
+        Column("class", "shrink", drop=1),
+        Column("strategies", "shrink", drop=0),
+        Column("created", "shrink", drop=2),
+    ], title=f"captures in {r.repo}", wide=wide)
+    for c in r.captures:
+        table.add_row(
+            c.ref, list_cell(c.tags, ","), c.module_path or "<root>",
+            Cell((c.class_path, c.class_path.rpartition(":")[2])),
+            Cell((", ".join(c.strategies), ",".join(c.strategies))) if c.strategies else "-",
+            Cell((c.created_at, c.created_at[:16].replace("T", " "), c.created_at[:10])) if c.created_at else "-",
+        )
+    return table
+
+
+def replay_module_view(r: ReplayModuleResult, wide: bool) -> RenderableType:
+    table = FittedTable([
+        Column("value", "key"),
+        Column("shape", "shrink", drop=3),
+        Column("dtype", "value", drop=1),
+        Column("max abs err", "value", justify="right"),
+        Column("max rel err", "value", justify="right", drop=2),
+        Column("allclose", "value"),
+    ], title=f"replay of {r.ref} ({r.strategy})", wide=wide)
+
+    def add(o: TensorMatch) -> None:
+        table.add_row(o.name, Cell((shape(o.shape),)), o.dtype, number(o.max_abs_error), number(o.max_rel_error),
+                      _yes_no(o.allclose))
+
+    for o in r.outputs + (r.backward or []):
+        add(o)
+    verdict = (Text("exact match", style=_GOOD) if r.exact else Text("match", style=_GOOD) if r.match
+               else Text("not compared", style=_WARN) if not r.compared else Text("MISMATCH", style=_BAD))
+    summary = Text.assemble(verdict, f" (rtol {r.rtol:g}, atol {r.atol:g}); rebuild {r.reconstruction_seconds * 1e3:.1f} ms, "
+                            f"run {r.run_seconds * 1e3:.1f} ms on {r.device}"
+                            + ("; inputs synthesised" if r.synthesized_inputs else ""))
+    failed = [Text(f"{a.strategy} failed: {a.error}", style=_WARN) for a in r.attempts]
+    return Group(table, summary, *failed, *_notes(r.notes))
+
+
+def export_repro_view(r: ExportReproResult, wide: bool) -> RenderableType:
+    check = ("not run" if r.verified is None else Cell(("reproduces the capture",), style=_GOOD) if r.verified
+             else Cell(("did not reproduce",), style=_BAD))
+    rows: list[tuple[str, str | Cell]] = [("file", r.path), ("flavor", r.flavor), ("data", r.data_dir), ("check", check)]
+    if r.max_abs_error is not None:
+        rows.append(("max abs error", number(r.max_abs_error)))
+    rows += [("skipped", s) for s in r.skipped]
+    return kv_table(rows, title=f"repro of {r.ref}")
+
+
+def tag_capture_view(r: TagCaptureResult, wide: bool) -> RenderableType:
+    name = r.ref.rpartition(":")[0]
+    return Text(f"{name}@{r.tag} -> {r.ref}" + (f" (was {r.previous})" if r.previous else ""))
+
+
+# --------------------------------------------------------------------------------------------
+# Operator cards and profiling
+# --------------------------------------------------------------------------------------------
+
+
+def cards_view(r: CaptureOpsResult, wide: bool) -> RenderableType:
+    table = FittedTable([
+        Column("card", "key", style="cyan"),
+        Column("op", "key"),
+        Column("kind", "value", drop=2),
+        Column("shapes", "shrink", drop=4),
+        Column("dtypes", "shrink", drop=1),
+        Column("calls", "value", justify="right", drop=0),
+        Column("time/run", "value", justify="right", drop=3),
+        Column("share", "value", justify="right", drop=5),
+    ], title=f"operator cards {r.opset} (from {r.capture}, {r.strategy} replay)", wide=wide)
+    for c in r.cards:
+        table.add_row(c.card_id, c.op, c.kind + ("" if c.phase == "forward" else " (bw)"), shapes_cell(c.shapes),
+                      dtypes_cell(c.dtypes), str(c.calls), seconds(c.time_s), percent(c.time_share))
+    caption = Text(f"module run: median {seconds(r.module_time_s)} (p20 {seconds(r.module_time_p20_s)}, "
+                   f"p80 {seconds(r.module_time_p80_s)}) over {r.repeats} runs; listed cards cover "
+                   f"{r.cards_time_share:.0%} of it, view operators {r.views_time_share:.0%}", style="dim")
+    return Group(table, caption, *_notes(r.notes))
+
+
+def show_op_card_view(r: ShowOpCardResult, wide: bool) -> RenderableType:
+    rows: list[tuple[str, str | Cell]] = [
+        ("card", r.card_id),
+        ("op", r.op),
+        ("kind", f"{r.kind}, {r.phase}, on {r.device}"),
+    ]
+    inputs = [f"{d}{shape(s)}" + ("" if c else f" non-contiguous, strides {shape(st)}")
+              for s, d, c, st in zip(r.shapes, r.dtypes, r.contiguous, r.strides)]
+    rows += [("inputs" if i == 0 else "", x) for i, x in enumerate(inputs)] or [("inputs", "none")]
+    rows += [
+        ("other args", json.dumps(r.args, default=str)),
+        ("calls", f"{r.calls} per module run"),
+        ("time", f"median {seconds(r.time_s)} per run = {percent(r.time_share)} of the module"),
+        ("bytes", f"{r.bytes_per_call} per call (inputs + outputs)"),
+        ("samples", f"{len(r.samples)} stored, from capture {r.capture}"),
+    ]
+    return kv_table(rows, title=f"operator card {r.card_id}")
+
+
+def replay_op_card_view(r: ReplayOpCardResult, wide: bool) -> RenderableType:
+    verdict = (Text("exact match", style=_GOOD) if r.exact else Text("match", style=_GOOD) if r.match
+               else Text("MISMATCH", style=_BAD))
+    detail = f" (max abs error {r.max_abs_error:g}, {r.outputs} output(s), {seconds(r.run_seconds)})"
+    if not r.values_compared:
+        detail += "; uninitialised outputs: only shapes and dtypes compared"
+    if r.synthesized_inputs:
+        detail += "; inputs synthesised"
+    return Text.assemble(f"{r.card_id} {r.op} sample {r.sample}: ", verdict, detail)
+
+
+def _compact_shapes(text: str) -> str:
+    """The profiler's ``[[8, 32, 64], [64]]`` without spaces."""
+    return re.sub(r",\s+", ",", text)
+
+
+def profile_view(r: ProfileResult, wide: bool) -> RenderableType:
+    rows: list[tuple[str, str | Cell]] = [
+        ("timed call", r.what),
+        ("median", f"{seconds(r.median_s)} per call (p20 {seconds(r.p20_s)}, p80 {seconds(r.p80_s)})"),
+        ("runs", f"{r.runs} calls in {r.samples} samples after {r.warmup} warm-up calls"),
+        ("timer", r.timer),
+        ("device", f"{r.device}, {r.threads} threads, {r.cache}, autograd {'on' if r.grad_enabled else 'off'}"),
+    ]
+    if r.peak_memory_bytes is not None:
+        rows.append(("peak memory", f"{r.peak_memory_bytes / 2**20:.2f} MiB ({r.peak_memory_method or ''})"))
+    if r.roofline_fraction is not None and r.achieved_bytes_per_s is not None and r.copy_bytes_per_s is not None:
+        rows.append(("bytes moved", f"{r.bytes_moved} per call"))
+        rows.append(("bandwidth", f"{r.achieved_bytes_per_s / 1e9:.2f} GB/s = {percent(r.roofline_fraction)} of this "
+                     f"machine's copy bandwidth ({r.copy_bytes_per_s / 1e9:.2f} GB/s)"))
+    rows += [("note", Cell((n,), style=_WARN)) for n in r.notes]
+    parts: list[RenderableType] = [kv_table(rows, title=f"profile of {r.target}")]
+    if r.breakdown:
+        table = FittedTable([
+            Column("op", "key"),
+            Column("input shapes", "shrink", drop=1),
+            Column("calls", "value", justify="right", drop=0),
+            Column("self time", "value", justify="right", drop=2),
+            Column("share", "value", justify="right"),
+        ], title="top operators by self time (torch.profiler, per call)", wide=wide)
+        for o in r.breakdown:
+            shapes = _compact_shapes(o.input_shapes)
+            table.add_row(o.op, Cell((shapes,)), f"{o.calls_per_run:g}", seconds(o.self_s_per_run), percent(o.share))
+        parts.append(table)
+    return Group(*parts)
+
+
+# --------------------------------------------------------------------------------------------
+# Kernels
+# --------------------------------------------------------------------------------------------
+
+
+def generate_kernel_view(r: GenerateKernelResult, wide: bool) -> RenderableType:
+    rows: list[tuple[str, str | Cell]] = [
+        ("candidate", r.candidate_id),
+        ("card", r.card),
+        ("backend", r.backend),
+        ("provider", r.provider),
+    ]
+    if r.family:
+        rows.append(("template", r.family))
+        rows.append(("params", " ".join(f"{k}={json.dumps(v, separators=(',', ':'), default=str)}"
+                                        for k, v in r.params.items()) or "-"))
+    rows.append(("source", r.source_path))
+    if r.validation:
+        verdict = str(r.validation.get("verdict", "?"))
+        rows.append(("validation", Cell((f"{verdict}: {r.validation.get('reason', '')}",), style=_VERDICT.get(verdict, ""))))
+    return kv_table(rows, title=f"generated {r.candidate_id}")
+
+
+_VERDICT = {"custom": _GOOD, "wrapper": _WARN, "rejected": _BAD}
+
+
+def validate_kernel_view(r: ValidateKernelResult, wide: bool) -> RenderableType:
+    head = Text.assemble((r.verdict, f"bold {_VERDICT[r.verdict]}"), f" {r.candidate_id} for {r.target} ({r.backend})")
+    rows: list[tuple[str, str | Cell]] = [("reason", r.reason)]
+    if r.speedup_vs_eager is not None and r.eager and r.candidate:
+        rows.append(("speedup", f"{r.speedup_vs_eager:.2f}x vs eager"
+                     + (f", {r.speedup_vs_compile:.2f}x vs torch.compile" if r.speedup_vs_compile is not None else "")))
+        for label, t in (("eager", r.eager), ("candidate", r.candidate)):
+            rows.append((label, f"{seconds(t.median_s)} (p20 {seconds(t.p20_s)}, p80 {seconds(t.p80_s)})"))
+    if r.timing_note:
+        rows.append(("timing", r.timing_note))
+    passed = sum(c.passed for c in r.checks)
+    rows.append(("checks", Cell((f"{passed}/{len(r.checks)} passed; stage reached: {r.stage}",),
+                                style=_GOOD if passed == len(r.checks) and r.checks else _WARN)))
+    rows += [("flag", Cell((f,), style=_WARN)) for f in r.flags]
+    rows += [("error", Cell((e,), style=_BAD)) for e in (r.errors if wide else r.errors[:3])]
+    rows.append(("report", r.report))
+    parts: list[RenderableType] = [head, kv_table(rows)]
+    shown = r.checks if wide else [c for c in r.checks if not c.passed]
+    if shown:
+        table = FittedTable([Column("check", "value"), Column("passed", "value"), Column("detail", "text")],
+                            title="checks" if wide else "failed checks", wide=wide, stack=True)
+        for c in shown:
+            table.add_row(c.name, _yes_no(c.passed), c.detail or "-")
+        parts.append(table)
+    return Group(*parts)
+
+
+# --------------------------------------------------------------------------------------------
+# Statistics and skills
+# --------------------------------------------------------------------------------------------
+
+
+def _number_columns(*headers: tuple[str, int]) -> list[Column]:
+    """Right-aligned optional number columns: (header, drop) each."""
+    return [Column(header, "value", justify="right", drop=drop) for header, drop in headers]
+
+
+def _findings_table(r: GatherStatsResult, wide: bool) -> FittedTable:
+    table = FittedTable([
+        Column("kind", "key"),
+        Column("module", "key"),
+        Column("step", "value", justify="right", drop=0),
+        Column("message", "text"),
+        Column("action", "text"),
+    ], title="findings", wide=wide, stack=True)
+    for f in r.findings:
+        table.add_row(Cell((f.kind,), style=_BAD if f.severity == "error" else _WARN), f.module or "(model)",
+                      str(f.step), f.message, f.action)
+    return table
+
+
+def _types_table(r: GatherStatsResult, wide: bool) -> FittedTable:
+    columns = [Column("type", "key"), *_number_columns(("modules", 0), ("act std", 4), ("zero frac", 3),
+                                                       ("grad std", 2), ("update ratio", 1))]
+    table = FittedTable(columns, title="by module type (last sampled step)", wide=wide)
+    for row in r.by_type:
+        table.add_row(row.type, str(row.modules), number(row.activation_std), number(row.activation_zero_frac),
+                      number(row.gradient_std), number(row.update_ratio))
+    return table
+
+
+def _tensors_table(r: GatherStatsResult, wide: bool) -> FittedTable:
+    columns = [Column("tensor", "key"), Column("group", "value", drop=2), Column("shape", "shrink", drop=6),
+               *_number_columns(("mean", 8), ("std", 9), ("kurtosis", 3), ("zero frac", 7), ("min", 4), ("max", 5),
+                                ("NaN/Inf", 1))]
+    table = FittedTable(columns, title="tensors", wide=wide)
+    for t in r.tensors:
+        table.add_row(t.key, t.group, Cell((shape(t.shape),)), number(t.mean), number(t.std), number(t.kurtosis),
+                      number(t.zero_frac), number(t.min), number(t.max), f"{t.nan or 0}/{t.inf or 0}")
+    return table
+
+
+def gather_stats_view(r: GatherStatsResult, wide: bool) -> RenderableType:
+    what = (f": {r.modules} modules, {r.steps_sampled} sampled step(s) of {r.steps_seen}, order from {r.order_source}"
+            if r.source == "script" else f": {len(r.tensors)} tensors of the capture")
+    parts: list[RenderableType] = [Text.assemble(("statistics ", "bold"), (r.run_id, "bold cyan"), what)]
+    parts.append(_findings_table(r, wide) if r.findings else Text("no findings", style=_GOOD))
+    if r.by_type:
+        parts.append(_types_table(r, wide))
+    if r.tensors:
+        parts.append(_tensors_table(r, wide))
+    parts += _notes(r.notes)
+    parts.append(Text(f"report: {r.report_html or '-'}"))
+    return Group(*parts)
+
+
+def install_skills_view(r: InstallSkillsResult, wide: bool) -> RenderableType:
+    table = FittedTable([Column("file", "key"), Column("status", "value")], title=f"skills installed in {r.target}",
+                        wide=wide)
+    styles = {"written": _GOOD, "unchanged": "dim", "skipped": _WARN}
+    for status in ("written", "unchanged", "skipped"):
+        for rel in getattr(r, status):
+            table.add_row(rel, Cell((status,), style=styles[status]))
+    return Group(table, Text("Next steps:\n" + r.next_steps))
+
+
+# --------------------------------------------------------------------------------------------
+# Lookup, and the view of anything else
+# --------------------------------------------------------------------------------------------
+
+_VIEWS: dict[type[BaseModel], View] = {
+    CaptureModuleResult: capture_module_view,
+    CaptureSummary: capture_summary_view,  # show_capture
+    ListCapturesResult: list_captures_view,
+    ReplayModuleResult: replay_module_view,
+    ExportReproResult: export_repro_view,
+    TagCaptureResult: tag_capture_view,
+    CaptureOpsResult: cards_view,  # capture_ops, list_op_cards
+    ShowOpCardResult: show_op_card_view,
+    ReplayOpCardResult: replay_op_card_view,
+    ProfileResult: profile_view,
+    GenerateKernelResult: generate_kernel_view,
+    ValidateKernelResult: validate_kernel_view,
+    GatherStatsResult: gather_stats_view,
+    InstallSkillsResult: install_skills_view,
+}
+
+
+def view_for(result_type: type[BaseModel]) -> View | None:
+    """The view of this result model, or of the nearest base model that has one."""
+    for cls in result_type.__mro__:
+        if cls in _VIEWS:
+            return _VIEWS[cls]
+    return None
+
+
+def _value_cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, (str, int, float, bool)):
+        return str(value)
+    if isinstance(value, list) and all(isinstance(v, (str, int, float, bool)) or v is None for v in value):
+        return ", ".join("-" if v is None else str(v) for v in value) or "[]"
+    return json.dumps(value, separators=(",", ":"), default=str)
+
+
+def _records_table(name: str, records: list[dict[str, Any]], wide: bool) -> FittedTable:
+    keys: list[str] = []
+    for row in records:
+        keys.extend(k for k in row if k not in keys)
+    table = FittedTable([Column(k, "text") for k in keys], title=name, wide=wide)
+    for row in records:
+        table.add_row(*(_value_cell(row.get(k)) for k in keys))
+    return table
+
+
+def generic_view(result: BaseModel, wide: bool) -> RenderableType:
+    """One row per field; lists of records as their own tables below."""
+    rows: list[tuple[str, str | Cell]] = []
+    tables: list[RenderableType] = []
+    for name, value in result.model_dump(mode="json").items():
+        if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            tables.append(_records_table(name, value, wide))
+        else:
+            rows.append((name, _value_cell(value)))
+    return Group(kv_table(rows), *tables)

@@ -1,0 +1,104 @@
+"""Read-only views of the candidates in a repository: one row per candidate with its latest
+verdict, and one candidate in full (source, provenance and latest validation report).
+
+:class:`CandidateListing` is the typed view of a ``candidates`` manifest that these views read (the
+fields :func:`~modulelens.kernels.candidates.save_candidate` writes today). It stands in for the
+candidate model ``kernels/`` will own; unknown fields are kept, so any candidate written so far loads.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from modulelens.kernels.candidates import CANDIDATES, REPORTS, latest_report, load_candidate, report_name
+from modulelens.kernels.report import ValidationReport
+from modulelens.ops.cards import KIND as OPSETS
+from modulelens.ops.cards import parse_card_id
+from modulelens.repo import Artifact, ManifestBase, Repository
+
+
+class CandidateTarget(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    card_id: str
+    op: str = ""
+    kind: str = ""
+
+
+class CandidateListing(ManifestBase):
+    target: CandidateTarget
+    backend: str = ""
+    family: str | None = None
+    provider: str = ""
+    parent: str | None = None
+    source_file: str = ""
+
+
+class CandidateEntry(BaseModel):
+    candidate_id: str = Field(description="name:vN of the candidate (use with validate-kernel).")
+    card_id: str = Field(description="The operator card it implements.")
+    op: str
+    kind: str
+    backend: str
+    provider: str
+    family: str | None = None
+    parent: str | None = Field(None, description="The candidate it repairs or improves, if any.")
+    created_at: str
+    reports: int = Field(description="How many validations are stored.")
+    report: str | None = Field(None, description="Reference of the latest validation report (None: not validated).")
+    verdict: str | None = Field(None, description="custom, wrapper or rejected; None when never validated.")
+    correct: bool | None = None
+    reason: str | None = None
+    speedup_vs_eager: float | None = None
+
+
+def _entry(repo: Repository, art: Artifact) -> tuple[CandidateEntry, ValidationReport | None]:
+    m = art.manifest_as(CandidateListing)
+    versions = repo.versions(REPORTS, report_name(art))
+    report = latest_report(repo, art) if versions else None
+    entry = CandidateEntry(
+        candidate_id=art.ref, card_id=m.target.card_id, op=m.target.op, kind=m.target.kind, backend=m.backend,
+        provider=m.provider, family=m.family, parent=m.parent, created_at=m.created_at, reports=len(versions),
+        report=f"{report_name(art)}:v{versions[-1]}" if versions else None,
+        verdict=report.verdict if report else None, correct=report.correct if report else None,
+        reason=report.reason if report else None, speedup_vs_eager=report.speedup_vs_eager if report else None,
+    )
+    return entry, report
+
+
+def candidate_entries(repo: Repository, card: str | None = None) -> list[CandidateEntry]:
+    """Every candidate version, by name then version; only those for ``card`` when given (a card id
+    such as ``blk/6``; its opset reference is resolved first)."""
+    wanted = None
+    if card:
+        ref, index = parse_card_id(card)
+        name, version = repo.resolve(OPSETS, ref)
+        wanted = f"{name}:v{version}/{index}"
+    out = []
+    for name in repo.names(CANDIDATES):
+        for version in repo.versions(CANDIDATES, name):
+            entry, _ = _entry(repo, repo.open(CANDIDATES, f"{name}:v{version}"))
+            if wanted is None or entry.card_id == wanted:
+                out.append(entry)
+    return out
+
+
+class CandidateView(BaseModel):
+    entry: CandidateEntry
+    source: str = Field(description="The kernel source text.")
+    source_path: str = Field(description="The source file in the repository.")
+    entry_point: str
+    params: dict[str, Any] = Field(default_factory=dict)
+    provenance: dict[str, Any] = Field(default_factory=dict)
+    report: ValidationReport | None = Field(None, description="The latest validation report in full.")
+
+
+def candidate_view(repo: Repository, candidate_id: str) -> CandidateView:
+    """One candidate in full: its row, source (checked against its sha256) and latest report."""
+    art, src = load_candidate(repo, candidate_id)
+    entry, report = _entry(repo, art)
+    source_file = art.manifest_as(CandidateListing).source_file
+    return CandidateView(entry=entry, source=src.source, source_path=str(art.file(source_file)),
+                         entry_point=src.entry, params=src.params, provenance=src.provenance, report=report)

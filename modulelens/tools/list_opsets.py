@@ -1,0 +1,42 @@
+"""list_opsets: the operator-card sets (from capture_ops) in the repository."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from modulelens.ops.opsets import OpsetEntry, opset_entries
+from modulelens.registry import Tool, ToolContext, register
+from modulelens.repo import Repository
+from modulelens.tables import rows_table
+
+
+class ListOpsetsRequest(BaseModel):
+    capture: str | None = Field(None, description="Only the opsets recorded from this capture (name, name:v3, "
+                                "name@tag).")
+
+
+class ListOpsetsResult(BaseModel):
+    repo: str = Field(description="The repository folder.")
+    opsets: list[OpsetEntry]
+
+
+def list_opsets(req: ListOpsetsRequest, ctx: ToolContext) -> ListOpsetsResult:
+    repo = Repository(ctx.repo_root)
+    return ListOpsetsResult(repo=str(repo.root), opsets=opset_entries(repo, req.capture))
+
+
+def _render(r: ListOpsetsResult):
+    return rows_table(f"opsets in {r.repo}", ("opset", "tags", "capture", "cards", "module run (s)", "device"),
+                      ((o.ref, ", ".join(o.tags), o.capture, o.cards, o.module_time_s, o.device) for o in r.opsets))
+
+TOOL = register(
+    Tool(
+        name="list_opsets",
+        request=ListOpsetsRequest,
+        result=ListOpsetsResult,
+        fn=list_opsets,
+        summary="List the operator-card sets in the repository (one per capture-ops run): capture, number of "
+        "cards, module time.",
+        render=_render,
+    )
+)

@@ -1,0 +1,95 @@
+"""The UI's pages. Each one gets its data from tools of the registry (no product logic here),
+shapes it for its template, and renders it. Errors (unknown references, invalid names) become the
+error page through the app's exception handler."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import HTMLResponse
+
+from modulelens.ui.render import repo_file
+from modulelens.ui.sections import section
+from modulelens.ui.state import ui_state
+from modulelens.ui.tree import ParamLeaf, module_tree
+
+TENSOR_GROUPS = ("input", "output", "weight", "gradient")
+# The statistics the training-statistics page can plot (per module and per type, over steps).
+PLOTTED_STATS = ["std", "zero_frac", "mean", "rms", "kurtosis", "gain", "min", "max"]
+
+
+def captures_page(request: Request) -> HTMLResponse:
+    ui = ui_state(request)
+    listing = ui.call("list_captures")
+    return ui.page("captures.html", "captures", title="Captures", captures=listing.captures)
+
+
+def capture_page(request: Request) -> HTMLResponse:
+    ui = ui_state(request)
+    summary = ui.call("show_capture", ref=request.path_params["ref"])
+    tensors = ui.call("show_capture_tensors", ref=summary.ref)
+    opsets = ui.call("list_opsets", capture=summary.ref).opsets
+    weights = [ParamLeaf(t.key, t.shape, t.dtype) for t in tensors.tensors if t.group == "weight"]
+    groups = {g: [t for t in tensors.tensors if t.group == g] for g in TENSOR_GROUPS}
+    return ui.page("capture.html", "captures", title=summary.ref, capture=summary, opsets=opsets,
+                   tree=module_tree(summary.module_path, summary.class_path, weights), groups=groups,
+                   tensor_notes=tensors.notes)
+
+
+def opsets_page(request: Request) -> HTMLResponse:
+    ui = ui_state(request)
+    return ui.page("opsets.html", "cards", title="Operator cards", opsets=ui.call("list_opsets").opsets)
+
+
+def opset_page(request: Request) -> HTMLResponse:
+    ui = ui_state(request)
+    cards = ui.call("list_op_cards", ref=request.path_params["ref"])
+    rooflines = ui.call("card_rooflines", ref=cards.opset)
+    roofline_of = {r.card_id: r for r in rooflines.cards}
+    candidates = ui.call("list_candidates").candidates
+    candidates_of: dict[str, list[Any]] = {}
+    for c in candidates:
+        candidates_of.setdefault(c.card_id, []).append(c)
+    return ui.page("opset.html", "cards", title=f"Cards of {cards.opset}", cards=cards, rooflines=rooflines,
+                   roofline_of=roofline_of, candidates_of=candidates_of)
+
+
+def candidates_page(request: Request) -> HTMLResponse:
+    ui = ui_state(request)
+    return ui.page("candidates.html", "candidates", title="Candidates",
+                   candidates=ui.call("list_candidates").candidates)
+
+
+def candidate_page(request: Request) -> HTMLResponse:
+    ui = ui_state(request)
+    view = ui.call("show_candidate", candidate=request.path_params["ref"])
+    return ui.page("candidate.html", "candidates", title=view.entry.candidate_id, view=view,
+                   source_url=repo_file(view.source_path, ui.settings.repo_root))
+
+
+def stats_runs_page(request: Request) -> HTMLResponse:
+    ui = ui_state(request)
+    return ui.page("stats_runs.html", "stats", title="Training statistics", runs=ui.call("list_stats_runs").runs)
+
+
+def stats_run_page(request: Request) -> HTMLResponse:
+    ui = ui_state(request)
+    view = ui.call("show_stats_run", run=request.path_params["ref"], stats=PLOTTED_STATS)
+    root = ui.settings.repo_root
+    return ui.page("stats_run.html", "stats", title=view.entry.run_id, view=view,
+                   plot_data=view.model_dump(mode="json", include={"steps", "modules", "types", "findings"}),
+                   report_html=repo_file(view.report_html, root), report_png=repo_file(view.report_png, root))
+
+
+def tool_section_page(request: Request) -> HTMLResponse:
+    """A tool-backed section (searches, packs): its list tool's result, or "none yet"."""
+    ui = ui_state(request)
+    s = section(request.url.path.strip("/"))
+    result = ui.call(s.list_tool).model_dump(mode="json") if s.list_tool and ui.has_tool(s.list_tool) else None
+    return ui.page("section.html", s.key, title=s.title, section=s, result=result)
+
+
+def jobs_page(request: Request) -> HTMLResponse:
+    ui = ui_state(request)
+    return ui.page("jobs.html", "jobs", title="Jobs")

@@ -1,0 +1,90 @@
+"""The capture manifest model: files written by the previous version load through it unchanged,
+their value specs decode, and a damaged manifest is a clear error."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+
+import modulelens
+from modulelens.capture.manifest import CaptureManifest, capture_manifest
+from modulelens.capture.sources import Resolver
+from modulelens.capture.spec import ModuleSpec
+from modulelens.capture.values import Decoder, TensorSource
+from modulelens.errors import ChecksumMismatch
+from modulelens.repo import Repository
+
+FIXTURES = Path(__file__).parent / "fixtures"
+MODEL_PY = Path(__file__).resolve().parent.parent / "examples" / "tinyformer" / "model.py"
+
+
+def _fixture(name: str) -> dict:
+    return json.loads((FIXTURES / name).read_text())
+
+
+@pytest.mark.parametrize("name", ["capture_manifest_blk.json", "capture_manifest_shape_only.json"])
+def test_manifest_written_by_the_previous_version_loads_unchanged(name):
+    stored = _fixture(name)
+    m = CaptureManifest.model_validate(stored)
+    assert m.model_dump(mode="json") == stored  # nothing lost, nothing added
+    assert (m.schema_version, m.kind, m.version) == (1, "captures", 1)
+    assert (m.module_path, m.class_path, m.strategies) == ("blocks.1", "model:Block", ["source", "export"])
+    assert m.source.kind == "script" and m.source.argv[-2:] == ["--steps", "1"] and m.distributed is None
+    assert m.export.ok and m.backward is None and m.training and m.input_tensors == 1
+    assert isinstance(m.init, ModuleSpec) and m.init.cls == "model:Block" and m.init.bind_error is None
+    assert [t.key for t in m.inputs.tensor_leaves()] == ["args.0"] and [t.key for t in m.output_leaves()] == ["output"]
+    weights = m.weight_specs()
+    assert len(weights) == 12 and all(w.parameter for w in weights.values() if w.requires_grad)
+
+
+@pytest.mark.parametrize("name", ["capture_manifest_blk.json", "capture_manifest_shape_only.json"])
+def test_value_specs_of_the_previous_version_decode(name):
+    m = CaptureManifest.model_validate(_fixture(name))
+    resolver = Resolver({"model": (MODEL_PY.read_text(), str(MODEL_PY))})
+    data = {t.key: torch.zeros(t.shape) for t in [*m.inputs.tensor_leaves(), *m.output_leaves()] if t.stored}
+    source = TensorSource(data)
+    decoder = Decoder(source, resolver)
+    args, kwargs = decoder.decode(m.inputs.args), decoder.decode(m.inputs.kwargs)
+    output = decoder.decode(m.output_leaves()[0].to_json())
+    assert kwargs == {} and args[0].shape == output.shape == (8, 32, 64) and args[0].requires_grad
+    assert source.synthesized == ([] if name == "capture_manifest_blk.json" else ["args.0", "output"])
+
+    assert m.init is not None
+    block = resolver(m.init.cls)(*map(decoder.decode, m.init.args), **{k: decoder.decode(v) for k, v in m.init.kwargs.items()})
+    assert isinstance(block, nn.Module) and type(block).__name__ == "Block"
+    specs = m.weight_specs()
+    weights = {n: TensorSource({s.key: torch.zeros(s.shape) for s in specs.values()}).get(s) for n, s in specs.items()}
+    assert {n: tuple(t.shape) for n, t in weights.items()} == {n: tuple(t.shape) for n, t in block.state_dict().items()}
+
+
+def test_manifest_of_an_earlier_minimal_file_gets_defaults():
+    m = CaptureManifest.model_validate({"schema_version": 1, "kind": "captures", "name": "x", "version": 1})
+    assert m.init is None and m.strategies == [] and m.inputs.tensor_leaves() == [] and m.weight_specs() == {}
+    assert m.environment.device == "cpu" and m.source.kind == "script" and m.output_leaves() == []
+
+
+def test_show_capture_returns_the_manifest_as_stored(tmp_path):
+    with modulelens.capture("", name="lin", repo=tmp_path) as cap:
+        nn.Linear(3, 2)(torch.randn(4, 3))
+    assert cap.artifact is not None
+    stored = json.loads((cap.artifact.path / "manifest.json").read_text())
+    shown = modulelens.show_capture("lin", repo=str(tmp_path))
+    assert shown.manifest == stored and shown.inputs[0].shape == [4, 3] and shown.weights == 2
+    m = capture_manifest(cap.artifact)
+    assert m.source.kind == "api" and m.init is not None and m.init.kwargs == {"in_features": 3, "out_features": 2}
+
+
+@pytest.mark.parametrize("change,where", [
+    ({"strategies": ["teleport"]}, "strategies.0"),
+    ({"init": {"$": "module", "args": []}}, "init.cls"),
+    ({"inputs": "nothing"}, "inputs"),
+])
+def test_damaged_manifest_is_a_clear_error(tmp_path, change, where):
+    repo = Repository(tmp_path)
+    art = repo.create("captures", "bad", lambda folder: {**_fixture("capture_manifest_blk.json"), **change})
+    with pytest.raises(ChecksumMismatch, match=f"manifest of bad:v1 does not have the expected form \\({where}"):
+        capture_manifest(repo.open("captures", art.ref))

@@ -1,0 +1,58 @@
+"""The repro renderer (modulelens.capture.repro): value specs rendered as Python expressions that
+evaluate, in the generated file's namespace, to what the decoder gives."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from modulelens.capture.repro import _HEADER, NotStandalone, ReproRenderer
+from modulelens.capture.sources import Resolver
+from modulelens.capture.spec import KIND, ModuleSpec
+from modulelens.capture.values import Decoder, TensorSource
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def _evaluate(expr: str, imports: set[str], tmp_path: Path):
+    """Evaluate a rendered expression after the generated file's header (its helpers and imports)."""
+    namespace = {"__file__": str(tmp_path / "repro.py"), "__name__": "repro"}
+    header = _HEADER.format(ref="x:v1", class_path="m:C", module_path="", data_name="data",
+                            imports="".join(f"import {m}\n" for m in sorted(imports)))
+    exec(compile(header, "repro.py", "exec"), namespace)
+    return eval(expr, namespace)
+
+
+def test_every_kind_renders_to_what_the_decoder_gives(tmp_path):
+    spec = json.loads((FIXTURES / "value_specs_all_kinds.json").read_text())["value"]
+    renderer = ReproRenderer(set())
+    rendered = _evaluate(renderer.visit(spec), renderer.imports, tmp_path)
+    decoded = Decoder(TensorSource({}), Resolver()).decode(spec)
+    assert rendered.keys() == decoded.keys()
+    for key, want in decoded.items():
+        got = rendered[key]
+        if isinstance(want, torch.Tensor):  # stored shape-only: both make data up from the statistics
+            assert (got.shape, got.dtype, got.requires_grad) == (want.shape, want.dtype, want.requires_grad), key
+        elif isinstance(want, float) and math.isnan(want):
+            assert math.isnan(got)
+        elif key == "obj":
+            assert type(got) is type(want) and vars(got) == vars(want)
+        else:
+            assert got == want and type(got) is type(want), key
+    assert {"urllib.parse", "pstats", "argparse", "collections", "http"} <= renderer.imports
+
+
+def test_inlined_and_foreign_classes(tmp_path):
+    module = ModuleSpec(cls="mymodel:Net", args=[{KIND: "dtype", "name": "float16"}], kwargs={"depth": 2})
+    renderer = ReproRenderer({"mymodel"})
+    assert renderer.module(module) == "Net(torch.float16, depth=2)" and renderer.imports == set()
+    with pytest.raises(NotStandalone, match="needs mymodel.Net from outside torch"):
+        ReproRenderer(set()).module(module)
+    with pytest.raises(NotStandalone, match="builtins:function was not recorded"):
+        ReproRenderer(set()).visit({KIND: "unrecorded", "type": "builtins:function", "repr": "<lambda>", "why": "lambda"})
+    one = ReproRenderer(set()).visit({KIND: "tuple", "items": [1]})
+    assert _evaluate(one, set(), tmp_path) == (1,)

@@ -256,6 +256,14 @@ def _cell(v: Any) -> str:
     return f'<td class="l">{html.escape(str(v))}</td>'
 
 
+def _held_text(f: dict[str, Any]) -> str:
+    """``step 10``, or ``steps 0-10 (held on 5 sampled steps)`` for a finding judged on several steps."""
+    first, last, count = f.get("first_step"), f.get("last_step"), f.get("steps_held", 1)
+    if first is None or first == last:
+        return f"step {f.get('step')}"
+    return f"steps {first}-{last} (held on {count} sampled steps)"
+
+
 def _findings_html(findings: list[dict[str, Any]]) -> str:
     if not findings:
         return "<p>No findings: nothing looks dead, exploding, vanishing, saturated or non-finite.</p>"
@@ -264,7 +272,7 @@ def _findings_html(findings: list[dict[str, Any]]) -> str:
         ev = ", ".join(f"{k}={v}" for k, v in f.get("evidence", {}).items())
         parts.append(
             f'<div class="f {html.escape(f.get("severity", "error"))}"><span class="k">{html.escape(f["kind"])}</span> '
-            f"at <code>{html.escape(f['module'] or '(model)')}</code>, step {f.get('step')}<br>"
+            f"at <code>{html.escape(f['module'] or '(model)')}</code>, {_held_text(f)}<br>"
             f"{html.escape(f['message'])}<br><span class=\"a\">Action: {html.escape(f['action'])}</span><br>"
             f'<span class="note">{html.escape(ev)}</span></div>'
         )

@@ -50,7 +50,7 @@ def main() -> None:
             continue
         _, card = open_card(Repository(ctx.repo_root), c.card_id)
         try:
-            n = templates.variants({**card, "card_id": c.card_id}, args.backend)
+            n = templates.variants(card, args.backend)
         except ModuleLensError:
             n = 0
         if n == 0:  # random, in-place, copy and mask operators have no template

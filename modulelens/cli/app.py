@@ -43,6 +43,7 @@ from modulelens.errors import ModuleLensError
 from modulelens.registry import Tool, ToolContext
 from modulelens.repo import default_repo_root
 from modulelens.tools import all_tools
+from modulelens.version import package_version
 
 __all__ = ["build_app", "get_app", "is_argument_field", "main"]
 
@@ -366,17 +367,6 @@ def _make_command(tool: Tool, rich_help: bool) -> Callable[..., None]:
     return command
 
 
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("modulelens")
-    except PackageNotFoundError:
-        import modulelens
-
-        return str(getattr(modulelens, "__version__", "unknown"))
-
-
 def _stdout_is_terminal() -> bool:
     return Console().is_terminal
 
@@ -459,7 +449,7 @@ def build_app(tools: list[Tool], rich_help: bool | None = None) -> typer.Typer:
     @app.command("version")
     def version_command() -> None:
         """Print the modulelens version."""
-        typer.echo(_version())
+        typer.echo(package_version())
 
     return app
 

@@ -20,19 +20,18 @@ from rich.text import Text
 from modulelens.capture.summary import CaptureSummary, TensorInfo
 from modulelens.cli.formats import dtypes_cell, list_cell, number, percent, seconds, shape, shapes_cell
 from modulelens.cli.tables import Cell, Column, FittedTable, kv_table
+from modulelens.kernels.sandboxed import CandidateValidation
+from modulelens.ops.replay import CardReplay
+from modulelens.ops.summary import CardDetail, OpSetSummary
+from modulelens.profiling.targets import ProfileResult
 from modulelens.tools.capture_module import CaptureModuleResult
-from modulelens.tools.capture_ops import CaptureOpsResult
 from modulelens.tools.export_repro import ExportReproResult
 from modulelens.tools.gather_stats import GatherStatsResult
 from modulelens.tools.generate_kernel import GenerateKernelResult
 from modulelens.tools.install_skills import InstallSkillsResult
 from modulelens.tools.list_captures import ListCapturesResult
-from modulelens.tools.profile import ProfileResult
 from modulelens.tools.replay_module import ReplayModuleResult, TensorMatch
-from modulelens.tools.replay_op_card import ReplayOpCardResult
-from modulelens.tools.show_op_card import ShowOpCardResult
 from modulelens.tools.tag_capture import TagCaptureResult
-from modulelens.tools.validate_kernel import ValidateKernelResult
 
 __all__ = ["View", "generic_view", "view_for"]
 
@@ -152,7 +151,7 @@ def tag_capture_view(r: TagCaptureResult, wide: bool) -> RenderableType:
 # --------------------------------------------------------------------------------------------
 
 
-def cards_view(r: CaptureOpsResult, wide: bool) -> RenderableType:
+def cards_view(r: OpSetSummary, wide: bool) -> RenderableType:
     table = FittedTable([
         Column("card", "key", style="cyan"),
         Column("op", "key"),
@@ -172,7 +171,7 @@ def cards_view(r: CaptureOpsResult, wide: bool) -> RenderableType:
     return Group(table, caption, *_notes(r.notes))
 
 
-def show_op_card_view(r: ShowOpCardResult, wide: bool) -> RenderableType:
+def show_op_card_view(r: CardDetail, wide: bool) -> RenderableType:
     rows: list[tuple[str, str | Cell]] = [
         ("card", r.card_id),
         ("op", r.op),
@@ -191,7 +190,7 @@ def show_op_card_view(r: ShowOpCardResult, wide: bool) -> RenderableType:
     return kv_table(rows, title=f"operator card {r.card_id}")
 
 
-def replay_op_card_view(r: ReplayOpCardResult, wide: bool) -> RenderableType:
+def replay_op_card_view(r: CardReplay, wide: bool) -> RenderableType:
     verdict = (Text("exact match", style=_GOOD) if r.exact else Text("match", style=_GOOD) if r.match
                else Text("MISMATCH", style=_BAD))
     detail = f" (max abs error {r.max_abs_error:g}, {r.outputs} output(s), {seconds(r.run_seconds)})"
@@ -264,7 +263,7 @@ def generate_kernel_view(r: GenerateKernelResult, wide: bool) -> RenderableType:
 _VERDICT = {"custom": _GOOD, "wrapper": _WARN, "rejected": _BAD}
 
 
-def validate_kernel_view(r: ValidateKernelResult, wide: bool) -> RenderableType:
+def validate_kernel_view(r: CandidateValidation, wide: bool) -> RenderableType:
     head = Text.assemble((r.verdict, f"bold {_VERDICT[r.verdict]}"), f" {r.candidate_id} for {r.target} ({r.backend})")
     rows: list[tuple[str, str | Cell]] = [("reason", r.reason)]
     if r.speedup_vs_eager is not None and r.eager and r.candidate:
@@ -371,12 +370,12 @@ _VIEWS: dict[type[BaseModel], View] = {
     ReplayModuleResult: replay_module_view,
     ExportReproResult: export_repro_view,
     TagCaptureResult: tag_capture_view,
-    CaptureOpsResult: cards_view,  # capture_ops, list_op_cards
-    ShowOpCardResult: show_op_card_view,
-    ReplayOpCardResult: replay_op_card_view,
+    OpSetSummary: cards_view,  # capture_ops, list_op_cards
+    CardDetail: show_op_card_view,
+    CardReplay: replay_op_card_view,
     ProfileResult: profile_view,
     GenerateKernelResult: generate_kernel_view,
-    ValidateKernelResult: validate_kernel_view,
+    CandidateValidation: validate_kernel_view,
     GatherStatsResult: gather_stats_view,
     InstallSkillsResult: install_skills_view,
 }

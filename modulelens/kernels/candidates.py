@@ -2,7 +2,8 @@
 
 A candidate for card ``blk:v1/6`` is stored as ``candidates/blk.card6/vN`` (candidate id
 ``blk.card6:vN``) with its source file; each validation of it is a version of
-``reports/blk.card6.vN``.
+``reports/blk.card6.vN``. Their manifests are :class:`CandidateManifest` and
+:class:`ReportManifest`; nothing reads them by string key.
 """
 
 from __future__ import annotations
@@ -10,43 +11,87 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from modulelens.kernels.report import ValidationReport
-from modulelens.kernels.source import KernelSource
-from modulelens.repo import Artifact, Repository
+from pydantic import BaseModel, Field
+
+from modulelens.kernels.report import ValidationReport, ValidationSettings
+from modulelens.kernels.source import BackendName, KernelSource
+from modulelens.ops.model import OpCard, parse_card_id
+from modulelens.repo import Artifact, ManifestBase, Repository, parse_ref
 
 CANDIDATES = "candidates"
 REPORTS = "reports"
+REPORT_FILE = "report.json"
 _SUFFIX = {"cpp": "cpp", "cuda": "cu", "triton": "py"}
 
 
+class CandidateTarget(BaseModel):
+    """The card a candidate implements, as it was when the candidate was made."""
+
+    card_id: str
+    op: str
+    shapes: list[list[int]] = Field(default_factory=list)
+    dtypes: list[str] = Field(default_factory=list)
+    kind: str = ""
+
+
+class CandidateManifest(ManifestBase):
+    """The manifest of a ``candidates`` artifact; the source text is in ``source_file``."""
+
+    target: CandidateTarget
+    backend: BackendName
+    entry: str = "forward"
+    family: str | None = None
+    params: dict[str, Any] = Field(default_factory=dict)
+    provider: str = "agent"
+    provenance: dict[str, Any] = Field(default_factory=dict)
+    parent: str | None = Field(None, description="The candidate this one repairs or improves.")
+    source_file: str
+    source_sha256: str = ""
+
+
+class ReportManifest(ManifestBase):
+    """The manifest of a ``reports`` artifact; the full report is in ``report.json``."""
+
+    candidate: str
+    verdict: str
+    correct: bool
+    speedup_vs_eager: float | None = None
+    settings: ValidationSettings
+
+
 def candidate_name(card_id: str) -> str:
-    opset_ref, _, index = card_id.rpartition("/")
-    return f"{opset_ref.split(':')[0].split('@')[0]}.card{index}"
+    """``blk.card6`` for card ``blk:v1/6``: one candidate name per card of a capture name."""
+    opset_ref, index = parse_card_id(card_id)
+    return f"{parse_ref(opset_ref).name}.card{index}"
 
 
-def save_candidate(repo: Repository, card_id: str, card: dict[str, Any], src: KernelSource,
-                   parent: str | None = None) -> Artifact:
+def candidate_manifest(art: Artifact) -> CandidateManifest:
+    """The typed manifest of a ``candidates`` artifact."""
+    return art.manifest_as(CandidateManifest)
+
+
+def save_candidate(repo: Repository, card: OpCard, src: KernelSource, parent: str | None = None) -> Artifact:
+    """Store ``src`` as a new candidate for ``card`` (a card read from a stored opset)."""
     filename = f"kernel.{_SUFFIX[src.backend]}"
 
-    def write(folder: Path) -> dict[str, Any]:
+    def write(folder: Path) -> CandidateManifest:
         (folder / filename).write_text(src.source)
-        return {
-            "target": {"card_id": card_id, "op": card["op"], "shapes": card["shapes"], "dtypes": card["dtypes"],
-                       "kind": card["kind"]},
-            "backend": src.backend, "entry": src.entry, "family": src.family, "params": src.params,
-            "provider": src.provider, "provenance": src.provenance, "parent": parent, "source_file": filename,
-            "source_sha256": src.sha256,
-        }
+        return CandidateManifest(
+            target=CandidateTarget(card_id=card.card_id, op=card.op, shapes=card.shapes, dtypes=card.dtypes,
+                                   kind=card.kind),
+            backend=src.backend, entry=src.entry, family=src.family, params=src.params, provider=src.provider,
+            provenance=src.provenance, parent=parent, source_file=filename, source_sha256=src.sha256,
+        )
 
-    return repo.create(CANDIDATES, candidate_name(card_id), write)
+    return repo.create(CANDIDATES, candidate_name(card.card_id), write)
 
 
 def load_candidate(repo: Repository, candidate_id: str) -> tuple[Artifact, KernelSource]:
+    """The candidate artifact ``candidate_id`` resolves to and its source."""
     art = repo.open(CANDIDATES, candidate_id)
-    m = art.manifest
-    src = KernelSource(backend=m["backend"], source=art.file(m["source_file"]).read_text(), entry=m["entry"],
-                       family=m.get("family"), params=m.get("params", {}), provider=m["provider"],
-                       provenance=m.get("provenance", {}))
+    m = candidate_manifest(art)
+    src = KernelSource(backend=m.backend, source=art.file(m.source_file).read_text(), entry=m.entry,
+                       family=m.family, params=m.params, provider=m.provider, provenance=m.provenance)
     return art, src
 
 
@@ -54,18 +99,29 @@ def report_name(candidate: Artifact) -> str:
     return f"{candidate.name}.v{candidate.version}"
 
 
-def save_report(repo: Repository, candidate: Artifact, report: ValidationReport, settings: dict[str, Any]) -> Artifact:
-    def write(folder: Path) -> dict[str, Any]:
-        (folder / "report.json").write_text(report.model_dump_json(indent=2))
-        return {"candidate": candidate.ref, "verdict": report.verdict, "correct": report.correct,
-                "speedup_vs_eager": report.speedup_vs_eager, "settings": settings}
+def save_report(repo: Repository, candidate: Artifact, report: ValidationReport, settings: ValidationSettings) -> Artifact:
+    """Store a validation of ``candidate`` as a new version of its report."""
+    def write(folder: Path) -> ReportManifest:
+        (folder / REPORT_FILE).write_text(report.model_dump_json(indent=2))
+        return ReportManifest(candidate=candidate.ref, verdict=report.verdict, correct=report.correct,
+                              speedup_vs_eager=report.speedup_vs_eager, settings=settings)
 
     return repo.create(REPORTS, report_name(candidate), write)
 
 
 def latest_report(repo: Repository, candidate: Artifact) -> ValidationReport | None:
+    """The candidate's most recent validation report, or None when it was never validated."""
     name = report_name(candidate)
     if not repo.versions(REPORTS, name):
         return None
     art = repo.open(REPORTS, name)
-    return ValidationReport.model_validate(art.read_json("report.json"))
+    return ValidationReport.model_validate(art.read_json(REPORT_FILE))
+
+
+def save_agent_candidate(repo: Repository, card_id: str, src: KernelSource) -> Artifact:
+    """Store source the agent (or user) wrote for ``card_id`` as a new candidate; a clear error
+    when the card does not exist."""
+    from modulelens.ops.cards import open_card
+
+    _, card = open_card(repo, card_id)
+    return save_candidate(repo, card, src)

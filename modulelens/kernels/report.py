@@ -1,4 +1,4 @@
-"""The validation report of a candidate kernel."""
+"""The validation report of a candidate kernel, and the settings a validation runs with."""
 
 from __future__ import annotations
 
@@ -7,6 +7,23 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from modulelens.profiling.timing import Timing
+
+DISTRIBUTIONS = ("normal", "uniform", "heavy", "special")
+
+
+class ValidationSettings(BaseModel):
+    """What one validation of a candidate does (stored with its report)."""
+
+    card_id: str = Field(description="The card validated against (<opset ref>/<index>).")
+    device: str | None = Field(None, description="Device to run on (default: the card's; CPU when there is no GPU).")
+    time: bool = Field(True, description="Time against eager (when the backend can be timed here).")
+    compile_baseline: bool = Field(False, description="Also time torch.compile of the operator.")
+    seeds: list[int] = Field(default_factory=lambda: [0, 1], description="Seeds of the fresh inputs.")
+    distributions: list[str] = Field(default_factory=lambda: list(DISTRIBUTIONS),
+                                     description="Distributions of the fresh inputs (each seed draws every one).")
+    rtol: float | None = Field(None, description="Relative tolerance (default: per dtype).")
+    atol: float | None = Field(None, description="Absolute tolerance (default: per dtype, scaled by the output).")
+    min_run_time: float = Field(0.3, gt=0, description="Seconds of timed calls, eager and candidate together.")
 
 
 class Check(BaseModel):

@@ -28,6 +28,16 @@ from pydantic import BaseModel, Field
 
 BackendName = Literal["cpp", "cuda", "triton"]
 
+# C++ keywords (and alternative operator spellings) an entry point's parameter cannot be named:
+# a parameter named like one gets a trailing underscore (``default`` -> ``default_``).
+CPP_KEYWORDS = frozenset({
+    "and", "auto", "bool", "break", "case", "char", "class", "const", "continue", "default", "delete", "do", "double",
+    "else", "enum", "explicit", "extern", "float", "for", "friend", "goto", "if", "inline", "int", "long", "mutable",
+    "namespace", "new", "not", "operator", "or", "private", "protected", "public", "register", "return", "short",
+    "signed", "sizeof", "static", "struct", "switch", "template", "this", "typename", "union", "unsigned", "using",
+    "virtual", "void", "volatile", "while", "xor",
+})
+
 
 class KernelSource(BaseModel):
     backend: BackendName

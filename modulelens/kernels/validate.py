@@ -22,11 +22,26 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import modulelens.profiling.timing as timing_module
+from modulelens.capture.values import flatten
 from modulelens.errors import ModuleLensError
 from modulelens.kernels.backends import CompileError, get_backend
 from modulelens.kernels.report import Check, ValidationReport
 from modulelens.numerics import tolerances
-from modulelens.ops.recorder import classify
+from modulelens.ops.cards import open_card, sample_call
+from modulelens.ops.model import OpCard
+from modulelens.ops.recorder import classify, resolve_op
+from modulelens.profiling.timing import Timing
+from modulelens.repo import Repository
+from modulelens.sandbox.messages import (
+    PongResult,
+    RefusedResult,
+    SandboxResult,
+    SandboxTask,
+    TimeCandidateTask,
+    TimedResult,
+    ValidateCardTask,
+    ValidatedResult,
+)
 
 # What the timers are before any candidate code runs; a candidate that replaces one is rejected.
 _TIMERS: dict[str, Callable[[], Any]] = {
@@ -79,8 +94,6 @@ class _CallCounter(TorchDispatchMode):
 
 
 def _tensors(x: Any) -> list[torch.Tensor]:
-    from modulelens.capture.values import flatten
-
     return [t for t in flatten(x) if isinstance(t, torch.Tensor)]
 
 
@@ -207,12 +220,12 @@ def fresh_inputs(args: list, kwargs: dict, seed: int, dist: str) -> tuple[list, 
 
 
 class _Validator:
-    def __init__(self, task: dict[str, Any], stage: Callable[[str], None]):
+    def __init__(self, task: ValidateCardTask, stage: Callable[[str], None]):
         self.task = task
         self.stage_cb = stage
         self.report = ValidationReport(verdict="rejected", correct=False, reason="", stage="compile",
-                                       backend=task["candidate"]["backend"])
-        self.rtol, self.atol = task.get("rtol"), task.get("atol")
+                                       backend=task.candidate.backend)
+        self.rtol, self.atol = task.rtol, task.atol
         self.calls: dict[str, int] = {}
 
     def stage(self, name: str) -> None:
@@ -230,24 +243,20 @@ class _Validator:
 
     # ----------------------------------------------------------------------------------------
     def run(self) -> ValidationReport:
-        from modulelens.ops.cards import open_card, sample_call
-        from modulelens.ops.recorder import resolve_op
-        from modulelens.repo import Repository
-
-        cand = self.task["candidate"]
-        backend = get_backend(cand["backend"])
+        cand = self.task.candidate
+        backend = get_backend(cand.backend)
         status = backend.status()
-        build_dir = Path(self.task["build_dir"])
-        art, card = open_card(Repository(self.task["repo"]), self.task["card_id"])
-        device = self.task.get("device") or card["device"]
+        build_dir = Path(self.task.build_dir)
+        art, card = open_card(Repository(self.task.repo), self.task.card_id)
+        device = self.task.device or card.device
         if device.startswith("cuda") and not torch.cuda.is_available():
             device = "cpu"
-        vendor = sorted(set(m.group(1) for m in _VENDOR.finditer(cand["source"])))
+        vendor = sorted(set(m.group(1) for m in _VENDOR.finditer(cand.source)))
 
         self.stage("compile")
         if not status.can_run:
             try:
-                log = backend.compile_only(cand["source"], build_dir)
+                log = backend.compile_only(cand.source, build_dir)
             except CompileError as e:
                 self.report.errors = [e.message]
                 return self.reject(f"does not compile: {e.message}")
@@ -258,7 +267,7 @@ class _Validator:
             self.report.stage = "done"
             return self.report
         try:
-            entry = backend.load(cand["source"], cand.get("entry", "forward"), build_dir)
+            entry = backend.load(cand.source, cand.entry, build_dir)
         except CompileError as e:
             self.report.errors = [e.message]
             self.check("compiles", False, e.message)
@@ -269,14 +278,14 @@ class _Validator:
         if tampered:
             return self.reject(f"replaces timer functions when loaded: {', '.join(tampered)}")
 
-        op = resolve_op(card["op"])
+        op = resolve_op(card.op)
         inplace = op._schema.name.endswith("_") or any(a.alias_info is not None and a.alias_info.is_write
                                                         for a in op._schema.arguments)
-        samples = [sample_call(art, card, i, device=device) for i in range(len(card["samples"]))]
+        samples = [sample_call(art, card, i, device=device) for i in range(len(card.samples))]
         cases: list[tuple[str, list, dict]] = [(f"captured sample {i}", a, k) for i, (a, k, _, _) in enumerate(samples)]
         base_args, base_kwargs = samples[0][0], samples[0][1]
-        for seed in self.task.get("seeds", [0, 1]):
-            for dist in self.task.get("distributions", ["normal", "uniform", "heavy", "special"]):
+        for seed in self.task.seeds:
+            for dist in self.task.distributions:
                 a, k = fresh_inputs(base_args, base_kwargs, seed, dist)
                 cases.append((f"{dist} inputs, seed {seed}", a, k))
 
@@ -289,7 +298,7 @@ class _Validator:
         self.report.correct = True
         self.report.backend_calls = sorted(self.calls) + vendor
 
-        if self.task.get("time", True):
+        if self.task.time:
             if not status.can_time:
                 self.report.timing_note = status.why
             else:
@@ -372,8 +381,8 @@ class _Validator:
                 return f"output {i} is wrong on {label}: {detail}"
         return None
 
-    def time_it(self, op, entry, args: list, kwargs: dict, card: dict, device: str) -> None:
-        min_run = float(self.task.get("min_run_time", 0.3))
+    def time_it(self, op, entry, args: list, kwargs: dict, card: OpCard, device: str) -> None:
+        min_run = self.task.min_run_time
         eager_fn = lambda: op(*args, **kwargs)  # noqa: E731
         cand_fn = lambda: entry(*args, *kwargs.values())  # noqa: E731
         rounds = []
@@ -384,7 +393,7 @@ class _Validator:
         cand = min((r[1] for r in rounds), key=lambda t: t.median_s)
         self.report.eager, self.report.candidate = eager, cand
         self.report.speedup_vs_eager = eager.median_s / cand.median_s
-        if self.task.get("compile_baseline"):
+        if self.task.compile_baseline:
             compiled = torch.compile(lambda *a: op(*a, **kwargs), dynamic=False)
             compiled(*args)
             ct = _time_callable(lambda: compiled(*args), device, min_run_time=min_run / 2)
@@ -394,59 +403,57 @@ class _Validator:
                                    f"{eager.threads} threads; {eager.cache}")
         if self.report.speedup_vs_eager > 10:
             self.report.flags.append(f"suspicious: {self.report.speedup_vs_eager:.1f}x faster than eager")
-        if card.get("kind") == "memory" and card.get("bytes_per_call"):
+        if card.kind == "memory" and card.bytes_per_call:
             from modulelens.profiling.bandwidth import copy_bandwidth
 
-            floor = card["bytes_per_call"] / copy_bandwidth(device)["bytes_per_s"]
-            if cand.median_s < 0.5 * floor and card["bytes_per_call"] > 8 << 20:
+            floor = card.bytes_per_call / copy_bandwidth(device)["bytes_per_s"]
+            if cand.median_s < 0.5 * floor and card.bytes_per_call > 8 << 20:
                 self.report.flags.append(
                     f"suspicious: {cand.median_s * 1e6:.1f} us is under half the {floor * 1e6:.1f} us this machine "
-                    f"needs to move {card['bytes_per_call']} bytes")
+                    f"needs to move {card.bytes_per_call} bytes")
 
 
-def time_candidate(task: dict[str, Any]) -> dict[str, Any]:
+def time_candidate(task: TimeCandidateTask) -> Timing:
     """Time a candidate alone on its card's first captured sample (for ``profile``)."""
-    from modulelens.ops.cards import open_card, sample_call
-    from modulelens.repo import Repository
-
-    cand = task["candidate"]
-    backend = get_backend(cand["backend"])
+    cand = task.candidate
+    backend = get_backend(cand.backend)
     status = backend.status()
     if not (status.can_run and status.can_time):
-        raise ModuleLensError(f"{cand['backend']} candidates cannot be timed here: {status.why}",
+        raise ModuleLensError(f"{cand.backend} candidates cannot be timed here: {status.why}",
                               "profile it on a machine with the right device")
-    entry = backend.load(cand["source"], cand.get("entry", "forward"), Path(task["build_dir"]))
-    art, card = open_card(Repository(task["repo"]), task["card_id"])
-    device = task.get("device") or card["device"]
+    entry = backend.load(cand.source, cand.entry, Path(task.build_dir))
+    art, card = open_card(Repository(task.repo), task.card_id)
+    device = task.device or card.device
     args, kwargs, _, _ = sample_call(art, card, 0, device=device)
-    t = _time_callable(lambda: entry(*args, *kwargs.values()), device, min_run_time=task.get("min_run_time", 0.5),
-                       warmup=task.get("warmup", 3))
+    t = _time_callable(lambda: entry(*args, *kwargs.values()), device, min_run_time=task.min_run_time,
+                       warmup=task.warmup)
     tampered = changed_timers()
     if tampered:
         raise ModuleLensError(f"the candidate replaced timer functions: {', '.join(tampered)}", "it cannot be timed")
-    return {"timing": t.model_dump(), "healthy": True, "card": card}
+    return t
 
 
-def run_task(task: dict[str, Any], stage: Callable[[str], None]) -> dict[str, Any]:
+def validate_card(task: ValidateCardTask, stage: Callable[[str], None]) -> ValidationReport:
+    """Validate the task's candidate against its card; every outcome, a failure to set up included,
+    is a report."""
     t0 = time.perf_counter()
-    kind = task.get("kind")
-    if kind == "time_candidate":
-        try:
-            return time_candidate(task)
-        except ModuleLensError as e:
-            return {"error": e.message, "hint": e.hint, "healthy": False}
-    if kind == "validate_card":
-        try:
-            report = _Validator(task, stage).run()
-        except ModuleLensError as e:
-            report = ValidationReport(verdict="rejected", correct=False, reason=str(e), stage="setup",
-                                      backend=task["candidate"]["backend"])
-    elif kind == "ping":
-        return {"pong": True, "healthy": True}
-    else:
-        raise ValueError(f"unknown task kind {kind!r}")
+    try:
+        report = _Validator(task, stage).run()
+    except ModuleLensError as e:
+        report = ValidationReport(verdict="rejected", correct=False, reason=str(e), stage="setup",
+                                  backend=task.candidate.backend)
     report.seconds = time.perf_counter() - t0
-    healthy = not changed_timers() and report.verdict != "rejected"
-    return {"report": report.model_dump(mode="json"), "healthy": healthy}
+    return report
 
 
+def run_task(task: SandboxTask, stage: Callable[[str], None]) -> SandboxResult:
+    """Run one sandbox task in this (worker) process."""
+    if isinstance(task, TimeCandidateTask):
+        try:
+            return TimedResult(timing=time_candidate(task))
+        except ModuleLensError as e:
+            return RefusedResult(message=e.message, hint=e.hint, healthy=False)
+    if isinstance(task, ValidateCardTask):
+        report = validate_card(task, stage)
+        return ValidatedResult(report=report, healthy=not changed_timers() and report.verdict != "rejected")
+    return PongResult()

@@ -42,6 +42,7 @@ from modulelens.errors import ModuleLensError, ReferenceNotFound
 from modulelens.registry import Tool, ToolContext
 from modulelens.repo import default_repo_root
 from modulelens.tools import all_tools
+from modulelens.version import package_version
 
 __all__ = ["CAPTURES_URI", "CAPTURE_TEMPLATE", "build_server", "run_stdio"]
 
@@ -57,15 +58,6 @@ INSTRUCTIONS = (
     "them as versioned artifacts in a repository, and replays them. Every tool here is also a "
     "`modulelens` CLI command with the same argument names."
 )
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("modulelens")
-    except PackageNotFoundError:
-        return ""
 
 
 def _error_text(exc: ModuleLensError) -> str:
@@ -247,7 +239,7 @@ def build_server(tools: list[Tool], repo_root: Path | None = None) -> MCPServer:
 
     ``repo_root`` None means :func:`~modulelens.registry.default_repo_root` at each call.
     """
-    server = MCPServer(name="modulelens", instructions=INSTRUCTIONS, version=_version())
+    server = MCPServer(name="modulelens", instructions=INSTRUCTIONS, version=package_version())
     by_name: dict[str, Tool] = {}
     for tool in tools:
         if tool.name in by_name:

@@ -29,7 +29,8 @@ from typing import Any, Protocol
 
 from modulelens.errors import ModuleLensError
 from modulelens.kernels.source import KernelSource
-from modulelens.providers.base import GenerationRequest, build_messages, extract_code, lineage, prompt_sha256
+from modulelens.providers.prompting import build_messages, extract_code, prompt_sha256
+from modulelens.providers.request import GenerationRequest, lineage
 
 DEFAULT_MODEL = "claude-sonnet-4-5"
 DEFAULT_BASE_URL = "https://api.anthropic.com"

@@ -20,7 +20,8 @@ from typing import Any
 
 from modulelens.errors import ModuleLensError
 from modulelens.kernels.source import KernelSource
-from modulelens.providers.base import GenerationRequest, build_messages, extract_code, lineage, prompt_sha256
+from modulelens.providers.prompting import build_messages, extract_code, prompt_sha256
+from modulelens.providers.request import GenerationRequest, lineage
 
 DEFAULT_MAX_TOKENS = 16000
 

@@ -12,7 +12,8 @@ from typing import Any
 
 from modulelens.errors import ModuleLensError
 from modulelens.kernels.source import KernelSource
-from modulelens.providers.base import GenerationRequest, lineage
+from modulelens.ops.model import as_card
+from modulelens.providers.request import GenerationRequest, lineage
 
 TEMPLATES_MODULE = "modulelens.kernels.templates"
 
@@ -22,7 +23,7 @@ class TemplateProvider:
 
     def generate(self, req: GenerationRequest, ctx: Any = None) -> KernelSource:
         templates = importlib.import_module(TEMPLATES_MODULE)
-        op = req.card.get("op", "?")
+        op = as_card(req.card).op
         count = int(templates.variants(req.card, req.backend))
         if count <= 0:
             raise ModuleLensError(

@@ -22,9 +22,9 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from modulelens.sandbox import protocol
+from modulelens.sandbox.messages import WORKER_MESSAGES, CrashedResult, SandboxResult, SandboxTask, StageReport
 
 _ALLOW = re.compile(
     r"^(PATH|LANG|LC_\w+|TZ|TERM|CUDA_\w+|NVIDIA_\w+|LD_LIBRARY_PATH|OMP_\w+|MKL_\w+|OPENBLAS_\w+|KMP_\w+|"
@@ -83,7 +83,7 @@ class SandboxWorker:
         except OSError:
             return 0
 
-    def run(self, task: dict[str, Any], timeout: float, on_stage: Callable[[str], None] | None = None) -> dict[str, Any]:
+    def run(self, task: SandboxTask, timeout: float, on_stage: Callable[[str], None] | None = None) -> SandboxResult:
         """Send a task and wait for its result. Raises WorkerCrashed on a crash or timeout."""
         self.tasks += 1
         stage = "starting"
@@ -100,16 +100,16 @@ class SandboxWorker:
             ready, _, _ = select.select([self._result_r], [], [], min(remaining, 1.0))
             if not ready:
                 continue
-            message = protocol.receive(self._result_r)
+            message = protocol.receive(self._result_r, WORKER_MESSAGES)
             if message is None:
                 self.proc.wait(timeout=10)
                 raise WorkerCrashed(self._death_reason(), stage, self.stderr_tail())
-            if "stage" in message and "result" not in message:
-                stage = message["stage"]
+            if isinstance(message, StageReport):
+                stage = message.stage
                 if on_stage:
                     on_stage(stage)
                 continue
-            return message["result"]
+            return message.result
 
     def _death_reason(self) -> str:
         code = self.proc.poll()
@@ -166,10 +166,9 @@ class SandboxPool:
             self.started += 1
         return w
 
-    def run(self, task: dict[str, Any], timeout: float, memory_limit_mb: int | None = None,
-            on_stage: Callable[[str], None] | None = None) -> dict[str, Any]:
-        """Run a task. Returns the worker's result; a crash or timeout becomes
-        ``{"crashed": reason, "stage": ..., "stderr_tail": ...}``."""
+    def run(self, task: SandboxTask, timeout: float, memory_limit_mb: int | None = None,
+            on_stage: Callable[[str], None] | None = None) -> SandboxResult:
+        """Run a task. Returns the worker's result; a crash or timeout becomes a :class:`CrashedResult`."""
         with self._lock:
             worker = self._get(memory_limit_mb or self.memory_limit_mb)
             before = worker.stdout_size()
@@ -178,10 +177,10 @@ class SandboxPool:
             except WorkerCrashed as e:
                 worker.close()
                 self._worker = None
-                return {"crashed": e.reason, "stage": e.stage, "stderr_tail": e.stderr_tail}
+                return CrashedResult(reason=e.reason, stage=e.stage, stderr_tail=e.stderr_tail)
             wrote = worker.stdout_size() - before
-            result["stdout_bytes"] = wrote
-            if wrote or not result.get("healthy", True):
+            result.stdout_bytes = wrote
+            if wrote or not result.healthy:
                 worker.close()  # a worker whose state a candidate touched is not reused
                 self._worker = None
             return result

@@ -1,15 +1,21 @@
-"""Length-prefixed JSON messages over a pipe (never over stdout, which candidates may write to)."""
+"""Length-prefixed model JSON over a pipe (never over stdout, which candidates may write to).
+
+The messages themselves are in :mod:`modulelens.sandbox.messages`."""
 
 from __future__ import annotations
 
-import json
 import os
 import struct
-from typing import Any
+from typing import TypeVar
+
+from pydantic import BaseModel, TypeAdapter
+
+T = TypeVar("T")
 
 
-def send(fd: int, message: dict[str, Any]) -> None:
-    data = json.dumps(message, default=str).encode()
+def send(fd: int, message: BaseModel) -> None:
+    """Write ``message`` as one frame: a 4-byte big-endian length, then its JSON."""
+    data = message.model_dump_json().encode()
     view = memoryview(struct.pack("!I", len(data)) + data)
     while view:
         n = os.write(fd, view)
@@ -27,11 +33,11 @@ def _read_exact(fd: int, n: int) -> bytes | None:
     return b"".join(chunks)
 
 
-def receive(fd: int) -> dict[str, Any] | None:
-    """The next message, or None when the other end closed the pipe."""
+def receive(fd: int, schema: TypeAdapter[T]) -> T | None:
+    """The next frame read as ``schema``, or None when the other end closed the pipe."""
     header = _read_exact(fd, 4)
     if header is None:
         return None
     (size,) = struct.unpack("!I", header)
     body = _read_exact(fd, size)
-    return None if body is None else json.loads(body)
+    return None if body is None else schema.validate_json(body)

@@ -23,27 +23,25 @@ def main(argv: list[str]) -> int:
     task_fd, result_fd, memory_mb = int(argv[0]), int(argv[1]), int(argv[2])
     import torch  # noqa: F401  (import before the limit: the limit is for what candidates allocate)
 
-    from modulelens.sandbox import protocol
-
     if not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")  # read when triton kernels are defined
         _limit_memory(memory_mb)  # address-space limits break CUDA; GPU runs rely on the device's memory
     from modulelens.kernels import validate
+    from modulelens.sandbox import protocol
+    from modulelens.sandbox.messages import TASKS, InternalErrorResult, StageReport, TaskDone
+
+    def stage(name: str) -> None:
+        protocol.send(result_fd, StageReport(stage=name))
 
     while True:
-        task = protocol.receive(task_fd)
-        if task is None:
-            return 0
-
-        def stage(name: str) -> None:
-            protocol.send(result_fd, {"stage": name})
-
         try:
+            task = protocol.receive(task_fd, TASKS)
+            if task is None:
+                return 0
             result = validate.run_task(task, stage)
         except BaseException as e:  # noqa: BLE001 - the parent must always get an answer
-            result = {"internal_error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:],
-                      "healthy": False}
-        protocol.send(result_fd, {"result": result})
+            result = InternalErrorResult(error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc()[-3000:])
+        protocol.send(result_fd, TaskDone(result=result))
 
 
 if __name__ == "__main__":

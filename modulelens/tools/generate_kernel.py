@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from modulelens.kernels.candidates import latest_report, load_candidate, save_candidate
+from modulelens.kernels.candidates import candidate_manifest
+from modulelens.kernels.generation import generate_candidate
+from modulelens.kernels.report import ValidationSettings
+from modulelens.kernels.sandboxed import DEFAULT_TIMEOUT_S, CandidateValidation, validate_candidate
 from modulelens.kernels.source import BackendName
-from modulelens.ops.cards import open_card
 from modulelens.registry import Tool, ToolContext, register
 from modulelens.repo import Repository
 
@@ -31,36 +33,22 @@ class GenerateKernelResult(BaseModel):
     source_path: str
     source_sha256: str
     provenance: dict = Field(default_factory=dict)
-    validation: dict | None = Field(None, description="The validation result when validate_now was set.")
+    validation: CandidateValidation | None = Field(None, description="The validation result when validate_now was set.")
 
 
 def generate_kernel(req: GenerateKernelRequest, ctx: ToolContext) -> GenerateKernelResult:
-    from modulelens.providers.base import GenerationRequest, get_provider
-
     repo = Repository(ctx.repo_root)
-    art, card = open_card(repo, req.card)
-    card_id = f"{art.ref}/{card['index']}"
-    card = {**card, "card_id": card_id}
-    parent_src, parent_report = None, None
-    if req.parent:
-        parent_art, parent_src = load_candidate(repo, req.parent)
-        rep = latest_report(repo, parent_art)
-        parent_report = rep.model_dump(mode="json") if rep else None
-    provider = get_provider(req.provider)
-    ctx.progress(0, 1, f"asking the {req.provider} provider for a {req.backend} kernel for {card['op']}")
-    src = provider.generate(
-        GenerationRequest(card=card, backend=req.backend, parent=parent_src, parent_report=parent_report,
-                          instructions=req.instructions, variant=req.variant), ctx)
-    cand = save_candidate(repo, card_id, card, src, parent=req.parent)
+    cand, src = generate_candidate(repo, req.card, req.backend, req.provider, ctx, parent=req.parent,
+                                   instructions=req.instructions, variant=req.variant, progress=ctx.progress)
+    m = candidate_manifest(cand)
     result = GenerateKernelResult(
-        candidate_id=cand.ref, card=card_id, backend=src.backend, provider=src.provider, family=src.family,
-        params=src.params, source_path=str(cand.path / cand.manifest["source_file"]), source_sha256=src.sha256,
+        candidate_id=cand.ref, card=m.target.card_id, backend=src.backend, provider=src.provider, family=src.family,
+        params=src.params, source_path=str(cand.path / m.source_file), source_sha256=src.sha256,
         provenance=src.provenance,
     )
     if req.validate_now:
-        from modulelens.tools.validate_kernel import ValidateKernelRequest, validate_kernel
-
-        result.validation = validate_kernel(ValidateKernelRequest(candidate=cand.ref), ctx).model_dump(mode="json")
+        result.validation = validate_candidate(repo, cand, src, ValidationSettings(card_id=m.target.card_id),
+                                               timeout=DEFAULT_TIMEOUT_S, progress=ctx.progress)
     ctx.progress(1, 1, cand.ref)
     return result
 
@@ -71,7 +59,7 @@ def _render(r: GenerateKernelResult):
     text = escape(f"{r.candidate_id}: {r.backend} kernel for {r.card} from {r.provider}"
                   + (f" (template {r.family}, {r.params})" if r.family else "") + f"\nsource: {r.source_path}")
     if r.validation:
-        text += escape(f"\nvalidation: {r.validation['verdict']}: {r.validation['reason']}")
+        text += escape(f"\nvalidation: {r.validation.verdict}: {r.validation.reason}")
     return text
 
 

@@ -2,34 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import BaseModel, Field
 
-from modulelens.ops.cards import open_card
+from modulelens.ops.summary import CardDetail, describe_card
 from modulelens.registry import Tool, ToolContext, register
 from modulelens.repo import Repository
-from modulelens.tools.capture_ops import CardSummary
 
 
 class ShowOpCardRequest(BaseModel):
     card: str = Field(description="Card id: <opset>/<index>, e.g. blk/0 or blk:v2/3.", json_schema_extra={"cli": "argument"})
 
 
-class ShowOpCardResult(CardSummary):
-    opset: str
-    capture: str
-    samples: list[dict[str, Any]] = Field(description="Stored sample calls: args, kwargs and output as value specs.")
+def show_op_card(req: ShowOpCardRequest, ctx: ToolContext) -> CardDetail:
+    return describe_card(Repository(ctx.repo_root), req.card)
 
 
-def show_op_card(req: ShowOpCardRequest, ctx: ToolContext) -> ShowOpCardResult:
-    art, card = open_card(Repository(ctx.repo_root), req.card)
-    card = {**card, "card_id": f"{art.ref}/{card['index']}"}
-    return ShowOpCardResult(**{k: v for k, v in card.items() if k in ShowOpCardResult.model_fields},
-                            opset=art.ref, capture=art.manifest["capture"])
-
-
-def _render(r: ShowOpCardResult):
+def _render(r: CardDetail):
     from rich.markup import escape
 
     lines = [
@@ -47,7 +35,7 @@ TOOL = register(
     Tool(
         name="show_op_card",
         request=ShowOpCardRequest,
-        result=ShowOpCardResult,
+        result=CardDetail,
         fn=show_op_card,
         summary="Show one operator card: operator, input shapes/dtypes/strides, arguments, calls, time share, samples.",
         render=_render,

@@ -7,14 +7,13 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from modulelens.errors import ModuleLensError
-from modulelens.kernels.backends.base import default_build_dir
-from modulelens.kernels.candidates import load_candidate, save_candidate, save_report
-from modulelens.kernels.report import ValidationReport
+from modulelens.kernels.candidates import candidate_manifest, load_candidate, save_agent_candidate
+from modulelens.kernels.report import ValidationSettings
+from modulelens.kernels.sandboxed import DEFAULT_TIMEOUT_S, CandidateValidation, validate_candidate
 from modulelens.kernels.source import BackendName, KernelSource
-from modulelens.ops.cards import open_card
 from modulelens.registry import Tool, ToolContext, register
-from modulelens.repo import Repository
-from modulelens.sandbox.pool import DEFAULT_MEMORY_LIMIT_MB, pool
+from modulelens.repo import Artifact, Repository
+from modulelens.sandbox.pool import DEFAULT_MEMORY_LIMIT_MB
 
 
 class ValidateKernelRequest(BaseModel):
@@ -30,17 +29,11 @@ class ValidateKernelRequest(BaseModel):
     seeds: int = Field(2, ge=1, le=10, description="Fresh-input seeds (each with normal, uniform, heavy-tailed and special values).")
     rtol: float | None = Field(None, description="Override the relative tolerance (default: per dtype).")
     atol: float | None = Field(None, description="Override the absolute tolerance (default: per dtype, scaled by the output).")
-    timeout: float = Field(900.0, gt=0, description="Seconds before the sandbox worker is stopped (cold C++ builds take ~20-60 s).")
+    timeout: float = Field(DEFAULT_TIMEOUT_S, gt=0, description="Seconds before the sandbox worker is stopped (cold C++ builds take ~20-60 s).")
     memory_limit_mb: int = Field(DEFAULT_MEMORY_LIMIT_MB, ge=256, description="Address-space limit of the sandbox worker (CPU).")
 
 
-class ValidateKernelResult(ValidationReport):
-    candidate_id: str
-    target: str = Field(description="The card validated against.")
-    report: str = Field(description="Reference of the stored report.")
-
-
-def _candidate(req: ValidateKernelRequest, repo: Repository):
+def _candidate(req: ValidateKernelRequest, repo: Repository) -> tuple[Artifact, KernelSource]:
     given = [x for x in (req.candidate, req.source, req.source_text) if x]
     if len(given) != 1:
         raise ModuleLensError("give exactly one of a candidate id, --source FILE or --source-text",
@@ -59,54 +52,22 @@ def _candidate(req: ValidateKernelRequest, repo: Repository):
         if not path.is_file():
             raise ModuleLensError(f"source file {req.source!r} does not exist", "give the path of your kernel file")
         text = path.read_text()
-    art_card, card = open_card(repo, req.target)
-    card_id = f"{art_card.ref}/{card['index']}"
     src = KernelSource(backend=req.backend, source=text or "", provider="agent",
                        provenance={"source_file": str(Path(req.source).resolve()) if req.source else None})
-    art = save_candidate(repo, card_id, card, src)
-    return art, src
+    return save_agent_candidate(repo, req.target, src), src
 
 
-def validate_kernel(req: ValidateKernelRequest, ctx: ToolContext) -> ValidateKernelResult:
+def validate_kernel(req: ValidateKernelRequest, ctx: ToolContext) -> CandidateValidation:
     repo = Repository(ctx.repo_root)
-    cand_art, src = _candidate(req, repo)
-    card_id = cand_art.manifest["target"]["card_id"]
-    open_card(repo, card_id)  # clear error if the card is gone
-    task = {
-        "kind": "validate_card", "repo": str(repo.root), "card_id": card_id, "candidate": src.model_dump(),
-        "build_dir": str(default_build_dir()), "device": req.device, "time": req.time,
-        "compile_baseline": req.compile_baseline, "seeds": list(range(req.seeds)), "rtol": req.rtol, "atol": req.atol,
-    }
-    ctx.progress(0, 5, f"validating {cand_art.ref} in a sandbox")
-    stages = ["compile", "check", "time", "recheck", "done"]
-    result = pool().run(task, req.timeout, req.memory_limit_mb,
-                        on_stage=lambda s: ctx.progress(stages.index(s) + 1 if s in stages else 0, 5, s))
-    if "crashed" in result:
-        stage = result.get("stage") or "starting"
-        report = ValidationReport(
-            verdict="rejected", correct=False, stage=stage, backend=src.backend,
-            reason=f"the sandbox worker {result['crashed']} during {stage}", stderr_tail=result.get("stderr_tail", ""),
-            errors=[f"worker {result['crashed']} during {stage}"],
-        )
-        if "memory" in result.get("stderr_tail", "").lower() or "bad_alloc" in result.get("stderr_tail", ""):
-            report.reason += " (out of memory)"
-    elif "internal_error" in result:
-        raise ModuleLensError(f"internal error in the sandbox worker: {result['internal_error']}",
-                              "please report it with this traceback: " + result.get("traceback", "")[-1000:])
-    else:
-        report = ValidationReport.model_validate(result["report"])
-        report.stdout_bytes = result.get("stdout_bytes", 0)
-        if report.stdout_bytes:
-            report.verdict, report.correct = "rejected", False
-            report.reason = (f"wrote {report.stdout_bytes} bytes to stdout: kernels must not print "
-                             "(it would corrupt an MCP stdio session)")
-    settings = {k: v for k, v in task.items() if k not in ("candidate", "repo", "build_dir")}
-    rep = save_report(repo, cand_art, report, settings)
-    ctx.progress(5, 5, report.verdict)
-    return ValidateKernelResult(**report.model_dump(), candidate_id=cand_art.ref, target=card_id, report=rep.ref)
+    art, src = _candidate(req, repo)
+    settings = ValidationSettings(card_id=candidate_manifest(art).target.card_id, device=req.device, time=req.time,
+                                  compile_baseline=req.compile_baseline, seeds=list(range(req.seeds)),
+                                  rtol=req.rtol, atol=req.atol)
+    return validate_candidate(repo, art, src, settings, timeout=req.timeout, memory_limit_mb=req.memory_limit_mb,
+                              progress=ctx.progress)
 
 
-def render_report(r: ValidateKernelResult):
+def render_report(r: CandidateValidation):
     from rich.markup import escape
 
     color = {"custom": "green", "wrapper": "yellow", "rejected": "red"}[r.verdict]
@@ -129,7 +90,7 @@ TOOL = register(
     Tool(
         name="validate_kernel",
         request=ValidateKernelRequest,
-        result=ValidateKernelResult,
+        result=CandidateValidation,
         fn=validate_kernel,
         summary="Validate a candidate kernel (stored candidate, or your own source with a target card and backend) "
         "in a sandbox worker: compiles, runs, matches the card's captured samples and fresh adversarial inputs, "

@@ -1,5 +1,6 @@
-"""Backends: each one small file behind the :class:`~modulelens.kernels.backends.base.Backend` protocol."""
+"""Backends: each one small file behind the :class:`~modulelens.kernels.backends.base.Backend`
+protocol, found through the table in :mod:`~modulelens.kernels.backends.base`."""
 
-from modulelens.kernels.backends.base import Backend, BackendStatus, CompileError, get_backend
+from modulelens.kernels.backends.base import BACKENDS, Backend, BackendStatus, CompileError, get_backend
 
-__all__ = ["Backend", "BackendStatus", "CompileError", "get_backend"]
+__all__ = ["BACKENDS", "Backend", "BackendStatus", "CompileError", "get_backend"]

@@ -1,8 +1,13 @@
-"""The backend protocol: compile (cached by source hash), load the entry point, describe."""
+"""The backend protocol (compile, cached by source hash; load the entry point; describe) and the
+table of backends.
+
+The table names each backend's class by module path and is imported only when the backend is
+asked for, so this module imports no implementation (the implementations import it).
+"""
 
 from __future__ import annotations
 
-import os
+import importlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -10,6 +15,17 @@ from typing import Any, Protocol
 from pydantic import BaseModel, Field
 
 from modulelens.errors import ModuleLensError
+from modulelens.kernels.build_cache import default_build_dir
+
+__all__ = ["BACKENDS", "Backend", "BackendStatus", "CompileError", "default_build_dir", "get_backend",
+           "has_cuda_device"]
+
+# name -> "module:class" of its implementation
+BACKENDS: dict[str, str] = {
+    "cpp": "modulelens.kernels.backends.cpp:CppBackend",
+    "cuda": "modulelens.kernels.backends.cuda:CudaBackend",
+    "triton": "modulelens.kernels.backends.triton:TritonBackend",
+}
 
 
 class BackendStatus(BaseModel):
@@ -47,24 +63,16 @@ class Backend(Protocol):
     def describe(self) -> dict[str, Any]: ...
 
 
-def default_build_dir() -> Path:
-    base = Path(os.environ.get("MODULELENS_BUILD_DIR") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-                / "modulelens" / "build")
-    base.mkdir(parents=True, exist_ok=True)
-    return base
+def has_cuda_device() -> bool:
+    """Whether torch sees a CUDA device in this process."""
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def get_backend(name: str) -> Backend:
-    if name == "cpp":
-        from modulelens.kernels.backends.cpp import CppBackend
-
-        return CppBackend()
-    if name == "cuda":
-        from modulelens.kernels.backends.cuda import CudaBackend
-
-        return CudaBackend()
-    if name == "triton":
-        from modulelens.kernels.backends.triton import TritonBackend
-
-        return TritonBackend()
-    raise ModuleLensError(f"unknown backend {name!r}", "use cpp, cuda or triton")
+    """A fresh instance of the backend called ``name`` (see :data:`BACKENDS`)."""
+    if name not in BACKENDS:
+        raise ModuleLensError(f"unknown backend {name!r}", "use cpp, cuda or triton")
+    module, _, cls = BACKENDS[name].partition(":")
+    return getattr(importlib.import_module(module), cls)()

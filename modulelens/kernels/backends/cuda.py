@@ -35,19 +35,15 @@ from pathlib import Path
 from typing import Any
 
 from modulelens.errors import ModuleLensError
-from modulelens.kernels.backends.base import BackendStatus, CompileError, default_build_dir
-from modulelens.kernels.backends.cpp import (
-    _BUILD_LOCK,
-    _LOADED,
-    FAILED,
+from modulelens.kernels import build_cache
+from modulelens.kernels.backends.base import BackendStatus, CompileError, has_cuda_device
+from modulelens.kernels.backends.compiler import (
     NO_IMPLICIT_HEADERS,
-    captured_output,
-    clear_stale_lock,
+    build_extension,
     compiler_version,
-    remember_failure,
-    source_key,
     summarize_errors,
 )
+from modulelens.kernels.build_cache import default_build_dir, source_key
 
 CUDA_FLAGS = ["-O3", "-lineinfo"]
 # Prepended to cuda.cu by load_inline unless the source opts out (3 lines: keep in sync with torch).
@@ -71,12 +67,6 @@ def _nvcc() -> str | None:
         if home and (Path(home) / "bin" / "nvcc").exists():
             return str(Path(home) / "bin" / "nvcc")
     return shutil.which("nvcc") or (str(Path("/usr/local/cuda/bin/nvcc")) if Path("/usr/local/cuda/bin/nvcc").exists() else None)
-
-
-def _has_device() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def arch() -> str:
@@ -130,7 +120,7 @@ class CudaBackend:
 
     def status(self) -> BackendStatus:
         nvcc = _nvcc()
-        if _has_device():
+        if has_cuda_device():
             if nvcc is None:
                 return BackendStatus(name=self.name, can_compile=False, can_run=False, can_time=False,
                                      why="a CUDA device but no nvcc: install the CUDA toolkit or set CUDA_HOME")
@@ -145,15 +135,15 @@ class CudaBackend:
         info: dict[str, Any] = {
             "backend": self.name, "torch": torch.__version__, "torch_cuda": torch.version.cuda,
             "nvcc": compiler_version(nvcc) if nvcc else "not found", "cuda_cflags": CUDA_FLAGS,
-            "device": torch.cuda.get_device_name() if _has_device() else None,
+            "device": torch.cuda.get_device_name() if has_cuda_device() else None,
         }
-        if not _has_device():
+        if not has_cuda_device():
             info["compile_only"] = {"arch": arch(), "std": "c++20", "flags": [*COMMON_NVCC_FLAGS, *CUDA_FLAGS]}
         return info
 
     # -- with a device -------------------------------------------------------------------------
     def load(self, source: str, entry: str = "forward", build_dir: Path | None = None) -> Callable[..., Any]:
-        if not _has_device():
+        if not has_cuda_device():
             raise ModuleLensError(NO_DEVICE, "use compile_only here; run CUDA candidates on a machine with a GPU")
         import torch
         from torch.utils.cpp_extension import load_inline
@@ -162,35 +152,16 @@ class CudaBackend:
         key = source_key("cuda", entry, source, " ".join(CUDA_FLAGS), torch.__version__, str(torch.version.cuda),
                          os.environ.get("TORCH_CUDA_ARCH_LIST", ""), ".".join(map(str, torch.cuda.get_device_capability())))
         name = f"ml_cuda_{key[:16]}"
-        if name in _LOADED:
-            return getattr(_LOADED[name], entry)
         decl = declaration(source, entry)
         implicit = NO_IMPLICIT_HEADERS not in source
         cpp = decl if implicit else "#include <torch/extension.h>\n" + decl
         folder = build_dir / name
-        folder.mkdir(parents=True, exist_ok=True)
         lines = {"cuda.cu": (len(IMPLICIT_CUDA_HEADERS) if implicit else 0, source.count("\n") + 1)}
-        error: BaseException | None = None
-        with _BUILD_LOCK:
-            if name not in _LOADED:
-                if (folder / FAILED).exists():
-                    raise CompileError((folder / FAILED).read_text(), _read(folder / "build.log"))
-                clear_stale_lock(folder)
-                with captured_output() as box:
-                    try:
-                        _LOADED[name] = load_inline(
-                            name=name, cpp_sources=[cpp], cuda_sources=[source], functions=[entry],
-                            build_directory=str(folder), extra_cflags=["-O3"], extra_cuda_cflags=CUDA_FLAGS,
-                            verbose=False, no_implicit_headers=not implicit,
-                        )
-                    except (RuntimeError, ImportError, OSError, subprocess.SubprocessError) as e:
-                        error = e
-                if error is not None:
-                    log = f"{error}\n{box[0]}"
-                    message = summarize_errors(log, lines)
-                    remember_failure(folder, message, log)
-                    raise CompileError(message, log)
-        return getattr(_LOADED[name], entry)
+        module, _ = build_extension(name, folder, lines, lambda: load_inline(
+            name=name, cpp_sources=[cpp], cuda_sources=[source], functions=[entry], build_directory=str(folder),
+            extra_cflags=["-O3"], extra_cuda_cflags=CUDA_FLAGS, verbose=False, no_implicit_headers=not implicit,
+        ))
+        return getattr(module, entry)
 
     # -- without one ---------------------------------------------------------------------------
     def compile_only(self, source: str, build_dir: Path | None = None) -> str:
@@ -206,8 +177,9 @@ class CudaBackend:
         obj = folder / "cuda.o"
         if obj.exists():
             return f"compiled {name} for {arch()} (cached)"
-        if (folder / FAILED).exists():
-            raise CompileError((folder / FAILED).read_text(), _read(folder / "build.log"))
+        failure = build_cache.previous_failure(folder)
+        if failure is not None:
+            raise CompileError(*failure)
         folder.mkdir(parents=True, exist_ok=True)
         implicit = NO_IMPLICIT_HEADERS not in source
         cu = folder / "cuda.cu"
@@ -228,10 +200,10 @@ class CudaBackend:
             with contextlib.suppress(OSError):
                 tmp_obj.unlink()
             message = summarize_errors(log, lines)
-            remember_failure(folder, message, log)
+            build_cache.remember_failure(folder, message, log)
             raise CompileError(message, log)
         os.replace(tmp_obj, obj)
-        (folder / "build.log").write_text(log)
+        (folder / build_cache.BUILD_LOG).write_text(log)
         return f"compiled {name} for {arch()} with nvcc in {time.perf_counter() - t0:.1f} s (compile only, not run)"
 
     @staticmethod
@@ -245,9 +217,3 @@ class CudaBackend:
                 path.write_text(text)
         return folder
 
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text()
-    except OSError:
-        return ""

@@ -25,16 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from modulelens.errors import ModuleLensError
-from modulelens.kernels.backends.base import BackendStatus, CompileError, default_build_dir
+from modulelens.kernels.backends.base import BackendStatus, CompileError, has_cuda_device
+from modulelens.kernels.build_cache import default_build_dir
 
 NO_GPU = "no GPU: correctness under TRITON_INTERPRET=1, timing unavailable"
 _LOADED: dict[str, Any] = {}
-
-
-def _has_gpu() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def interpreting() -> bool:
@@ -44,7 +39,7 @@ def interpreting() -> bool:
 def ensure_interpreter_without_gpu() -> bool:
     """Set ``TRITON_INTERPRET=1`` when there is no GPU and it is not set; returns whether kernels
     defined from now on are interpreted."""
-    if not _has_gpu() and "TRITON_INTERPRET" not in os.environ:
+    if not has_cuda_device() and "TRITON_INTERPRET" not in os.environ:
         if "triton.language" in sys.modules:
             # triton's own @jit helpers (tl.sum, tl.max, ...) were defined compiled-mode already
             # (torch imports triton lazily, e.g. when a dispatch mode is first used).
@@ -88,7 +83,7 @@ class TritonBackend:
         except ImportError as e:
             return BackendStatus(name=self.name, can_compile=False, can_run=False, can_time=False,
                                  why=f"triton is not importable ({e}); pip install triton")
-        if _has_gpu():
+        if has_cuda_device():
             return BackendStatus(name=self.name, can_compile=True, can_run=True, can_time=True)
         return BackendStatus(name=self.name, can_compile=True, can_run=True, can_time=False, why=NO_GPU)
 
@@ -101,7 +96,7 @@ class TritonBackend:
             version = triton.__version__
         except ImportError:
             version = None
-        gpu = _has_gpu()
+        gpu = has_cuda_device()
         return {
             "backend": self.name, "torch": torch.__version__, "triton": version,
             "mode": "gpu" if gpu else "interpreter (TRITON_INTERPRET=1)",

@@ -14,6 +14,7 @@ elementwise, softmax, layer_norm, rms_norm, group_norm, reduction, pooling.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,10 +29,19 @@ from modulelens.kernels.templates import (
     rms_norm,
     softmax,
 )
-from modulelens.kernels.templates._common import SUPPORTED_DTYPES, NoMatch, call_from_card, jsonable
+from modulelens.kernels.templates.call import NoMatch, call_from_card, jsonable
+from modulelens.ops.model import CardSample, OpCard, as_card
+
+CardLike = OpCard | Mapping[str, Any]  # a card, or its stored JSON form
 
 FAMILY_MODULES = (elementwise, softmax, layer_norm, rms_norm, group_norm, reduction, pooling)
 BACKENDS = ("cpp", "triton", "cuda")
+# Tensor dtypes each backend's templates take.
+SUPPORTED_DTYPES = {
+    "cpp": ("float32", "float64"),
+    "triton": ("float32", "float16", "bfloat16"),
+    "cuda": ("float32", "float16", "bfloat16"),
+}
 
 __all__ = ["TemplateMatch", "families", "match", "why_not", "render", "variants", "synthetic_card", "SUPPORTED_DTYPES"]
 
@@ -60,9 +70,9 @@ def _module_for(op: str):
     return None
 
 
-def _resolve(card: dict[str, Any]):
+def _resolve(card: OpCard):
     """(module, call, params) or raises NoMatch with the reason."""
-    op = card.get("op", "")
+    op = card.op
     module = _module_for(op)
     if module is None:
         raise NoMatch(f"no template family covers {op}")
@@ -73,19 +83,20 @@ def _resolve(card: dict[str, Any]):
         raise NoMatch(f"unexpected arguments for {op} ({e})") from None
 
 
-def match(card: dict[str, Any]) -> TemplateMatch | None:
+def match(card: CardLike) -> TemplateMatch | None:
     """The family and parameters that fit ``card``, or None (see :func:`why_not` for the reason)."""
+    card = as_card(card)
     try:
         module, _, params = _resolve(card)
     except NoMatch:
         return None
-    return TemplateMatch(family=module.FAMILY, op=card["op"], params=jsonable(params), backends=tuple(module.BACKENDS))
+    return TemplateMatch(family=module.FAMILY, op=card.op, params=jsonable(params), backends=tuple(module.BACKENDS))
 
 
-def why_not(card: dict[str, Any], backend: str | None = None) -> str | None:
+def why_not(card: CardLike, backend: str | None = None) -> str | None:
     """Why no template fits ``card`` (for ``backend``, when given); None when one does."""
     try:
-        module, call, _ = _resolve(card)
+        module, call, _ = _resolve(as_card(card))
     except NoMatch as e:
         return str(e)
     if backend is not None:
@@ -97,19 +108,21 @@ def why_not(card: dict[str, Any], backend: str | None = None) -> str | None:
     return None
 
 
-def variants(card: dict[str, Any], backend: str) -> int:
+def variants(card: CardLike, backend: str) -> int:
     """How many parameter variants ``render(card, backend, i)`` has (0 when no template fits)."""
+    card = as_card(card)
     if why_not(card, backend) is not None:
         return 0
     module, _, params = _resolve(card)
     return len(module.variants(backend, params))
 
 
-def render(card: dict[str, Any], backend: str, variant: int = 0) -> KernelSource:
+def render(card: CardLike, backend: str, variant: int = 0) -> KernelSource:
     """The template source for ``card`` on ``backend``, variant ``variant`` (0 is the default)."""
     if backend not in BACKENDS:
         raise ModuleLensError(f"unknown backend {backend!r}", "use cpp, cuda or triton")
-    op = card.get("op", "?")
+    card = as_card(card)
+    op = card.op
     try:
         module, call, params = _resolve(card)
     except NoMatch as e:
@@ -141,8 +154,9 @@ def render(card: dict[str, Any], backend: str, variant: int = 0) -> KernelSource
 # ---------------------------------------------------------------------------------------------
 
 def synthetic_card(op: str, args: list, kwargs: dict | None = None, output: Any = None) -> dict[str, Any]:
-    """A card for a call made up here (tests, benchmarks): the fields ``capture_ops`` writes, with the
-    sample's structure but no stored tensors. ``output`` defaults to running the eager operator."""
+    """A card for a call made up here (tests, benchmarks), in the stored JSON form ``capture_ops``
+    writes: the sample's structure but no stored tensors. ``output`` defaults to running the eager
+    operator."""
     import torch
 
     from modulelens.capture.values import Encoder, TensorSink
@@ -161,12 +175,12 @@ def synthetic_card(op: str, args: list, kwargs: dict | None = None, output: Any 
         output = func(*args, **kwargs)
     _, tensors, others = variant_key(func, tuple(args), kwargs)
     enc = Encoder(_SpecOnly())
-    sample = {"args": enc.encode(list(args), "args"), "kwargs": enc.encode(kwargs, "kwargs"),
-              "output": enc.encode(output, "output")}
-    return {
-        "index": 0, "card_id": "synthetic/0", "op": op, "kind": classify(func), "phase": "forward",
-        "shapes": [t["shape"] for t in tensors], "dtypes": [t["dtype"] for t in tensors],
-        "strides": [t["stride"] for t in tensors], "contiguous": [t["contiguous"] for t in tensors],
-        "device": tensors[0]["device"] if tensors else "cpu", "args": others, "calls": 1, "time_s": 0.0,
-        "time_share": 0.0, "bytes_per_call": 0, "uninitialised_output": False, "samples": [sample], "synthetic": True,
-    }
+    sample = CardSample(args=enc.encode(list(args), "args"), kwargs=enc.encode(kwargs, "kwargs"),
+                        output=enc.encode(output, "output"))
+    card = OpCard(
+        index=0, op=op, kind=classify(func), phase="forward",
+        shapes=[t["shape"] for t in tensors], dtypes=[t["dtype"] for t in tensors],
+        strides=[t["stride"] for t in tensors], contiguous=[t["contiguous"] for t in tensors],
+        device=tensors[0]["device"] if tensors else "cpu", args=others, calls=1, samples=[sample],
+    )
+    return card.model_dump(mode="json")

@@ -9,7 +9,7 @@ In-place overloads (``div_``) are not covered: the candidate contract forbids mo
 GELU's erf on CPU: variant 0 uses Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7), the formula
 eager's vectorised CPU kernel itself uses, so it vectorises and matches eager closely; a variant
 uses Juffa's erff (about 1 ulp, ~25% slower) and one the C library's ``std::erf`` (exact, scalar,
-about 10x slower). exp/tanh/sigmoid use vectorisable polynomial forms (see ``_common.CPP_MATH``).
+about 10x slower). exp/tanh/sigmoid use vectorisable polynomial forms (see ``cpp.CPP_MATH``).
 float64 uses the C library throughout.
 
 The output is allocated with the eager output's strides (from the card); the loops run over it in
@@ -22,34 +22,21 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from modulelens.kernels.templates._common import (
+from modulelens.kernels.templates.call import Call, NoMatch, TArg, require_same_device
+from modulelens.kernels.templates.cpp import (
     ATEN_DTYPE,
     CPP_MATH,
     CPP_PRELUDE,
     CPP_SCALAR,
-    CUDA_PRELUDE,
-    CUDA_SCALAR,
-    TRITON_PRELUDE,
-    Call,
-    NoMatch,
-    TArg,
-    broadcast_strides,
     cpp_checks,
     cpp_header,
     cpp_literal,
     cpp_signature,
-    cuda_checks,
-    cuda_empty,
     ilist,
-    loop_nest,
-    offset_terms,
-    py_checks,
-    py_empty,
-    py_header,
-    py_literal,
-    py_signature,
-    require_same_device,
 )
+from modulelens.kernels.templates.cuda import CUDA_PRELUDE, CUDA_SCALAR, cuda_empty
+from modulelens.kernels.templates.loops import broadcast_strides, loop_nest, offset_terms
+from modulelens.kernels.templates.triton import TRITON_PRELUDE, py_checks, py_empty, py_header, py_literal, py_signature
 
 FAMILY = "elementwise"
 UNARY = {"aten.relu.default": "relu", "aten.gelu.default": "gelu", "aten.silu.default": "silu",
@@ -274,7 +261,7 @@ __global__ void ml_elementwise(scalar_t* __restrict__ y{params}) {{
 }}
 
 {cpp_signature(call, "at::Tensor", cuda=True)} {{
-{cuda_checks(call)}
+{cpp_checks(call)}
   const c10::cuda::CUDAGuard guard({ops[0]}.device());
   at::Tensor out = {cuda_empty(call.outputs[0], ops[0])};
   const int64_t blocks = std::min<int64_t>(({n}LL + {threads} - 1) / {threads}, 65536LL);

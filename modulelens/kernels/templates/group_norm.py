@@ -12,26 +12,32 @@ from __future__ import annotations
 
 from typing import Any
 
-from modulelens.kernels.templates._common import (
-    ATEN_DTYPE,
-    CPP_PRELUDE,
-    CPP_SCALAR,
-    TORCH_DTYPE,
-    TRITON_PRELUDE,
+from modulelens.kernels.templates.call import (
     Call,
     NoMatch,
     TArg,
     contiguous_strides,
+    dense_operands,
+    require_same_device,
+)
+from modulelens.kernels.templates.cpp import (
+    ATEN_DTYPE,
+    CPP_PRELUDE,
+    CPP_SCALAR,
     cpp_checks,
     cpp_header,
     cpp_literal,
     cpp_signature,
     ilist,
+)
+from modulelens.kernels.templates.triton import (
+    TORCH_DTYPE,
+    TRITON_PRELUDE,
     py_checks,
     py_header,
     py_literal,
+    py_return,
     py_signature,
-    require_same_device,
 )
 
 FAMILY = "group_norm"
@@ -67,10 +73,8 @@ def variants(backend: str, p: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _sources(p: dict[str, Any]) -> tuple[str, str | None, str | None]:
-    cont = iter(p["contiguous"])
-    xs = p["x"] if next(cont) else f"{p['x']}.contiguous()"
-    ws = (p["w"] if next(cont) else f"{p['w']}.contiguous()") if p["has_weight"] else None
-    bs = (p["b"] if next(cont) else f"{p['b']}.contiguous()") if p["has_bias"] else None
+    xs, ws, bs = dense_operands([p["x"], p["w"] if p["has_weight"] else None, p["b"] if p["has_bias"] else None],
+                                p["contiguous"])
     return xs, ws, bs
 
 
@@ -144,8 +148,7 @@ def render_triton(call: Call, p: dict[str, Any], v: dict[str, Any], variant: int
     wide = n * p["C"] * p["HxW"] >= 2**31
     pid = "tl.program_id(0).to(tl.int64)" if wide else "tl.program_id(0)"
     dt, st = TORCH_DTYPE[p["dtype"]], TORCH_DTYPE[p["stat_dtype"]]
-    finish = "    return out, mean, rstd\n" if p["out_contiguous"] else (
-        f"    return torch.empty_strided({p['shape']}, {p['out_stride']}, dtype={dt}, device=x.device).copy_(out), mean, rstd\n")
+    finish = py_return("out, mean, rstd", p["out_contiguous"], p["shape"], p["out_stride"], p["dtype"])
     return f"""{py_header(call, FAMILY, variant, v)}{TRITON_PRELUDE}
 
 @triton.jit

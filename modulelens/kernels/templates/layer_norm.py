@@ -11,33 +11,36 @@ eager computes it; rows in parallel above the grain. Triton: one program per row
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-from modulelens.kernels.templates._common import (
-    ATEN_DTYPE,
-    CPP_PRELUDE,
-    CPP_SCALAR,
-    CUDA_PRELUDE,
-    CUDA_SCALAR,
-    TORCH_DTYPE,
-    TRITON_PRELUDE,
+from modulelens.kernels.templates.call import (
     Call,
     NoMatch,
     TArg,
     contiguous_strides,
+    dense_operands,
+    require_same_device,
+    trailing_size,
+)
+from modulelens.kernels.templates.cpp import (
+    ATEN_DTYPE,
+    CPP_PRELUDE,
+    CPP_SCALAR,
     cpp_checks,
     cpp_header,
     cpp_literal,
     cpp_signature,
-    cuda_checks,
     ilist,
-    next_pow2,
+)
+from modulelens.kernels.templates.cuda import CUDA_PRELUDE, CUDA_SCALAR
+from modulelens.kernels.templates.loops import next_pow2
+from modulelens.kernels.templates.triton import (
+    TORCH_DTYPE,
+    TRITON_PRELUDE,
     py_checks,
     py_header,
     py_literal,
     py_signature,
-    require_same_device,
 )
 
 FAMILY = "layer_norm"
@@ -50,14 +53,7 @@ def match(call: Call) -> dict[str, Any]:
     require_same_device(call)
     x, ns = call.arg("input"), call.arg("normalized_shape")
     w, b, eps = call.arg("weight"), call.arg("bias"), call.arg("eps")
-    if not isinstance(x, TArg) or not isinstance(ns, list) or not ns:
-        raise NoMatch("expected a tensor input and a normalized_shape")
-    k = len(ns)
-    if list(x.shape[-k:]) != list(ns) or x.ndim < k:
-        raise NoMatch(f"normalized_shape {ns} does not end the input shape {list(x.shape)}")
-    c = math.prod(ns)
-    if c == 0 or x.numel == 0:
-        raise NoMatch("empty input")
+    c = trailing_size(x, ns)
     for name, t in (("weight", w), ("bias", b)):
         if t is not None and (not isinstance(t, TArg) or list(t.shape) != list(ns) or t.dtype != x.dtype):
             raise NoMatch(f"{name} must be None or a {x.dtype} tensor of shape {ns}")
@@ -82,10 +78,6 @@ def variants(backend: str, p: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"threads": t} for t in dict.fromkeys(min(t, cap) for t in (256, 128, 512, 1024))]
 
 
-def _contig(name: str, is_contig: bool) -> str:
-    return name if is_contig else f"{name}.contiguous()"
-
-
 def render_cpp(call: Call, p: dict[str, Any], v: dict[str, Any], variant: int) -> str:
     if p["stat_dtype"] != p["dtype"]:
         raise NoMatch("the cpp template keeps mean and rstd in the input dtype")
@@ -93,10 +85,7 @@ def render_cpp(call: Call, p: dict[str, Any], v: dict[str, Any], variant: int) -
     dt = ATEN_DTYPE[p["dtype"]]
     x, w, b = p["x"], p["w"], p["b"]
     hw, hb = p["has_weight"], p["has_bias"]
-    cont = iter(p["contiguous"])
-    xs = _contig(x, next(cont))
-    ws = _contig(w, next(cont)) if hw else None
-    bs = _contig(b, next(cont)) if hb else None
+    xs, ws, bs = dense_operands([x, w if hw else None, b if hb else None], p["contiguous"])
     affine = "(xr[j] * rs + sh)" + (" * W[j]" if hw else "") + (" + B[j]" if hb else "")
     if v.get("stats") == "onepass":  # sum and sum of squares in one pass (double: no cancellation trouble
         stats = """\
@@ -154,12 +143,8 @@ constexpr double EPS = {cpp_literal(p['eps'], 'double')};
 
 def _triton_common(call: Call, p: dict[str, Any]) -> tuple[str, str, str]:
     x, w, b = p["x"], p["w"], p["b"]
-    cont = iter(p["contiguous"])
-    lines = [f"    x = {x}.contiguous()" if not next(cont) else f"    x = {x}"]
-    if p["has_weight"]:
-        lines.append(f"    w = {w}.contiguous()" if not next(cont) else f"    w = {w}")
-    if p["has_bias"]:
-        lines.append(f"    b = {b}.contiguous()" if not next(cont) else f"    b = {b}")
+    xs, ws, bs = dense_operands([x, w if p["has_weight"] else None, b if p["has_bias"] else None], p["contiguous"])
+    lines = [f"    {local} = {expr}" for local, expr in (("x", xs), ("w", ws), ("b", bs)) if expr is not None]
     wa = "w" if p["has_weight"] else "x"
     ba = "b" if p["has_bias"] else "x"
     return "\n".join(lines) + "\n", wa, ba
@@ -244,10 +229,7 @@ def _layer_norm(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, eps, C: tl.const
 def render_cuda(call: Call, p: dict[str, Any], v: dict[str, Any], variant: int) -> str:
     x, w, b = p["x"], p["w"], p["b"]
     hw, hb = p["has_weight"], p["has_bias"]
-    cont = iter(p["contiguous"])
-    xs = _contig(x, next(cont))
-    ws = _contig(w, next(cont)) if hw else None
-    bs = _contig(b, next(cont)) if hb else None
+    xs, ws, bs = dense_operands([x, w if hw else None, b if hb else None], p["contiguous"])
     threads = int(v["threads"])
     affine = "(v - mean) * rstd" + (" * static_cast<float>(w[j])" if hw else "") + (" + static_cast<float>(b[j])" if hb else "")
     st = p["stat_shape"]
@@ -283,7 +265,7 @@ __global__ void ml_layer_norm(const scalar_t* __restrict__ x, const scalar_t* __
 }}
 
 {cpp_signature(call, "std::tuple<at::Tensor, at::Tensor, at::Tensor>", cuda=True)} {{
-{cuda_checks(call)}
+{cpp_checks(call)}
   const c10::cuda::CUDAGuard guard({x}.device());
   const at::Tensor xc = {xs};
 {f'  const at::Tensor wc = {ws};' if hw else ''}

@@ -13,24 +13,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from modulelens.kernels.templates._common import (
+from modulelens.kernels.templates.call import Call, NoMatch, TArg, contiguous_strides, dense, require_same_device
+from modulelens.kernels.templates.cpp import (
     ATEN_DTYPE,
     CPP_PRELUDE,
     CPP_SCALAR,
-    TORCH_DTYPE,
-    TRITON_PRELUDE,
-    Call,
-    NoMatch,
-    TArg,
-    contiguous_strides,
     cpp_checks,
     cpp_header,
     cpp_signature,
     ilist,
+)
+from modulelens.kernels.templates.triton import (
+    TORCH_DTYPE,
+    TRITON_PRELUDE,
     py_checks,
     py_header,
+    py_return,
     py_signature,
-    require_same_device,
 )
 
 FAMILY = "pooling"
@@ -74,7 +73,7 @@ def variants(backend: str, p: dict[str, Any]) -> list[dict[str, Any]]:
 def render_cpp(call: Call, p: dict[str, Any], v: dict[str, Any], variant: int) -> str:
     T = CPP_SCALAR[p["dtype"]]
     dt = ATEN_DTYPE[p["dtype"]]
-    src = p["x"] if p["input_contiguous"] else f"{p['x']}.contiguous()"
+    src = dense(p["x"], p["input_contiguous"])
     ret = "out" if p["out_contiguous"] else f"ml_empty({ilist(p['out_shape'])}, {ilist(p['out_stride'])}, {dt}).copy_(out)"
     return f"""{cpp_header(call, FAMILY, variant, v)}{CPP_PRELUDE}
 using T = {T};
@@ -113,10 +112,9 @@ static const int64_t WS[OW] = {ilist(p['ws'])}, WE[OW] = {ilist(p['we'])};
 def render_triton(call: Call, p: dict[str, Any], v: dict[str, Any], variant: int) -> str:
     total = p["planes"] * p["OH"] * p["OW"]
     wide = p["planes"] * p["H"] * p["W"] >= 2**31
-    src = p["x"] if p["input_contiguous"] else f"{p['x']}.contiguous()"
+    src = dense(p["x"], p["input_contiguous"])
     dt = TORCH_DTYPE[p["dtype"]]
-    finish = "    return out\n" if p["out_contiguous"] else (
-        f"    return torch.empty_strided({p['out_shape']}, {p['out_stride']}, dtype={dt}, device=x.device).copy_(out)\n")
+    finish = py_return("out", p["out_contiguous"], p["out_shape"], p["out_stride"], p["dtype"])
     return f"""{py_header(call, FAMILY, variant, v)}{TRITON_PRELUDE}
 
 @triton.jit

@@ -14,26 +14,24 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from modulelens.kernels.templates._common import (
+from modulelens.kernels.templates.call import Call, Const, NoMatch, TArg, contiguous_strides, dense, require_same_device
+from modulelens.kernels.templates.cpp import (
     ATEN_DTYPE,
     CPP_PRELUDE,
     CPP_SCALAR,
-    TORCH_DTYPE,
-    TRITON_PRELUDE,
-    Call,
-    Const,
-    NoMatch,
-    TArg,
-    contiguous_strides,
     cpp_checks,
     cpp_header,
     cpp_signature,
     ilist,
-    next_pow2,
+)
+from modulelens.kernels.templates.loops import next_pow2
+from modulelens.kernels.templates.triton import (
+    TORCH_DTYPE,
+    TRITON_PRELUDE,
     py_checks,
     py_header,
+    py_return,
     py_signature,
-    require_same_device,
 )
 
 FAMILY = "reduction"
@@ -87,7 +85,7 @@ def render_cpp(call: Call, p: dict[str, Any], v: dict[str, Any], variant: int) -
     T = CPP_SCALAR[p["dtype"]]
     dt = ATEN_DTYPE[p["dtype"]]
     kind, outer, r, inner = p["kind"], p["outer"], p["R"], p["inner"]
-    src = p["x"] if p["input_contiguous"] else f"{p['x']}.contiguous()"
+    src = dense(p["x"], p["input_contiguous"])
     ret = "out" if p["out_contiguous"] else f"ml_empty({ilist(p['out_shape'])}, {ilist(p['out_stride'])}, {dt}).copy_(out)"
     if kind == "amax":
         row = """\
@@ -162,10 +160,9 @@ def render_triton(call: Call, p: dict[str, Any], v: dict[str, Any], variant: int
     block_r = min(int(v["BLOCK_R"]), max(1, next_pow2(r)))
     kind = {"sum": 0, "mean": 1, "amax": 2}[p["kind"]]
     wide = outer * r * inner >= 2**31
-    src = p["x"] if p["input_contiguous"] else f"{p['x']}.contiguous()"
+    src = dense(p["x"], p["input_contiguous"])
     dt = TORCH_DTYPE[p["dtype"]]
-    finish = "    return out\n" if p["out_contiguous"] else (
-        f"    return torch.empty_strided({p['out_shape']}, {p['out_stride']}, dtype={dt}, device=x.device).copy_(out)\n")
+    finish = py_return("out", p["out_contiguous"], p["out_shape"], p["out_stride"], p["dtype"])
     return f"""{py_header(call, FAMILY, variant, v)}{TRITON_PRELUDE}
 
 @triton.jit

@@ -10,33 +10,36 @@ CPU eager decomposes it instead (``pow.Tensor_Scalar``, ``mean.dim``, ``add_.Sca
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-from modulelens.kernels.templates._common import (
-    ATEN_DTYPE,
-    CPP_PRELUDE,
-    CPP_SCALAR,
-    CUDA_PRELUDE,
-    CUDA_SCALAR,
-    TORCH_DTYPE,
-    TRITON_PRELUDE,
+from modulelens.kernels.templates.call import (
     Call,
     NoMatch,
     TArg,
     contiguous_strides,
+    dense_operands,
+    require_same_device,
+    trailing_size,
+)
+from modulelens.kernels.templates.cpp import (
+    ATEN_DTYPE,
+    CPP_PRELUDE,
+    CPP_SCALAR,
     cpp_checks,
     cpp_header,
     cpp_literal,
     cpp_signature,
-    cuda_checks,
     ilist,
-    next_pow2,
+)
+from modulelens.kernels.templates.cuda import CUDA_PRELUDE, CUDA_SCALAR
+from modulelens.kernels.templates.loops import next_pow2
+from modulelens.kernels.templates.triton import (
+    TORCH_DTYPE,
+    TRITON_PRELUDE,
     py_checks,
     py_header,
     py_literal,
     py_signature,
-    require_same_device,
 )
 
 FAMILY = "rms_norm"
@@ -50,14 +53,7 @@ FINFO_EPS = {"float32": 1.1920928955078125e-07, "float64": 2.220446049250313e-16
 def match(call: Call) -> dict[str, Any]:
     require_same_device(call)
     x, ns, w, eps = call.arg("input"), call.arg("normalized_shape"), call.arg("weight"), call.arg("eps")
-    if not isinstance(x, TArg) or not isinstance(ns, list) or not ns:
-        raise NoMatch("expected a tensor input and a normalized_shape")
-    k = len(ns)
-    if x.ndim < k or list(x.shape[-k:]) != list(ns):
-        raise NoMatch(f"normalized_shape {ns} does not end the input shape {list(x.shape)}")
-    c = math.prod(ns)
-    if c == 0 or x.numel == 0:
-        raise NoMatch("empty input")
+    c = trailing_size(x, ns)
     if w is not None and (not isinstance(w, TArg) or list(w.shape) != list(ns) or w.dtype != x.dtype):
         raise NoMatch(f"weight must be None or a {x.dtype} tensor of shape {ns}")
     if len(call.outputs) != 2:
@@ -89,9 +85,7 @@ def render_cpp(call: Call, p: dict[str, Any], v: dict[str, Any], variant: int) -
     T = CPP_SCALAR[p["dtype"]]
     dt = ATEN_DTYPE[p["dtype"]]
     x, w, hw = p["x"], p["w"], p["has_weight"]
-    cont = iter(p["contiguous"])
-    xs = x if next(cont) else f"{x}.contiguous()"
-    ws = (w if next(cont) else f"{w}.contiguous()") if hw else None
+    xs, ws = dense_operands([x, w if hw else None], p["contiguous"])
     return f"""{cpp_header(call, FAMILY, variant, v)}{CPP_PRELUDE}
 using T = {T};
 constexpr int64_t ROWS = {p['rows']}, C = {p['C']};
@@ -128,10 +122,8 @@ constexpr double EPS = {cpp_literal(p['eps'], 'double')};
 def render_triton(call: Call, p: dict[str, Any], v: dict[str, Any], variant: int) -> str:
     rows, c = p["rows"], p["C"]
     pid = "tl.program_id(0).to(tl.int64)" if rows * c >= 2**31 else "tl.program_id(0)"
-    cont = iter(p["contiguous"])
-    prep = f"    x = {p['x']}" + ("" if next(cont) else ".contiguous()") + "\n"
-    if p["has_weight"]:
-        prep += f"    w = {p['w']}" + ("" if next(cont) else ".contiguous()") + "\n"
+    xs, ws = dense_operands([p["x"], p["w"] if p["has_weight"] else None], p["contiguous"])
+    prep = f"    x = {xs}\n" + (f"    w = {ws}\n" if ws is not None else "")
     wa = "w" if p["has_weight"] else "x"
     if v["mode"] == "row":
         block = next_pow2(c)
@@ -186,9 +178,7 @@ def _rms_norm(x_ptr, w_ptr, y_ptr, rstd_ptr, eps, C: tl.constexpr, BLOCK: tl.con
 
 def render_cuda(call: Call, p: dict[str, Any], v: dict[str, Any], variant: int) -> str:
     x, w, hw = p["x"], p["w"], p["has_weight"]
-    cont = iter(p["contiguous"])
-    xs = x if next(cont) else f"{x}.contiguous()"
-    ws = (w if next(cont) else f"{w}.contiguous()") if hw else None
+    xs, ws = dense_operands([x, w if hw else None], p["contiguous"])
     st = p["stat_shape"]
     return f"""{cpp_header(call, FAMILY, variant, v)}{CUDA_PRELUDE}
 using scalar_t = {CUDA_SCALAR[p['dtype']]};
@@ -213,7 +203,7 @@ __global__ void ml_rms_norm(const scalar_t* __restrict__ x, const scalar_t* __re
 }}
 
 {cpp_signature(call, "std::tuple<at::Tensor, at::Tensor>", cuda=True)} {{
-{cuda_checks(call)}
+{cpp_checks(call)}
   const c10::cuda::CUDAGuard guard({x}.device());
   const at::Tensor xc = {xs};
 {f'  const at::Tensor wc = {ws};' if hw else ''}

@@ -12,29 +12,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from modulelens.kernels.templates._common import (
+from modulelens.kernels.templates.call import Call, NoMatch, TArg, contiguous_strides, dense, require_same_device
+from modulelens.kernels.templates.cpp import (
     ATEN_DTYPE,
     CPP_MATH,
     CPP_PRELUDE,
     CPP_SCALAR,
-    CUDA_PRELUDE,
-    CUDA_SCALAR,
-    TORCH_DTYPE,
-    TRITON_PRELUDE,
-    Call,
-    NoMatch,
-    TArg,
-    contiguous_strides,
     cpp_checks,
     cpp_header,
     cpp_signature,
-    cuda_checks,
     ilist,
-    next_pow2,
+)
+from modulelens.kernels.templates.cuda import CUDA_PRELUDE, CUDA_SCALAR
+from modulelens.kernels.templates.loops import next_pow2
+from modulelens.kernels.templates.triton import (
+    TORCH_DTYPE,
+    TRITON_PRELUDE,
     py_checks,
     py_header,
+    py_return,
     py_signature,
-    require_same_device,
 )
 
 FAMILY = "softmax"
@@ -88,7 +85,7 @@ def render_cpp(call: Call, p: dict[str, Any], v: dict[str, Any], variant: int) -
         raise NoMatch("the cpp template keeps the input dtype")
     T = CPP_SCALAR[p["in_dtype"]]
     rows, c, x = p["rows"], p["C"], p["x"]
-    src = f"{x}.contiguous()" if not p["input_contiguous"] else x
+    src = dense(x, p["input_contiguous"])
     ret = "out" if p["out_contiguous"] else (
         f"ml_empty({ilist(p['shape'])}, {ilist(p['out_stride'])}, {ATEN_DTYPE[p['out_dtype']]}).copy_(out)")
     return f"""{cpp_header(call, FAMILY, variant, v)}{CPP_PRELUDE}
@@ -138,10 +135,9 @@ def render_triton(call: Call, p: dict[str, Any], v: dict[str, Any], variant: int
     rows, c, x = p["rows"], p["C"], p["x"]
     wide = rows * c >= 2**31
     pid = "tl.program_id(0).to(tl.int64)" if wide else "tl.program_id(0)"
-    prep = f"    x = {x}.contiguous()\n" if not p["input_contiguous"] else f"    x = {x}\n"
+    prep = f"    x = {dense(x, p['input_contiguous'])}\n"
     shape, out_dt = p["shape"], TORCH_DTYPE[p["out_dtype"]]
-    finish = "    return out\n" if p["out_contiguous"] else (
-        f"    return torch.empty_strided({shape}, {p['out_stride']}, dtype={out_dt}, device=x.device).copy_(out)\n")
+    finish = py_return("out", p["out_contiguous"], shape, p["out_stride"], p["out_dtype"])
     if v["mode"] == "row":
         block = next_pow2(c)
         kernel = f"""
@@ -202,7 +198,7 @@ def _softmax(x_ptr, y_ptr, C: tl.constexpr, BLOCK: tl.constexpr, SAFE: tl.conste
 def render_cuda(call: Call, p: dict[str, Any], v: dict[str, Any], variant: int) -> str:
     rows, c, x = p["rows"], p["C"], p["x"]
     threads = int(v["threads"])
-    src = f"{x}.contiguous()" if not p["input_contiguous"] else x
+    src = dense(x, p["input_contiguous"])
     shape = p["shape"]
     ret = "out" if p["out_contiguous"] else (
         f"at::empty_strided({ilist(shape)}, {ilist(p['out_stride'])}, out.options()).copy_(out)")
@@ -238,7 +234,7 @@ __global__ void ml_softmax(const in_t* __restrict__ x, out_t* __restrict__ y) {{
 }}
 
 {cpp_signature(call, "at::Tensor", cuda=True)} {{
-{cuda_checks(call)}
+{cpp_checks(call)}
   const c10::cuda::CUDAGuard guard({x}.device());
   const at::Tensor xc = {src};
   at::Tensor out = at::empty_strided({ilist(shape)}, {ilist(contiguous_strides(shape))}, {x}.options().dtype({ATEN_DTYPE[p['out_dtype']]}));

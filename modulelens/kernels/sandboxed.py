@@ -1,0 +1,117 @@
+"""The caller's side of the sandbox: validate or time a stored candidate in a worker process and
+turn the worker's answer (or its death) into a report or a timing.
+
+Candidates are untrusted code: they run only in :mod:`modulelens.sandbox` workers, never here."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from modulelens.errors import ModuleLensError
+from modulelens.kernels.build_cache import default_build_dir
+from modulelens.kernels.candidates import candidate_manifest, save_report
+from modulelens.kernels.report import ValidationReport, ValidationSettings
+from modulelens.kernels.source import KernelSource
+from modulelens.ops.cards import open_card
+from modulelens.profiling.timing import Timing
+from modulelens.registry import ProgressFn
+from modulelens.repo import Artifact, Repository
+from modulelens.sandbox.messages import (
+    CrashedResult,
+    InternalErrorResult,
+    RefusedResult,
+    SandboxResult,
+    TimeCandidateTask,
+    TimedResult,
+    ValidateCardTask,
+    ValidatedResult,
+)
+from modulelens.sandbox.pool import DEFAULT_MEMORY_LIMIT_MB, pool
+
+VALIDATION_STAGES = ("compile", "check", "time", "recheck", "done")
+DEFAULT_TIMEOUT_S = 900.0  # seconds a task may take (cold C++ builds take ~20-60 s)
+
+
+class CandidateValidation(ValidationReport):
+    """A validation report as stored for a candidate."""
+
+    candidate_id: str
+    target: str = Field(description="The card validated against.")
+    report: str = Field(description="Reference of the stored report.")
+
+
+def _no_progress(done: float, total: float | None = None, message: str | None = None) -> None:
+    pass
+
+
+def validate_candidate(repo: Repository, candidate: Artifact, src: KernelSource, settings: ValidationSettings, *,
+                       timeout: float, memory_limit_mb: int = DEFAULT_MEMORY_LIMIT_MB,
+                       progress: ProgressFn = _no_progress) -> CandidateValidation:
+    """Validate the stored ``candidate`` (source ``src``) against ``settings.card_id`` in a sandbox
+    worker, store the report as a new version of the candidate's report, and return it. A worker
+    that crashes or outlives ``timeout`` seconds makes a ``rejected`` report."""
+    open_card(repo, settings.card_id)  # a clear error if the card is gone
+    task = ValidateCardTask(repo=str(repo.root), candidate=src, build_dir=str(default_build_dir()),
+                            **settings.model_dump())
+    progress(0, len(VALIDATION_STAGES), f"validating {candidate.ref} in a sandbox")
+
+    def on_stage(stage: str) -> None:
+        done = VALIDATION_STAGES.index(stage) + 1 if stage in VALIDATION_STAGES else 0
+        progress(done, len(VALIDATION_STAGES), stage)
+
+    result = pool().run(task, timeout, memory_limit_mb, on_stage=on_stage)
+    report = validation_report(result, src.backend)
+    stored = save_report(repo, candidate, report, settings)
+    progress(len(VALIDATION_STAGES), len(VALIDATION_STAGES), report.verdict)
+    return CandidateValidation(**report.model_dump(), candidate_id=candidate.ref, target=settings.card_id,
+                               report=stored.ref)
+
+
+def validation_report(result: SandboxResult, backend: str) -> ValidationReport:
+    """The report a validation task's result amounts to: the worker's own report (rejected when the
+    candidate wrote to stdout), or a rejection when the worker died. An internal error is raised."""
+    match result:
+        case ValidatedResult():
+            report = result.report.model_copy(update={"stdout_bytes": result.stdout_bytes})
+            if report.stdout_bytes:
+                report.verdict, report.correct = "rejected", False
+                report.reason = (f"wrote {report.stdout_bytes} bytes to stdout: kernels must not print "
+                                 "(it would corrupt an MCP stdio session)")
+            return report
+        case CrashedResult():
+            stage = result.stage or "starting"
+            report = ValidationReport(
+                verdict="rejected", correct=False, stage=stage, backend=backend,
+                reason=f"the sandbox worker {result.reason} during {stage}", stderr_tail=result.stderr_tail,
+                errors=[f"worker {result.reason} during {stage}"],
+            )
+            if "memory" in result.stderr_tail.lower() or "bad_alloc" in result.stderr_tail:
+                report.reason += " (out of memory)"
+            return report
+    raise _unexpected(result, "a validation")
+
+
+def time_candidate(repo: Repository, candidate: Artifact, src: KernelSource, *, device: str | None,
+                   min_run_time: float, warmup: int) -> Timing:
+    """Time the stored ``candidate`` on its card's first sample, in a sandbox worker."""
+    card_id = candidate_manifest(candidate).target.card_id
+    task = TimeCandidateTask(repo=str(repo.root), candidate=src, build_dir=str(default_build_dir()), card_id=card_id,
+                             device=device, min_run_time=min_run_time, warmup=warmup)
+    result = pool().run(task, timeout=DEFAULT_TIMEOUT_S)
+    match result:
+        case TimedResult():
+            return result.timing
+        case CrashedResult():
+            raise ModuleLensError(f"the candidate's sandbox worker {result.reason} while timing it",
+                                  "validate it first: validate-kernel " + candidate.ref)
+        case RefusedResult():
+            raise ModuleLensError(result.message, result.hint)
+    raise _unexpected(result, "timing")
+
+
+def _unexpected(result: SandboxResult, task: str) -> ModuleLensError:
+    if isinstance(result, InternalErrorResult):
+        return ModuleLensError(f"internal error in the sandbox worker: {result.error}",
+                               "please report it with this traceback: " + result.traceback[-1000:])
+    return ModuleLensError(f"internal error: the sandbox answered {task} with a {result.kind} result",
+                           "please report it")

@@ -1,0 +1,189 @@
+"""Build an opset from a capture: replay the module under an operator recorder, time every variant
+against plain runs of the module, and store the variants as ranked operator cards."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import BaseModel, Field
+
+from modulelens.capture.manifest import CaptureManifest, capture_manifest
+from modulelens.capture.replay import LoadedCapture
+from modulelens.capture.tracer import set_rng_states
+from modulelens.capture.values import Encoder, TensorSink, flatten, leaves
+from modulelens.errors import ModuleLensError
+from modulelens.ops.model import KIND, SAMPLES_FILE, CardSample, ModuleTime, OpCard, OpSetManifest
+from modulelens.ops.recorder import OpRecorder, OpTimer, Variant
+from modulelens.repo import Artifact, Repository
+
+TIMER = ("time.perf_counter around each operator call (CUDA synchronised) inside a TorchDispatchMode; "
+         "module time from plain runs interleaved with the timed ones")
+
+
+class RecordOptions(BaseModel):
+    """How to record a capture's operators (the capture-ops tool's request extends this)."""
+
+    strategy: str = Field("auto", description="Replay strategy used to rebuild the module (auto, source, export, pickle).")
+    trust_pickle: bool = Field(False, description="Allow the pickle strategy.")
+    backward: bool = Field(False, description="Also record the backward operators (forward + backward run).")
+    samples: int = Field(2, ge=1, le=16, description="Sample calls kept per card (inputs and eager outputs).")
+    repeats: int = Field(15, ge=3, description="Timed runs used to measure time shares (medians).")
+    max_tensor_bytes: int = Field(64 * 1024 * 1024, description="Sample tensors larger than this are stored shape-only.")
+    include_views: bool = Field(False, description="Also list view/metadata operators (view, t, detach, ...).")
+    allow_synthesized: bool = Field(False, description="Record even when the capture's inputs are shape-only (synthesised).")
+
+
+def _check_inputs(art: Artifact, m: CaptureManifest, allow_synthesized: bool) -> None:
+    inputs = leaves(m.inputs.args) + leaves(m.inputs.kwargs)
+    if not inputs:
+        raise ModuleLensError(
+            f"capture {art.ref} has no tensor inputs",
+            "operator cards need real inputs as the oracle; capture a module that takes tensors",
+        )
+    if not any(s.get("stored", True) for s in inputs) and not allow_synthesized:
+        raise ModuleLensError(
+            f"capture {art.ref} stores its inputs shape-only, so the cards would hold synthetic samples",
+            "capture again with a larger --max-tensor-bytes, or pass --allow-synthesized",
+        )
+
+
+class _ModuleRunner:
+    """Runs the rebuilt module on fresh copies of the captured inputs, as the capture ran it
+    (RNG state, grad mode), optionally with a backward pass from the captured output gradients."""
+
+    def __init__(self, loaded: LoadedCapture, m: CaptureManifest, backward: bool):
+        self.loaded, self.backward = loaded, backward
+        self.args, self.kwargs = loaded.inputs()
+        self.rng = loaded.rng()
+        self.grad_mode = m.grad_enabled or backward
+        self.has_grads = m.backward is not None
+        self.cuda = m.environment.device.startswith("cuda")
+
+    def fresh(self) -> tuple[list, dict]:
+        def copy(x: Any) -> Any:
+            return x.detach().clone().requires_grad_(x.requires_grad) if isinstance(x, torch.Tensor) else x
+
+        return [copy(a) for a in self.args], {n: copy(v) for n, v in self.kwargs.items()}
+
+    def run(self, module: Any, inputs: tuple[list, dict], before_backward: Callable[[], None] | None = None) -> Any:
+        """One call on ``inputs`` (from :meth:`fresh`, made outside any timer or recorder)."""
+        a, k = inputs
+        if self.rng:
+            set_rng_states(self.rng)
+        with torch.set_grad_enabled(self.grad_mode):
+            out = module(*a, **k)
+            if self.backward:
+                outs = [o for o in flatten(out) if isinstance(o, torch.Tensor) and o.requires_grad]
+                if before_backward:
+                    before_backward()
+                if outs:
+                    torch.autograd.backward(outs, self._grad_outputs(outs))
+        return out
+
+    def timed_run(self, module: Any) -> float:
+        """Wall seconds of one call (the input copies are made before the clock starts)."""
+        inputs = self.fresh()
+        if self.cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        self.run(module, inputs)
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    def _grad_outputs(self, outs: list[torch.Tensor]) -> list[torch.Tensor]:
+        grads = self.loaded.grads() if self.has_grads else {}
+        gen = torch.Generator().manual_seed(0)
+        result = []
+        for i, o in enumerate(outs):
+            g = grads.get(f"grad_output.{i}")
+            if g is None or tuple(g.shape) != tuple(o.shape):
+                g = torch.randn(o.shape, generator=gen, dtype=torch.float32)
+            result.append(g.to(o.device, o.dtype))
+        return result
+
+
+def record_opset(repo: Repository, capture_ref: str, options: RecordOptions) -> Artifact:
+    """Record the operators the capture ``capture_ref`` runs and store them as a new version of
+    the opset named like the capture. Returns the stored opset."""
+    art = repo.open("captures", capture_ref)
+    m = capture_manifest(art)
+    _check_inputs(art, m, options.allow_synthesized)
+    device = m.environment.device
+    loaded = LoadedCapture(art, device=device)
+    runner = _ModuleRunner(loaded, m, options.backward)
+
+    def record(module):
+        recorder = OpRecorder(samples=options.samples)
+        inputs = runner.fresh()
+        with recorder:
+            runner.run(module, inputs, before_backward=lambda: setattr(recorder, "phase", "backward"))
+        return module, recorder
+
+    (module, recorder), strategy, _, _ = loaded.with_strategy(options.strategy, options.trust_pickle, record)
+    notes = []
+    if options.backward and not any(v.phase == "backward" for v in recorder.variants.values()):
+        notes.append("backward was asked for, but no output required grad: only forward operators were recorded")
+
+    # Time shares: interleave plain runs (module time) with runs under the per-op timer.
+    for _ in range(2):
+        runner.run(module, runner.fresh())
+    plain: list[float] = []
+    per_variant: dict[str, list[float]] = {key: [] for key in recorder.variants}
+    for _ in range(options.repeats):
+        plain.append(runner.timed_run(module))
+        timer, inputs = OpTimer(), runner.fresh()
+        with timer:
+            runner.run(module, inputs)
+        for key in per_variant:
+            per_variant[key].append(timer.seconds.get(key, 0.0))
+    module_time = statistics.median(plain)
+    q = statistics.quantiles(plain, n=5) if len(plain) >= 5 else [min(plain)] * 4
+    seconds = {key: statistics.median(times) for key, times in per_variant.items()}
+    variants = sorted(recorder.variants.values(), key=lambda v: -seconds[v.key])
+    listed = [v for v in variants if options.include_views or v.kind != "view"]
+    views_share = sum(seconds[v.key] for v in variants if v.kind == "view") / module_time
+
+    sink = TensorSink("", options.max_tensor_bytes)
+    cards = [_card(v, i, seconds[v.key], module_time, sink) for i, v in enumerate(listed)]
+
+    def write(folder: Path) -> OpSetManifest:
+        if sink.tensors:
+            from safetensors.torch import save_file
+
+            save_file(sink.tensors, str(folder / SAMPLES_FILE))
+        return OpSetManifest(
+            capture=art.ref, strategy=strategy, device=device, backward=options.backward,
+            module_time=ModuleTime(median_s=module_time, p20_s=q[0], p80_s=q[-1], repeats=options.repeats),
+            views_time_share=views_share, cards=cards, notes=notes, timer=TIMER,
+        )
+
+    return repo.create(KIND, art.name, write)
+
+
+def _card(v: Variant, index: int, seconds: float, module_time: float, sink: TensorSink) -> OpCard:
+    samples = []
+    for j, s in enumerate(v.samples):
+        prefix = f"c{index}.s{j}."
+        enc = Encoder(sink)
+        sink.prefix = prefix
+        sample = CardSample(args=enc.encode(list(s.args), "args"), kwargs=enc.encode(dict(s.kwargs), "kwargs"),
+                            output=enc.encode(s.output, "output"))
+        if s.rng is not None:
+            sink.tensors[prefix + "rng"] = s.rng.clone()
+            sample.rng = prefix + "rng"
+        samples.append(sample)
+    sink.prefix = ""
+    return OpCard(
+        index=index, op=v.op, kind=v.kind, phase=v.phase,
+        shapes=[t["shape"] for t in v.tensors], dtypes=[t["dtype"] for t in v.tensors],
+        strides=[t["stride"] for t in v.tensors], contiguous=[t["contiguous"] for t in v.tensors],
+        device=v.tensors[0]["device"] if v.tensors else "cpu", args=v.others, calls=v.calls,
+        time_s=seconds, time_share=seconds / module_time if module_time else 0.0,
+        bytes_per_call=v.bytes_per_call, uninitialised_output=v.uninitialised, samples=samples,
+    )

@@ -1,0 +1,173 @@
+"""Profile what a reference names: a capture (one forward of the rebuilt module), an operator
+card (its op on the first stored sample) or a candidate kernel (timed in the sandbox).
+
+Captures and cards run here, with a torch.profiler breakdown and peak memory on request;
+candidates are untrusted code and are timed only in a sandbox worker. Memory-bound cards get a
+roofline: achieved bytes per second against this machine's measured copy bandwidth.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from pydantic import BaseModel, Field
+
+from modulelens.capture.manifest import capture_manifest
+from modulelens.capture.replay import LoadedCapture
+from modulelens.errors import InvalidName, ModuleLensError
+from modulelens.kernels.candidates import candidate_manifest, load_candidate
+from modulelens.kernels.sandboxed import time_candidate
+from modulelens.ops.cards import open_card, require_tensor_inputs, run_card, sample_call
+from modulelens.ops.model import OpCard, is_card_id
+from modulelens.profiling.bandwidth import copy_bandwidth
+from modulelens.profiling.breakdown import OpTime, profile_breakdown
+from modulelens.profiling.timing import Timing, time_callable
+from modulelens.registry import ProgressFn
+from modulelens.repo import Repository, parse_ref
+
+
+class ProfileOptions(BaseModel):
+    """How to profile (the profile tool's request extends this)."""
+
+    device: str | None = Field(None, description="Device to run on (default: where it was captured).")
+    min_run_time: float = Field(0.5, gt=0, description="Seconds of timed calls to collect (CPU timer) / at least (CUDA).")
+    warmup: int = Field(3, ge=0, description="Untimed calls before timing.")
+    breakdown: bool = Field(True, description="Add a torch.profiler breakdown (top operators by self time) and peak memory.")
+    strategy: str = Field("auto", description="Replay strategy for captures (auto, source, export, pickle).")
+
+
+class ProfileResult(Timing):
+    target: str
+    target_kind: str = Field(description="capture, card or candidate.")
+    what: str = Field(description="What one timed call does.")
+    grad_enabled: bool = Field(description="Whether autograd recorded during the timed calls.")
+    breakdown: list[OpTime] | None = None
+    peak_memory_bytes: int | None = None
+    peak_memory_method: str | None = None
+    bytes_moved: int | None = Field(None, description="Bytes read + written per call (memory-bound cards).")
+    achieved_bytes_per_s: float | None = None
+    copy_bytes_per_s: float | None = Field(None, description="This machine's measured copy bandwidth (cached per machine).")
+    roofline_fraction: float | None = Field(None, description="achieved / copy bandwidth; above 1 means the data sat in cache.")
+    notes: list[str] = Field(default_factory=list)
+
+
+@dataclass
+class _Timed:
+    """A call to time here, and what the result should say about it."""
+
+    call: Callable[[], Any]
+    device: str
+    what: str
+    grad: bool
+    card: OpCard | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def _no_progress(done: float, total: float | None = None, message: str | None = None) -> None:
+    pass
+
+
+def profile_target(repo: Repository, target: str, options: ProfileOptions,
+                   progress: ProgressFn = _no_progress) -> ProfileResult:
+    """Time ``target`` (a capture reference, a card id or a candidate id) and explain the numbers."""
+    if not is_card_id(target) and _is_candidate(repo, target):
+        return _profile_candidate(repo, target, options, progress)
+    kind = "card" if is_card_id(target) else "capture"
+    timed = _card_call(repo, target, options) if kind == "card" else _capture_call(repo, target, options)
+    progress(0, 3, f"timing {target}")
+    timing = time_callable(timed.call, timed.device, min_run_time=options.min_run_time, warmup=options.warmup)
+    result = ProfileResult(**timing.model_dump(), target=target, target_kind=kind, what=timed.what,
+                           grad_enabled=timed.grad, notes=timed.notes)
+    if options.breakdown:
+        progress(1, 3, "torch.profiler breakdown")
+        result.breakdown, result.peak_memory_bytes, result.peak_memory_method = profile_breakdown(timed.call, timed.device)
+    if timed.card is not None:
+        if timed.card.kind == "memory" and timed.card.bytes_per_call:
+            progress(2, 3, "machine copy bandwidth")
+            _add_roofline(result, timed.card, timed.device)
+            if result.roofline_fraction > 1:
+                result.notes.append("achieved bandwidth exceeds the memory copy bandwidth: the working set "
+                                    f"({timed.card.bytes_per_call} bytes) fits in cache")
+        elif timed.card.kind == "compute":
+            result.notes.append("compute-bound operator: a bandwidth roofline does not apply")
+    progress(3, 3, "done")
+    return result
+
+
+def _on(device: str | None, default: str) -> str:
+    device = device or default
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ModuleLensError(f"device {device!r} is not available on this machine", "pass --device cpu")
+    return device
+
+
+def _synthesized_notes(synthesized: Any) -> list[str]:
+    return ["some inputs were synthesised from stored statistics (shape-only capture)"] if synthesized else []
+
+
+def _card_call(repo: Repository, card_id: str, options: ProfileOptions) -> _Timed:
+    art, card = open_card(repo, card_id)
+    require_tensor_inputs(card)
+    device = _on(options.device, card.device)
+    args, kwargs, _, synthesized = sample_call(art, card, 0, device=device)
+    args = [a.detach() if isinstance(a, torch.Tensor) else a for a in args]
+
+    def call():
+        with torch.no_grad():
+            return run_card(card, args, kwargs)
+
+    return _Timed(call, device, f"one call of {card.op} on the card's first stored sample (no autograd)", False,
+                  card=card, notes=_synthesized_notes(synthesized))
+
+
+def _capture_call(repo: Repository, ref: str, options: ProfileOptions) -> _Timed:
+    art = repo.open("captures", ref)
+    m = capture_manifest(art)
+    device = _on(options.device, m.environment.device)
+    loaded = LoadedCapture(art, device=device)
+    args, kwargs = loaded.inputs()
+    module, strategy, _, _ = loaded.with_strategy(options.strategy, False, lambda mod: mod)
+
+    def call():
+        with torch.set_grad_enabled(m.grad_enabled):
+            return module(*args, **kwargs)
+
+    what = (f"one forward of {m.class_path} ({strategy} strategy) on the captured inputs, "
+            f"in {'train' if m.training else 'eval'} mode")
+    return _Timed(call, device, what, m.grad_enabled, notes=_synthesized_notes(loaded.synthesized))
+
+
+def _profile_candidate(repo: Repository, candidate_id: str, options: ProfileOptions, progress: ProgressFn) -> ProfileResult:
+    """Candidates are untrusted code: they are timed inside the sandbox, never in this process."""
+    art, src = load_candidate(repo, candidate_id)
+    card_id = candidate_manifest(art).target.card_id
+    progress(0, 1, f"timing {art.ref} in the sandbox")
+    timing = time_candidate(repo, art, src, device=options.device, min_run_time=options.min_run_time,
+                            warmup=options.warmup)
+    _, card = open_card(repo, card_id)
+    notes = ["timed in the sandbox worker; run profile on the card for the eager operator's breakdown"]
+    result = ProfileResult(**timing.model_dump(), target=art.ref, target_kind="candidate",
+                           what=f"one call of candidate {art.ref} ({src.backend}) on card {card_id}'s first sample",
+                           grad_enabled=False, notes=notes)
+    if card.kind == "memory" and card.bytes_per_call:
+        _add_roofline(result, card, timing.device)
+    progress(1, 1, "done")
+    return result
+
+
+def _add_roofline(result: ProfileResult, card: OpCard, device: str) -> None:
+    bw = copy_bandwidth(device)
+    result.bytes_moved = card.bytes_per_call
+    result.achieved_bytes_per_s = card.bytes_per_call / result.median_s
+    result.copy_bytes_per_s = bw["bytes_per_s"]
+    result.roofline_fraction = result.achieved_bytes_per_s / bw["bytes_per_s"]
+
+
+def _is_candidate(repo: Repository, target: str) -> bool:
+    try:
+        return bool(repo.versions("candidates", parse_ref(target).name))
+    except InvalidName:
+        return False

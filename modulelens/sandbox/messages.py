@@ -1,0 +1,131 @@
+"""What crosses the sandbox's pipes: tasks to a worker, and the worker's stage reports and results.
+
+Both sides live here: the caller sends a :data:`SandboxTask` and reads :data:`WorkerMessage`
+frames (read with :data:`WORKER_MESSAGES`) until a :class:`TaskDone`; the worker reads tasks with
+:data:`TASKS` and answers with :class:`StageReport` frames, then one :class:`TaskDone`. Frames
+travel as model JSON over :mod:`modulelens.sandbox.protocol`. Every result kind is its own model, told apart by
+``kind``, so a caller matches on the type instead of probing keys:
+
+* :class:`ValidatedResult`: a validation ran to a verdict (a rejection is a verdict too);
+* :class:`TimedResult`: a candidate was timed;
+* :class:`RefusedResult`: the task could not be done here (a ``ModuleLensError``: message and hint);
+* :class:`PongResult`: answer to a :class:`PingTask`;
+* :class:`InternalErrorResult`: modulelens itself failed inside the worker (a bug);
+* :class:`CrashedResult`: the worker died or timed out; never sent by a worker, the pool makes it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from modulelens.kernels.report import ValidationReport, ValidationSettings
+from modulelens.kernels.source import KernelSource
+from modulelens.profiling.timing import Timing
+
+
+class _Message(BaseModel):
+    # Floats JSON has no literal for travel as json.dumps writes them (Infinity, NaN), not as null.
+    model_config = ConfigDict(ser_json_inf_nan="constants")
+
+
+# -- tasks -------------------------------------------------------------------------------------
+
+class CandidateTask(_Message):
+    """A candidate to run against a card of the repository at ``repo``."""
+
+    repo: str = Field(description="Root of the repository holding the card.")
+    candidate: KernelSource
+    build_dir: str = Field(description="Where compiled candidates are cached.")
+
+
+class ValidateCardTask(CandidateTask, ValidationSettings):
+    kind: Literal["validate_card"] = "validate_card"
+
+    @property
+    def settings(self) -> ValidationSettings:
+        """The part of the task stored with its report."""
+        return ValidationSettings.model_validate(self.model_dump(include=set(ValidationSettings.model_fields)))
+
+
+class TimeCandidateTask(CandidateTask):
+    """Time the candidate alone on its card's first stored sample."""
+
+    kind: Literal["time_candidate"] = "time_candidate"
+    card_id: str
+    device: str | None = None
+    min_run_time: float = Field(0.5, gt=0)
+    warmup: int = Field(3, ge=0)
+
+
+class PingTask(_Message):
+    kind: Literal["ping"] = "ping"
+
+
+SandboxTask = Annotated[ValidateCardTask | TimeCandidateTask | PingTask, Field(discriminator="kind")]
+TASKS: TypeAdapter[SandboxTask] = TypeAdapter(SandboxTask)
+
+
+# -- results -----------------------------------------------------------------------------------
+
+class _Result(_Message):
+    healthy: bool = Field(True, description="The worker's state is intact: it may take the next task.")
+    stdout_bytes: int = Field(0, description="Bytes the worker wrote to its stdout during the task (set by the pool).")
+
+
+class ValidatedResult(_Result):
+    kind: Literal["validated"] = "validated"
+    report: ValidationReport
+
+
+class TimedResult(_Result):
+    kind: Literal["timed"] = "timed"
+    timing: Timing
+
+
+class RefusedResult(_Result):
+    kind: Literal["refused"] = "refused"
+    message: str
+    hint: str | None = None
+
+
+class PongResult(_Result):
+    kind: Literal["pong"] = "pong"
+
+
+class InternalErrorResult(_Result):
+    kind: Literal["internal_error"] = "internal_error"
+    healthy: bool = False
+    error: str = Field(description="Exception type and message.")
+    traceback: str = ""
+
+
+class CrashedResult(_Result):
+    kind: Literal["crashed"] = "crashed"
+    healthy: bool = False
+    reason: str = Field(description="What happened to the worker: 'crashed with SIGSEGV', 'timed out after 20 s', ...")
+    stage: str | None = Field(None, description="The last stage the worker reported.")
+    stderr_tail: str = ""
+
+
+SandboxResult = Annotated[
+    ValidatedResult | TimedResult | RefusedResult | PongResult | InternalErrorResult | CrashedResult,
+    Field(discriminator="kind"),
+]
+
+
+# -- frames on the result pipe -----------------------------------------------------------------
+
+class StageReport(_Message):
+    kind: Literal["stage"] = "stage"
+    stage: str
+
+
+class TaskDone(_Message):
+    kind: Literal["done"] = "done"
+    result: SandboxResult
+
+
+WorkerMessage = Annotated[StageReport | TaskDone, Field(discriminator="kind")]
+WORKER_MESSAGES: TypeAdapter[WorkerMessage] = TypeAdapter(WorkerMessage)

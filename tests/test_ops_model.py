@@ -1,0 +1,118 @@
+"""The opset records (modulelens.ops.model): card ids, and opsets written by earlier versions.
+
+``fixtures/opset_manifest_v1.json`` is the manifest ``capture-ops blk`` wrote for blocks.1 of the
+example transformer before card ids were derived: every card stores ``"card_id": "?/N"``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+
+from modulelens.errors import ModuleLensError, ReferenceNotFound
+from modulelens.ops.cards import open_card, open_opset
+from modulelens.ops.model import (
+    CardSample,
+    OpCard,
+    OpSetManifest,
+    as_card,
+    format_card_id,
+    is_card_id,
+    parse_card_id,
+)
+from modulelens.ops.summary import describe_card, summarize_opset
+from modulelens.repo import Repository
+
+FIXTURE = Path(__file__).parent / "fixtures" / "opset_manifest_v1.json"
+
+
+@pytest.fixture
+def old_repo(tmp_path) -> Repository:
+    """A repository holding the fixture as opset blk:v1 (its sample tensors are not needed here)."""
+    folder = tmp_path / "opsets" / "blk" / "v1"
+    folder.mkdir(parents=True)
+    shutil.copy(FIXTURE, folder / "manifest.json")
+    return Repository(tmp_path)
+
+
+def test_card_ids_format_and_parse():
+    assert format_card_id("blk:v2", 3) == "blk:v2/3"
+    assert parse_card_id("blk:v2/3") == ("blk:v2", 3)
+    assert parse_card_id(" blk@prod/0 ") == ("blk@prod", 0)
+    assert parse_card_id(format_card_id("a.b:v1", 12)) == ("a.b:v1", 12)
+    assert is_card_id("blk/0") and not is_card_id("blk") and not is_card_id("blk/x")
+    for bad in ("blk", "/3", "blk/", "blk/-1", "blk/x"):
+        with pytest.raises(ModuleLensError, match="invalid card id"):
+            parse_card_id(bad)
+
+
+def test_stored_json_still_holds_the_old_placeholder_ids():
+    stored = json.loads(FIXTURE.read_text())
+    assert stored["ref"] == "blk:v1" and {c["card_id"] for c in stored["cards"]} == {f"?/{i}" for i in range(30)}
+
+
+def test_an_old_opset_loads_with_derived_ids():
+    m = OpSetManifest.model_validate_json(FIXTURE.read_text())
+    assert len(m.cards) == 30 and m.capture == "blk:v1" and m.module_time.repeats == 15
+    assert [c.card_id for c in m.cards] == [f"blk:v1/{i}" for i in range(30)]
+    assert all(c.index == i for i, c in enumerate(m.cards))
+    assert m.cards_time_share == pytest.approx(sum(c.time_share for c in m.cards))
+    shares = [c.time_share for c in m.cards]
+    assert shares == sorted(shares, reverse=True)
+    # Samples are typed; tensors are referenced by key, the RNG state only for random operators.
+    bernoulli = m.cards[0]
+    assert bernoulli.op == "aten.bernoulli_.float" and isinstance(bernoulli.samples[0], CardSample)
+    assert bernoulli.samples[0].rng == "c0.s0.rng" and bernoulli.samples[0].args["$"] == "list"
+    assert all(s.rng is None for c in m.cards if "bernoulli" not in c.op for s in c.samples)
+    # A -inf argument survives reading (JSON -Infinity) and writing.
+    full = next(c for c in m.cards if any(isinstance(a, float) and math.isinf(a) for a in c.args))
+    assert json.loads(full.model_dump_json())["args"][0] == -math.inf
+
+
+def test_written_cards_store_no_id_and_read_back_equal():
+    m = OpSetManifest.model_validate_json(FIXTURE.read_text())
+    stored = json.loads(m.model_dump_json())
+    assert all("card_id" not in c for c in stored["cards"])
+    again = OpSetManifest.model_validate(stored)
+    assert again == m and [c.card_id for c in again.cards] == [c.card_id for c in m.cards]
+
+
+def test_a_card_outside_an_opset_has_no_id():
+    card = as_card({"op": "aten.relu.default", "card_id": "?/0"})
+    assert card.index == 0 and card.samples == []
+    with pytest.raises(ValueError, match="not read from a stored opset"):
+        _ = card.card_id
+    assert card.bind("x:v1").card_id == "x:v1/0"
+    assert as_card(card) is card
+
+
+def test_old_opset_through_the_repository(old_repo):
+    art, m = open_opset(old_repo, "blk")
+    assert art.ref == "blk:v1" and m.cards[5].card_id == "blk:v1/5"
+    _, card = open_card(old_repo, "blk/7")
+    assert card.card_id == "blk:v1/7" and card.index == 7
+    with pytest.raises(ReferenceNotFound, match="has no card 30"):
+        open_card(old_repo, "blk:v1/30")
+    summary = summarize_opset(old_repo, "blk", kind="compute", top=2)
+    assert [c.card_id for c in summary.cards] == [c.card_id for c in m.cards if c.kind == "compute"][:2]
+    assert summary.cards_time_share == pytest.approx(m.cards_time_share)
+    detail = describe_card(old_repo, "blk@latest/0")
+    assert detail.card_id == "blk:v1/0" and detail.capture == "blk:v1" and detail.samples == m.cards[0].samples
+
+
+def test_old_opset_through_the_cli(cli, old_repo):
+    code, data, r = cli("list-op-cards", "blk", "--top", "3", "--repo", old_repo.root, "--json")
+    assert code == 0, r.output
+    assert [c["card_id"] for c in data["cards"]] == ["blk:v1/0", "blk:v1/1", "blk:v1/2"]
+    code, data, r = cli("show-op-card", "blk/2", "--repo", old_repo.root, "--json")
+    assert code == 0 and data["card_id"] == "blk:v1/2" and data["opset"] == "blk:v1"
+
+
+def test_card_defaults_for_cards_made_by_hand():
+    card = OpCard(op="aten.gelu.default")
+    assert (card.kind, card.phase, card.device, card.shapes, card.calls) == ("compute", "forward", "cpu", [], 0)
+    assert card.model_fields_set == {"op"}

@@ -1,0 +1,112 @@
+"""What crosses the sandbox's pipes (modulelens.sandbox.messages, .protocol): every task and result
+kind round-trips as model JSON and comes back as its own type; a real worker answers a ping."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+
+from modulelens.kernels.report import ValidationReport, ValidationSettings
+from modulelens.kernels.source import KernelSource
+from modulelens.profiling.timing import Timing
+from modulelens.sandbox import protocol
+from modulelens.sandbox.messages import (
+    TASKS,
+    WORKER_MESSAGES,
+    CrashedResult,
+    InternalErrorResult,
+    PingTask,
+    PongResult,
+    RefusedResult,
+    StageReport,
+    TaskDone,
+    TimeCandidateTask,
+    TimedResult,
+    ValidateCardTask,
+    ValidatedResult,
+)
+
+SRC = KernelSource(backend="cpp", source="int forward();", provider="agent")
+TIMING = Timing(median_s=1e-5, p20_s=9e-6, p80_s=2e-5, runs=100, samples=20, warmup=3, timer="t", device="cpu",
+                threads=1, cache="warm")
+
+
+def _through_a_pipe(message, schema):
+    r, w = os.pipe()
+    try:
+        protocol.send(w, message)
+        os.close(w)
+        w = -1
+        got = protocol.receive(r, schema)
+        assert protocol.receive(r, schema) is None  # the writer closed: end of stream
+        return got
+    finally:
+        os.close(r)
+        if w >= 0:
+            os.close(w)
+
+
+TASK_CASES = [
+    ValidateCardTask(repo="/r", candidate=SRC, build_dir="/b", card_id="blk:v1/3", seeds=[0, 1, 2], rtol=1e-4),
+    TimeCandidateTask(repo="/r", candidate=SRC, build_dir="/b", card_id="blk:v1/3", device="cpu", warmup=1),
+    PingTask(),
+]
+
+
+@pytest.mark.parametrize("task", TASK_CASES, ids=lambda t: t.kind)
+def test_tasks_round_trip_as_their_own_type(task):
+    got = _through_a_pipe(task, TASKS)
+    assert type(got) is type(task) and got == task
+
+
+def test_validate_task_settings_are_what_is_stored_with_the_report():
+    task = TASK_CASES[0]
+    assert task.settings == ValidationSettings(card_id="blk:v1/3", seeds=[0, 1, 2], rtol=1e-4)
+    assert task.settings.distributions == ["normal", "uniform", "heavy", "special"] and task.settings.time
+
+
+REPORT = ValidationReport(verdict="custom", correct=True, reason="ok", stage="done", backend="cpp",
+                          speedup_vs_eager=1.5, eager=TIMING, candidate=TIMING)
+RESULT_CASES = [
+    ValidatedResult(report=REPORT, healthy=True),
+    TimedResult(timing=TIMING),
+    RefusedResult(message="cuda candidates cannot be timed here", hint="use a GPU", healthy=False),
+    PongResult(),
+    InternalErrorResult(error="KeyError: 'x'", traceback="Traceback ..."),
+    CrashedResult(reason="crashed with SIGSEGV", stage="check", stderr_tail="boom"),
+]
+
+
+@pytest.mark.parametrize("result", RESULT_CASES, ids=lambda r: r.kind)
+def test_results_round_trip_as_their_own_type(result):
+    got = _through_a_pipe(TaskDone(result=result), WORKER_MESSAGES)
+    assert isinstance(got, TaskDone) and type(got.result) is type(result) and got.result == result
+
+
+def test_stage_frames_and_defaults():
+    got = _through_a_pipe(StageReport(stage="compile"), WORKER_MESSAGES)
+    assert isinstance(got, StageReport) and got.stage == "compile"
+    assert not InternalErrorResult(error="e").healthy and not CrashedResult(reason="r").healthy
+    assert PongResult().healthy and PongResult().stdout_bytes == 0
+
+
+def test_non_finite_numbers_survive_the_pipe():
+    task = ValidateCardTask(repo="/r", candidate=SRC.model_copy(update={"params": {"eps": math.inf}}), build_dir="/b",
+                            card_id="c:v1/0", atol=math.inf)
+    got = _through_a_pipe(task, TASKS)
+    assert got.atol == math.inf and got.candidate.params["eps"] == math.inf
+
+
+@pytest.mark.slow
+def test_a_worker_answers_a_ping():
+    from modulelens.sandbox.pool import SandboxPool
+
+    pool = SandboxPool(memory_limit_mb=4096)
+    try:
+        result = pool.run(PingTask(), timeout=120)
+        assert isinstance(result, PongResult) and result.healthy and result.stdout_bytes == 0
+        assert pool.run(PingTask(), timeout=120) == result and pool.started == 1  # the worker was reused
+    finally:
+        pool.close()

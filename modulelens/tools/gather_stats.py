@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field, model_validator
 from modulelens.errors import CaptureFailed, ModuleLensError
 from modulelens.registry import Tool, ToolContext, register
 from modulelens.repo import Artifact, Repository, validate_name
+from modulelens.stats.runs import StatsFinding, TensorStatsRow, tensor_rows
 
 
 class GatherStatsRequest(BaseModel):
@@ -72,17 +73,6 @@ class GatherStatsRequest(BaseModel):
         return self
 
 
-class Finding(BaseModel):
-    kind: str = Field(description="dead_activation, exploding_activation, vanishing_activation, exploding_gradient, "
-                      "vanishing_gradient, saturation, nan_inf or nan_inf_gradient.")
-    module: str = Field(description="Qualified module name ('' is the root model).")
-    step: int = Field(description="Sampled step the finding is about.")
-    severity: Literal["error", "warning"] = "error"
-    message: str = Field(description="What is wrong, in plain language.")
-    action: str = Field(description="What to try.")
-    evidence: dict[str, Any] = Field(default_factory=dict, description="The numbers behind it.")
-
-
 class TypeRow(BaseModel):
     type: str
     modules: int
@@ -92,23 +82,6 @@ class TypeRow(BaseModel):
     gradient_std: float | None = None
     update_ratio: float | None = None
     nonfinite: int = 0
-
-
-class TensorRow(BaseModel):
-    key: str = Field(description="args.0, output, a parameter name, grad.<key>.")
-    group: Literal["input", "output", "weight", "gradient"]
-    shape: list[int] = Field(default_factory=list)
-    stored: bool = Field(True, description="False: stored shape-only; statistics from the capture's summary.")
-    mean: float | None = None
-    std: float | None = None
-    skew: float | None = None
-    kurtosis: float | None = None
-    zero_frac: float | None = None
-    min: float | None = None
-    max: float | None = None
-    nan: int | None = None
-    inf: int | None = None
-    kl_gauss: float | None = None
 
 
 _STATS_DOC = (
@@ -128,12 +101,12 @@ class GatherStatsResult(BaseModel):
     order_source: Literal["fx", "observed", "capture"] = Field(
         description="Where the module order comes from: torch.fx node order, or the observed first-call order.")
     order: list[str] = Field(default_factory=list, description="Module names in execution order (first 200).")
-    findings: list[Finding] = Field(default_factory=list)
+    findings: list[StatsFinding] = Field(default_factory=list)
     by_type: list[TypeRow] = Field(default_factory=list, description="Per-type aggregates at the last sampled step "
                                    "(means over modules of that type).")
     report_html: str | None = Field(None, description="Self-contained HTML report (plots embedded).")
     report_png: str | None = Field(None, description="The plots as one PNG (None without matplotlib).")
-    tensors: list[TensorRow] = Field(default_factory=list, description="Capture only: statistics of each stored "
+    tensors: list[TensorStatsRow] = Field(default_factory=list, description="Capture only: statistics of each stored "
                                      "tensor (first 200). " + _STATS_DOC)
     series_file: str = Field("", description="series.json: raw and EMA series per module (activation = module "
                              "output, gradient = gradient w.r.t. the module output), per parameter (weight, grad, "
@@ -142,9 +115,6 @@ class GatherStatsResult(BaseModel):
     notes: list[str] = Field(default_factory=list)
     script_output_tail: str = Field("", description="Last lines the script printed.")
     seconds: float = 0.0
-
-
-_ROW_STATS = ("mean", "std", "skew", "kurtosis", "zero_frac", "min", "max", "nan", "inf", "kl_gauss")
 
 
 def _result(art: Artifact, source: str, tail: str = "", seconds: float = 0.0) -> GatherStatsResult:
@@ -158,13 +128,11 @@ def _result(art: Artifact, source: str, tail: str = "", seconds: float = 0.0) ->
         steps_sampled=summary.get("steps_sampled", 0),
         order_source=summary.get("order_source", "capture"),
         order=list(series.get("order", list(series.get("tensors", {}))))[:200] if source == "script" else [],
-        findings=[Finding(**f) for f in found],
+        findings=[StatsFinding.model_validate(f) for f in found],
         by_type=[TypeRow(**r) for r in summary.get("by_type", [])],
         report_html=str(art.file("report.html")) if "report.html" in files else None,
         report_png=str(art.file("report.png")) if "report.png" in files else None,
-        tensors=[TensorRow(key=k, group=t["group"], shape=t.get("shape") or [], stored=t["stored"],
-                           **{f: (t["stats"] or {}).get(f) for f in _ROW_STATS})
-                 for k, t in list(series.get("tensors", {}).items())[:200]],
+        tensors=tensor_rows(series)[:200],
         series_file=str(art.file("series.json")), path=str(art.path), notes=summary.get("notes", []),
         script_output_tail=tail[-4000:], seconds=round(seconds, 3),
     )

@@ -99,3 +99,23 @@ def test_concurrent_writers_get_distinct_versions(tmp_path):
         art = repo.open("captures", f"same:v{v}")
         assert art.file("data.txt").read_text() == art.manifest["payload"]
     assert json.loads((tmp_path / "captures" / "same" / "aliases.json").read_text())["latest"] == 20
+
+
+def test_a_manifest_keeps_non_finite_floats(tmp_path):
+    """-inf and NaN survive create -> open, and the JSON form of the manifest keeps them too."""
+    import math
+
+    from modulelens.repo import ManifestBase
+
+    class Limits(ManifestBase):
+        low: float
+        spread: float
+        values: list[float]
+
+    repo = Repository(tmp_path)
+    art = repo.create("limits", "l", lambda folder: Limits(low=-math.inf, spread=math.nan, values=[math.inf, 1.0]))
+    m = repo.open("limits", art.ref).manifest_as(Limits)
+    assert m.low == -math.inf and math.isnan(m.spread) and m.values == [math.inf, 1.0]
+    text = m.model_dump_json()
+    assert '"low":-Infinity' in text and '"spread":NaN' in text
+    assert Limits.model_validate_json(text).low == -math.inf

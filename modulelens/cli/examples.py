@@ -14,7 +14,7 @@ EXAMPLES: dict[str, str] = {
     "capture_module": "examples/tinyformer/train.py --module blocks.1 --name demo-block -- --steps 3",
     "replay_module": "demo-block --strategy export",
     "list_captures": "--name demo-block",
-    "show_capture": "demo-block:v1",
+    "show_capture": "demo-block:v1 --tensors",
     "tag_capture": "demo-block:v1 prod",
     "export_repro": "demo-block@prod --out repros",
     "capture_ops": "demo-block",
@@ -31,11 +31,9 @@ EXAMPLES: dict[str, str] = {
     "run": "examples/tinyformer/train.py --pack demo.pack --compare -- --steps 6",
     "check_pack": "demo.pack --min-run-time 0.5",
     "list_opsets": "--capture demo-block",
-    "card_rooflines": "demo-block",
-    "show_capture_tensors": "demo-block:v1",
     "list_candidates": "--card demo-block:v1/2",
     "show_candidate": "demo-block.card2:v1",
-    "list_stats_runs": "--quiet",
+    "list_stats_runs": "--name train",
     "show_stats_run": "train --stats std --stats zero_frac",
 }
 

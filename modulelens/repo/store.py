@@ -41,10 +41,12 @@ class ManifestBase(BaseModel):
     Each domain package owns a subclass with its own fields (``capture.manifest.CaptureManifest``,
     ``ops.model.OpSetManifest``, ...) and reads a stored manifest only through it, with
     :meth:`Artifact.manifest_as`. Unknown fields are kept, so a file written by a newer minor
-    version of a domain model still loads.
+    version of a domain model still loads. Floats that JSON has no literal for (an argument of
+    -inf, a NaN statistic) are written as ``json.dumps`` writes them (-Infinity, NaN), never as
+    null, by every serialisation (``model_dump_json`` included).
     """
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", ser_json_inf_nan="constants")
 
     schema_version: int = 0
     kind: str = ""

@@ -46,10 +46,11 @@ def _entry(art: Artifact) -> StatsRunEntry:
     )
 
 
-def stats_entries(repo: Repository) -> list[StatsRunEntry]:
-    """Every stored statistics version, by name then version."""
-    return [_entry(repo.open(KIND, f"{name}:v{version}"))
-            for name in repo.names(KIND) for version in repo.versions(KIND, name)]
+def stats_entries(repo: Repository, name: str | None = None) -> list[StatsRunEntry]:
+    """Every stored statistics version, by name then version; only the versions of ``name`` when
+    given (none when nothing has that name)."""
+    names = [n for n in repo.names(KIND) if name is None or n == name]
+    return [_entry(repo.open(KIND, f"{n}:v{version}")) for n in names for version in repo.versions(KIND, n)]
 
 
 class StatsFinding(BaseModel):
@@ -70,6 +71,9 @@ class StatsFinding(BaseModel):
 
 
 class TensorStatsRow(BaseModel):
+    """The statistics of one tensor of a capture (what gather_stats, show_capture and
+    show_stats_run return for it)."""
+
     key: str = Field(description="args.0, output, a parameter name, grad.<key>.")
     group: Literal["input", "output", "weight", "gradient"]
     shape: list[int] = Field(default_factory=list)
@@ -78,12 +82,15 @@ class TensorStatsRow(BaseModel):
     mean: float | None = None
     std: float | None = None
     rms: float | None = None
+    skew: float | None = None
     kurtosis: float | None = None
     zero_frac: float | None = None
     min: float | None = None
     max: float | None = None
     nan: int | None = None
     inf: int | None = None
+    kl_gauss: float | None = None
+    sampled: bool | None = Field(None, description="True: mean/std/skew/kurtosis/KL estimated from a sample.")
 
 
 def tensor_rows(series: dict[str, Any]) -> list[TensorStatsRow]:

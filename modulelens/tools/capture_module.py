@@ -8,7 +8,7 @@ from pathlib import Path
 from pydantic import Field
 
 from modulelens.capture.manifest import KIND
-from modulelens.capture.summary import CaptureSummary, render_summary, summarize
+from modulelens.capture.summary import CaptureSummary, summarize
 from modulelens.capture.worker import ScriptCaptureOptions, capture_script
 from modulelens.capture.worker_process import run_worker_process
 from modulelens.errors import CaptureFailed
@@ -60,6 +60,5 @@ TOOL = register(
         summary="Capture one submodule call (inputs, outputs, weights, constructor arguments, RNG state) "
         "from an unmodified script or a KernelBench-style file into the repository; the run ends right "
         "after the capture.",
-        render=lambda r: render_summary(r, title=f"captured {r.ref}"),
     )
 )

@@ -14,7 +14,7 @@ from modulelens.registry import Tool, ToolContext, register
 from modulelens.repo import Artifact, Repository, validate_name
 from modulelens.stats.collector import DEFAULT_EVERY
 from modulelens.stats.manifest import TypeRow, stats_manifest
-from modulelens.stats.runs import StatsFinding
+from modulelens.stats.runs import StatsFinding, TensorStatsRow, tensor_rows
 from modulelens.stats.series import DEFAULT_EMA
 from modulelens.stats.stats import DEFAULT_SAMPLE
 from modulelens.stats.worker import StatsWorkerRequest, gather_script_stats
@@ -85,22 +85,6 @@ class GatherStatsRequest(BaseModel):
         return self
 
 
-class TensorRow(BaseModel):
-    key: str = Field(description="args.0, output, a parameter name, grad.<key>.")
-    group: Literal["input", "output", "weight", "gradient"]
-    shape: list[int] = Field(default_factory=list)
-    stored: bool = Field(True, description="False: stored shape-only; statistics from the capture's summary.")
-    mean: float | None = None
-    std: float | None = None
-    skew: float | None = None
-    kurtosis: float | None = None
-    zero_frac: float | None = None
-    min: float | None = None
-    max: float | None = None
-    nan: int | None = None
-    inf: int | None = None
-    kl_gauss: float | None = None
-    sampled: bool | None = Field(None, description="True: mean/std/skew/kurtosis/KL estimated from a sample.")
 
 
 _STATS_DOC = (
@@ -128,7 +112,7 @@ class GatherStatsResult(BaseModel):
                                      "when later steps held NaN/Inf).")
     report_html: str | None = Field(None, description="Self-contained HTML report (plots embedded).")
     report_png: str | None = Field(None, description="The plots as one PNG (None without matplotlib).")
-    tensors: list[TensorRow] = Field(default_factory=list, description="Capture only: statistics of each stored "
+    tensors: list[TensorStatsRow] = Field(default_factory=list, description="Capture only: statistics of each stored "
                                      "tensor (first 200). " + _STATS_DOC)
     series_file: str = Field("", description="series.json: raw and EMA series per module (activation = module "
                              "output, gradient = gradient w.r.t. the module output), per parameter (weight, grad, "
@@ -138,9 +122,6 @@ class GatherStatsResult(BaseModel):
     script_output_tail: str = Field("", description="Last lines the script printed.")
     wandb_run: str | None = Field(None, description="With --wandb: the W&B run's URL, or its local folder offline.")
     seconds: float = 0.0
-
-
-_ROW_STATS = ("mean", "std", "skew", "kurtosis", "zero_frac", "min", "max", "nan", "inf", "kl_gauss", "sampled")
 
 
 def _result(art: Artifact, source: str, tail: str = "", seconds: float = 0.0) -> GatherStatsResult:
@@ -157,9 +138,7 @@ def _result(art: Artifact, source: str, tail: str = "", seconds: float = 0.0) ->
         by_type=summary.by_type, by_type_step=summary.by_type_step,
         report_html=str(art.file("report.html")) if "report.html" in files else None,
         report_png=str(art.file("report.png")) if "report.png" in files else None,
-        tensors=[TensorRow(key=k, group=t["group"], shape=t.get("shape") or [], stored=t["stored"],
-                           **{f: (t["stats"] or {}).get(f) for f in _ROW_STATS})
-                 for k, t in list(series.get("tensors", {}).items())[:200]],
+        tensors=tensor_rows(series)[:200],
         series_file=str(art.file("series.json")), path=str(art.path), notes=summary.notes,
         script_output_tail=tail[-4000:], seconds=round(seconds, 3),
     )

@@ -16,14 +16,10 @@ The top-level model is the first module called that is not inside a model seen b
 
 from __future__ import annotations
 
-import collections
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 import weakref
 from pathlib import Path
@@ -32,6 +28,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel, Field
 
+from modulelens.capture.worker_process import run_worker_process
 from modulelens.dispatch.runtime import DEFAULT_MECHANISM, DispatchReport, Mechanism
 from modulelens.errors import ModuleLensError
 
@@ -187,41 +184,17 @@ def run_in_worker(request: ScriptRunRequest) -> ScriptRunOutcome:
 # Parent side
 
 
-def _run_process(cmd: list[str], timeout: float, relay: bool) -> tuple[int, str]:
-    """Run ``cmd``; its output goes to our stderr when ``relay`` (never to stdout, which may be a
-    protocol stream) and its last lines are returned with the exit code."""
-    tail: collections.deque[str] = collections.deque(maxlen=40)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1"), text=True, errors="replace")
-
-    def pump() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            tail.append(line.rstrip("\n"))
-            if relay:
-                sys.stderr.write(line)
-
-    t = threading.Thread(target=pump, daemon=True)
-    t.start()
-    try:
-        code = proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        raise ModuleLensError(f"the script did not finish within {timeout:.0f} s and was stopped",
-                              "raise --timeout or run fewer steps") from None
-    finally:
-        t.join(5)
-    return code, "\n".join(tail)
-
-
 def run_script(request: ScriptRunRequest, timeout: float, relay: bool) -> tuple[ScriptRunOutcome, str]:
     """Run the script in a worker process; returns its outcome and the last lines it printed."""
     with tempfile.TemporaryDirectory(prefix="modulelens-run-") as tmp:
         req_file, out_file = Path(tmp) / "request.json", Path(tmp) / "result.json"
         req_file.write_text(request.model_dump_json())
-        code, tail = _run_process([sys.executable, "-m", "modulelens.dispatch.worker", str(req_file), str(out_file)],
-                                  timeout, relay)
+        done = run_worker_process(
+            [sys.executable, "-m", "modulelens.dispatch.worker", str(req_file), str(out_file)],
+            relay_to_stderr=relay, timeout=timeout,
+            timeout_error=ModuleLensError(f"the script did not finish within {timeout:.0f} s and was stopped",
+                                          "raise --timeout or run fewer steps"))
+        code, tail = done.code, done.output_tail
         if not out_file.is_file():
             raise ModuleLensError(f"the run worker ended (exit code {code}) without a result",
                                   "the script may have crashed the interpreter; last output:\n" + tail[-1500:])

@@ -18,7 +18,7 @@ def _run(request: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> None:
-    from modulelens.capture.runner import worker_main
+    from modulelens.capture.worker_process import worker_main
 
     worker_main(_run, Path(argv[0]), Path(argv[1]), "run")
 

@@ -115,11 +115,6 @@ class Artifact:
         self._verified: set[str] = set()
         self._typed: dict[type, ManifestBase] = {}
 
-    @property
-    def manifest(self) -> dict[str, Any]:
-        """Transitional: the raw manifest dict. Read manifests through :meth:`manifest_as`."""
-        return self.raw_manifest
-
     def manifest_as(self, model: type[M]) -> M:
         """The manifest read through its domain model (validated once per model, then cached)."""
         if model not in self._typed:

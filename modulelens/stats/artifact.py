@@ -93,21 +93,20 @@ def capture_series(capture: Artifact) -> dict[str, Any]:
     fraction): their other statistics are None and ``stored`` is False."""
     from modulelens.capture.artifact import load_tensors
     from modulelens.capture.manifest import capture_manifest
-    from modulelens.capture.values import leaves
+    from modulelens.capture.spec import TensorSpec
 
     m = capture_manifest(capture)
     tensors: dict[str, Any] = {}
     notes: list[str] = []
 
-    def add(group: str, spec: dict[str, Any], data: dict[str, Any]) -> None:
-        key = spec["key"]
+    def add(group: str, spec: TensorSpec, data: dict[str, Any]) -> None:
+        key = spec.key
         t = data.get(key)
-        entry: dict[str, Any] = {"group": group, "shape": spec.get("shape"), "dtype": spec.get("dtype"),
-                                 "stored": t is not None}
+        entry: dict[str, Any] = {"group": group, "shape": spec.shape, "dtype": spec.dtype, "stored": t is not None}
         if t is not None:
             entry["stats"] = _clean(S.tensor_stats(t))
         else:
-            summ = spec.get("stats") or {}
+            summ = spec.stats.model_dump() if spec.stats is not None else {}
             st = {k: None for k in S.STAT_NAMES}
             st.update({k: summ.get(k) for k in ("mean", "std", "min", "max")})
             st["zero_frac"] = summ.get("zero_fraction")
@@ -117,14 +116,14 @@ def capture_series(capture: Artifact) -> dict[str, Any]:
         tensors[key] = entry
 
     inputs = load_tensors(capture, "inputs.safetensors")
-    for spec in leaves(m.inputs.model_dump(mode="json")):
+    for spec in m.inputs.tensor_leaves():
         add("input", spec, inputs)
     outputs = load_tensors(capture, "outputs.safetensors")
-    for spec in leaves(m.outputs):
+    for spec in m.output_leaves():
         add("output", spec, outputs)
     weights = load_tensors(capture, "weights.safetensors")
-    for wname, spec in m.weights.items():
-        add("weight", {**spec, "key": spec.get("key", wname)}, weights)
+    for spec in m.weight_specs().values():
+        add("weight", spec, weights)
     grads = load_tensors(capture, "grads.safetensors")
     for key, t in grads.items():
         tensors[f"grad.{key}"] = {"group": "gradient", "shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", ""),

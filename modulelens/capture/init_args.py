@@ -18,6 +18,9 @@ from typing import Any
 
 import torch.nn as nn
 
+from modulelens.capture.spec import ModuleSpec
+from modulelens.capture.values import Encoder, class_path
+
 _state = threading.local()
 _active = False
 _records: dict[int, tuple[weakref.ref, InitRecord]] = {}
@@ -39,6 +42,59 @@ def record_of(module: nn.Module) -> InitRecord | None:
     if entry is not None and entry[0]() is module:
         return entry[1]
     return None
+
+
+def construction_spec(module: nn.Module, path: str, encoder: Encoder) -> ModuleSpec | None:
+    """The recorded construction of ``module`` encoded as its arguments are *now* (nested modules
+    recursively, through ``encoder.module_spec``); None when its construction was not recorded.
+
+    Call it when the captured call happens: libraries change config objects after building a
+    module, and the call must be rebuilt with the objects as they were then."""
+    rec = record_of(module)
+    if rec is None:
+        return None
+    return ModuleSpec(
+        cls=class_path(rec.cls),
+        args=[encoder.encode(a, f"{path}.args.{i}") for i, a in enumerate(rec.args)],
+        kwargs={k: encoder.encode(v, f"{path}.{k}") for k, v in rec.kwargs.items()},
+        bind_error=rec.bind_error or None,
+    )
+
+
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def plain_attributes(module: nn.Module) -> dict[str, dict[str, Any]]:
+    """Attributes of plain value (None, bool, int, finite float, str) that ``module`` and each of
+    its submodules hold now, by submodule name ("" for ``module``), ``training`` excepted.
+
+    A rebuilt module starts from its constructor; these restore what was changed afterwards
+    (``layer.is_causal = False``, flags set by a library after building)."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, sub in module.named_modules(remove_duplicate=False):
+        attrs = {k: v for k, v in vars(sub).items()
+                 if type(v) in _PLAIN and k != "training" and not (type(v) is float and v != v)}
+        if attrs:
+            out[name] = attrs
+    return out
+
+
+def restore_plain_attributes(module: nn.Module, attributes: dict[str, dict[str, Any]]) -> list[str]:
+    """Set the recorded plain attributes on a rebuilt module; returns the ``name.attr`` changed."""
+    subs = dict(module.named_modules(remove_duplicate=False))
+    changed = []
+    for name, attrs in attributes.items():
+        sub = subs.get(name)
+        if sub is None:
+            continue
+        for key, value in attrs.items():
+            if sub.__dict__.get(key, _MISSING) != value or type(sub.__dict__.get(key)) is not type(value):
+                object.__setattr__(sub, key, value)
+                changed.append(f"{name}.{key}" if name else key)
+    return changed
+
+
+_MISSING = object()
 
 
 def _split_bound(sig: inspect.Signature, args: tuple, kwargs: dict) -> tuple[list[Any], dict[str, Any], str | None]:

@@ -21,6 +21,12 @@ from modulelens.repo import Artifact, ManifestBase
 
 KIND = "captures"
 
+
+def _unset(value: Any) -> bool:
+    """Fields added after the first release are left out of the stored form while empty, so a
+    manifest written by an earlier version loads and dumps unchanged."""
+    return value is None or value == [] or value == {}
+
 Strategy = Literal["source", "export", "pickle"]
 
 
@@ -87,6 +93,11 @@ class CaptureManifest(ManifestBase):
     call_index: int = 1
     strategies: list[Strategy] = Field(default_factory=list)
     init: ModuleSpec | None = Field(None, description="the recorded construction (None: not recorded)")
+    attributes: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, exclude_if=_unset,
+        description="plain attributes (None, bool, int, float, str) of the module and its submodules at the "
+        "captured call, by submodule name: restored on a rebuilt module",
+    )
     inputs: CallInputs = Field(default_factory=CallInputs)
     outputs: Any = None
     weights: dict[str, Any] = Field(default_factory=dict)

@@ -110,6 +110,7 @@ class LoadedCapture:
             if self.manifest.init is None:
                 raise ReplayFailed(f"capture {self.artifact.ref} has no recorded construction", "use --strategy export")
             module = self._build_nested(self.manifest.init)
+            init_args.restore_plain_attributes(module, self.manifest.attributes)
             self._load_weights(module)
         elif strategy == "export":
             program = torch.export.load(str(self.artifact.file("program.pt2")))

@@ -121,11 +121,15 @@ class ReproRenderer(SpecVisitor[str]):
         return f"{self.class_expr(cls)}({lit})" if cls is not None else lit
 
     def record(self, kind: ValueKind, cls: str, fields: dict[str, Any]) -> str:
-        return f"{self.class_expr(cls)}({', '.join(f'{k}={self.visit(v)}' for k, v in fields.items())})"
+        if kind == ValueKind.NAMEDTUPLE:
+            return f"{self.class_expr(cls)}({', '.join(f'{k}={self.visit(v)}' for k, v in fields.items())})"
+        return f"_dataclass({self.class_expr(cls)}, {self._state(fields)})"
 
     def object_state(self, cls: str, state: dict[str, Any]) -> str:
-        text = "{" + ", ".join(f"{k!r}: {self.visit(v)}" for k, v in state.items()) + "}"
-        return f"_restore({self.class_expr(cls)}, {text})"
+        return f"_restore({self.class_expr(cls)}, {self._state(state)})"
+
+    def _state(self, state: dict[str, Any]) -> str:
+        return "{" + ", ".join(f"{k!r}: {self.visit(v)}" for k, v in state.items()) + "}"
 
     def module(self, spec: ModuleSpec) -> str:
         parts = [self.visit(a) for a in spec.args] + [f"{k}={self.visit(v)}" for k, v in spec.kwargs.items()]
@@ -209,6 +213,16 @@ def _synthesize(shape, dtype, stats):
 def _restore(cls, state):
     obj = cls.__new__(cls)
     obj.__dict__.update(state)
+    return obj
+
+
+def _dataclass(cls, state):
+    """A dataclass built from its init fields, then every recorded attribute set as recorded."""
+    import dataclasses
+
+    obj = cls(**{f.name: state[f.name] for f in dataclasses.fields(cls) if f.init and f.name in state})
+    for k, v in state.items():
+        object.__setattr__(obj, k, v)
     return obj
 
 '''

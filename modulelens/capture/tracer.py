@@ -20,6 +20,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from modulelens.capture import init_args
+from modulelens.capture.spec import ModuleSpec
 from modulelens.capture.values import SHAPE_ONLY_DEFAULT_BYTES, Encoder, TensorSink
 from modulelens.errors import CaptureFailed
 
@@ -114,6 +116,10 @@ class CapturedCall:
     param_grads: dict[str, torch.Tensor] = field(default_factory=dict)
     backward_notes: list[str] = field(default_factory=list)
     calls_after_capture: int = 0
+    init_spec: ModuleSpec | None = None
+    init_sink: TensorSink = field(default_factory=lambda: TensorSink("init."))
+    init_unrecorded: list[str] = field(default_factory=list)
+    attributes: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -243,6 +249,11 @@ class Tracer:
             enc = Encoder(in_sink, self.module_spec)
             args_spec = enc.encode(list(args), "args")
             kwargs_spec = enc.encode(dict(kwargs), "kwargs")
+            init_sink = TensorSink("init.")
+            init_enc = Encoder(init_sink)
+            init_enc.module_spec = lambda m, p: init_args.construction_spec(m, p, init_enc)
+            init_spec = init_args.construction_spec(module, "init", init_enc)
+            attributes = init_args.plain_attributes(module)
             weights = {n: t.detach().clone() for n, t in module.named_parameters()}
             weights.update({n: t.detach().clone() for n, t in module.named_buffers()})
             program, export_error, export_s = None, None, 0.0
@@ -256,7 +267,8 @@ class Tracer:
             args_spec=args_spec, kwargs_spec=kwargs_spec, outputs_sink=TensorSink("", opts.max_tensor_bytes),
             outputs_spec=None, weights=weights, rng=rng, training=training, grad_enabled=grad_enabled,
             unrecorded=list(enc.unrecorded), forward_seconds=0.0, program=program,
-            export_error=export_error, export_seconds=export_s,
+            export_error=export_error, export_seconds=export_s, init_spec=init_spec, init_sink=init_sink,
+            init_unrecorded=list(init_enc.unrecorded), attributes=attributes,
         )
         if opts.backward:
             self._install_backward_hooks(module, captured)

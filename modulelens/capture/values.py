@@ -178,6 +178,16 @@ class Encoder:
             text = f"<{type(value).__name__}>"
         return _WRITE.unrecorded(class_path(value), text[:200], why)
 
+    def _dataclass_state(self, value: Any, path: str) -> dict[str, Any]:
+        """The declared fields of a dataclass instance, then every other attribute it holds
+        (``__dict__`` entries set by ``__post_init__`` or after construction, private ones too), as
+        they are now. Attributes kept in slots outside the declared fields are not seen."""
+        names = [f.name for f in dataclasses.fields(value)]
+        names += [k for k in getattr(value, "__dict__", {}) if k not in names]
+        state = getattr(value, "__dict__", {})
+        return {name: self.encode(state[name] if name in state else getattr(value, name), f"{path}.{name}")
+                for name in names if name in state or hasattr(value, name)}
+
     def encode(self, value: Any, path: str) -> Any:
         if value is None or isinstance(value, (bool, str)):
             return value
@@ -223,8 +233,7 @@ class Encoder:
             pairs = [(self.encode(k, f"{path}.<key>"), self.encode(v, f"{path}.{k}")) for k, v in value.items()]
             return _WRITE.mapping(pairs, None if type(value) is dict else class_path(value))
         if dataclasses.is_dataclass(value):
-            fields = {f.name: self.encode(getattr(value, f.name), f"{path}.{f.name}") for f in dataclasses.fields(value)}
-            return _WRITE.record(ValueKind.DATACLASS, class_path(value), fields)
+            return _WRITE.record(ValueKind.DATACLASS, class_path(value), self._dataclass_state(value, path))
         if callable(value) and hasattr(value, "__qualname__") and hasattr(value, "__module__"):
             qual = value.__qualname__
             if "<" in qual or value.__module__ is None:
@@ -260,6 +269,16 @@ def flatten(value: Any) -> list[Any]:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return [x for f in dataclasses.fields(value) for x in flatten(getattr(value, f.name))]
     return [value]
+
+
+def restore_dataclass(cls: type, state: dict[str, Any]) -> Any:
+    """A dataclass instance with exactly ``state``: built from its init fields, then every recorded
+    attribute set as recorded (what ``__post_init__`` derived, extras and private attributes)."""
+    init_names = {f.name for f in dataclasses.fields(cls) if f.init}
+    obj = cls(**{k: v for k, v in state.items() if k in init_names})
+    for k, v in state.items():
+        object.__setattr__(obj, k, v)
+    return obj
 
 
 class Decoder(SpecVisitor[Any]):
@@ -336,12 +355,7 @@ class Decoder(SpecVisitor[Any]):
         values = {k: self.visit(v) for k, v in fields.items()}
         if kind == ValueKind.NAMEDTUPLE:
             return target(**values)
-        init_names = {f.name for f in dataclasses.fields(target) if f.init}
-        obj = target(**{k: v for k, v in values.items() if k in init_names})
-        for k, v in values.items():
-            if k not in init_names:
-                object.__setattr__(obj, k, v)
-        return obj
+        return restore_dataclass(target, values)
 
     def object_state(self, cls: str, state: dict[str, Any]) -> Any:
         target = self.resolve(cls)

@@ -51,3 +51,20 @@ def test_constructor_objects_are_recorded_as_they_are_at_the_call(tmp_path):
     assert man.attributes[""]["gain"] == 3.0
     rep = modulelens.replay_module("cfg", strategy="source", repo=str(tmp_path))
     assert rep.exact and rep.max_abs_error == 0.0
+
+
+def test_mismatch_detail_is_compact_and_chunked(monkeypatch):
+    from modulelens import numerics
+
+    monkeypatch.setattr(numerics, "CHUNK_ELEMENTS", 1000)  # many chunks: the first bad index is global
+    expected = torch.randn(4, 500, 300)
+    actual = expected.clone()
+    actual[3, 10, 7] += 1.0
+    actual[3, 400, 0] = float("nan")
+    d = numerics.diff(actual, expected, 1e-5, 1e-5)
+    assert not d.allclose and d.max_abs_error == float("inf")
+    assert "first at index [3, 10, 7]" in d.detail and "2 of 600000" in d.detail and "float32" in d.detail
+    assert len(d.detail) < 300
+    same = numerics.diff(expected, expected.clone(), 0.0, 0.0)
+    assert same.allclose and same.max_abs_error == 0.0 and same.detail == ""
+    assert len(numerics.short_repr(expected)) < 60

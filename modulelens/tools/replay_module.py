@@ -14,7 +14,7 @@ from modulelens.capture.replay import LoadedCapture
 from modulelens.capture.tracer import set_rng_states
 from modulelens.capture.values import flatten, parse_dtype
 from modulelens.errors import ModuleLensError, ReplayFailed
-from modulelens.numerics import diff, tolerances
+from modulelens.numerics import diff, short_repr, tolerances
 from modulelens.registry import Tool, ToolContext, register
 from modulelens.repo import Repository
 
@@ -81,7 +81,7 @@ def _compare(name: str, a: Any, e: Any, rtol: float | None, atol: float | None, 
         same = a == e if not isinstance(a, torch.Tensor) and not isinstance(e, torch.Tensor) else False
         return TensorMatch(name=name, shape=[], dtype=type(e).__name__, max_abs_error=0.0 if same else math.inf,
                            max_rel_error=0.0 if same else math.inf, allclose=bool(same),
-                           detail="" if same else f"{a!r} != {e!r}")
+                           detail="" if same else f"{short_repr(a)} != {short_repr(e)}")
     r, t = tolerances(a.dtype, e.dtype)
     d = diff(a, e, rtol if rtol is not None else r, atol if atol is not None else t, check_dtype=not dtype_cast)
     return TensorMatch(name=name, shape=list(e.shape), dtype=str(e.dtype).removeprefix("torch."),

@@ -5,6 +5,7 @@ Files of a capture version::
     manifest.json            what was captured, how to rebuild it, sha256 of every file
     inputs.safetensors       positional and keyword inputs (shape-only ones omitted)
     outputs.safetensors      outputs of the real forward
+    state.safetensors        inputs and buffers the forward changed, as they were after it
     weights.safetensors      parameters and buffers as they were before the forward
     init.safetensors         tensors passed to constructors (when any)
     rng.safetensors          RNG states just before the call
@@ -174,7 +175,7 @@ def save_capture(
     cls_path = class_path(module)
     modules = (referenced_modules(init_spec.to_json()) if init_spec is not None else set()) | {cls_path.split(":", 1)[0]}
     file_modules = _file_backed_modules(modules)
-    shape_only = captured.inputs_sink.shape_only + captured.outputs_sink.shape_only
+    shape_only = captured.inputs_sink.shape_only + captured.outputs_sink.shape_only + captured.state_sink.shape_only
 
     weight_sink = TensorSink("", captured.inputs_sink.max_bytes)
     weights_spec = {n: weight_sink.add(n, t) for n, t in captured.weights.items()}
@@ -183,6 +184,7 @@ def save_capture(
     def write(folder: Path) -> CaptureManifest:
         _save_tensors(folder, "inputs.safetensors", captured.inputs_sink.tensors)
         _save_tensors(folder, "outputs.safetensors", captured.outputs_sink.tensors)
+        _save_tensors(folder, "state.safetensors", captured.state_sink.tensors)
         _save_tensors(folder, "weights.safetensors", weight_sink.tensors)
         _save_tensors(folder, "init.safetensors", init_sink.tensors)
         _save_tensors(folder, "rng.safetensors", captured.rng)
@@ -206,8 +208,11 @@ def save_capture(
             grad_enabled=captured.grad_enabled,
             forward_seconds=captured.forward_seconds,
             export=ExportInfo(
-                ok=captured.program is not None, error=captured.export_error, seconds=round(captured.export_seconds, 4)
+                ok=captured.program is not None, error=captured.export_error, seconds=round(captured.export_seconds, 4),
+                calling="leaves", input_keys=[t.key for t in inputs.tensor_leaves()],
+                returned_keys=captured.returned_keys,
             ),
+            state_after=captured.state_sink.specs,
             backward=backward,
             shape_only=shape_only,
             unrecorded=list(captured.unrecorded) + captured.init_unrecorded,

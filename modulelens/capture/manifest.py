@@ -42,9 +42,17 @@ class CallInputs(BaseModel):
 
 
 class ExportInfo(BaseModel):
+    """The saved ``torch.export`` program. ``calling`` is ``call`` for programs of the module itself
+    (captures of earlier versions: called with the captured args and kwargs) and ``leaves`` for a
+    :class:`~modulelens.capture.leafcall.LeafCall` program: called with the input tensors in the
+    order of ``input_keys``, returning the tensors of ``returned_keys``."""
+
     ok: bool = False
     error: str | None = None
     seconds: float = 0.0
+    calling: Literal["call", "leaves"] = Field("call", exclude_if=lambda v: v == "call")
+    input_keys: list[str] = Field(default_factory=list, exclude_if=_unset)
+    returned_keys: list[str] = Field(default_factory=list, exclude_if=_unset)
 
 
 class BackwardInfo(BaseModel):
@@ -100,6 +108,11 @@ class CaptureManifest(ManifestBase):
     )
     inputs: CallInputs = Field(default_factory=CallInputs)
     outputs: Any = None
+    state_after: dict[str, Any] = Field(
+        default_factory=dict, exclude_if=_unset,
+        description="tensor specs of the state the forward changed, as it was after it: input tensors "
+        "(keyed like the inputs) and buffers (module.<name>); their data is in state.safetensors",
+    )
     weights: dict[str, Any] = Field(default_factory=dict)
     training: bool = False
     grad_enabled: bool = False
@@ -119,6 +132,10 @@ class CaptureManifest(ManifestBase):
     def output_leaves(self) -> list[TensorSpec]:
         """Every output tensor, in stored order."""
         return tensor_leaves(self.outputs)
+
+    def state_specs(self) -> dict[str, TensorSpec]:
+        """The state the forward changed, by key."""
+        return {key: TensorSpec.from_json(spec) for key, spec in self.state_after.items()}
 
     def weight_specs(self) -> dict[str, TensorSpec]:
         """Parameters and buffers by qualified name."""

@@ -21,8 +21,9 @@ import torch
 import torch.nn as nn
 
 from modulelens.capture import init_args
-from modulelens.capture.spec import ModuleSpec
-from modulelens.capture.values import SHAPE_ONLY_DEFAULT_BYTES, Encoder, TensorSink
+from modulelens.capture.leafcall import BUFFER_PREFIX, call_state, changed_state, export_leaf_call
+from modulelens.capture.spec import ModuleSpec, TensorSpec, tensor_leaves
+from modulelens.capture.values import SHAPE_ONLY_DEFAULT_BYTES, Encoder, TensorSink, parse_dtype
 from modulelens.errors import CaptureFailed
 
 _WRAPPER_CLASSES = {"DistributedDataParallel", "DataParallel", "FullyShardedDataParallel", "OptimizedModule"}
@@ -120,6 +121,8 @@ class CapturedCall:
     init_sink: TensorSink = field(default_factory=lambda: TensorSink("init."))
     init_unrecorded: list[str] = field(default_factory=list)
     attributes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    state_sink: TensorSink = field(default_factory=TensorSink)  # inputs and buffers the forward changed
+    returned_keys: list[str] = field(default_factory=list)  # what the exported LeafCall returns
 
 
 @dataclass
@@ -256,19 +259,15 @@ class Tracer:
             attributes = init_args.plain_attributes(module)
             weights = {n: t.detach().clone() for n, t in module.named_parameters()}
             weights.update({n: t.detach().clone() for n, t in module.named_buffers()})
-            program, export_error, export_s = None, None, 0.0
-            if opts.export:
-                program, export_error, export_s = _try_export(module, args, kwargs)
-                set_rng_states(rng)
         finally:
             self.busy = False
         captured = CapturedCall(
             module=module, module_path=name, call_index=self.matches, inputs_sink=in_sink,
             args_spec=args_spec, kwargs_spec=kwargs_spec, outputs_sink=TensorSink("", opts.max_tensor_bytes),
             outputs_spec=None, weights=weights, rng=rng, training=training, grad_enabled=grad_enabled,
-            unrecorded=list(enc.unrecorded), forward_seconds=0.0, program=program,
-            export_error=export_error, export_seconds=export_s, init_spec=init_spec, init_sink=init_sink,
+            unrecorded=list(enc.unrecorded), forward_seconds=0.0, init_spec=init_spec, init_sink=init_sink,
             init_unrecorded=list(init_enc.unrecorded), attributes=attributes,
+            state_sink=TensorSink("", opts.max_tensor_bytes),
         )
         if opts.backward:
             self._install_backward_hooks(module, captured)
@@ -278,6 +277,13 @@ class Tracer:
         out_enc = Encoder(captured.outputs_sink, self.module_spec)
         captured.outputs_spec = out_enc.encode(out, "output")
         captured.unrecorded += out_enc.unrecorded
+        self.busy = True
+        try:
+            self._record_state_after(module, args, kwargs, captured)
+            if opts.export:
+                self._export(module, captured)
+        finally:
+            self.busy = False
         self.captured = captured
         if opts.backward:
             if not any(t.requires_grad for t in _tensors(out)):
@@ -292,6 +298,35 @@ class Tracer:
         if opts.stop:
             raise CaptureComplete()
         return out
+
+    def _record_state_after(self, module: nn.Module, args: tuple, kwargs: dict, captured: CapturedCall) -> None:
+        """Keep the input tensors and buffers the forward changed (in place or by replacing them,
+        as caches do), as they are after it."""
+        before = dict(captured.inputs_sink.tensors)
+        before.update({BUFFER_PREFIX + n: t for n, t in captured.weights.items()})
+        after = {k: t for k, t in call_state(module, args, kwargs).items()
+                 if k not in captured.inputs_sink.shape_only}
+        for key, t in changed_state(before, after).items():
+            captured.state_sink.add(key, t)
+
+    def _export(self, module: nn.Module, captured: CapturedCall) -> None:
+        """Export the call's LeafCall on the snapshotted inputs, now that the keys it returns are
+        known; the run's RNG state is left as the forward left it."""
+        rng = rng_states()
+        t0 = time.perf_counter()
+        specs = tensor_leaves(captured.args_spec) + tensor_leaves(captured.kwargs_spec)
+        leaves = {s.key: _snapshot(s, captured.inputs_sink.tensors.get(s.key)) for s in specs}
+        returned = [s.key for s in tensor_leaves(captured.outputs_spec)]
+        returned += [k for k in captured.state_sink.specs if not k.startswith(BUFFER_PREFIX)]
+        try:
+            with torch.set_grad_enabled(captured.grad_enabled):
+                captured.program = export_leaf_call(module, captured.args_spec, captured.kwargs_spec, leaves, returned)
+            captured.returned_keys = returned
+        except Exception as e:  # noqa: BLE001 - any export failure is reported, never fatal
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            captured.export_error = f"{type(e).__name__}: {first[:300]}"
+        captured.export_seconds = time.perf_counter() - t0
+        set_rng_states(rng)
 
     def _forward(self, module: nn.Module, args: tuple, kwargs: dict) -> Any:
         self.depth += 1
@@ -366,11 +401,9 @@ def _tensors(value: Any) -> list[torch.Tensor]:
     return [x for x in flatten(value) if isinstance(x, torch.Tensor)]
 
 
-def _try_export(module: nn.Module, args: tuple, kwargs: dict) -> tuple[Any, str | None, float]:
-    t0 = time.perf_counter()
-    try:
-        program = torch.export.export(module, tuple(args), dict(kwargs), strict=False)
-        return program, None, time.perf_counter() - t0
-    except Exception as e:  # noqa: BLE001 - any export failure is reported, never fatal
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        return None, f"{type(e).__name__}: {first[:300]}", time.perf_counter() - t0
+def _snapshot(spec: TensorSpec, stored: torch.Tensor | None) -> torch.Tensor:
+    """An input tensor for export: a copy of its snapshot, or zeros of its shape when it was kept
+    shape-only (export needs shapes and dtypes, not values)."""
+    dtype = parse_dtype(spec.dtype)
+    t = stored.to(spec.device, copy=True) if stored is not None else torch.zeros(spec.shape, dtype=dtype, device=spec.device)
+    return t.requires_grad_(True) if spec.requires_grad and t.is_floating_point() else t

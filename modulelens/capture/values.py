@@ -69,6 +69,16 @@ def tensor_stats(t: torch.Tensor) -> TensorStats:
     return stats
 
 
+def tensor_spec(key: str, t: torch.Tensor) -> TensorSpec:
+    """The spec of tensor ``t`` stored under ``key``."""
+    return TensorSpec(
+        key=key, shape=list(t.shape), dtype=dtype_name(t.dtype), device=str(t.device),
+        stride=list(t.stride()) if t.layout == torch.strided else None, contiguous=t.is_contiguous(),
+        requires_grad=bool(t.requires_grad), parameter=isinstance(t, torch.nn.Parameter),
+        layout=str(t.layout) if t.layout != torch.strided or t.is_quantized else None,
+    )
+
+
 class TensorSink:
     """Collects tensors to store. Tensors above ``max_bytes`` are kept shape-only with statistics."""
 
@@ -76,17 +86,13 @@ class TensorSink:
         self.prefix = prefix
         self.max_bytes = max_bytes
         self.tensors: dict[str, torch.Tensor] = {}
+        self.specs: dict[str, dict[str, Any]] = {}
         self.shape_only: list[str] = []
 
     def add(self, key: str, t: torch.Tensor) -> dict[str, Any]:
         """Keep ``t`` (under ``prefix + key``) and return its spec."""
         key = self.prefix + key
-        spec = TensorSpec(
-            key=key, shape=list(t.shape), dtype=dtype_name(t.dtype), device=str(t.device),
-            stride=list(t.stride()) if t.layout == torch.strided else None, contiguous=t.is_contiguous(),
-            requires_grad=bool(t.requires_grad), parameter=isinstance(t, torch.nn.Parameter),
-            layout=str(t.layout) if t.layout != torch.strided or t.is_quantized else None,
-        )
+        spec = tensor_spec(key, t)
         t = t.detach()
         if t.numel() * t.element_size() > self.max_bytes:
             spec.stored = False
@@ -95,7 +101,51 @@ class TensorSink:
         else:
             # safetensors needs dense, contiguous, unshared CPU storage.
             self.tensors[key] = t.to("cpu", copy=True).contiguous().clone()
-        return spec.to_json()
+        self.specs[key] = spec.to_json()
+        return self.specs[key]
+
+
+class ReferenceSink(TensorSink):
+    """Keeps the tensors themselves (no copies): for reading a value's tensors by their keys."""
+
+    def add(self, key: str, t: torch.Tensor) -> dict[str, Any]:
+        key = self.prefix + key
+        self.tensors[key] = t
+        return tensor_spec(key, t).to_json()
+
+
+def keyed_tensors(value: Any, path: str) -> tuple[Any, dict[str, torch.Tensor]]:
+    """The spec of ``value`` encoded at ``path`` and its tensors by key (the tensors themselves).
+    Keys are those a capture gives the same value (``output.0``, ``args.1.layers.0.keys``)."""
+    sink = ReferenceSink()
+    spec = Encoder(sink).encode(value, path)
+    return spec, sink.tensors
+
+
+def keyed_values(value: Any, path: str, out: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Every leaf of a value (tensors and other values) by the key the encoder gives it: containers,
+    dataclasses and objects holding state are walked into; anything else is a leaf."""
+    out = {} if out is None else out
+    if isinstance(value, torch.Tensor) or value is None or isinstance(value, (bool, int, float, str, enum.Enum)):
+        out[path] = value
+    elif isinstance(value, tuple) and hasattr(value, "_fields"):
+        for f in value._fields:
+            keyed_values(getattr(value, f), f"{path}.{f}", out)
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            keyed_values(v, f"{path}.{i}", out)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            keyed_values(v, f"{path}.{k}", out)
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for f in dataclasses.fields(value):
+            keyed_values(getattr(value, f.name), f"{path}.{f.name}", out)
+    elif isinstance(getattr(value, "__dict__", None), dict) and not isinstance(value, (type, torch.nn.Module)):
+        for k, v in vars(value).items():
+            keyed_values(v, f"{path}.{k}", out)
+    else:
+        out[path] = value
+    return out
 
 
 class TensorSource:

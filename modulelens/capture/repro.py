@@ -35,8 +35,8 @@ from modulelens.errors import ModuleLensError
 from modulelens.repo import Artifact
 
 FLAVORS = ("source", "export")
-DATA_FILES = ("inputs.safetensors", "outputs.safetensors", "state.safetensors", "rng.safetensors",
-              "weights.safetensors")
+DATA_FILES = ("inputs.safetensors", "init.safetensors", "outputs.safetensors", "state.safetensors",
+              "rng.safetensors", "weights.safetensors")
 VERIFY_TOLERANCE = 1e-5
 
 _ALLOWED_TOP = {"torch", "numpy", "safetensors", "math", "__future__"} | set(getattr(sys, "stdlib_module_names", ()))
@@ -204,7 +204,8 @@ import torch.nn as nn
 from safetensors.torch import load_file
 {imports}
 _HERE = Path(__file__).resolve().parent / {data_name!r}
-_DATA = load_file(str(_HERE / "inputs.safetensors")) if (_HERE / "inputs.safetensors").exists() else {{}}
+_DATA = {{k: v for f in ("inputs.safetensors", "init.safetensors") if (_HERE / f).exists()
+         for k, v in load_file(str(_HERE / f)).items()}}
 
 
 def _synthesize(shape, dtype, stats):
@@ -349,8 +350,7 @@ class Model(nn.Module):
     def __init__(self):
         super().__init__()
         self.inner = torch.export.load(str(_HERE / "program.pt2")).module()
-        weights = load_file(str(_HERE / "weights.safetensors")) if (_HERE / "weights.safetensors").exists() else {{}}
-        self.inner.load_state_dict({{"inner." + k: v for k, v in weights.items()}}, strict=False)
+        self.inner.load_state_dict({{"inner." + k: v for k, v in _stored("weights.safetensors").items()}}, strict=False)
 
     def forward(self, *inputs):
         return self.inner(*inputs)
@@ -410,7 +410,7 @@ def _source_build(art: Artifact, manifest: CaptureManifest, r: ReproRenderer) ->
              "            sub = self.inner.get_submodule(name)\n"
              "            for key, value in attrs.items():\n"
              "                object.__setattr__(sub, key, value)\n"
-             "        self.inner.load_state_dict(load_file(str(_HERE / 'weights.safetensors')), strict=False)\n"
+             "        self.inner.load_state_dict(_stored('weights.safetensors'), strict=False)\n"
              "        self.inner.train(TRAINING)")
     return body, build
 
@@ -428,7 +428,7 @@ def _export_class(manifest: CaptureManifest, r: ReproRenderer) -> str:
     if info.calling == "call":
         # A program of the module itself (earlier captures) keeps the train/eval behaviour it was exported with.
         build = ("        self.inner = torch.export.load(str(_HERE / 'program.pt2')).module()\n"
-                 "        self.inner.load_state_dict(load_file(str(_HERE / 'weights.safetensors')), strict=False)")
+                 "        self.inner.load_state_dict(_stored('weights.safetensors'), strict=False)")
         return _call_class(manifest, build, r)
     specs = {t.key: t for t in manifest.inputs.tensor_leaves()}
     leaves = ", ".join(r.tensor(specs[k]) for k in info.input_keys)

@@ -68,3 +68,56 @@ def test_mismatch_detail_is_compact_and_chunked(monkeypatch):
     same = numerics.diff(expected, expected.clone(), 0.0, 0.0)
     assert same.allclose and same.max_abs_error == 0.0 and same.detail == ""
     assert len(numerics.short_repr(expected)) < 60
+
+
+class RowWise(nn.Module):
+    """Treats batch rows independently."""
+
+    def __init__(self, dim: int = 64):
+        super().__init__()
+        self.lin = nn.Linear(dim, dim)
+        self.norm = nn.LayerNorm(dim)
+
+    def forward(self, x):
+        return self.norm(torch.relu(self.lin(x)))
+
+
+BUDGET = 64 * 1024  # bytes: the 256 x 64 float32 input and output (128 KiB) are over it
+
+
+def test_over_the_budget_a_batch_independent_module_is_captured_on_its_first_rows(tmp_path):
+    with modulelens.capture("", name="rows", repo=tmp_path, max_capture_bytes=BUDGET) as cap:
+        RowWise()(torch.randn(256, 64))
+    man = capture_manifest(cap.artifact)
+    assert man.activations.mode == "batch_slice" and man.activations.batch_rows == 256
+    rows = man.activations.rows
+    assert 1 <= rows < 256 and "treats batch rows independently" in man.activations.reason
+    assert man.inputs.tensor_leaves()[0].shape == [rows, 64] and man.output_leaves()[0].shape == [rows, 64]
+    for strategy in ("source", "export"):
+        rep = modulelens.replay_module("rows", strategy=strategy, repo=str(tmp_path))
+        assert rep.compared and rep.exact and rep.max_abs_error == 0.0
+        assert any("batch_slice" in n for n in rep.notes)
+
+
+def test_over_the_budget_batchnorm_in_training_falls_back_to_shape_only(tmp_path):
+    with modulelens.capture("", name="bn", repo=tmp_path, max_capture_bytes=BUDGET) as cap:
+        model = nn.Sequential(nn.Linear(64, 64), nn.BatchNorm1d(64)).train()
+        before = model[1].running_mean.clone()
+        model(torch.randn(256, 64))
+    assert not torch.equal(model[1].running_mean, before)  # the real call's statistics were kept
+    man = capture_manifest(cap.artifact)
+    assert man.activations.mode == "shape_only" and "does not treat batch rows independently" in man.activations.reason
+    assert not man.output_leaves()[0].stored and man.output_leaves()[0].stats.std is not None
+    rep = modulelens.replay_module("bn", strategy="source", repo=str(tmp_path))
+    assert not rep.compared and not rep.match
+
+
+def test_batchnorm_running_statistics_are_compared_after_replay(tmp_path):
+    with modulelens.capture("", name="bnstate", repo=tmp_path):
+        nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8)).train()(torch.randn(16, 8))
+    for strategy in ("source", "export"):
+        rep = modulelens.replay_module("bnstate", strategy=strategy, repo=str(tmp_path))
+        assert rep.exact, (strategy, rep.state, rep.notes)
+        assert {s.name for s in rep.state} == {"module.1.running_mean", "module.1.running_var",
+                                               "module.1.num_batches_tracked"}
+        assert any("buffer(s) the forward changed" in c for c in rep.compared_values)

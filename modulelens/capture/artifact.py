@@ -213,6 +213,7 @@ def save_capture(
                 returned_keys=captured.returned_keys,
             ),
             state_after=captured.state_sink.specs,
+            activations=captured.activations,
             backward=backward,
             shape_only=shape_only,
             unrecorded=list(captured.unrecorded) + captured.init_unrecorded,

@@ -55,6 +55,21 @@ class ExportInfo(BaseModel):
     returned_keys: list[str] = Field(default_factory=list, exclude_if=_unset)
 
 
+class ActivationStorage(BaseModel):
+    """How the call's activations (inputs and outputs) were stored against the capture's byte
+    budget: ``full``; ``batch_slice`` (the first ``rows`` of ``batch_rows`` rows, the module having
+    matched the real output on them within tolerance: ``check_max_abs_error``); or ``shape_only``
+    (statistics only). ``reason`` says why, in words."""
+
+    mode: Literal["full", "batch_slice", "shape_only"]
+    budget_bytes: int
+    total_bytes: int = Field(description="inputs and outputs of the real call")
+    rows: int | None = None
+    batch_rows: int | None = None
+    check_max_abs_error: float | None = None
+    reason: str = ""
+
+
 class BackwardInfo(BaseModel):
     """Which gradients were captured (their tensors are in ``grads.safetensors``)."""
 
@@ -108,6 +123,7 @@ class CaptureManifest(ManifestBase):
     )
     inputs: CallInputs = Field(default_factory=CallInputs)
     outputs: Any = None
+    activations: ActivationStorage | None = Field(None, exclude_if=_unset)
     state_after: dict[str, Any] = Field(
         default_factory=dict, exclude_if=_unset,
         description="tensor specs of the state the forward changed, as it was after it: input tensors "

@@ -21,10 +21,22 @@ import torch
 import torch.nn as nn
 
 from modulelens.capture import init_args
-from modulelens.capture.leafcall import BUFFER_PREFIX, call_state, changed_state, export_leaf_call
+from modulelens.capture.budget import (
+    DEFAULT_CAPTURE_BYTES,
+    SliceSink,
+    batch_size,
+    first_rows,
+    is_batched,
+    rows_within,
+    tensors_bytes,
+)
+from modulelens.capture.leafcall import BUFFER_PREFIX, LeafSource, call_state, changed_state, export_leaf_call
+from modulelens.capture.manifest import ActivationStorage
+from modulelens.capture.sources import Resolver
 from modulelens.capture.spec import ModuleSpec, TensorSpec, tensor_leaves
-from modulelens.capture.values import SHAPE_ONLY_DEFAULT_BYTES, Encoder, TensorSink, parse_dtype
+from modulelens.capture.values import Decoder, Encoder, TensorSink, keyed_tensors, parse_dtype
 from modulelens.errors import CaptureFailed
+from modulelens.numerics import diff, tolerances
 
 _WRAPPER_CLASSES = {"DistributedDataParallel", "DataParallel", "FullyShardedDataParallel", "OptimizedModule"}
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.", "_fsdp_wrapped_module.")
@@ -123,6 +135,7 @@ class CapturedCall:
     attributes: dict[str, dict[str, Any]] = field(default_factory=dict)
     state_sink: TensorSink = field(default_factory=TensorSink)  # inputs and buffers the forward changed
     returned_keys: list[str] = field(default_factory=list)  # what the exported LeafCall returns
+    activations: ActivationStorage | None = None
 
 
 @dataclass
@@ -131,7 +144,8 @@ class TraceOptions:
     call_index: int = 1
     backward: bool = False
     export: bool = True
-    max_tensor_bytes: int = SHAPE_ONLY_DEFAULT_BYTES
+    max_tensor_bytes: int | None = None  # per tensor; None: no limit
+    max_capture_bytes: int = DEFAULT_CAPTURE_BYTES  # inputs and outputs together
     record: bool = True  # False on ranks that only follow along (distributed runs)
     stop: bool = True  # end the run once the capture is complete
 
@@ -248,10 +262,19 @@ class Tracer:
         try:
             rng = rng_states()
             training, grad_enabled = module.training, torch.is_grad_enabled()
-            in_sink = TensorSink("", opts.max_tensor_bytes)
+            _, given = keyed_tensors([list(args), dict(kwargs)], "")
+            in_bytes, batch = tensors_bytes(list(given.values())), batch_size(list(given.values()))
+            presliced = batch is not None and batch > 1 and in_bytes > opts.max_capture_bytes
+            if presliced:  # the inputs alone are over the budget: snapshot their first rows only
+                assert batch is not None
+                rows = rows_within(batch, 2 * in_bytes, opts.max_capture_bytes)
+                in_sink: TensorSink = SliceSink(rows, batch, opts.max_tensor_bytes)
+            else:
+                in_sink = TensorSink("", opts.max_tensor_bytes)
             enc = Encoder(in_sink, self.module_spec)
             args_spec = enc.encode(list(args), "args")
             kwargs_spec = enc.encode(dict(kwargs), "kwargs")
+            stats_specs = _stats_specs(args, kwargs) if presliced else None
             init_sink = TensorSink("init.")
             init_enc = Encoder(init_sink)
             init_enc.module_spec = lambda m, p: init_args.construction_spec(m, p, init_enc)
@@ -274,12 +297,17 @@ class Tracer:
         t0 = time.perf_counter()
         out = self._forward(module, args, kwargs)
         captured.forward_seconds = time.perf_counter() - t0
-        out_enc = Encoder(captured.outputs_sink, self.module_spec)
-        captured.outputs_spec = out_enc.encode(out, "output")
-        captured.unrecorded += out_enc.unrecorded
+        _, out_tensors = keyed_tensors(out, "output")
+        total = in_bytes + tensors_bytes(list(out_tensors.values()))
         self.busy = True
         try:
-            self._record_state_after(module, args, kwargs, captured)
+            if presliced or total > opts.max_capture_bytes:
+                self._store_within_budget(module, out, out_tensors, captured, batch, total, stats_specs)
+            else:
+                captured.activations = ActivationStorage(mode="full", budget_bytes=opts.max_capture_bytes,
+                                                         total_bytes=total, reason="within the budget")
+                self._store_outputs(out, captured, captured.outputs_sink)
+                self._record_state_after(module, args, kwargs, captured)
             if opts.export:
                 self._export(module, captured)
         finally:
@@ -298,6 +326,88 @@ class Tracer:
         if opts.stop:
             raise CaptureComplete()
         return out
+
+    def _store_outputs(self, out: Any, captured: CapturedCall, sink: TensorSink) -> None:
+        out_enc = Encoder(sink, self.module_spec)
+        captured.outputs_sink = sink
+        captured.outputs_spec = out_enc.encode(out, "output")
+        captured.unrecorded += out_enc.unrecorded
+
+    def _store_within_budget(self, module: nn.Module, out: Any, out_tensors: dict[str, torch.Tensor],
+                             captured: CapturedCall, batch: int | None, total: int, stats_specs: Any) -> None:
+        """The call's activations are over the budget: keep the first batch rows when the module
+        treats rows independently, else store shape-only with statistics. Says which and why."""
+        budget = self.options.max_capture_bytes
+        over = f"the activations total {total / 2**20:.1f} MiB, over the budget of {budget / 2**20:.1f} MiB"
+        why, worst = None, None
+        if batch is None or batch < 2:
+            why = "the inputs have no batch dimension of 2 or more rows to slice"
+        elif not out_tensors or not all(is_batched(t, batch) for t in out_tensors.values()):
+            why = f"not every output tensor has the batch dimension ({batch} rows) first"
+        elif captured.inputs_sink.shape_only:
+            why = "some inputs are over the per-tensor limit and were not snapshotted"
+        if why is None:
+            assert batch is not None
+            rows = rows_within(batch, total, budget)
+            why, worst = self._capture_rows(module, out_tensors, captured, batch, rows)
+            if why is None:
+                captured.activations = ActivationStorage(
+                    mode="batch_slice", budget_bytes=budget, total_bytes=total, rows=rows, batch_rows=batch,
+                    check_max_abs_error=worst, reason=f"{over}; the module treats batch rows independently (its output on the first {rows} "
+                    f"rows matched those rows of the real output), so the first {rows} of {batch} rows are stored "
+                    "and replay is exact on them")
+                return
+        if stats_specs is not None:
+            captured.args_spec, captured.kwargs_spec = stats_specs[0], stats_specs[1]
+            captured.inputs_sink = stats_specs[2]
+        self._store_outputs(out, captured, TensorSink("", 0))
+        captured.activations = ActivationStorage(
+            mode="shape_only", budget_bytes=budget, total_bytes=total, batch_rows=batch,
+            check_max_abs_error=worst, reason=f"{over}; {why}: tensors are stored shape-only with statistics and replay cannot compare outputs")
+
+    def _capture_rows(self, module: nn.Module, out_tensors: dict[str, torch.Tensor], captured: CapturedCall,
+                      batch: int, rows: int) -> tuple[str | None, float]:
+        """Run the module on the first ``rows`` rows of the snapshotted inputs, from the RNG and buffer
+        state the real call started with; when that output matches the same rows of the real output,
+        store the sliced run as the capture (inputs, outputs, changed state). Returns why not (None
+        when stored) and the largest difference found. The module's buffers and the RNG are left as
+        the real call left them."""
+        sink = captured.inputs_sink
+        batched = sink.sliced if isinstance(sink, SliceSink) else {k for k, t in sink.tensors.items() if is_batched(t, batch)}
+        specs = {s.key: s for s in tensor_leaves(captured.args_spec) + tensor_leaves(captured.kwargs_spec)}
+        leaves = {k: _snapshot(specs[k], t) for k, t in first_rows(sink.tensors, batched, rows).items()}
+        decoder = Decoder(LeafSource(leaves), Resolver())
+        args, kwargs = decoder.decode(captured.args_spec), decoder.decode(captured.kwargs_spec)
+        in_sink = TensorSink("", self.options.max_tensor_bytes)
+        enc = Encoder(in_sink, self.module_spec)
+        args_spec, kwargs_spec = enc.encode(list(args), "args"), enc.encode(dict(kwargs), "kwargs")
+        after_real = {n: b.detach().clone() for n, b in module.named_buffers()}
+        rng_after = rng_states()
+        try:
+            _load_buffers(module, captured.weights)
+            set_rng_states(captured.rng)
+            with torch.set_grad_enabled(captured.grad_enabled):
+                sliced_out = self._forward(module, list(args), dict(kwargs))
+            _, sliced = keyed_tensors(sliced_out, "output")
+            worst, ok = 0.0, sliced.keys() == out_tensors.keys()
+            for key, t in sliced.items() if ok else ():
+                real = out_tensors[key][:rows]
+                d = diff(t, real, *tolerances(t.dtype))
+                worst, ok = max(worst, d.max_abs_error), ok and d.allclose
+            if not ok:
+                return (f"the module does not treat batch rows independently (on the first {rows} rows its output "
+                        f"differs from those rows of the real output by up to {worst:.3g}; BatchNorm in training "
+                        "mode and other batch statistics do this)"), worst
+            captured.inputs_sink, captured.args_spec, captured.kwargs_spec = in_sink, args_spec, kwargs_spec
+            self._store_outputs(sliced_out, captured, TensorSink("", self.options.max_tensor_bytes))
+            before = dict(in_sink.tensors)
+            before.update({BUFFER_PREFIX + n: t for n, t in captured.weights.items()})
+            for key, t in changed_state(before, call_state(module, args, kwargs)).items():
+                captured.state_sink.add(key, t)
+            return None, worst
+        finally:
+            _load_buffers(module, after_real)
+            set_rng_states(rng_after)
 
     def _record_state_after(self, module: nn.Module, args: tuple, kwargs: dict, captured: CapturedCall) -> None:
         """Keep the input tensors and buffers the forward changed (in place or by replacing them,
@@ -401,9 +511,24 @@ def _tensors(value: Any) -> list[torch.Tensor]:
     return [x for x in flatten(value) if isinstance(x, torch.Tensor)]
 
 
+def _stats_specs(args: tuple, kwargs: dict) -> tuple[Any, Any, TensorSink]:
+    """The inputs encoded shape-only with statistics (full shapes): kept for the case the module
+    turns out not to treat batch rows independently."""
+    sink = TensorSink("", 0)
+    enc = Encoder(sink)
+    return enc.encode(list(args), "args"), enc.encode(dict(kwargs), "kwargs"), sink
+
+
+def _load_buffers(module: nn.Module, values: dict[str, torch.Tensor]) -> None:
+    with torch.no_grad():
+        for name, b in module.named_buffers():
+            if name in values:
+                b.copy_(values[name])
+
+
 def _snapshot(spec: TensorSpec, stored: torch.Tensor | None) -> torch.Tensor:
-    """An input tensor for export: a copy of its snapshot, or zeros of its shape when it was kept
-    shape-only (export needs shapes and dtypes, not values)."""
+    """An input tensor to call the module with: a copy of its snapshot, or an uninitialised tensor
+    of its shape when it was kept shape-only (export needs shapes and dtypes, not values)."""
     dtype = parse_dtype(spec.dtype)
-    t = stored.to(spec.device, copy=True) if stored is not None else torch.zeros(spec.shape, dtype=dtype, device=spec.device)
+    t = stored.to(spec.device, copy=True) if stored is not None else torch.empty(spec.shape, dtype=dtype, device=spec.device)
     return t.requires_grad_(True) if spec.requires_grad and t.is_floating_point() else t

@@ -31,8 +31,6 @@ from modulelens.capture.spec import (
 )
 from modulelens.errors import ReplayFailed
 
-SHAPE_ONLY_DEFAULT_BYTES = 64 * 1024 * 1024
-
 
 def class_path(obj_or_cls: Any) -> str:
     cls = obj_or_cls if isinstance(obj_or_cls, type) else type(obj_or_cls)
@@ -50,22 +48,35 @@ def parse_dtype(name: str) -> torch.dtype:
     return dt
 
 
-def tensor_stats(t: torch.Tensor) -> TensorStats:
-    """Summary statistics kept for shape-only tensors (enough to synthesise similar data)."""
+def tensor_stats(t: torch.Tensor, chunk: int = 1 << 22) -> TensorStats:
+    """Summary statistics kept for shape-only tensors (enough to synthesise similar data),
+    computed chunk by chunk: a multi-GiB tensor never gets a whole float64 copy."""
     if t.numel() == 0:
         return TensorStats()
     x = t.detach()
     if x.is_complex():
         x = torch.view_as_real(x)
-    if x.dtype == torch.bool:
-        x = x.to(torch.float32)
-    xf = x.to(torch.float64)
-    finite = xf[torch.isfinite(xf)]
-    stats = TensorStats(zero_fraction=float((xf == 0).double().mean()),
-                        nonfinite_fraction=float(1.0 - finite.numel() / xf.numel()))
-    if finite.numel():
-        stats.mean, stats.std = float(finite.mean()), float(finite.std(unbiased=False))
-        stats.min, stats.max = float(finite.min()), float(finite.max())
+    flat = x.reshape(-1)
+    n = flat.numel()
+    zeros = finite = 0
+    total = total_sq = 0.0
+    lo, hi = math.inf, -math.inf
+    for start in range(0, n, chunk):
+        part = flat[start: start + chunk].to(torch.float64)
+        zeros += int((part == 0).sum())
+        ok = part[torch.isfinite(part)]
+        if ok.numel():
+            finite += ok.numel()
+            total += float(ok.sum())
+            lo, hi = min(lo, float(ok.min())), max(hi, float(ok.max()))
+    stats = TensorStats(zero_fraction=zeros / n, nonfinite_fraction=1.0 - finite / n)
+    if finite:
+        mean = total / finite
+        for start in range(0, n, chunk):  # second pass: the spread around the mean, stably
+            part = flat[start: start + chunk].to(torch.float64)
+            ok = part[torch.isfinite(part)]
+            total_sq += float(((ok - mean) ** 2).sum())
+        stats.mean, stats.std, stats.min, stats.max = mean, math.sqrt(total_sq / finite), lo, hi
     return stats
 
 
@@ -80,9 +91,10 @@ def tensor_spec(key: str, t: torch.Tensor) -> TensorSpec:
 
 
 class TensorSink:
-    """Collects tensors to store. Tensors above ``max_bytes`` are kept shape-only with statistics."""
+    """Collects tensors to store. Tensors above ``max_bytes`` (None: no limit) are kept shape-only
+    with statistics."""
 
-    def __init__(self, prefix: str = "", max_bytes: int = SHAPE_ONLY_DEFAULT_BYTES):
+    def __init__(self, prefix: str = "", max_bytes: int | None = None):
         self.prefix = prefix
         self.max_bytes = max_bytes
         self.tensors: dict[str, torch.Tensor] = {}
@@ -94,7 +106,7 @@ class TensorSink:
         key = self.prefix + key
         spec = tensor_spec(key, t)
         t = t.detach()
-        if t.numel() * t.element_size() > self.max_bytes:
+        if self.max_bytes is not None and t.numel() * t.element_size() > self.max_bytes:
             spec.stored = False
             spec.stats = tensor_stats(t)
             self.shape_only.append(key)

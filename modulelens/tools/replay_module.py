@@ -178,6 +178,9 @@ def replay_module(req: ReplayModuleRequest, ctx: ToolContext) -> ReplayModuleRes
     (module, args, out, run_s), strategy, build_s, tried = loaded.with_strategy(req.strategy, req.trust_pickle, run)
     attempts = [StrategyAttempt(strategy=s, error=e) for s, e in tried]
     notes = list(loaded.manifest.notes)
+    stored = loaded.manifest.activations
+    if stored is not None and stored.mode != "full":
+        notes.append(f"replayed on what the capture stored ({stored.mode}): {stored.reason}")
     dtype_cast = dtype is not None
     _, actual = keyed_tensors(out, "output")
     expected_specs = {t.key: t for t in loaded.manifest.output_leaves()}

@@ -274,7 +274,6 @@ class Tracer:
             enc = Encoder(in_sink, self.module_spec)
             args_spec = enc.encode(list(args), "args")
             kwargs_spec = enc.encode(dict(kwargs), "kwargs")
-            stats_specs = _stats_specs(args, kwargs) if presliced else None
             init_sink = TensorSink("init.")
             init_enc = Encoder(init_sink)
             init_enc.module_spec = lambda m, p: init_args.construction_spec(m, p, init_enc)
@@ -302,7 +301,7 @@ class Tracer:
         self.busy = True
         try:
             if presliced or total > opts.max_capture_bytes:
-                self._store_within_budget(module, out, out_tensors, captured, batch, total, stats_specs)
+                self._store_within_budget(module, args, kwargs, out, out_tensors, captured, batch, total)
             else:
                 captured.activations = ActivationStorage(mode="full", budget_bytes=opts.max_capture_bytes,
                                                          total_bytes=total, reason="within the budget")
@@ -333,10 +332,14 @@ class Tracer:
         captured.outputs_spec = out_enc.encode(out, "output")
         captured.unrecorded += out_enc.unrecorded
 
-    def _store_within_budget(self, module: nn.Module, out: Any, out_tensors: dict[str, torch.Tensor],
-                             captured: CapturedCall, batch: int | None, total: int, stats_specs: Any) -> None:
+    def _store_within_budget(self, module: nn.Module, args: tuple, kwargs: dict, out: Any,
+                             out_tensors: dict[str, torch.Tensor], captured: CapturedCall, batch: int | None,
+                             total: int) -> None:
         """The call's activations are over the budget: keep the first batch rows when the module
-        treats rows independently, else store shape-only with statistics. Says which and why."""
+        treats rows independently, else store shape-only with statistics. Says which and why.
+
+        Inputs whose first rows only were snapshotted get their statistics from the live tensors,
+        after the call (an input the forward changed in place is described as it changed)."""
         budget = self.options.max_capture_bytes
         over = f"the activations total {total / 2**20:.1f} MiB, over the budget of {budget / 2**20:.1f} MiB"
         why, worst = None, None
@@ -357,9 +360,8 @@ class Tracer:
                     f"rows matched those rows of the real output), so the first {rows} of {batch} rows are stored "
                     "and replay is exact on them")
                 return
-        if stats_specs is not None:
-            captured.args_spec, captured.kwargs_spec = stats_specs[0], stats_specs[1]
-            captured.inputs_sink = stats_specs[2]
+        if isinstance(captured.inputs_sink, SliceSink):
+            captured.args_spec, captured.kwargs_spec, captured.inputs_sink = _stats_specs(args, kwargs)
         self._store_outputs(out, captured, TensorSink("", 0))
         captured.activations = ActivationStorage(
             mode="shape_only", budget_bytes=budget, total_bytes=total, batch_rows=batch,

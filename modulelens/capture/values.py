@@ -48,6 +48,12 @@ def parse_dtype(name: str) -> torch.dtype:
     return dt
 
 
+def _finite(x: torch.Tensor) -> torch.Tensor:
+    """The finite elements of ``x`` (``x`` itself when all are: no masked copy)."""
+    mask = torch.isfinite(x)
+    return x if bool(mask.all()) else x[mask]
+
+
 def tensor_stats(t: torch.Tensor, chunk: int = 1 << 22) -> TensorStats:
     """Summary statistics kept for shape-only tensors (enough to synthesise similar data),
     computed chunk by chunk: a multi-GiB tensor never gets a whole float64 copy."""
@@ -64,7 +70,7 @@ def tensor_stats(t: torch.Tensor, chunk: int = 1 << 22) -> TensorStats:
     for start in range(0, n, chunk):
         part = flat[start: start + chunk].to(torch.float64)
         zeros += int((part == 0).sum())
-        ok = part[torch.isfinite(part)]
+        ok = _finite(part)
         if ok.numel():
             finite += ok.numel()
             total += float(ok.sum())
@@ -73,8 +79,7 @@ def tensor_stats(t: torch.Tensor, chunk: int = 1 << 22) -> TensorStats:
     if finite:
         mean = total / finite
         for start in range(0, n, chunk):  # second pass: the spread around the mean, stably
-            part = flat[start: start + chunk].to(torch.float64)
-            ok = part[torch.isfinite(part)]
+            ok = _finite(flat[start: start + chunk].to(torch.float64))
             total_sq += float(((ok - mean) ** 2).sum())
         stats.mean, stats.std, stats.min, stats.max = mean, math.sqrt(total_sq / finite), lo, hi
     return stats

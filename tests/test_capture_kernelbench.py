@@ -131,7 +131,7 @@ def test_capture_replay_and_standalone_repro(kernelbench, case, tmp_path):
                    if isinstance(n, ast.Import) for a in n.names}
         imports |= {n.module.split(".")[0] for n in ast.walk(ast.parse(open(written.path).read()))
                     if isinstance(n, ast.ImportFrom) and n.module}
-        assert imports <= {"torch", "safetensors", "math", "sys", "pathlib", "dataclasses"}, imports
+        assert imports <= {"torch", "safetensors", "math", "sys", "pathlib", "dataclasses", "contextlib"}, imports
         run = _run_alone(written.path, written.data_dir, tmp_path / f"run-{flavor}")
         assert run.returncode == 0 and "max_abs_error=0.0" in run.stdout, run.stdout + run.stderr
 

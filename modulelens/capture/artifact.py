@@ -206,6 +206,7 @@ def save_capture(
             weights=weights_spec,
             training=captured.training,
             grad_enabled=captured.grad_enabled,
+            autocast=captured.autocast,
             forward_seconds=captured.forward_seconds,
             export=ExportInfo(
                 ok=captured.program is not None, error=captured.export_error, seconds=round(captured.export_seconds, 4),

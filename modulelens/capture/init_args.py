@@ -122,6 +122,28 @@ def _split_bound(sig: inspect.Signature, args: tuple, kwargs: dict) -> tuple[lis
     return pos, named, None
 
 
+_built: list[weakref.ref] = []
+"""Modules whose construction was outermost (not inside another module's ``__init__``), latest last."""
+
+
+def _remember_built(module: nn.Module) -> None:
+    try:
+        _built.append(weakref.ref(module))
+    except TypeError:
+        pass
+    _built[:] = [r for r in _built if r() is not None][-64:]
+
+
+def built_within(module: nn.Module) -> nn.Module | None:
+    """The latest outermost-built module that holds ``module`` (``module`` itself when it was built
+    outermost), None when there is none: a model's layer called alone is named within its model."""
+    for ref in reversed(_built):
+        root = ref()
+        if root is not None and root is not module and any(m is module for m in root.modules()):
+            return root
+    return None
+
+
 def _forget(key: int) -> None:
     _records.pop(key, None)
 
@@ -137,6 +159,19 @@ def _wrap(cls: type) -> None:
 
     @functools.wraps(init)
     def wrapper(self, *args, **kwargs):
+        outermost = _active and getattr(_state, "building", 0) == 0
+        if outermost:
+            _state.building = 1
+            try:
+                record(self, args, kwargs)
+                return init(self, *args, **kwargs)
+            finally:
+                _state.building = 0
+                _remember_built(self)
+        record(self, args, kwargs)
+        return init(self, *args, **kwargs)
+
+    def record(self, args, kwargs):
         if _active and record_of(self) is None:
             if sig is not None:
                 pos, named, err = _split_bound(sig, args, kwargs)
@@ -149,7 +184,6 @@ def _wrap(cls: type) -> None:
                 ref = None
             if ref is not None:
                 _records[key] = (ref, InitRecord(type(self), pos, named, err))
-        return init(self, *args, **kwargs)
 
     wrapper.__modulelens_wrapped__ = True  # type: ignore[attr-defined]
     _patched[cls] = init

@@ -132,6 +132,8 @@ class CaptureManifest(ManifestBase):
     weights: dict[str, Any] = Field(default_factory=dict)
     training: bool = False
     grad_enabled: bool = False
+    autocast: dict[str, str] = Field(default_factory=dict, exclude_if=_unset,
+                                     description="torch.autocast regions active at the call: device type -> dtype")
     forward_seconds: float = 0.0
     export: ExportInfo = Field(default_factory=ExportInfo)
     backward: BackwardInfo | None = None

@@ -37,6 +37,14 @@ class _NoTensors(TensorSource):
 T = TypeVar("T")
 
 
+def _materialized(module: torch.nn.Module, device: str | None) -> torch.nn.Module:
+    """``module`` with storage for parameters it was built with on the ``meta`` device (models built
+    on meta and materialised later record ``device="meta"``); the captured weights fill them."""
+    if any(t.is_meta for t in [*module.parameters(), *module.buffers()]):
+        return module.to_empty(device=device or "cpu")
+    return module
+
+
 class LoadedCapture:
     """A capture artifact ready to replay: its typed ``manifest``, a ``resolver`` for its classes
     (stored script copies first), and readers of its inputs, outputs, weights, RNG state and
@@ -118,7 +126,7 @@ class LoadedCapture:
         if strategy == "source":
             if self.manifest.init is None:
                 raise ReplayFailed(f"capture {self.artifact.ref} has no recorded construction", "use --strategy export")
-            module = self._build_nested(self.manifest.init)
+            module = _materialized(self._build_nested(self.manifest.init), self.device)
             init_args.restore_plain_attributes(module, self.manifest.attributes)
             self._load_weights(module)
         elif strategy == "export":

@@ -195,6 +195,7 @@ KernelBench format: Model, get_inputs(), get_init_inputs(). Needs only torch and
 Captured data lives in {data_name}/. Run this file to check Model against the captured outputs
 and the state the captured call changed; it exits with status 1 when they differ.
 """
+import contextlib
 import math
 import sys
 from pathlib import Path
@@ -240,6 +241,7 @@ _FOOTER = '''
 
 TRAINING = {training!r}
 GRAD_ENABLED = {grad_enabled!r}
+AUTOCAST = {autocast!r}
 STATE_KEYS = {state_keys!r}
 {model}
 
@@ -293,7 +295,9 @@ if __name__ == "__main__":
     rng = _HERE / "rng.safetensors"
     if rng.exists():
         torch.random.set_rng_state(load_file(str(rng))["cpu"])
-    with torch.set_grad_enabled(GRAD_ENABLED):
+    with torch.set_grad_enabled(GRAD_ENABLED), contextlib.ExitStack() as regions:
+        for device, dtype in AUTOCAST.items():  # the torch.autocast regions the call ran in
+            regions.enter_context(torch.autocast(device, dtype=getattr(torch, dtype)))
         out = model(*inputs)
     got = model.keyed_results(out, inputs)
     expected = _stored("outputs.safetensors")
@@ -406,6 +410,8 @@ def _source_build(art: Artifact, manifest: CaptureManifest, r: ReproRenderer) ->
         body = f"# ---- definitions from {module} ----\n{source}\n# ---- end of {module} ----\n"
         r.inline = {module}
     build = (f"        self.inner = {r.module(manifest.init)}\n"
+             "        if any(t.is_meta for t in [*self.inner.parameters(), *self.inner.buffers()]):\n"
+             "            self.inner.to_empty(device='cpu')  # built on meta: the captured weights fill it\n"
              "        for name, attrs in ATTRIBUTES.items():\n"
              "            sub = self.inner.get_submodule(name)\n"
              "            for key, value in attrs.items():\n"
@@ -495,7 +501,7 @@ def write_repro(art: Artifact, out: Path, flavor: str = "auto") -> ReproFile:
     text = (
         _HEADER.format(ref=art.ref, class_path=m.class_path, module_path=m.module_path, data_name=data_name, imports=imports)
         + rendered.body
-        + _FOOTER.format(model=rendered.model, training=m.training, grad_enabled=m.grad_enabled,
+        + _FOOTER.format(model=rendered.model, training=m.training, grad_enabled=m.grad_enabled, autocast=m.autocast,
                          state_keys=sorted(m.state_after), tolerance=VERIFY_TOLERANCE)
     )
     path = out / f"{stem}.py"

@@ -11,6 +11,7 @@ them), the parameters and buffers, the RNG states, and train/grad mode; optional
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import time
 import weakref
@@ -38,8 +39,11 @@ from modulelens.capture.values import Decoder, Encoder, TensorSink, keyed_tensor
 from modulelens.errors import CaptureFailed
 from modulelens.numerics import diff, tolerances
 
-_WRAPPER_CLASSES = {"DistributedDataParallel", "DataParallel", "FullyShardedDataParallel", "OptimizedModule"}
-_WRAPPER_PREFIXES = ("module.", "_orig_mod.", "_fsdp_wrapped_module.")
+_WRAPPER_CLASSES = {"DistributedDataParallel", "DataParallel", "FullyShardedDataParallel", "OptimizedModule",
+                    "CheckpointWrapper"}
+_WRAPPER_PREFIXES = ("module.", "_orig_mod.", "_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
+_WRAPPER_SEGMENTS = ("_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module")
+"""Names wrappers insert anywhere in a path (torch.compile of a submodule, FSDP1, checkpoint_wrapper)."""
 
 
 class CaptureComplete(BaseException):
@@ -48,6 +52,10 @@ class CaptureComplete(BaseException):
 
 
 def strip_wrapper_prefix(name: str) -> str:
+    """The module's name as the user's model names it: without the names that wrappers (DDP's
+    ``module.``, torch.compile's ``_orig_mod.``, FSDP1, checkpoint_wrapper) put in front of or
+    inside it."""
+    name = ".".join(part for part in name.split(".") if part not in _WRAPPER_SEGMENTS)
     changed = True
     while changed:
         changed = False
@@ -105,6 +113,26 @@ def set_rng_states(states: dict[str, torch.Tensor]) -> None:
         torch.cuda.set_rng_state_all(cuda[: torch.cuda.device_count()])
 
 
+_AUTOCAST_DEVICES = ("cpu", "cuda")
+
+
+def autocast_state() -> dict[str, str]:
+    """The ``torch.autocast`` regions active now: device type -> dtype name."""
+    active = {}
+    for device in _AUTOCAST_DEVICES:
+        if torch.is_autocast_enabled(device):
+            active[device] = str(torch.get_autocast_dtype(device)).removeprefix("torch.")
+    return active
+
+
+def autocast_regions(state: dict[str, str]) -> contextlib.ExitStack:
+    """Enter the recorded autocast regions again (a context manager)."""
+    stack = contextlib.ExitStack()
+    for device, dtype in state.items():
+        stack.enter_context(torch.autocast(device, dtype=parse_dtype(dtype)))
+    return stack
+
+
 @dataclass
 class CapturedCall:
     module: nn.Module
@@ -136,6 +164,7 @@ class CapturedCall:
     state_sink: TensorSink = field(default_factory=TensorSink)  # inputs and buffers the forward changed
     returned_keys: list[str] = field(default_factory=list)  # what the exported LeafCall returns
     activations: ActivationStorage | None = None
+    autocast: dict[str, str] = field(default_factory=dict)  # device type -> dtype of enabled autocast
 
 
 @dataclass
@@ -158,7 +187,18 @@ def _traced_call(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     tracer = _current
     if tracer is None or tracer.busy:
         return _orig_call(self, *args, **kwargs)
+    compiled = getattr(self, "_orig_mod", None)
+    if tracer.state == "waiting" and isinstance(compiled, nn.Module) and type(self).__name__ == "OptimizedModule":
+        return _traced_call(compiled, *args, **kwargs)  # torch.compile: run the module eagerly until captured
     return tracer.on_call(self, args, kwargs)
+
+
+def _eager_call(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """Call a module without its compiled form (``module.compile()``), so that the modules inside
+    it are called one by one and the target can be found."""
+    if getattr(module, "_compiled_call_impl", None) is not None:
+        return module._call_impl(*args, **kwargs)
+    return _orig_call(module, *args, **kwargs)
 
 
 class Tracer:
@@ -228,7 +268,10 @@ class Tracer:
             if self.state == "done":
                 return _orig_call(module, *args, **kwargs)
             if self._name(module) is None:
-                self._discover(module)  # a new root: name everything below it
+                # a new root: name everything below the model that built it (a layer called alone,
+                # as activation checkpointing does, keeps its name in the model), else below it
+                owner = init_args.built_within(module)
+                self._discover(module if owner is None else owner)
             if self._name(module) == "":
                 self._root = module
         name = self._name(module)
@@ -244,7 +287,7 @@ class Tracer:
             self.captured.calls_after_capture += 1
         self.depth += 1
         try:
-            return _orig_call(module, *args, **kwargs)
+            return (_eager_call if self.state == "waiting" else _orig_call)(module, *args, **kwargs)
         finally:
             self.depth -= 1
 
@@ -261,7 +304,7 @@ class Tracer:
         self.busy = True
         try:
             rng = rng_states()
-            training, grad_enabled = module.training, torch.is_grad_enabled()
+            training, grad_enabled, autocast = module.training, torch.is_grad_enabled(), autocast_state()
             _, given = keyed_tensors([list(args), dict(kwargs)], "")
             in_bytes, batch = tensors_bytes(list(given.values())), batch_size(list(given.values()))
             presliced = batch is not None and batch > 1 and in_bytes > opts.max_capture_bytes
@@ -279,8 +322,8 @@ class Tracer:
             init_enc.module_spec = lambda m, p: init_args.construction_spec(m, p, init_enc)
             init_spec = init_args.construction_spec(module, "init", init_enc)
             attributes = init_args.plain_attributes(module)
-            weights = {n: t.detach().clone() for n, t in module.named_parameters()}
-            weights.update({n: t.detach().clone() for n, t in module.named_buffers()})
+            weights = {n: _plain(t) for n, t in module.named_parameters()}
+            weights.update({n: _plain(t) for n, t in module.named_buffers()})
         finally:
             self.busy = False
         captured = CapturedCall(
@@ -289,7 +332,7 @@ class Tracer:
             outputs_spec=None, weights=weights, rng=rng, training=training, grad_enabled=grad_enabled,
             unrecorded=list(enc.unrecorded), forward_seconds=0.0, init_spec=init_spec, init_sink=init_sink,
             init_unrecorded=list(init_enc.unrecorded), attributes=attributes,
-            state_sink=TensorSink("", opts.max_tensor_bytes),
+            state_sink=TensorSink("", opts.max_tensor_bytes), autocast=autocast,
         )
         if opts.backward:
             self._install_backward_hooks(module, captured)
@@ -299,7 +342,11 @@ class Tracer:
         _, out_tensors = keyed_tensors(out, "output")
         total = in_bytes + tensors_bytes(list(out_tensors.values()))
         self.busy = True
+        # Work on the side (a run on the first rows, export) must not count as the call's own:
+        # activation checkpointing counts the tensors a forward saves for backward.
+        side = torch.autograd.graph.saved_tensors_hooks(_same, _same)
         try:
+            side.__enter__()
             if presliced or total > opts.max_capture_bytes:
                 self._store_within_budget(module, args, kwargs, out, out_tensors, captured, batch, total)
             else:
@@ -310,6 +357,7 @@ class Tracer:
             if opts.export:
                 self._export(module, captured)
         finally:
+            side.__exit__(None, None, None)
             self.busy = False
         self.captured = captured
         if opts.backward:
@@ -443,7 +491,7 @@ class Tracer:
     def _forward(self, module: nn.Module, args: tuple, kwargs: dict) -> Any:
         self.depth += 1
         try:
-            return _orig_call(module, *args, **kwargs)
+            return _eager_call(module, *args, **kwargs)
         finally:
             self.depth -= 1
 
@@ -511,6 +559,19 @@ def _tensors(value: Any) -> list[torch.Tensor]:
     from modulelens.capture.values import flatten
 
     return [x for x in flatten(value) if isinstance(x, torch.Tensor)]
+
+
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    """A detached copy of a parameter or buffer as a plain tensor: a DTensor (FSDP2's ``fully_shard``,
+    tensor parallelism) gives its whole value when its mesh has one rank, else its local shard."""
+    t = t.detach()
+    if type(t).__name__ == "DTensor":
+        t = t.full_tensor() if t.device_mesh.size() == 1 else t.to_local()
+    return t.clone()
+
+
+def _same(t: torch.Tensor) -> torch.Tensor:
+    return t
 
 
 def _stats_specs(args: tuple, kwargs: dict) -> tuple[Any, Any, TensorSink]:

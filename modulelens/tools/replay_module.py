@@ -13,7 +13,7 @@ from modulelens.capture.leafcall import BUFFER_PREFIX, replayed_state
 from modulelens.capture.manifest import KIND, capture_manifest
 from modulelens.capture.replay import LoadedCapture
 from modulelens.capture.spec import TensorSpec
-from modulelens.capture.tracer import set_rng_states
+from modulelens.capture.tracer import autocast_regions, set_rng_states
 from modulelens.capture.values import flatten, keyed_tensors, keyed_values, parse_dtype
 from modulelens.errors import ModuleLensError, ReplayFailed
 from modulelens.numerics import diff, short_repr, tolerances
@@ -102,7 +102,7 @@ def _run(loaded: LoadedCapture, module: torch.nn.Module, backward: bool, device:
     grad = loaded.manifest.grad_enabled or backward
     _sync(device)
     t0 = time.perf_counter()
-    with torch.set_grad_enabled(grad):
+    with torch.set_grad_enabled(grad), autocast_regions(loaded.manifest.autocast):
         out = module(*args, **kwargs)
     _sync(device)
     return (args, kwargs), out, time.perf_counter() - t0

@@ -121,3 +121,32 @@ def test_batchnorm_running_statistics_are_compared_after_replay(tmp_path):
         assert {s.name for s in rep.state} == {"module.1.running_mean", "module.1.running_var",
                                                "module.1.num_batches_tracked"}
         assert any("buffer(s) the forward changed" in c for c in rep.compared_values)
+
+
+class KVStore:
+    """A user class holding tensors, as caches are: torch.export does not take it as an argument."""
+
+    def __init__(self, keys: torch.Tensor):
+        self.keys = keys
+
+
+class Appender(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x, store: KVStore):
+        store.keys = torch.cat([store.keys, self.proj(x)], dim=0)  # replaced, as a cache grows
+        return store.keys.sum(0), store
+
+
+def test_an_argument_object_holding_tensors_replays_by_export_with_its_changes(tmp_path):
+    with modulelens.capture("", name="kv", repo=tmp_path) as cap:
+        Appender()(torch.randn(2, 4), KVStore(torch.zeros(1, 4)))
+    man = capture_manifest(cap.artifact)
+    assert man.export.ok and man.export.calling == "leaves" and "args.1.keys" in man.state_after
+    for strategy in ("source", "export"):
+        rep = modulelens.replay_module("kv", strategy=strategy, repo=str(tmp_path))
+        assert rep.exact, (strategy, rep.notes)
+        assert [s.name for s in rep.state] == ["args.1.keys"] and rep.state[0].shape == [3, 4]
+        assert {o.name for o in rep.outputs} == {"output.0", "output.1.keys"}

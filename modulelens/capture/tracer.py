@@ -1,12 +1,16 @@
 """The tracer: finds the target module call in a real run and snapshots it.
 
 ``nn.Module.__call__`` is wrapped while the tracer is installed. At each top-level call (a *root*
-call, usually ``model(batch)``) the root's ``named_modules()`` give every module its qualified name,
-so targets can be matched without touching the model code. At the selected matching call the
-tracer snapshots, *before* the forward runs, the inputs (detached copies: forwards may mutate
-them), the parameters and buffers, the RNG states, and train/grad mode; optionally exports a
-``torch.export`` program; then runs the real forward, records the outputs and either ends the run
-(:class:`CaptureComplete`) or, when backward is asked for, waits for the gradients to arrive.
+call, usually ``model(batch)``) the modules below the model that built the root (or the root
+itself) get their qualified names, without the names wrappers add (DDP, torch.compile, FSDP), so
+targets can be matched without touching the model code; compiled modules run eagerly until the
+capture. At the selected matching call the tracer snapshots, *before* the forward runs, the inputs
+(detached copies: forwards may mutate them), the constructor arguments as they are now, the
+parameters and buffers, the RNG states, train/grad mode and autocast regions; then runs the real
+forward and records the outputs and the state the forward changed (inputs, buffers), within the
+capture's byte budget (:mod:`modulelens.capture.budget`); optionally exports the call's
+:class:`~modulelens.capture.leafcall.LeafCall`; and either ends the run (:class:`CaptureComplete`)
+or, when backward is asked for, waits for the gradients to arrive.
 """
 
 from __future__ import annotations

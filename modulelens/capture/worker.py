@@ -83,7 +83,7 @@ class CaptureWorkerRequest(BaseModel):
     export: bool
     pickle: bool
     max_tensor_bytes: int | None
-    max_capture_bytes: int = DEFAULT_CAPTURE_BYTES
+    max_capture_bytes: int
     ranks: str = Field(description="'all' or comma-separated ranks that capture")
     repo: str = Field(description="repository root")
 

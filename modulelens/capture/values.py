@@ -116,8 +116,8 @@ class TensorSink:
             spec.stats = tensor_stats(t)
             self.shape_only.append(key)
         else:
-            # safetensors needs dense, contiguous, unshared CPU storage.
-            self.tensors[key] = t.to("cpu", copy=True).contiguous().clone()
+            # safetensors needs dense, contiguous, unshared CPU storage: one copy gives it.
+            self.tensors[key] = t.to("cpu", copy=True, memory_format=torch.contiguous_format)
         self.specs[key] = spec.to_json()
         return self.specs[key]
 

@@ -5,6 +5,7 @@ Files of a capture version::
     manifest.json            what was captured, how to rebuild it, sha256 of every file
     inputs.safetensors       positional and keyword inputs (shape-only ones omitted)
     outputs.safetensors      outputs of the real forward
+    state.safetensors        inputs and buffers the forward changed, as they were after it
     weights.safetensors      parameters and buffers as they were before the forward
     init.safetensors         tensors passed to constructors (when any)
     rng.safetensors          RNG states just before the call
@@ -25,7 +26,6 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from modulelens.capture import init_args
 from modulelens.capture.manifest import (
     KIND,
     BackwardInfo,
@@ -39,7 +39,7 @@ from modulelens.capture.manifest import (
 )
 from modulelens.capture.spec import ModuleSpec, referenced_modules
 from modulelens.capture.tracer import CapturedCall
-from modulelens.capture.values import Encoder, TensorSink, class_path
+from modulelens.capture.values import TensorSink, class_path
 from modulelens.repo import Artifact, Repository
 
 
@@ -52,19 +52,6 @@ def load_tensors(artifact: Artifact, filename: str) -> dict[str, torch.Tensor]:
     if not artifact.has_file(filename):
         return {}
     return load_file(str(artifact.file(filename)))
-
-
-def module_init_spec(module: torch.nn.Module, path: str, encoder: Encoder) -> ModuleSpec | None:
-    """The recorded construction of ``module`` (nested modules recursively), None if unrecorded."""
-    rec = init_args.record_of(module)
-    if rec is None:
-        return None
-    return ModuleSpec(
-        cls=class_path(rec.cls),
-        args=[encoder.encode(a, f"{path}.args.{i}") for i, a in enumerate(rec.args)],
-        kwargs={k: encoder.encode(v, f"{path}.{k}") for k, v in rec.kwargs.items()},
-        bind_error=rec.bind_error or None,
-    )
 
 
 def _file_backed_modules(names: set[str]) -> dict[str, str]:
@@ -182,16 +169,13 @@ def save_capture(
     """Store ``captured`` as a new version of the capture ``name``: its tensors, gradients, export
     program, optional pickle and script copies, and a :class:`CaptureManifest` describing them."""
     module = captured.module
-    init_sink = TensorSink("init.")
-    enc = Encoder(init_sink)
-    enc.module_spec = lambda m, p: module_init_spec(m, p, enc)
-    init_spec = module_init_spec(module, "init", enc)
-    strategies, notes = _replay_strategies(captured, init_spec, enc.unrecorded, pickle_module)
+    init_spec, init_sink = captured.init_spec, captured.init_sink
+    strategies, notes = _replay_strategies(captured, init_spec, captured.init_unrecorded, pickle_module)
     notes += captured.backward_notes
     cls_path = class_path(module)
     modules = (referenced_modules(init_spec.to_json()) if init_spec is not None else set()) | {cls_path.split(":", 1)[0]}
     file_modules = _file_backed_modules(modules)
-    shape_only = captured.inputs_sink.shape_only + captured.outputs_sink.shape_only
+    shape_only = captured.inputs_sink.shape_only + captured.outputs_sink.shape_only + captured.state_sink.shape_only
 
     weight_sink = TensorSink("", captured.inputs_sink.max_bytes)
     weights_spec = {n: weight_sink.add(n, t) for n, t in captured.weights.items()}
@@ -200,6 +184,7 @@ def save_capture(
     def write(folder: Path) -> CaptureManifest:
         _save_tensors(folder, "inputs.safetensors", captured.inputs_sink.tensors)
         _save_tensors(folder, "outputs.safetensors", captured.outputs_sink.tensors)
+        _save_tensors(folder, "state.safetensors", captured.state_sink.tensors)
         _save_tensors(folder, "weights.safetensors", weight_sink.tensors)
         _save_tensors(folder, "init.safetensors", init_sink.tensors)
         _save_tensors(folder, "rng.safetensors", captured.rng)
@@ -221,13 +206,19 @@ def save_capture(
             weights=weights_spec,
             training=captured.training,
             grad_enabled=captured.grad_enabled,
+            autocast=captured.autocast,
             forward_seconds=captured.forward_seconds,
             export=ExportInfo(
-                ok=captured.program is not None, error=captured.export_error, seconds=round(captured.export_seconds, 4)
+                ok=captured.program is not None, error=captured.export_error, seconds=round(captured.export_seconds, 4),
+                calling="leaves", input_keys=[t.key for t in inputs.tensor_leaves()],
+                returned_keys=captured.returned_keys,
             ),
+            state_after=captured.state_sink.specs,
+            activations=captured.activations,
             backward=backward,
             shape_only=shape_only,
-            unrecorded=list(captured.unrecorded) + enc.unrecorded,
+            unrecorded=list(captured.unrecorded) + captured.init_unrecorded,
+            attributes=captured.attributes,
             notes=notes,
             source=source,
             sources=_save_sources(folder, file_modules),

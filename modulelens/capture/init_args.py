@@ -18,6 +18,9 @@ from typing import Any
 
 import torch.nn as nn
 
+from modulelens.capture.spec import ModuleSpec
+from modulelens.capture.values import Encoder, class_path
+
 _state = threading.local()
 _active = False
 _records: dict[int, tuple[weakref.ref, InitRecord]] = {}
@@ -39,6 +42,59 @@ def record_of(module: nn.Module) -> InitRecord | None:
     if entry is not None and entry[0]() is module:
         return entry[1]
     return None
+
+
+def construction_spec(module: nn.Module, path: str, encoder: Encoder) -> ModuleSpec | None:
+    """The recorded construction of ``module`` encoded as its arguments are *now* (nested modules
+    recursively, through ``encoder.module_spec``); None when its construction was not recorded.
+
+    Call it when the captured call happens: libraries change config objects after building a
+    module, and the call must be rebuilt with the objects as they were then."""
+    rec = record_of(module)
+    if rec is None:
+        return None
+    return ModuleSpec(
+        cls=class_path(rec.cls),
+        args=[encoder.encode(a, f"{path}.args.{i}") for i, a in enumerate(rec.args)],
+        kwargs={k: encoder.encode(v, f"{path}.{k}") for k, v in rec.kwargs.items()},
+        bind_error=rec.bind_error or None,
+    )
+
+
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def plain_attributes(module: nn.Module) -> dict[str, dict[str, Any]]:
+    """Attributes of plain value (None, bool, int, finite float, str) that ``module`` and each of
+    its submodules hold now, by submodule name ("" for ``module``), ``training`` excepted.
+
+    A rebuilt module starts from its constructor; these restore what was changed afterwards
+    (``layer.is_causal = False``, flags set by a library after building)."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, sub in module.named_modules(remove_duplicate=False):
+        attrs = {k: v for k, v in vars(sub).items()
+                 if type(v) in _PLAIN and k != "training" and not (type(v) is float and v != v)}
+        if attrs:
+            out[name] = attrs
+    return out
+
+
+def restore_plain_attributes(module: nn.Module, attributes: dict[str, dict[str, Any]]) -> list[str]:
+    """Set the recorded plain attributes on a rebuilt module; returns the ``name.attr`` changed."""
+    subs = dict(module.named_modules(remove_duplicate=False))
+    changed = []
+    for name, attrs in attributes.items():
+        sub = subs.get(name)
+        if sub is None:
+            continue
+        for key, value in attrs.items():
+            if sub.__dict__.get(key, _MISSING) != value or type(sub.__dict__.get(key)) is not type(value):
+                object.__setattr__(sub, key, value)
+                changed.append(f"{name}.{key}" if name else key)
+    return changed
+
+
+_MISSING = object()
 
 
 def _split_bound(sig: inspect.Signature, args: tuple, kwargs: dict) -> tuple[list[Any], dict[str, Any], str | None]:
@@ -66,6 +122,28 @@ def _split_bound(sig: inspect.Signature, args: tuple, kwargs: dict) -> tuple[lis
     return pos, named, None
 
 
+_built: list[weakref.ref] = []
+"""Modules whose construction was outermost (not inside another module's ``__init__``), latest last."""
+
+
+def _remember_built(module: nn.Module) -> None:
+    try:
+        _built.append(weakref.ref(module))
+    except TypeError:
+        pass
+    _built[:] = [r for r in _built if r() is not None][-64:]
+
+
+def built_within(module: nn.Module) -> nn.Module | None:
+    """The latest outermost-built module that holds ``module`` (``module`` itself when it was built
+    outermost), None when there is none: a model's layer called alone is named within its model."""
+    for ref in reversed(_built):
+        root = ref()
+        if root is not None and root is not module and any(m is module for m in root.modules()):
+            return root
+    return None
+
+
 def _forget(key: int) -> None:
     _records.pop(key, None)
 
@@ -81,6 +159,19 @@ def _wrap(cls: type) -> None:
 
     @functools.wraps(init)
     def wrapper(self, *args, **kwargs):
+        outermost = _active and getattr(_state, "building", 0) == 0
+        if outermost:
+            _state.building = 1
+            try:
+                record(self, args, kwargs)
+                return init(self, *args, **kwargs)
+            finally:
+                _state.building = 0
+                _remember_built(self)
+        record(self, args, kwargs)
+        return init(self, *args, **kwargs)
+
+    def record(self, args, kwargs):
         if _active and record_of(self) is None:
             if sig is not None:
                 pos, named, err = _split_bound(sig, args, kwargs)
@@ -93,7 +184,6 @@ def _wrap(cls: type) -> None:
                 ref = None
             if ref is not None:
                 _records[key] = (ref, InitRecord(type(self), pos, named, err))
-        return init(self, *args, **kwargs)
 
     wrapper.__modulelens_wrapped__ = True  # type: ignore[attr-defined]
     _patched[cls] = init

@@ -21,6 +21,12 @@ from modulelens.repo import Artifact, ManifestBase
 
 KIND = "captures"
 
+
+def _unset(value: Any) -> bool:
+    """Fields added after the first release are left out of the stored form while empty, so a
+    manifest written by an earlier version loads and dumps unchanged."""
+    return value is None or value == [] or value == {}
+
 Strategy = Literal["source", "export", "pickle"]
 
 
@@ -36,9 +42,32 @@ class CallInputs(BaseModel):
 
 
 class ExportInfo(BaseModel):
+    """The saved ``torch.export`` program. ``calling`` is ``call`` for programs of the module itself
+    (captures of earlier versions: called with the captured args and kwargs) and ``leaves`` for a
+    :class:`~modulelens.capture.leafcall.LeafCall` program: called with the input tensors in the
+    order of ``input_keys``, returning the tensors of ``returned_keys``."""
+
     ok: bool = False
     error: str | None = None
     seconds: float = 0.0
+    calling: Literal["call", "leaves"] = Field("call", exclude_if=lambda v: v == "call")
+    input_keys: list[str] = Field(default_factory=list, exclude_if=_unset)
+    returned_keys: list[str] = Field(default_factory=list, exclude_if=_unset)
+
+
+class ActivationStorage(BaseModel):
+    """How the call's activations (inputs and outputs) were stored against the capture's byte
+    budget: ``full``; ``batch_slice`` (the first ``rows`` of ``batch_rows`` rows, the module having
+    matched the real output on them within tolerance: ``check_max_abs_error``); or ``shape_only``
+    (statistics only). ``reason`` says why, in words."""
+
+    mode: Literal["full", "batch_slice", "shape_only"]
+    budget_bytes: int
+    total_bytes: int = Field(description="inputs and outputs of the real call")
+    rows: int | None = None
+    batch_rows: int | None = None
+    check_max_abs_error: float | None = None
+    reason: str = ""
 
 
 class BackwardInfo(BaseModel):
@@ -87,11 +116,24 @@ class CaptureManifest(ManifestBase):
     call_index: int = 1
     strategies: list[Strategy] = Field(default_factory=list)
     init: ModuleSpec | None = Field(None, description="the recorded construction (None: not recorded)")
+    attributes: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, exclude_if=_unset,
+        description="plain attributes (None, bool, int, float, str) of the module and its submodules at the "
+        "captured call, by submodule name: restored on a rebuilt module",
+    )
     inputs: CallInputs = Field(default_factory=CallInputs)
     outputs: Any = None
+    activations: ActivationStorage | None = Field(None, exclude_if=_unset)
+    state_after: dict[str, Any] = Field(
+        default_factory=dict, exclude_if=_unset,
+        description="tensor specs of the state the forward changed, as it was after it: input tensors "
+        "(keyed like the inputs) and buffers (module.<name>); their data is in state.safetensors",
+    )
     weights: dict[str, Any] = Field(default_factory=dict)
     training: bool = False
     grad_enabled: bool = False
+    autocast: dict[str, str] = Field(default_factory=dict, exclude_if=_unset,
+                                     description="torch.autocast regions active at the call: device type -> dtype")
     forward_seconds: float = 0.0
     export: ExportInfo = Field(default_factory=ExportInfo)
     backward: BackwardInfo | None = None
@@ -108,6 +150,10 @@ class CaptureManifest(ManifestBase):
     def output_leaves(self) -> list[TensorSpec]:
         """Every output tensor, in stored order."""
         return tensor_leaves(self.outputs)
+
+    def state_specs(self) -> dict[str, TensorSpec]:
+        """The state the forward changed, by key."""
+        return {key: TensorSpec.from_json(spec) for key, spec in self.state_after.items()}
 
     def weight_specs(self) -> dict[str, TensorSpec]:
         """Parameters and buffers by qualified name."""

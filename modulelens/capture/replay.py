@@ -14,18 +14,35 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import torch
+from safetensors import safe_open
 
 from modulelens.capture import init_args
 from modulelens.capture.artifact import load_tensors
+from modulelens.capture.leafcall import LEAF_PROGRAM_PREFIX, LeafProgramCall
 from modulelens.capture.manifest import CaptureManifest, capture_manifest
 from modulelens.capture.sources import Resolver
-from modulelens.capture.spec import ModuleSpec
-from modulelens.capture.values import Decoder, TensorSource
+from modulelens.capture.spec import ModuleSpec, TensorSpec
+from modulelens.capture.values import Decoder, TensorSource, keyed_values
 from modulelens.errors import ModuleLensError, ReplayFailed
 from modulelens.repo import Artifact
 
 STRATEGIES = ("source", "export", "pickle")
+
+
+class _NoTensors(TensorSource):
+    """Tensors read as None: for rebuilding a value's other parts only."""
+
+    def get(self, spec: TensorSpec) -> None:
+        return None
 T = TypeVar("T")
+
+
+def _materialized(module: torch.nn.Module, device: str | None) -> torch.nn.Module:
+    """``module`` with storage for parameters it was built with on the ``meta`` device (models built
+    on meta and materialised later record ``device="meta"``); the captured weights fill them."""
+    if any(t.is_meta for t in [*module.parameters(), *module.buffers()]):
+        return module.to_empty(device=device or "cpu")
+    return module
 
 
 class LoadedCapture:
@@ -109,12 +126,11 @@ class LoadedCapture:
         if strategy == "source":
             if self.manifest.init is None:
                 raise ReplayFailed(f"capture {self.artifact.ref} has no recorded construction", "use --strategy export")
-            module = self._build_nested(self.manifest.init)
+            module = _materialized(self._build_nested(self.manifest.init), self.device)
+            init_args.restore_plain_attributes(module, self.manifest.attributes)
             self._load_weights(module)
         elif strategy == "export":
-            program = torch.export.load(str(self.artifact.file("program.pt2")))
-            module = program.module()
-            self._load_weights(module, strict=False)
+            module = self._exported()
         else:
             if not trust_pickle:
                 raise ReplayFailed(
@@ -170,10 +186,40 @@ class LoadedCapture:
             "see the errors above",
         )
 
-    def _load_weights(self, module: torch.nn.Module, strict: bool = True) -> None:
+    def _exported(self) -> torch.nn.Module:
+        """The saved program as a module called like the captured one, with the captured weights."""
+        program = torch.export.load(str(self.artifact.file("program.pt2"))).module()
+        info = self.manifest.export
+        if info.calling == "call":
+            self._load_weights(program, strict=False)
+            return program
+        module = LeafProgramCall(program, info.input_keys, info.returned_keys, self.manifest.outputs, self.resolver)
+        self._load_weights(module, strict=False, prefix=LEAF_PROGRAM_PREFIX)
+        return module
+
+    def expected_values(self) -> dict[str, Any]:
+        """The captured output's values other than tensors (ints, strings, None...) by key; empty
+        when the output cannot be rebuilt here (a class that does not import)."""
+        try:
+            decoded = Decoder(_NoTensors({}), self.resolver, self._build_nested).decode(self.manifest.outputs)
+        except ModuleLensError:
+            return {}
+        tensors = {t.key for t in self.manifest.output_leaves()}
+        return {k: v for k, v in keyed_values(decoded, "output").items() if k not in tensors}
+
+    def expected_tensors(self, filename: str, keys: list[str]) -> dict[str, torch.Tensor]:
+        """The stored tensors of ``keys`` (those present) from one tensor file, on the CPU, read
+        one by one."""
+        if not keys or not self.artifact.has_file(filename):
+            return {}
+        with safe_open(str(self.artifact.file(filename)), framework="pt") as f:
+            present = set(f.keys())
+            return {k: f.get_tensor(k) for k in keys if k in present}
+
+    def _load_weights(self, module: torch.nn.Module, strict: bool = True, prefix: str = "") -> None:
         weights = self.weights()
-        own = dict(module.named_parameters(remove_duplicate=False))
-        own.update(dict(module.named_buffers(remove_duplicate=False)))
+        own = {n[len(prefix):]: t for n, t in module.named_parameters(remove_duplicate=False) if n.startswith(prefix)}
+        own.update({n[len(prefix):]: t for n, t in module.named_buffers(remove_duplicate=False) if n.startswith(prefix)})
         missing = [n for n in weights if n not in own]
         if missing and strict:
             raise ReplayFailed(

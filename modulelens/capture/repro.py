@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import ast
 import inspect
+import io
 import math
 import shutil
 import subprocess
 import sys
+import tempfile
+import tokenize
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +35,8 @@ from modulelens.errors import ModuleLensError
 from modulelens.repo import Artifact
 
 FLAVORS = ("source", "export")
-DATA_FILES = ("inputs.safetensors", "outputs.safetensors", "rng.safetensors", "weights.safetensors")
+DATA_FILES = ("inputs.safetensors", "init.safetensors", "outputs.safetensors", "state.safetensors",
+              "rng.safetensors", "weights.safetensors")
 VERIFY_TOLERANCE = 1e-5
 
 _ALLOWED_TOP = {"torch", "numpy", "safetensors", "math", "__future__"} | set(getattr(sys, "stdlib_module_names", ()))
@@ -53,12 +57,14 @@ class ReproRenderer(SpecVisitor[str]):
 
     def __init__(self, inline: set[str]):
         self.inline = inline
+        self.renames: dict[str, str] = {}  # top-level names of inlined code renamed in the file
         self.imports: set[str] = set()
 
     def class_expr(self, path: str) -> str:
         module, _, qual = path.partition(":")
         if module in self.inline:
-            return qual
+            first, dot, rest = qual.partition(".")
+            return self.renames.get(first, first) + dot + rest
         if _top(module) not in _ALLOWED_TOP or "<locals>" in qual:
             raise NotStandalone(f"it needs {module}.{qual} from outside torch and the standard library")
         self.imports.add(module)
@@ -121,11 +127,15 @@ class ReproRenderer(SpecVisitor[str]):
         return f"{self.class_expr(cls)}({lit})" if cls is not None else lit
 
     def record(self, kind: ValueKind, cls: str, fields: dict[str, Any]) -> str:
-        return f"{self.class_expr(cls)}({', '.join(f'{k}={self.visit(v)}' for k, v in fields.items())})"
+        if kind == ValueKind.NAMEDTUPLE:
+            return f"{self.class_expr(cls)}({', '.join(f'{k}={self.visit(v)}' for k, v in fields.items())})"
+        return f"_dataclass({self.class_expr(cls)}, {self._state(fields)})"
 
     def object_state(self, cls: str, state: dict[str, Any]) -> str:
-        text = "{" + ", ".join(f"{k!r}: {self.visit(v)}" for k, v in state.items()) + "}"
-        return f"_restore({self.class_expr(cls)}, {text})"
+        return f"_restore({self.class_expr(cls)}, {self._state(state)})"
+
+    def _state(self, state: dict[str, Any]) -> str:
+        return "{" + ", ".join(f"{k!r}: {self.visit(v)}" for k, v in state.items()) + "}"
 
     def module(self, spec: ModuleSpec) -> str:
         parts = [self.visit(a) for a in spec.args] + [f"{k}={self.visit(v)}" for k, v in spec.kwargs.items()]
@@ -182,9 +192,12 @@ def _check_imports(source: str, module: str) -> None:
 _HEADER = '''"""Standalone repro of capture {ref} ({class_path} at {module_path!r}), written by modulelens.
 
 KernelBench format: Model, get_inputs(), get_init_inputs(). Needs only torch and safetensors.
-Captured data lives in {data_name}/. Run this file to check Model against the captured outputs.
+Captured data lives in {data_name}/. Run this file to check Model against the captured outputs
+and the state the captured call changed; it exits with status 1 when they differ.
 """
+import contextlib
 import math
+import sys
 from pathlib import Path
 
 import torch
@@ -192,7 +205,8 @@ import torch.nn as nn
 from safetensors.torch import load_file
 {imports}
 _HERE = Path(__file__).resolve().parent / {data_name!r}
-_DATA = load_file(str(_HERE / "inputs.safetensors")) if (_HERE / "inputs.safetensors").exists() else {{}}
+_DATA = {{k: v for f in ("inputs.safetensors", "init.safetensors") if (_HERE / f).exists()
+         for k, v in load_file(str(_HERE / f)).items()}}
 
 
 def _synthesize(shape, dtype, stats):
@@ -211,12 +225,92 @@ def _restore(cls, state):
     obj.__dict__.update(state)
     return obj
 
+
+def _dataclass(cls, state):
+    """A dataclass built from its init fields, then every recorded attribute set as recorded."""
+    import dataclasses
+
+    obj = cls(**{{f.name: state[f.name] for f in dataclasses.fields(cls) if f.init and f.name in state}})
+    for k, v in state.items():
+        object.__setattr__(obj, k, v)
+    return obj
+
 '''
 
 _FOOTER = '''
 
-KWARG_NAMES = {kwarg_names!r}
 TRAINING = {training!r}
+GRAD_ENABLED = {grad_enabled!r}
+AUTOCAST = {autocast!r}
+STATE_KEYS = {state_keys!r}
+{model}
+
+def get_init_inputs():
+    return []
+
+
+def _keyed(x, path, out):
+    """The tensors of a value by the keys modulelens gives them (output.0, args.1.cache.keys)."""
+    if isinstance(x, torch.Tensor):
+        out[path] = x
+    elif isinstance(x, dict):
+        for k, v in x.items():
+            _keyed(v, f"{{path}}.{{k}}", out)
+    elif isinstance(x, tuple) and hasattr(x, "_fields"):
+        for k in x._fields:
+            _keyed(getattr(x, k), f"{{path}}.{{k}}", out)
+    elif isinstance(x, (list, tuple)):
+        for i, v in enumerate(x):
+            _keyed(v, f"{{path}}.{{i}}", out)
+    elif hasattr(x, "__dict__") and not isinstance(x, (type, nn.Module)):
+        for k, v in vars(x).items():
+            _keyed(v, f"{{path}}.{{k}}", out)
+    return out
+
+
+def _check(got, expected):
+    """The largest absolute difference (chunk by chunk) and the keys that are missing."""
+    worst, missing, step = 0.0, [k for k in expected if k not in got], 1 << 22
+    for key, want in expected.items():
+        if key not in got:
+            continue
+        a, e = got[key].detach().reshape(-1), want.reshape(-1)
+        if a.shape != e.shape:
+            return math.inf, missing + [key]
+        for i in range(0, e.numel(), step):
+            x, y = a[i:i + step].double(), e[i:i + step].double()
+            d = (x - y).abs().masked_fill(torch.isnan(x) & torch.isnan(y), 0)
+            worst = max(worst, torch.nan_to_num(d, nan=math.inf).max().item())
+    return worst, missing
+
+
+def _stored(name):
+    path = _HERE / name
+    return load_file(str(path)) if path.exists() else {{}}
+
+
+if __name__ == "__main__":
+    model = Model(*get_init_inputs())
+    inputs = get_inputs()
+    rng = _HERE / "rng.safetensors"
+    if rng.exists():
+        torch.random.set_rng_state(load_file(str(rng))["cpu"])
+    with torch.set_grad_enabled(GRAD_ENABLED), contextlib.ExitStack() as regions:
+        for device, dtype in AUTOCAST.items():  # the torch.autocast regions the call ran in
+            regions.enter_context(torch.autocast(device, dtype=getattr(torch, dtype)))
+        out = model(*inputs)
+    got = model.keyed_results(out, inputs)
+    expected = _stored("outputs.safetensors")
+    expected.update({{k: v for k, v in _stored("state.safetensors").items() if k in STATE_KEYS}})
+    worst, missing = _check(got, expected)
+    print(f"max_abs_error={{worst!r}} compared={{len(expected)}} missing={{','.join(missing)}}")
+    if missing or not worst <= {tolerance!r}:
+        sys.exit("the repro does not reproduce the capture: "
+                 + (f"missing {{', '.join(missing[:3])}}; " if missing else "") + f"max abs error {{worst!r}}")
+'''
+
+_CALL_CLASS = '''KWARG_NAMES = {kwarg_names!r}
+ATTRIBUTES = {attributes!r}
 
 
 class Model(nn.Module):
@@ -231,45 +325,72 @@ class Model(nn.Module):
         n = len(inputs) - len(KWARG_NAMES)
         return self.inner(*inputs[:n], **dict(zip(KWARG_NAMES, inputs[n:])))
 
+    def keyed_results(self, out, inputs):
+        """Output tensors by key, then the inputs and buffers as they are after the call."""
+        n = len(inputs) - len(KWARG_NAMES)
+        found = _keyed(out, "output", {{}})
+        _keyed(list(inputs[:n]), "args", found)
+        _keyed(dict(zip(KWARG_NAMES, inputs[n:])), "kwargs", found)
+        found.update({{"module." + k: b for k, b in self.inner.named_buffers()}})
+        return found
+
 
 def get_inputs():
     args = {args}
     kwargs = {kwargs}
     return list(args) + [kwargs[k] for k in KWARG_NAMES]
 
-
-def get_init_inputs():
-    return []
-
-
-def _leaves(x):
-    if isinstance(x, torch.Tensor):
-        return [x]
-    if isinstance(x, dict):
-        return [t for v in x.values() for t in _leaves(v)]
-    if isinstance(x, (list, tuple)):
-        return [t for v in x for t in _leaves(v)]
-    return []
-
-
-if __name__ == "__main__":
-    model = Model(*get_init_inputs())
-    inputs = get_inputs()
-    rng = _HERE / "rng.safetensors"
-    if rng.exists():
-        torch.random.set_rng_state(load_file(str(rng))["cpu"])
-    with torch.set_grad_enabled({grad_enabled!r}):
-        out = model(*inputs)
-    expected = load_file(str(_HERE / "outputs.safetensors")) if (_HERE / "outputs.safetensors").exists() else {{}}
-    got = _leaves(out)
-    keys = {output_keys!r}
-    worst = 0.0
-    for key, t in zip(keys, got):
-        if key in expected:
-            worst = max(worst, (t.detach().double() - expected[key].double()).abs().max().item() if t.numel() else 0.0)
-    print(f"max_abs_error={{worst!r}} outputs={{len(got)}}")
 '''
 
+_LEAVES_CLASS = '''INPUT_KEYS = {input_keys!r}
+RETURNED_KEYS = {returned_keys!r}
+
+
+class Model(nn.Module):
+    """The captured call as a torch.export program of tensors only: forward(*inputs) takes the
+    captured input tensors in the order of INPUT_KEYS (objects around them, such as caches, are
+    rebuilt inside) and returns the tensors of RETURNED_KEYS (outputs, then inputs it changed)."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = torch.export.load(str(_HERE / "program.pt2")).module()
+        self.inner.load_state_dict({{"inner." + k: v for k, v in _stored("weights.safetensors").items()}}, strict=False)
+
+    def forward(self, *inputs):
+        return self.inner(*inputs)
+
+    def keyed_results(self, out, inputs):
+        found = dict(zip(RETURNED_KEYS, out))
+        found.update({{"module." + k[len("inner."):]: b for k, b in self.inner.named_buffers() if k.startswith("inner.")}})
+        return found
+
+
+def get_inputs():
+    return [{leaves}]
+
+'''
+
+_CAPTURED_SUFFIX = "_captured"
+"""Appended to top-level names of inlined code that the repro defines itself (``Model``)."""
+
+_REPRO_NAMES = ("Model", "get_inputs", "get_init_inputs")
+
+
+def rename_names(source: str, renames: dict[str, str]) -> str:
+    """``source`` with every identifier in ``renames`` replaced (not attribute names after a dot),
+    comments and layout kept."""
+    lines = source.splitlines(keepends=True)
+    edits: list[tuple[int, int, int, str]] = []
+    prev: tokenize.TokenInfo | None = None
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.NAME and tok.string in renames and not (prev and prev.string == "."):
+            edits.append((tok.start[0], tok.start[1], tok.end[1], renames[tok.string]))
+        if tok.type not in (tokenize.NL, tokenize.COMMENT):
+            prev = tok
+    for row, start, end, name in reversed(edits):
+        line = lines[row - 1]
+        lines[row - 1] = line[:start] + name + line[end:]
+    return "".join(lines)
 
 
 def _source_build(art: Artifact, manifest: CaptureManifest, r: ReproRenderer) -> tuple[str, str]:
@@ -283,28 +404,48 @@ def _source_build(art: Artifact, manifest: CaptureManifest, r: ReproRenderer) ->
         (module,) = users
         source = definitions_source(_module_source(art, manifest, module), module)
         _check_imports(source, module)
+        defined = {n.name for n in ast.parse(source).body if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
+        r.renames = {name: name + _CAPTURED_SUFFIX for name in _REPRO_NAMES if name in defined}
+        source = rename_names(source, r.renames)
         body = f"# ---- definitions from {module} ----\n{source}\n# ---- end of {module} ----\n"
         r.inline = {module}
     build = (f"        self.inner = {r.module(manifest.init)}\n"
-             "        self.inner.load_state_dict(load_file(str(_HERE / 'weights.safetensors')), strict=False)\n"
+             "        if any(t.is_meta for t in [*self.inner.parameters(), *self.inner.buffers()]):\n"
+             "            self.inner.to_empty(device='cpu')  # built on meta: the captured weights fill it\n"
+             "        for name, attrs in ATTRIBUTES.items():\n"
+             "            sub = self.inner.get_submodule(name)\n"
+             "            for key, value in attrs.items():\n"
+             "                object.__setattr__(sub, key, value)\n"
+             "        self.inner.load_state_dict(_stored('weights.safetensors'), strict=False)\n"
              "        self.inner.train(TRAINING)")
     return body, build
 
 
-def _export_build(manifest: CaptureManifest) -> tuple[str, str]:
+def _call_class(manifest: CaptureManifest, build: str, r: ReproRenderer) -> str:
+    return _CALL_CLASS.format(
+        kwarg_names=_MappingKeys().visit(manifest.inputs.kwargs), attributes=manifest.attributes, build=build,
+        args=r.visit(manifest.inputs.args), kwargs=r.visit(manifest.inputs.kwargs))
+
+
+def _export_class(manifest: CaptureManifest, r: ReproRenderer) -> str:
     if "export" not in manifest.strategies:
         raise NotStandalone("the capture has no torch.export program")
-    # An exported program keeps the train/eval behaviour it was exported with.
-    return "", "        self.inner = torch.export.load(str(_HERE / 'program.pt2')).module()"
+    info = manifest.export
+    if info.calling == "call":
+        # A program of the module itself (earlier captures) keeps the train/eval behaviour it was exported with.
+        build = ("        self.inner = torch.export.load(str(_HERE / 'program.pt2')).module()\n"
+                 "        self.inner.load_state_dict(_stored('weights.safetensors'), strict=False)")
+        return _call_class(manifest, build, r)
+    specs = {t.key: t for t in manifest.inputs.tensor_leaves()}
+    leaves = ", ".join(r.tensor(specs[k]) for k in info.input_keys)
+    return _LEAVES_CLASS.format(input_keys=info.input_keys, returned_keys=info.returned_keys, leaves=leaves)
 
 
 @dataclass(frozen=True)
 class _Rendered:
     flavor: str
     body: str
-    build: str
-    args: str
-    kwargs: str
+    model: str
     imports: set[str]
 
 
@@ -314,9 +455,12 @@ def _render(art: Artifact, manifest: CaptureManifest, flavors: list[str]) -> tup
     for flavor in flavors:
         r = ReproRenderer(set())
         try:
-            body, build = _source_build(art, manifest, r) if flavor == "source" else _export_build(manifest)
-            args, kwargs = r.visit(manifest.inputs.args), r.visit(manifest.inputs.kwargs)
-            return _Rendered(flavor, body, build, args, kwargs, r.imports), skipped
+            if flavor == "source":
+                body, build = _source_build(art, manifest, r)
+                model = _call_class(manifest, build, r)
+            else:
+                body, model = "", _export_class(manifest, r)
+            return _Rendered(flavor, body, model, r.imports), skipped
         except NotStandalone as e:
             skipped.append(f"{flavor}: {e}")
     raise ModuleLensError(f"cannot write a standalone repro of {art.ref}: " + "; ".join(skipped),
@@ -357,11 +501,8 @@ def write_repro(art: Artifact, out: Path, flavor: str = "auto") -> ReproFile:
     text = (
         _HEADER.format(ref=art.ref, class_path=m.class_path, module_path=m.module_path, data_name=data_name, imports=imports)
         + rendered.body
-        + _FOOTER.format(
-            kwarg_names=_MappingKeys().visit(m.inputs.kwargs), training=m.training, build=rendered.build,
-            args=rendered.args, kwargs=rendered.kwargs, grad_enabled=m.grad_enabled,
-            output_keys=[t.key for t in m.output_leaves()],
-        )
+        + _FOOTER.format(model=rendered.model, training=m.training, grad_enabled=m.grad_enabled, autocast=m.autocast,
+                         state_keys=sorted(m.state_after), tolerance=VERIFY_TOLERANCE)
     )
     path = out / f"{stem}.py"
     path.write_text(text)
@@ -370,20 +511,28 @@ def write_repro(art: Artifact, out: Path, flavor: str = "auto") -> ReproFile:
 
 @dataclass(frozen=True)
 class ReproCheck:
-    """Running a repro file: whether it reproduced the captured outputs (max abs error within
-    :data:`VERIFY_TOLERANCE`), the error it printed, and the end of its output."""
+    """Running a repro file: whether it reproduced the captured outputs and changed state (max abs
+    error within :data:`VERIFY_TOLERANCE`, exit status 0), the error it printed, why not, and the
+    end of its output."""
 
     verified: bool
     max_abs_error: float | None
     output: str
+    reason: str = ""
 
 
 def check_repro(path: Path, timeout: float = 600) -> ReproCheck:
-    """Run a repro file once in a fresh process (in its folder) and read the check it prints."""
-    proc = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=timeout, cwd=str(path.parent))
+    """Run a repro file once in a fresh, isolated interpreter (``python -I``: no ``PYTHONPATH``, no
+    user site) from an empty folder, as a user who has only the file, its data folder, torch and
+    safetensors would, and read the check it prints."""
+    with tempfile.TemporaryDirectory(prefix="modulelens-repro-") as empty:
+        proc = subprocess.run([sys.executable, "-I", str(path)], capture_output=True, text=True, timeout=timeout,
+                              cwd=empty)
     output = (proc.stdout + proc.stderr)[-2000:]
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("max_abs_error=")), None)
-    if proc.returncode != 0 or line is None:
-        return ReproCheck(verified=False, max_abs_error=None, output=output)
-    err = float(line.split()[0].split("=", 1)[1])
-    return ReproCheck(verified=math.isfinite(err) and err <= VERIFY_TOLERANCE, max_abs_error=err, output=output)
+    err = float(line.split()[0].split("=", 1)[1]) if line is not None else None
+    if proc.returncode == 0 and err is not None and math.isfinite(err) and err <= VERIFY_TOLERANCE:
+        return ReproCheck(verified=True, max_abs_error=err, output=output)
+    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+    reason = lines[-1].strip() if lines else f"exit status {proc.returncode}"
+    return ReproCheck(verified=False, max_abs_error=err, output=output, reason=reason[:500])

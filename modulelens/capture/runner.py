@@ -165,14 +165,16 @@ class capture:
         export: bool = True,
         pickle: bool = False,
         max_tensor_bytes: int | None = None,
+        max_capture_bytes: int | None = None,
     ):
         from modulelens.repo import default_repo_root
 
         self.name = validate_name(name) if name else None
         self.repo = Repository(repo if repo is not None else default_repo_root())
         opts = TraceOptions(target=module, call_index=call, backward=backward, export=export, stop=False)
-        if max_tensor_bytes is not None:
-            opts.max_tensor_bytes = max_tensor_bytes
+        opts.max_tensor_bytes = max_tensor_bytes
+        if max_capture_bytes is not None:
+            opts.max_capture_bytes = max_capture_bytes
         self.options = opts
         self.pickle = pickle
         self.tracer: Tracer | None = None

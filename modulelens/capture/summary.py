@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from modulelens.capture.manifest import capture_manifest
+from modulelens.capture.manifest import ActivationStorage, capture_manifest
 from modulelens.capture.spec import TensorSpec
 from modulelens.repo import Artifact
 
@@ -38,6 +38,9 @@ class CaptureSummary(BaseModel):
     backward: bool = Field(False, description="Whether gradients were captured.")
     unrecorded: list[str] = Field(default_factory=list, description="Values that could not be recorded.")
     notes: list[str] = Field(default_factory=list)
+    activations: ActivationStorage | None = Field(
+        None, description="How inputs and outputs were stored against the byte budget (full, batch_slice, "
+        "shape_only) and why.")
     rank: int | None = None
     world_size: int | None = None
     created_at: str = ""
@@ -54,7 +57,7 @@ def summarize(art: Artifact, aliases: list[str] | None = None) -> CaptureSummary
         inputs=[TensorInfo.of(t) for t in m.inputs.tensor_leaves()],
         outputs=[TensorInfo.of(t) for t in m.output_leaves()], weights=len(m.weights),
         shape_only=list(m.shape_only), backward=m.backward is not None,
-        unrecorded=list(m.unrecorded), notes=list(m.notes),
+        unrecorded=list(m.unrecorded), notes=list(m.notes), activations=m.activations,
         rank=m.distributed.rank if m.distributed else None,
         world_size=m.distributed.world_size if m.distributed else None,
         created_at=m.created_at, path=str(art.path),

@@ -29,8 +29,6 @@ from modulelens.capture.spec import (
 )
 from modulelens.errors import ReplayFailed
 
-SHAPE_ONLY_DEFAULT_BYTES = 64 * 1024 * 1024
-
 
 def class_path(obj_or_cls: Any) -> str:
     cls = obj_or_cls if isinstance(obj_or_cls, type) else type(obj_or_cls)
@@ -48,52 +46,121 @@ def parse_dtype(name: str) -> torch.dtype:
     return dt
 
 
-def tensor_stats(t: torch.Tensor) -> TensorStats:
-    """Summary statistics kept for shape-only tensors (enough to synthesise similar data)."""
+def _finite(x: torch.Tensor) -> torch.Tensor:
+    """The finite elements of ``x`` (``x`` itself when all are: no masked copy)."""
+    mask = torch.isfinite(x)
+    return x if bool(mask.all()) else x[mask]
+
+
+def tensor_stats(t: torch.Tensor, chunk: int = 1 << 22) -> TensorStats:
+    """Summary statistics kept for shape-only tensors (enough to synthesise similar data),
+    computed chunk by chunk: a multi-GiB tensor never gets a whole float64 copy."""
     if t.numel() == 0:
         return TensorStats()
     x = t.detach()
     if x.is_complex():
         x = torch.view_as_real(x)
-    if x.dtype == torch.bool:
-        x = x.to(torch.float32)
-    xf = x.to(torch.float64)
-    finite = xf[torch.isfinite(xf)]
-    stats = TensorStats(zero_fraction=float((xf == 0).double().mean()),
-                        nonfinite_fraction=float(1.0 - finite.numel() / xf.numel()))
-    if finite.numel():
-        stats.mean, stats.std = float(finite.mean()), float(finite.std(unbiased=False))
-        stats.min, stats.max = float(finite.min()), float(finite.max())
+    flat = x.reshape(-1)
+    n = flat.numel()
+    zeros = finite = 0
+    total = total_sq = 0.0
+    lo, hi = math.inf, -math.inf
+    for start in range(0, n, chunk):
+        part = flat[start: start + chunk].to(torch.float64)
+        zeros += int((part == 0).sum())
+        ok = _finite(part)
+        if ok.numel():
+            finite += ok.numel()
+            total += float(ok.sum())
+            lo, hi = min(lo, float(ok.min())), max(hi, float(ok.max()))
+    stats = TensorStats(zero_fraction=zeros / n, nonfinite_fraction=1.0 - finite / n)
+    if finite:
+        mean = total / finite
+        for start in range(0, n, chunk):  # second pass: the spread around the mean, stably
+            ok = _finite(flat[start: start + chunk].to(torch.float64))
+            total_sq += float(((ok - mean) ** 2).sum())
+        stats.mean, stats.std, stats.min, stats.max = mean, math.sqrt(total_sq / finite), lo, hi
     return stats
 
 
-class TensorSink:
-    """Collects tensors to store. Tensors above ``max_bytes`` are kept shape-only with statistics."""
+def tensor_spec(key: str, t: torch.Tensor) -> TensorSpec:
+    """The spec of tensor ``t`` stored under ``key``."""
+    return TensorSpec(
+        key=key, shape=list(t.shape), dtype=dtype_name(t.dtype), device=str(t.device),
+        stride=list(t.stride()) if t.layout == torch.strided else None, contiguous=t.is_contiguous(),
+        requires_grad=bool(t.requires_grad), parameter=isinstance(t, torch.nn.Parameter),
+        layout=str(t.layout) if t.layout != torch.strided or t.is_quantized else None,
+    )
 
-    def __init__(self, prefix: str = "", max_bytes: int = SHAPE_ONLY_DEFAULT_BYTES):
+
+class TensorSink:
+    """Collects tensors to store. Tensors above ``max_bytes`` (None: no limit) are kept shape-only
+    with statistics."""
+
+    def __init__(self, prefix: str = "", max_bytes: int | None = None):
         self.prefix = prefix
         self.max_bytes = max_bytes
         self.tensors: dict[str, torch.Tensor] = {}
+        self.specs: dict[str, dict[str, Any]] = {}
         self.shape_only: list[str] = []
 
     def add(self, key: str, t: torch.Tensor) -> dict[str, Any]:
         """Keep ``t`` (under ``prefix + key``) and return its spec."""
         key = self.prefix + key
-        spec = TensorSpec(
-            key=key, shape=list(t.shape), dtype=dtype_name(t.dtype), device=str(t.device),
-            stride=list(t.stride()) if t.layout == torch.strided else None, contiguous=t.is_contiguous(),
-            requires_grad=bool(t.requires_grad), parameter=isinstance(t, torch.nn.Parameter),
-            layout=str(t.layout) if t.layout != torch.strided or t.is_quantized else None,
-        )
+        spec = tensor_spec(key, t)
         t = t.detach()
-        if t.numel() * t.element_size() > self.max_bytes:
+        if self.max_bytes is not None and t.numel() * t.element_size() > self.max_bytes:
             spec.stored = False
             spec.stats = tensor_stats(t)
             self.shape_only.append(key)
         else:
-            # safetensors needs dense, contiguous, unshared CPU storage.
-            self.tensors[key] = t.to("cpu", copy=True).contiguous().clone()
-        return spec.to_json()
+            # safetensors needs dense, contiguous, unshared CPU storage: one copy gives it.
+            self.tensors[key] = t.to("cpu", copy=True, memory_format=torch.contiguous_format)
+        self.specs[key] = spec.to_json()
+        return self.specs[key]
+
+
+class ReferenceSink(TensorSink):
+    """Keeps the tensors themselves (no copies): for reading a value's tensors by their keys."""
+
+    def add(self, key: str, t: torch.Tensor) -> dict[str, Any]:
+        key = self.prefix + key
+        self.tensors[key] = t
+        return tensor_spec(key, t).to_json()
+
+
+def keyed_tensors(value: Any, path: str) -> tuple[Any, dict[str, torch.Tensor]]:
+    """The spec of ``value`` encoded at ``path`` and its tensors by key (the tensors themselves).
+    Keys are those a capture gives the same value (``output.0``, ``args.1.layers.0.keys``)."""
+    sink = ReferenceSink()
+    spec = Encoder(sink).encode(value, path)
+    return spec, sink.tensors
+
+
+def keyed_values(value: Any, path: str, out: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Every leaf of a value (tensors and other values) by the key the encoder gives it: containers,
+    dataclasses and objects holding state are walked into; anything else is a leaf."""
+    out = {} if out is None else out
+    if isinstance(value, torch.Tensor) or value is None or isinstance(value, (bool, int, float, str, enum.Enum)):
+        out[path] = value
+    elif isinstance(value, tuple) and hasattr(value, "_fields"):
+        for f in value._fields:
+            keyed_values(getattr(value, f), f"{path}.{f}", out)
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            keyed_values(v, f"{path}.{i}", out)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            keyed_values(v, f"{path}.{k}", out)
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for f in dataclasses.fields(value):
+            keyed_values(getattr(value, f.name), f"{path}.{f.name}", out)
+    elif isinstance(getattr(value, "__dict__", None), dict) and not isinstance(value, (type, torch.nn.Module)):
+        for k, v in vars(value).items():
+            keyed_values(v, f"{path}.{k}", out)
+    else:
+        out[path] = value
+    return out
 
 
 class TensorSource:
@@ -176,6 +243,16 @@ class Encoder:
             text = f"<{type(value).__name__}>"
         return _WRITE.unrecorded(class_path(value), text[:200], why)
 
+    def _dataclass_state(self, value: Any, path: str) -> dict[str, Any]:
+        """The declared fields of a dataclass instance, then every other attribute it holds
+        (``__dict__`` entries set by ``__post_init__`` or after construction, private ones too), as
+        they are now. Attributes kept in slots outside the declared fields are not seen."""
+        names = [f.name for f in dataclasses.fields(value)]
+        names += [k for k in getattr(value, "__dict__", {}) if k not in names]
+        state = getattr(value, "__dict__", {})
+        return {name: self.encode(state[name] if name in state else getattr(value, name), f"{path}.{name}")
+                for name in names if name in state or hasattr(value, name)}
+
     def encode(self, value: Any, path: str) -> Any:
         if value is None or isinstance(value, (bool, str)):
             return value
@@ -221,8 +298,7 @@ class Encoder:
             pairs = [(self.encode(k, f"{path}.<key>"), self.encode(v, f"{path}.{k}")) for k, v in value.items()]
             return _WRITE.mapping(pairs, None if type(value) is dict else class_path(value))
         if dataclasses.is_dataclass(value):
-            fields = {f.name: self.encode(getattr(value, f.name), f"{path}.{f.name}") for f in dataclasses.fields(value)}
-            return _WRITE.record(ValueKind.DATACLASS, class_path(value), fields)
+            return _WRITE.record(ValueKind.DATACLASS, class_path(value), self._dataclass_state(value, path))
         if callable(value) and hasattr(value, "__qualname__") and hasattr(value, "__module__"):
             qual = value.__qualname__
             if "<" in qual or value.__module__ is None:
@@ -249,6 +325,16 @@ def flatten(value: Any) -> list[Any]:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return [x for f in dataclasses.fields(value) for x in flatten(getattr(value, f.name))]
     return [value]
+
+
+def restore_dataclass(cls: type, state: dict[str, Any]) -> Any:
+    """A dataclass instance with exactly ``state``: built from its init fields, then every recorded
+    attribute set as recorded (what ``__post_init__`` derived, extras and private attributes)."""
+    init_names = {f.name for f in dataclasses.fields(cls) if f.init}
+    obj = cls(**{k: v for k, v in state.items() if k in init_names})
+    for k, v in state.items():
+        object.__setattr__(obj, k, v)
+    return obj
 
 
 class Decoder(SpecVisitor[Any]):
@@ -325,12 +411,7 @@ class Decoder(SpecVisitor[Any]):
         values = {k: self.visit(v) for k, v in fields.items()}
         if kind == ValueKind.NAMEDTUPLE:
             return target(**values)
-        init_names = {f.name for f in dataclasses.fields(target) if f.init}
-        obj = target(**{k: v for k, v in values.items() if k in init_names})
-        for k, v in values.items():
-            if k not in init_names:
-                object.__setattr__(obj, k, v)
-        return obj
+        return restore_dataclass(target, values)
 
     def object_state(self, cls: str, state: dict[str, Any]) -> Any:
         target = self.resolve(cls)

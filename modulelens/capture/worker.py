@@ -20,8 +20,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from modulelens.capture.budget import DEFAULT_CAPTURE_BYTES
 from modulelens.capture.runner import default_name, is_kernelbench_file
-from modulelens.capture.values import SHAPE_ONLY_DEFAULT_BYTES
 from modulelens.capture.worker_process import WorkerResult, read_worker_result, run_worker_process, worker_main
 from modulelens.errors import CaptureFailed, ModuleLensError
 from modulelens.repo import Repository, validate_name
@@ -58,8 +58,12 @@ class ScriptCaptureOptions(BaseModel):
                            "and the input and parameter gradients.")
     export: bool = Field(True, description="Save a torch.export program (replay without source code).")
     pickle: bool = Field(False, description="Also save a pickled module (replay needs --trust-pickle).")
-    max_tensor_bytes: int = Field(
-        SHAPE_ONLY_DEFAULT_BYTES, description="Tensors larger than this are stored shape-only with statistics."
+    max_tensor_bytes: int | None = Field(
+        None, description="Tensors larger than this are stored shape-only with statistics (default: no per-tensor limit)."
+    )
+    max_capture_bytes: int = Field(
+        DEFAULT_CAPTURE_BYTES, gt=0, description="Byte budget of the call's inputs and outputs together. Above it, the "
+        "first batch rows are stored when the module treats rows independently; otherwise shape-only with statistics."
     )
     nproc: int = Field(1, ge=1, description="Run the script under torchrun with this many processes (gloo/CPU or your backend).")
     ranks: str = Field("0", description="Which ranks capture in a distributed run: '0', '0,1' or 'all'.")
@@ -78,7 +82,8 @@ class CaptureWorkerRequest(BaseModel):
     backward: bool
     export: bool
     pickle: bool
-    max_tensor_bytes: int
+    max_tensor_bytes: int | None
+    max_capture_bytes: int
     ranks: str = Field(description="'all' or comma-separated ranks that capture")
     repo: str = Field(description="repository root")
 
@@ -167,7 +172,8 @@ def capture_script(options: ScriptCaptureOptions, repo: Repository, *, relay_to_
         script=str(script.resolve()), script_args=options.script_args, kind=kind, module=options.module,
         name=validate_name(options.name) if options.name else default_name(options.module, script),
         call=options.call, backward=options.backward, export=options.export, pickle=options.pickle,
-        max_tensor_bytes=options.max_tensor_bytes, ranks=options.ranks, repo=str(repo.root),
+        max_tensor_bytes=options.max_tensor_bytes, max_capture_bytes=options.max_capture_bytes, ranks=options.ranks,
+        repo=str(repo.root),
     )
     run = run_capture_worker(request, nproc=options.nproc, timeout=options.timeout, relay_to_stderr=relay_to_stderr)
     written = sorted((r for r in run.results if r.ref), key=lambda r: r.rank)
@@ -206,6 +212,7 @@ def run(request: CaptureWorkerRequest) -> CaptureWorkerResult:
         backward=request.backward,
         export=request.export and record,
         max_tensor_bytes=request.max_tensor_bytes,
+        max_capture_bytes=request.max_capture_bytes,
         record=record,
     )
     script = Path(request.script).resolve()

@@ -81,6 +81,8 @@ def capture_summary_view(s: CaptureSummary, wide: bool, title: str | None = None
         *_tensor_rows("outputs", s.outputs),
         ("weights", f"{s.weights} tensors"),
     ]
+    if s.activations is not None and s.activations.mode != "full":
+        rows.append(("activations", Cell((f"{s.activations.mode}: {s.activations.reason}",), style=_WARN)))
     if s.backward:
         rows.append(("backward", "gradients captured"))
     if s.rank is not None:
@@ -138,7 +140,7 @@ def replay_module_view(r: ReplayModuleResult, wide: bool) -> RenderableType:
         table.add_row(o.name, Cell((shape(o.shape),)), o.dtype, number(o.max_abs_error), number(o.max_rel_error),
                       _yes_no(o.allclose))
 
-    for o in r.outputs + (r.backward or []):
+    for o in r.outputs + r.state + (r.backward or []):
         add(o)
     verdict = (Text("exact match", style=_GOOD) if r.exact else Text("match", style=_GOOD) if r.match
                else Text("not compared", style=_WARN) if not r.compared else Text("MISMATCH", style=_BAD))

@@ -57,13 +57,12 @@ import torch.nn as nn
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from modulelens.capture.tracer import strip_wrapper_prefix
 from modulelens.stats import stats as S
 from modulelens.stats.order import combine_order, execution_order, fx_leaf_order, merge_observed
 from modulelens.stats.records import ModuleStep, ParamStep, StatsRun, StepRecord
 from modulelens.stats.series import DEFAULT_EMA
 from modulelens.stats.updates import UpdateMeasurement, scalars_to_host, update_sample
-from modulelens.wrappers import WRAPPER_CLASSES, is_wrapper
+from modulelens.wrappers import WRAPPER_CLASSES, is_wrapper, strip_wrapper_prefix
 
 # The data model, order and update helpers used to live here; their names stay importable.
 __all__ = [

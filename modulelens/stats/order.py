@@ -12,8 +12,7 @@ import warnings
 import torch
 import torch.nn as nn
 
-from modulelens.capture.tracer import strip_wrapper_prefix
-from modulelens.wrappers import unwrap
+from modulelens.wrappers import strip_wrapper_prefix, unwrap
 
 
 def merge_observed(order: list[str], seen: list[str]) -> None:

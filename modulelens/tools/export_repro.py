@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field
 
 from modulelens.capture.manifest import KIND
 from modulelens.capture.repro import check_repro, write_repro
+from modulelens.errors import ModuleLensError
 from modulelens.registry import Tool, ToolContext, register
 from modulelens.repo import Repository
 
@@ -39,6 +40,9 @@ def export_repro(req: ExportReproRequest, ctx: ToolContext) -> ExportReproResult
                                flavor=written.flavor, skipped=written.skipped)
     if req.verify:
         check = check_repro(written.path)
+        if not check.verified:
+            raise ModuleLensError(f"the repro {written.path} ({written.flavor}) does not reproduce {art.ref}: {check.reason}",
+                                  "run the file to see its output; pass --no-verify to write it without the check")
         result.verified, result.max_abs_error, result.check_output = check.verified, check.max_abs_error, check.output
     return result
 

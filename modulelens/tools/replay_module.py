@@ -9,12 +9,14 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, Field
 
+from modulelens.capture.leafcall import BUFFER_PREFIX, replayed_state
 from modulelens.capture.manifest import KIND, capture_manifest
 from modulelens.capture.replay import LoadedCapture
-from modulelens.capture.tracer import set_rng_states
-from modulelens.capture.values import flatten, parse_dtype
+from modulelens.capture.spec import TensorSpec
+from modulelens.capture.tracer import autocast_regions, set_rng_states
+from modulelens.capture.values import flatten, keyed_tensors, keyed_values, parse_dtype
 from modulelens.errors import ModuleLensError, ReplayFailed
-from modulelens.numerics import diff, tolerances
+from modulelens.numerics import diff, short_repr, tolerances
 from modulelens.registry import Tool, ToolContext, register
 from modulelens.repo import Repository
 
@@ -60,6 +62,10 @@ class ReplayModuleResult(BaseModel):
     rtol: float
     atol: float
     outputs: list[TensorMatch]
+    state: list[TensorMatch] = Field(default_factory=list, description="State the forward changed (inputs changed in "
+                                     "place or replaced, as caches are; buffers such as running statistics), compared "
+                                     "after the replay.")
+    compared_values: list[str] = Field(default_factory=list, description="What was compared, in words.")
     synthesized_inputs: bool = Field(description="Some inputs or weights were synthesised from stored statistics.")
     synthesized: list[str] = Field(default_factory=list)
     reconstruction_seconds: float
@@ -81,7 +87,7 @@ def _compare(name: str, a: Any, e: Any, rtol: float | None, atol: float | None, 
         same = a == e if not isinstance(a, torch.Tensor) and not isinstance(e, torch.Tensor) else False
         return TensorMatch(name=name, shape=[], dtype=type(e).__name__, max_abs_error=0.0 if same else math.inf,
                            max_rel_error=0.0 if same else math.inf, allclose=bool(same),
-                           detail="" if same else f"{a!r} != {e!r}")
+                           detail="" if same else f"{short_repr(a)} != {short_repr(e)}")
     r, t = tolerances(a.dtype, e.dtype)
     d = diff(a, e, rtol if rtol is not None else r, atol if atol is not None else t, check_dtype=not dtype_cast)
     return TensorMatch(name=name, shape=list(e.shape), dtype=str(e.dtype).removeprefix("torch."),
@@ -96,10 +102,10 @@ def _run(loaded: LoadedCapture, module: torch.nn.Module, backward: bool, device:
     grad = loaded.manifest.grad_enabled or backward
     _sync(device)
     t0 = time.perf_counter()
-    with torch.set_grad_enabled(grad):
+    with torch.set_grad_enabled(grad), autocast_regions(loaded.manifest.autocast):
         out = module(*args, **kwargs)
     _sync(device)
-    return args, out, time.perf_counter() - t0
+    return (args, kwargs), out, time.perf_counter() - t0
 
 
 def _backward(loaded: LoadedCapture, module: torch.nn.Module, args: list[Any], out: Any, req: ReplayModuleRequest,
@@ -129,6 +135,34 @@ def _backward(loaded: LoadedCapture, module: torch.nn.Module, args: list[Any], o
     return results
 
 
+def _compare_keyed(actual: dict[str, torch.Tensor], specs: dict[str, TensorSpec], expected: dict[str, torch.Tensor],
+                   req: ReplayModuleRequest, dtype_cast: bool, notes: list[str], what: str) -> tuple[list[TensorMatch], bool]:
+    """Compare replayed tensors with the stored ones by key; notes what is missing on either side.
+    Returns the comparisons and whether the keys matched."""
+    lost = [k for k in specs if k not in actual]
+    extra = [k for k in actual if k not in specs]
+    if lost or extra:
+        notes.append(f"the replay's {what} tensors differ from the capture's: "
+                     + ", ".join([*(f"missing {k}" for k in lost[:3]), *(f"unexpected {k}" for k in extra[:3])]))
+    matches = [_compare(key, actual[key], expected[key], req.rtol, req.atol, dtype_cast)
+               for key in specs if key in actual and key in expected]
+    return matches, not lost and not extra
+
+
+def _what_was_compared(outputs: list[TensorMatch], state: list[TensorMatch]) -> list[str]:
+    said = [f"{len(outputs)} output tensor(s)"]
+    inputs = [s.name for s in state if not s.name.startswith(BUFFER_PREFIX)]
+    buffers = [s.name[len(BUFFER_PREFIX):] for s in state if s.name.startswith(BUFFER_PREFIX)]
+    if inputs:
+        said.append(f"{len(inputs)} input tensor(s) the forward changed: {', '.join(inputs[:5])}")
+    if buffers:
+        said.append(f"{len(buffers)} buffer(s) the forward changed: {', '.join(buffers[:5])}")
+    return said
+
+
+_ABSENT = "<absent>"
+
+
 def replay_module(req: ReplayModuleRequest, ctx: ToolContext) -> ReplayModuleResult:
     repo = Repository(ctx.repo_root)
     art = repo.open(KIND, req.ref)
@@ -143,35 +177,46 @@ def replay_module(req: ReplayModuleRequest, ctx: ToolContext) -> ReplayModuleRes
 
     (module, args, out, run_s), strategy, build_s, tried = loaded.with_strategy(req.strategy, req.trust_pickle, run)
     attempts = [StrategyAttempt(strategy=s, error=e) for s, e in tried]
-    expected, missing_outputs = loaded.expected_outputs()
-    actual_leaves, expected_leaves = flatten(out), flatten(expected)
     notes = list(loaded.manifest.notes)
-    outputs: list[TensorMatch] = []
-    if len(actual_leaves) != len(expected_leaves):
-        notes.append(f"the replay returned {len(actual_leaves)} values, the capture {len(expected_leaves)}")
-        structure_ok = False
-    else:
-        structure_ok = True
-        for i, (a, e) in enumerate(zip(actual_leaves, expected_leaves)):
-            outputs.append(_compare(f"output.{i}", a, e, req.rtol, req.atol, dtype is not None))
+    stored = loaded.manifest.activations
+    if stored is not None and stored.mode != "full":
+        notes.append(f"replayed on what the capture stored ({stored.mode}): {stored.reason}")
+    dtype_cast = dtype is not None
+    _, actual = keyed_tensors(out, "output")
+    expected_specs = {t.key: t for t in loaded.manifest.output_leaves()}
+    missing_outputs = [k for k, t in expected_specs.items() if not t.stored]
+    expected = loaded.expected_tensors("outputs.safetensors", [k for k, t in expected_specs.items() if t.stored])
+    outputs, structure_ok = _compare_keyed(actual, expected_specs, expected, req, dtype_cast, notes, "output")
+    captured_values = loaded.expected_values()
+    replayed_values = keyed_values(out, "output")
+    for key, want in captured_values.items():
+        if key not in expected_specs:
+            outputs.append(_compare(key, replayed_values.get(key, _ABSENT), want, req.rtol, req.atol, dtype_cast))
+    state_specs = loaded.manifest.state_specs()
+    state, _ = _compare_keyed(
+        {k: v for k, v in replayed_state(module, args[0], args[1]).items() if k in state_specs}, state_specs,
+        loaded.expected_tensors("state.safetensors", [k for k, t in state_specs.items() if t.stored]),
+        req, dtype_cast, notes, "state")
     synthesized = sorted(set(loaded.synthesized))
     compared = structure_ok and not synthesized and not missing_outputs
     if synthesized:
         notes.append("inputs or weights were synthesised from stored statistics: outputs are not comparable")
     if missing_outputs:
         notes.append("captured outputs were stored shape-only: outputs are not comparable")
-    match = compared and all(o.allclose for o in outputs)
-    tensor_outs = [o for o in outputs if math.isfinite(o.max_abs_error) or not o.allclose]
+    match = compared and all(o.allclose for o in outputs + state)
+    tensor_outs = [o for o in outputs + state if math.isfinite(o.max_abs_error) or not o.allclose]
     max_abs = max((o.max_abs_error for o in tensor_outs), default=0.0)
     max_rel = max((o.max_rel_error for o in tensor_outs), default=0.0)
-    first = next((a for a in actual_leaves if isinstance(a, torch.Tensor)), None)
+    actual_leaves = list(actual.values())
+    first = next(iter(actual_leaves), None)
     rtol, atol = tolerances(first.dtype) if first is not None else (0.0, 0.0)
     backward = None
     if req.backward:
-        backward = _backward(loaded, module, args, out, req, dtype is not None)
+        backward = _backward(loaded, module, args[0], out, req, dtype is not None)
     return ReplayModuleResult(
         ref=art.ref, strategy=strategy, attempts=attempts, match=match,
-        exact=compared and all(o.max_abs_error == 0.0 for o in outputs),
+        exact=compared and all(o.max_abs_error == 0.0 for o in outputs + state),
+        state=state, compared_values=_what_was_compared(outputs, state),
         compared=compared, max_abs_error=max_abs, max_rel_error=max_rel,
         rtol=req.rtol if req.rtol is not None else rtol, atol=req.atol if req.atol is not None else atol,
         outputs=outputs, synthesized_inputs=bool(synthesized), synthesized=synthesized,

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main demo: capture one transformer block from the unmodified example training script,
 # replay it alone with two strategies, write a standalone KernelBench-style repro, record its
-# operator cards, and generate + validate a C++ kernel for its softmax.
+# operator cards, generate + validate a C++ kernel for its softmax, pack it and run the training
+# script with the pack applied (guarded dispatch), comparing step time and losses with eager.
 # Installs what is missing first (./.venv). CPU only; uses a local repository.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -31,5 +32,9 @@ card=$(modulelens list-op-cards demo-block --json | python -c "import json,sys; 
 cand=$(modulelens generate-kernel "$card" --backend cpp --provider template --json | python -c "import json,sys; print(json.load(sys.stdin)['candidate_id'])")
 modulelens validate-kernel "$cand"
 
-say "7. what the repository ($MODULELENS_HOME) holds"
+say "7. pack the validated kernel and run the unmodified training script with it, against eager"
+modulelens pack "$cand" --out "$ROOT/repros/demo.pack"
+modulelens run examples/tinyformer/train.py --pack "$ROOT/repros/demo.pack" --compare -- --steps 6
+
+say "8. what the repository ($MODULELENS_HOME) holds"
 modulelens list-captures

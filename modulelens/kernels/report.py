@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from modulelens.profiling.timing import Timing
+from modulelens.sandbox.containment import Isolation
 
 DISTRIBUTIONS = ("normal", "uniform", "heavy", "special")
 
@@ -54,4 +55,6 @@ class ValidationReport(BaseModel):
     timing_note: str = ""
     stdout_bytes: int = 0
     stderr_tail: str = ""
+    isolation: Isolation | None = Field(None, description="Containment layers that were in force around the candidate.")
+    wrapper_evidence: str = Field("", description="What the custom/wrapper decision was based on, and what it cannot see.")
     seconds: float = 0.0

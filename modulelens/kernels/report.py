@@ -22,8 +22,8 @@ class ValidationSettings(BaseModel):
     seeds: list[int] = Field(default_factory=lambda: [0, 1], description="Seeds of the fresh inputs.")
     distributions: list[str] = Field(default_factory=lambda: list(DISTRIBUTIONS),
                                      description="Distributions of the fresh inputs (each seed draws every one).")
-    rtol: float | None = Field(None, description="Relative tolerance (default: per dtype).")
-    atol: float | None = Field(None, description="Absolute tolerance (default: per dtype, scaled by the output).")
+    rtol: float | None = Field(None, ge=0, description="Relative tolerance (default: per dtype).")
+    atol: float | None = Field(None, ge=0, description="Absolute tolerance (default: per dtype, scaled by the output).")
     min_run_time: float = Field(0.3, gt=0, description="Seconds of timed calls, eager and candidate together.")
 
 

@@ -32,7 +32,7 @@ STALE_LOCK_S = 900  # a torch build lock older than this was left by a killed bu
 BUILD_LOCK = threading.RLock()
 _LOADED: dict[str, Any] = {}
 _SHARED: list[Path] = []
-_FRESH: list[tuple[str, str]] = []
+_BUILDS: list[tuple[str, str, bool]] = []
 CHECKSUM = "sha256"
 
 
@@ -109,13 +109,15 @@ def published_build(name: str, suffix: str) -> Path | None:
     return None
 
 
-def remember_fresh_build(name: str, library: Path) -> None:
-    """Note a build made in this process (the checker may publish it)."""
-    _FRESH.append((name, str(library)))
+def remember_build(name: str, library: Path, fresh: bool) -> None:
+    """Note an extension this process loaded: built here (``fresh``: the checker may publish it)
+    or taken from the shared cache."""
+    _BUILDS.append((name, str(library), fresh))
 
 
-def fresh_builds() -> list[tuple[str, str]]:
-    return list(_FRESH)
+def builds_in_process() -> list[tuple[str, str, bool]]:
+    """(name, library path, fresh) of every extension this process loaded, in order."""
+    return list(_BUILDS)
 
 
 def publish_build(shared: Path, name: str, library: Path) -> bool:

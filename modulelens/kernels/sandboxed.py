@@ -16,6 +16,7 @@ from modulelens.ops.cards import open_card
 from modulelens.profiling.timing import Timing
 from modulelens.registry import ProgressFn
 from modulelens.repo import Artifact, Repository
+from modulelens.repo.trust import require_trusted
 from modulelens.sandbox.messages import (
     CrashedResult,
     InternalErrorResult,
@@ -51,7 +52,8 @@ def validate_candidate(repo: Repository, candidate: Artifact, src: KernelSource,
     """Validate the stored ``candidate`` (source ``src``) against ``settings.card_id`` in a sandbox
     worker, store the report as a new version of the candidate's report, and return it. A worker
     that crashes or outlives ``timeout`` seconds makes a ``rejected`` report."""
-    open_card(repo, settings.card_id)  # a clear error if the card is gone
+    card_artifact, _ = open_card(repo, settings.card_id)  # a clear error if the card is gone
+    require_trusted(card_artifact, "validate against its cards")  # decoding samples resolves class paths
     task = ValidateCardTask(repo=str(repo.root), candidate=src, build_dir=str(default_build_dir()),
                             memory_limit_mb=memory_limit_mb, call_timeout=timeout, build_timeout=timeout,
                             **settings.model_dump())

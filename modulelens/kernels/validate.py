@@ -233,7 +233,7 @@ class _Validator:
 
     def run(self) -> ValidationReport:
         shared = Path(self.task.build_dir)
-        self.proc = CandidateProcess(self.task.memory_limit_mb, read_only=[shared], parent=scratch_parent(shared))
+        self.proc = CandidateProcess(self.task.memory_limit_mb, read_only=[shared])
         try:
             return self._run(shared)
         except _CandidateFailed as e:
@@ -332,14 +332,16 @@ class _Validator:
         return iso
 
     def _publish(self, loaded: Loaded, shared: Path) -> Path | None:
-        """The candidate's extension file (confined to its scratch folder), published to the shared
-        cache when it is a fresh build."""
-        if not loaded.built or not loaded.build_name:
-            return build_cache.published_library(shared, loaded.build_name) if loaded.build_name else None
-        path = Path(loaded.built).resolve()
-        if not path.is_relative_to(self.proc.scratch.resolve()):
+        """The candidate's extension file -- a fresh build in its scratch folder (then published to
+        the shared cache) or a published one -- or None when the claimed path is elsewhere."""
+        if not loaded.library or not loaded.build_name:
             return None
-        build_cache.publish_build(shared, loaded.build_name, path)
+        path = Path(loaded.library).resolve()
+        home = self.proc.scratch.resolve() if loaded.fresh_build else shared.resolve()
+        if not path.is_relative_to(home) or not path.is_file():
+            return None
+        if loaded.fresh_build:
+            build_cache.publish_build(shared, loaded.build_name, path)
         return path
 
     def _evidence(self, scanned: bool) -> str:
@@ -550,14 +552,6 @@ def library_symbols(library: Path) -> list[str]:
     return sorted(found)
 
 
-def scratch_parent(shared: Path) -> Path:
-    """Where candidate scratch folders go: next to the build cache, not under /tmp (which the
-    candidate's mount namespace replaces with its own)."""
-    folder = shared.parent / "candidates"
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
-
-
 def _clean_tail(text: str) -> str:
     """A stderr tail safe to show: control characters other than newline and tab removed."""
     return "".join(c for c in text if c in "\n\t" or c.isprintable())[-1500:]
@@ -577,8 +571,7 @@ def time_candidate(task: TimeCandidateTask) -> Timing:
     settings = ValidateCardTask(repo=task.repo, candidate=cand, build_dir=task.build_dir, card_id=task.card_id,
                                 device=device, time=False)
     checker = _Validator(settings, lambda _: None)
-    checker.proc = CandidateProcess(settings.memory_limit_mb, read_only=[Path(task.build_dir)],
-                                    parent=scratch_parent(Path(task.build_dir)))
+    checker.proc = CandidateProcess(settings.memory_limit_mb, read_only=[Path(task.build_dir)])
     try:
         loaded = checker._request(LoadRequest(candidate=cand, build_dir=str(checker.proc.scratch / "build"),
                                               shared_build_dir=task.build_dir), timeout=settings.build_timeout)

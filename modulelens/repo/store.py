@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from modulelens.errors import ChecksumMismatch, ModuleLensError, ReferenceNotFound
 from modulelens.repo.refs import Ref, parse_ref, validate_name
+from modulelens.repo.trust import SIGNATURE, is_confined, sign_folder
 
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
@@ -139,6 +140,9 @@ class Artifact:
                 f"{self.kind[:-1]} {self.ref} has no file {rel!r}",
                 f"files present: {', '.join(sorted(files)) or 'none'}",
             )
+        if not is_confined(self.path, rel):
+            raise ChecksumMismatch(f"file {rel!r} of {self.ref} lies outside the artifact",
+                                   "the manifest was crafted or damaged; do not trust this artifact")
         path = self.path / rel
         if rel not in self._verified:
             if not path.is_file():
@@ -282,7 +286,7 @@ class Repository:
             files = {
                 p.relative_to(tmp).as_posix(): sha256_file(p)
                 for p in sorted(tmp.rglob("*"))
-                if p.is_file() and p.name != MANIFEST
+                if p.is_file() and p.relative_to(tmp).as_posix() not in (MANIFEST, SIGNATURE)
             }
             with _locked(name_dir / ".lock"):
                 version = (self.versions(kind, name) or [0])[-1] + 1
@@ -297,6 +301,7 @@ class Repository:
                     "files": files,
                 }
                 (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
+                sign_folder(tmp, MANIFEST)  # written here, so trusted here (see repo/trust.py)
                 final = name_dir / f"v{version}"
                 os.rename(tmp, final)
                 aliases_path = name_dir / ALIASES

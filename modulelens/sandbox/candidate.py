@@ -79,9 +79,11 @@ class _Harness:
             self.entry = backend.load(req.candidate.source, req.candidate.entry, Path(req.build_dir))
         except CompileError as e:
             return Loaded(isolation=self.isolation, ok=False, error=e.message)
-        fresh = build_cache.fresh_builds()
-        name, built = fresh[-1] if fresh else (None, None)
-        return Loaded(isolation=self.isolation, ok=True, built=built, build_name=name)
+        builds = build_cache.builds_in_process()
+        if not builds:
+            return Loaded(isolation=self.isolation, ok=True)
+        name, library, fresh = builds[-1]
+        return Loaded(isolation=self.isolation, ok=True, build_name=name, library=library, fresh_build=fresh)
 
     def call(self, req) -> Any:
         import torch

@@ -53,8 +53,9 @@ class Loaded(BaseModel):
     isolation: Isolation
     ok: bool
     error: str = Field("", description="Short compile error, usable in a repair prompt.")
-    built: str | None = Field(None, description="Path of a new build in the candidate's folder, to publish.")
-    build_name: str | None = None
+    build_name: str | None = Field(None, description="Name of the extension the candidate was loaded from.")
+    library: str | None = Field(None, description="Its file: in the candidate's folder, or in the shared cache.")
+    fresh_build: bool = Field(False, description="Built now in the candidate's folder (to publish).")
     log_tail: str = ""
 
 

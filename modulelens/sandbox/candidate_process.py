@@ -48,7 +48,51 @@ def _scrubbed_environment(scratch: Path) -> dict[str, str]:
     env.update(XDG_CACHE_HOME=str(scratch / "cache"), TRITON_CACHE_DIR=str(scratch / "triton"),
                TORCH_EXTENSIONS_DIR=str(scratch / "torch_extensions"))
     env.pop("MODULELENS_BUILD_DIR", None)
+    env.pop("MODULELENS_CONFIG_DIR", None)
     return env
+
+
+def scratch_parent() -> Path:
+    """Where candidate scratch folders go: next to the build cache, not under /tmp (which the
+    candidate's mount namespace replaces with its own)."""
+    from modulelens.kernels.build_cache import default_build_dir
+
+    folder = default_build_dir().parent / "candidates"
+    folder.mkdir(parents=True, exist_ok=True)
+    remove_orphaned_scratch(folder)
+    return folder
+
+
+OWNER = "owner.pid"
+
+
+def remove_orphaned_scratch(folder: Path, min_age_s: float = 60.0) -> list[Path]:
+    """Remove scratch folders left by checkers that were killed (their ``owner.pid`` names a
+    process that is gone) and that are older than ``min_age_s``. Returns what was removed."""
+    removed = []
+    now = time.time()
+    for path in folder.glob("modulelens-candidate-*"):
+        try:
+            if now - path.stat().st_mtime < min_age_s:
+                continue
+            pid = int((path / OWNER).read_text())
+        except (OSError, ValueError):
+            pid = 0
+        if pid and _alive(pid):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _die_with_parent() -> None:
@@ -63,9 +107,10 @@ class CandidateProcess:
     shared build cache)."""
 
     def __init__(self, memory_limit_mb: int, read_only: list[Path], parent: Path | None = None):
-        self.scratch = Path(tempfile.mkdtemp(prefix="modulelens-candidate-", dir=parent))
+        self.scratch = Path(tempfile.mkdtemp(prefix="modulelens-candidate-", dir=parent or scratch_parent()))
         for sub in ("tmp", "build", "cache"):
             (self.scratch / sub).mkdir()
+        (self.scratch / OWNER).write_text(str(os.getpid()))
         self.arena = SharedArena()
         self.stderr_path = self.scratch / "stderr.log"
         self.stdout_path = self.scratch / "stdout.log"

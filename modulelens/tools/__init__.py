@@ -10,6 +10,7 @@ from modulelens.tools import (  # noqa: F401, I001  (CLI order)
     show_capture,
     show_capture_tensors,
     tag_capture,
+    trust_artifact,
     export_repro,
     capture_ops,
     list_opsets,

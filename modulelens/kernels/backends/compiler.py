@@ -48,6 +48,7 @@ def build_extension(name: str, folder: Path, lines: dict[str, tuple[int, int]],
     if published is not None:
         module = _import_library(name, published)
         build_cache.remember_loaded(name, module)
+        build_cache.remember_build(name, published, fresh=False)
         return module, ""
     folder.mkdir(parents=True, exist_ok=True)
     with build_cache.BUILD_LOCK:
@@ -71,7 +72,7 @@ def build_extension(name: str, folder: Path, lines: dict[str, tuple[int, int]],
             build_cache.remember_failure(folder, message, log)
             raise CompileError(message, log)
         build_cache.remember_loaded(name, module)
-        build_cache.remember_fresh_build(name, folder / f"{name}{_LIB_SUFFIX}")
+        build_cache.remember_build(name, folder / f"{name}{_LIB_SUFFIX}", fresh=True)
     return module, log
 
 

@@ -55,3 +55,17 @@ def test_validate_kernel_over_mcp_does_not_echo_etc_passwd(tmp_path):
             assert f"{first}:x" not in text and "/bin/" not in text
 
     anyio.run(session)
+
+
+def test_a_corrupt_aliases_file_breaks_neither_listing_nor_resolving(tmp_path):
+    from modulelens.repo import Repository
+
+    repo = Repository(tmp_path)
+    repo.create("captures", "blk", lambda folder: {})
+    (tmp_path / "captures" / "blk" / "aliases.json").write_text("{not json")
+    assert repo.aliases("captures", "blk") == {"latest": 1}
+    assert repo.resolve("captures", "blk") == ("blk", 1)
+    (tmp_path / "captures" / "blk" / "aliases.json").write_text('["v1"]')
+    assert repo.resolve("captures", "blk:v1") == ("blk", 1)
+    repo.create("captures", "blk", lambda folder: {})
+    assert repo.aliases("captures", "blk") == {"latest": 2}

@@ -344,3 +344,23 @@ def test_including_a_host_file_does_not_echo_it(card):
     first = Path("/etc/passwd").read_text().split(":")[0]
     assert first not in text.replace("<source>", ""), text
     assert not os.path.exists(default_build_dir() / "planted")
+
+
+def test_a_writer_into_the_shared_output_after_return_is_caught(card):
+    r = run(card, """
+        import mmap, os, threading, time
+        def forward(x, dim, half_to_float):
+            y = torch.softmax(x, dim)
+            def scribble():  # the arena is the one shared mapping; find it and write into it later
+                time.sleep(0.05)
+                for fd in range(3, 64):
+                    try:
+                        m = mmap.mmap(fd, 0)
+                    except (OSError, ValueError):
+                        continue
+                    m[:] = b"\\xff" * len(m)
+            threading.Thread(target=scribble, daemon=True).start()
+            return y
+        """)
+    assert r.verdict == "rejected", r.reason
+    assert "changed" in r.reason or "wrong" in r.reason or "mutates" in r.reason, r.reason

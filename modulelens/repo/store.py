@@ -101,6 +101,18 @@ def _locked(lock_path: Path) -> Iterator[None]:
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
+def _read_aliases(path: Path) -> dict[str, int]:
+    """The tags in an aliases file; {} when it is missing or damaged (not JSON, or not tag ->
+    version number), so one bad file cannot break listing or writing the repository."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)}
+
+
 class Artifact:
     """One stored version. Files are checked against their sha256 when first read."""
 
@@ -209,8 +221,9 @@ class Repository:
         return sorted(out)
 
     def aliases(self, kind: str, name: str) -> dict[str, int]:
-        path = self._name_dir(kind, name) / ALIASES
-        aliases = json.loads(path.read_text()) if path.is_file() else {}
+        """Tags of ``name`` and ``latest`` (always the newest version). A damaged aliases file loses
+        its tags here (a one-line error when a tag is asked for), never the listing."""
+        aliases = _read_aliases(self._name_dir(kind, name) / ALIASES)
         versions = self.versions(kind, name)
         if versions:
             aliases["latest"] = versions[-1]
@@ -305,7 +318,7 @@ class Repository:
                 final = name_dir / f"v{version}"
                 os.rename(tmp, final)
                 aliases_path = name_dir / ALIASES
-                aliases = json.loads(aliases_path.read_text()) if aliases_path.is_file() else {}
+                aliases = _read_aliases(aliases_path)
                 aliases["latest"] = version
                 _write_json_atomic(aliases_path, aliases)
         except BaseException:
@@ -322,7 +335,7 @@ class Repository:
         name_dir = self._name_dir(kind, name)
         with _locked(name_dir / ".lock"):
             path = name_dir / ALIASES
-            aliases = json.loads(path.read_text()) if path.is_file() else {}
+            aliases = _read_aliases(path)
             aliases[tag] = version
             _write_json_atomic(path, aliases)
         return name, version

@@ -548,9 +548,8 @@ def library_symbols(library: Path) -> list[str]:
     except (OSError, subprocess.SubprocessError):
         return []
     found = set()
-    for line in text.splitlines():
-        sym = line.split()[-1] if line.split() else ""
-        sym = line.strip().split(" ", 1)[-1].strip() if " " in line.strip() else sym
+    for line in text.splitlines():  # "                 U at::cpu::_softmax(at::Tensor const&, long, bool)"
+        sym = line.strip().partition(" ")[2].strip()
         m = _LIBRARY_SYMBOL.match(sym)
         if m:
             found.add(m.group(0))

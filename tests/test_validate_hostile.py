@@ -81,13 +81,6 @@ HOSTILE = {
             print("debug: computing softmax")
             return torch.softmax(x, dim)
         """, "wrote"),
-    "replaces the timer": ("""
-        import time
-        time.perf_counter = lambda: 0.0
-
-        def forward(x, dim, half_to_float):
-            return torch.softmax(x, dim)
-        """, "replaces timer functions"),
     "segfaults": ("""
         import ctypes
 
@@ -103,6 +96,19 @@ def test_hostile_candidate_is_rejected_for_the_right_reason(softmax_card, name):
     r = _validate(softmax_card, body)
     assert r.verdict == "rejected" and not r.correct, (name, r.reason)
     assert expected in r.reason, (name, r.reason)
+
+
+def test_replacing_the_timer_reaches_only_the_candidates_own_process(softmax_card):
+    """The checker's clock lives in another process: patching time.perf_counter changes nothing."""
+    r = _validate(softmax_card, """
+        import time
+        time.perf_counter = lambda: 0.0
+
+        def forward(x, dim, half_to_float):
+            return torch.softmax(x, dim)
+        """)
+    assert r.verdict == "wrapper" and r.correct, r.reason
+    assert "process separation" in r.isolation.in_force()
 
 
 def test_sleeping_candidate_times_out(softmax_card):

@@ -25,6 +25,7 @@ from modulelens.capture.spec import ModuleSpec, TensorSpec
 from modulelens.capture.values import Decoder, TensorSource, keyed_values
 from modulelens.errors import ModuleLensError, ReplayFailed
 from modulelens.repo import Artifact
+from modulelens.repo.trust import require_trusted
 
 STRATEGIES = ("source", "export", "pickle")
 
@@ -51,6 +52,7 @@ class LoadedCapture:
     gradients, on ``device`` and cast to ``dtype`` (floating tensors) when given."""
 
     def __init__(self, artifact: Artifact, device: str | None = None, dtype: torch.dtype | None = None):
+        require_trusted(artifact, "replay it")  # decoding and building import the classes it names
         self.artifact = artifact
         self.manifest: CaptureManifest = capture_manifest(artifact)
         self.device = device

@@ -33,6 +33,7 @@ from modulelens.capture.sources import definitions_source
 from modulelens.capture.spec import ModuleSpec, SpecVisitor, TensorSpec, ValueKind, referenced_modules
 from modulelens.errors import ModuleLensError
 from modulelens.repo import Artifact
+from modulelens.repo.trust import require_trusted
 
 FLAVORS = ("source", "export")
 DATA_FILES = ("inputs.safetensors", "init.safetensors", "outputs.safetensors", "state.safetensors",
@@ -484,6 +485,7 @@ def write_repro(art: Artifact, out: Path, flavor: str = "auto") -> ReproFile:
     :class:`ModuleLensError` when no asked flavour can be written, saying why for each."""
     if flavor not in ("auto", *FLAVORS):
         raise ModuleLensError(f"unknown flavor {flavor!r}", "use auto, source or export")
+    require_trusted(art, "export a repro of it")  # the repro inlines and runs the capture's stored code
     m = capture_manifest(art)
     rendered, skipped = _render(art, m, list(FLAVORS) if flavor == "auto" else [flavor])
     stem = f"{art.name.replace('.', '_').replace('-', '_')}_v{art.version}"

@@ -16,6 +16,7 @@ EXAMPLES: dict[str, str] = {
     "list_captures": "--name demo-block",
     "show_capture": "demo-block:v1 --tensors",
     "tag_capture": "demo-block:v1 prod",
+    "trust": "demo-block:v1",
     "export_repro": "demo-block@prod --out repros",
     "capture_ops": "demo-block",
     "list_op_cards": "demo-block --kind memory --top 5",

@@ -7,6 +7,12 @@
   at a time;
 * remembered failures: a build that failed in the candidate's own source leaves
   ``compile_error.txt`` with the short message, so the same source is not compiled again.
+
+Candidates are built inside their sandbox in a folder of their own; the *shared* build cache only
+takes finished builds, published by the checker (:func:`publish_build`: the extension file and
+its sha256, written atomically) and read-only to candidate processes, which load a published
+build only when its checksum matches (:func:`published_build`). A file planted in a candidate's
+own folder therefore never reaches another candidate's build.
 """
 
 from __future__ import annotations
@@ -25,6 +31,9 @@ STALE_LOCK_S = 900  # a torch build lock older than this was left by a killed bu
 
 BUILD_LOCK = threading.RLock()
 _LOADED: dict[str, Any] = {}
+_SHARED: list[Path] = []
+_BUILDS: list[tuple[str, str, bool]] = []
+CHECKSUM = "sha256"
 
 
 def default_build_dir() -> Path:
@@ -79,3 +88,58 @@ def clear_stale_lock(folder: Path) -> None:
     with contextlib.suppress(OSError):
         if lock.exists() and time.time() - lock.stat().st_mtime > STALE_LOCK_S:
             lock.unlink()
+
+
+def use_shared_builds(folder: Path) -> None:
+    """Load finished builds from ``folder`` (the shared cache) when their checksum matches."""
+    _SHARED[:] = [folder]
+
+
+def published_build(name: str, suffix: str) -> Path | None:
+    """The shared cache's build of ``name`` (``<name><suffix>``) if one is published and its sha256
+    matches, else None."""
+    for folder in _SHARED:
+        lib = folder / name / f"{name}{suffix}"
+        try:
+            want = (folder / name / CHECKSUM).read_text().strip()
+            if hashlib.sha256(lib.read_bytes()).hexdigest() == want:
+                return lib
+        except OSError:
+            continue
+    return None
+
+
+def remember_build(name: str, library: Path, fresh: bool) -> None:
+    """Note an extension this process loaded: built here (``fresh``: the checker may publish it)
+    or taken from the shared cache."""
+    _BUILDS.append((name, str(library), fresh))
+
+
+def builds_in_process() -> list[tuple[str, str, bool]]:
+    """(name, library path, fresh) of every extension this process loaded, in order."""
+    return list(_BUILDS)
+
+
+def publish_build(shared: Path, name: str, library: Path) -> bool:
+    """Copy a finished build into the shared cache as ``<shared>/<name>/`` (library, then its
+    sha256), atomically; an existing entry is kept. Returns whether it was published."""
+    target = shared / name
+    if (target / CHECKSUM).exists() or not library.is_file() or not name.replace("_", "").isalnum():
+        return False
+    tmp = shared / f".{name}.{os.getpid()}.tmp"
+    try:
+        tmp.mkdir(parents=True)
+        data = library.read_bytes()
+        (tmp / library.name).write_bytes(data)
+        (tmp / CHECKSUM).write_text(hashlib.sha256(data).hexdigest())
+        if target.exists():  # a folder without checksum: an old-style or interrupted build
+            import shutil
+
+            shutil.rmtree(target, ignore_errors=True)
+        os.replace(tmp, target)
+        return True
+    except OSError:
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+        return False

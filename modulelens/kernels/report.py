@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from modulelens.profiling.timing import Timing
+from modulelens.sandbox.containment import Isolation
 
 DISTRIBUTIONS = ("normal", "uniform", "heavy", "special")
 
@@ -18,8 +19,8 @@ class CheckSettings(BaseModel):
     seeds: list[int] = Field(default_factory=lambda: [0, 1], description="Seeds of the fresh inputs.")
     distributions: list[str] = Field(default_factory=lambda: list(DISTRIBUTIONS),
                                      description="Distributions of the fresh inputs (each seed draws every one).")
-    rtol: float | None = Field(None, description="Relative tolerance (default: per dtype).")
-    atol: float | None = Field(None, description="Absolute tolerance (default: per dtype, scaled by the output).")
+    rtol: float | None = Field(None, ge=0, description="Relative tolerance (default: per dtype).")
+    atol: float | None = Field(None, ge=0, description="Absolute tolerance (default: per dtype, scaled by the output).")
     min_run_time: float = Field(0.3, gt=0, description="Seconds of timed calls, eager and candidate together.")
 
 
@@ -66,4 +67,6 @@ class ValidationReport(BaseModel):
     timing_note: str = ""
     stdout_bytes: int = 0
     stderr_tail: str = ""
+    isolation: Isolation | None = Field(None, description="Containment layers that were in force around the candidate.")
+    wrapper_evidence: str = Field("", description="What the custom/wrapper decision was based on, and what it cannot see.")
     seconds: float = 0.0

@@ -16,6 +16,7 @@ from modulelens.ops.cards import open_card
 from modulelens.profiling.timing import Timing
 from modulelens.registry import ProgressFn
 from modulelens.repo import Artifact, Repository
+from modulelens.repo.trust import require_trusted
 from modulelens.sandbox.messages import (
     CrashedResult,
     InternalErrorResult,
@@ -29,6 +30,7 @@ from modulelens.sandbox.messages import (
 from modulelens.sandbox.pool import DEFAULT_MEMORY_LIMIT_MB, pool
 
 VALIDATION_STAGES = ("compile", "check", "time", "recheck", "done")
+CHECKER_SLACK_S = 120.0  # seconds the checker may take beyond the candidate's own time limit
 DEFAULT_TIMEOUT_S = 900.0  # seconds a task may take (cold C++ builds take ~20-60 s)
 
 
@@ -50,8 +52,10 @@ def validate_candidate(repo: Repository, candidate: Artifact, src: KernelSource,
     """Validate the stored ``candidate`` (source ``src``) against ``settings.card_id`` in a sandbox
     worker, store the report as a new version of the candidate's report, and return it. A worker
     that crashes or outlives ``timeout`` seconds makes a ``rejected`` report."""
-    open_card(repo, settings.card_id)  # a clear error if the card is gone
+    card_artifact, _ = open_card(repo, settings.card_id)  # a clear error if the card is gone
+    require_trusted(card_artifact, "validate against its cards")  # decoding samples resolves class paths
     task = ValidateCardTask(repo=str(repo.root), candidate=src, build_dir=str(default_build_dir()),
+                            memory_limit_mb=memory_limit_mb, call_timeout=timeout, build_timeout=timeout,
                             **settings.model_dump())
     progress(0, len(VALIDATION_STAGES), f"validating {candidate.ref} in a sandbox")
 
@@ -59,7 +63,8 @@ def validate_candidate(repo: Repository, candidate: Artifact, src: KernelSource,
         done = VALIDATION_STAGES.index(stage) + 1 if stage in VALIDATION_STAGES else 0
         progress(done, len(VALIDATION_STAGES), stage)
 
-    result = pool().run(task, timeout, memory_limit_mb, on_stage=on_stage)
+    # the candidate process has ``timeout`` per request; the checker a little more for its own work
+    result = pool().run(task, timeout + CHECKER_SLACK_S, on_stage=on_stage)
     report = validation_report(result, src.backend)
     stored = save_report(repo, candidate, report, settings)
     progress(len(VALIDATION_STAGES), len(VALIDATION_STAGES), report.verdict)
@@ -72,7 +77,8 @@ def validation_report(result: SandboxResult, backend: str) -> ValidationReport:
     candidate wrote to stdout), or a rejection when the worker died. An internal error is raised."""
     match result:
         case ValidatedResult():
-            report = result.report.model_copy(update={"stdout_bytes": result.stdout_bytes})
+            # bytes the candidate process wrote (counted by the checker) plus any the checker's own worker wrote
+            report = result.report.model_copy(update={"stdout_bytes": result.report.stdout_bytes + result.stdout_bytes})
             if report.stdout_bytes:
                 report.verdict, report.correct = "rejected", False
                 report.reason = (f"wrote {report.stdout_bytes} bytes to stdout: kernels must not print "

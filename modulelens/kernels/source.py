@@ -22,6 +22,7 @@ For a whole captured module the contract is KernelBench's: a Python source defin
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -54,3 +55,24 @@ class KernelSource(BaseModel):
     @property
     def sha256(self) -> str:
         return hashlib.sha256(f"{self.backend}\0{self.entry}\0{self.source}".encode()).hexdigest()
+
+
+SOURCE_SUFFIXES = (".cpp", ".cc", ".cxx", ".c", ".h", ".hpp", ".cu", ".cuh", ".py")
+MAX_SOURCE_BYTES = 1 << 20
+
+
+def read_source_file(path: Path) -> str:
+    """The text of a kernel source file. Only files named like sources (``.cpp``, ``.cu``, ``.py``,
+    ...) of at most 1 MiB are read: a tool that takes a path from an MCP client must not become a
+    way to read (and echo back in compile errors) any file of the server's machine."""
+    from modulelens.errors import ModuleLensError
+
+    if path.suffix.lower() not in SOURCE_SUFFIXES:
+        raise ModuleLensError(f"{path.name!r} is not named like a kernel source",
+                              "kernel sources end in " + ", ".join(SOURCE_SUFFIXES))
+    try:
+        if path.stat().st_size > MAX_SOURCE_BYTES:
+            raise ModuleLensError(f"{path.name!r} is larger than 1 MiB", "a kernel source is a single small file")
+        return path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ModuleLensError(f"cannot read {path.name!r}: {type(e).__name__}", "give a readable text file") from None

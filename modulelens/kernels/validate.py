@@ -12,26 +12,30 @@ against eager (and torch.compile when asked) and the checks again after timing. 
 from __future__ import annotations
 
 import re
+import shutil
+import statistics
+import subprocess
 import time
-import timeit
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
-import modulelens.profiling.timing as timing_module
 from modulelens.capture.values import flatten
 from modulelens.errors import ModuleLensError
-from modulelens.kernels.backends import CompileError, get_backend
+from modulelens.kernels import build_cache
+from modulelens.kernels.backends import get_backend
 from modulelens.kernels.report import Check, ValidationReport
 from modulelens.numerics import tolerances
 from modulelens.ops.cards import open_card, sample_call
 from modulelens.ops.model import OpCard
 from modulelens.ops.recorder import classify, resolve_op
-from modulelens.profiling.timing import Timing
+from modulelens.profiling.timing import Timing, time_callable
 from modulelens.repo import Repository
+from modulelens.sandbox.candidate_messages import Called, CallRequest, Loaded, LoadRequest
+from modulelens.sandbox.candidate_process import CandidateDied, CandidateProcess
+from modulelens.sandbox.containment import Isolation
 from modulelens.sandbox.messages import (
     PongResult,
     RefusedResult,
@@ -42,55 +46,22 @@ from modulelens.sandbox.messages import (
     ValidateCardTask,
     ValidatedResult,
 )
-
-# What the timers are before any candidate code runs; a candidate that replaces one is rejected.
-_TIMERS: dict[str, Callable[[], Any]] = {
-    "time.perf_counter": lambda: time.perf_counter,
-    "time.perf_counter_ns": lambda: time.perf_counter_ns,
-    "time.monotonic": lambda: time.monotonic,
-    "time.time": lambda: time.time,
-    "timeit.default_timer": lambda: timeit.default_timer,
-    "torch.utils.benchmark.Timer.timeit": lambda: __import__("torch.utils.benchmark", fromlist=["Timer"]).Timer.timeit,
-    "torch.cuda.synchronize": lambda: torch.cuda.synchronize,
-    "torch.cuda.Event.elapsed_time": lambda: torch.cuda.Event.elapsed_time,
-    "modulelens.profiling.timing.time_callable": lambda: timing_module.time_callable,
-}
-_ORIGINAL_TIMERS = {name: get() for name, get in _TIMERS.items()}
-_time_callable = timing_module.time_callable
+from modulelens.sandbox.shm import TensorSlot, aligned, encode_value, span_bytes
 
 # Operators a custom kernel may call: allocation, copies, views and metadata.
 _ALLOWED = {
     "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros", "zeros_like", "new_zeros",
-    "full", "full_like", "new_full", "fill_", "zero_", "copy_", "clone", "contiguous", "_to_copy", "resize_",
+    "full", "full_like", "new_full", "fill_", "zero_", "copy_", "clone", "contiguous", "_to_copy", "to", "resize_",
     "set_", "lift_fresh_copy", "_local_scalar_dense", "sym_size", "sym_stride", "sym_numel", "is_same_size",
-    "equal",
+    "equal", "detach", "alias", "item", "size", "stride", "numel", "dim", "is_contiguous", "data_ptr",
 }
-_VENDOR = re.compile(r"\b(cublas\w*|cublasLt\w*|cudnn\w*|cutlass::\w+|mkl_\w+|cblas_\w+|dnnl::\w+|at::(?:native::)?(?:mm|bmm|addmm|matmul|linear|conv\w*|softmax|_softmax|layer_norm|native_layer_norm|gelu|group_norm|scaled_dot_product\w*))\b")
+# Library symbols a compiled candidate must not import: vendor libraries and ATen's kernels called
+# past the dispatcher (at::cpu::gelu, at::native::...), which no dispatcher trace can see.
+_LIBRARY_SYMBOL = re.compile(r"^(cublas\w*|cublasLt\w*|cudnn\w*|mkl_\w+|cblas_\w+|dnnl\w*|"
+                             r"at::(?:cpu|cuda|native|compositeexplicitautograd|compositeimplicitautograd)::\w+)")
+DELAY_S = 0.2  # outputs are read again this long after a call returned (late writers)
 
 _REL_L2 = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-2}
-
-
-def changed_timers() -> list[str]:
-    out = []
-    for name, get in _TIMERS.items():
-        try:
-            if get() is not _ORIGINAL_TIMERS[name]:
-                out.append(name)
-        except Exception:  # noqa: BLE001 - a timer that vanished counts as replaced
-            out.append(name)
-    return out
-
-
-class _CallCounter(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.calls: dict[str, int] = {}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        base = func.name().split("::")[-1].split(".")[0]
-        if base not in _ALLOWED and classify(func) != "view":
-            self.calls[str(func)] = self.calls.get(str(func), 0) + 1
-        return func(*args, **(kwargs or {}))
 
 
 def _tensors(x: Any) -> list[torch.Tensor]:
@@ -219,14 +190,32 @@ def fresh_inputs(args: list, kwargs: dict, seed: int, dist: str) -> tuple[list, 
     return new_args, new_kwargs
 
 
+class _Call:
+    """One call of the candidate as the checker saw it: outputs read back from the arena, the input
+    slots as written, and the ops the candidate process claims it ran."""
+
+    def __init__(self, outputs: list[torch.Tensor], inputs: list[tuple[TensorSlot, torch.Tensor]],
+                 output_slots: list[TensorSlot], aliases: list[int | None], ops: list[str] | None):
+        self.outputs, self.inputs, self.output_slots, self.aliases, self.ops = outputs, inputs, output_slots, aliases, ops
+
+
+class _CandidateFailed(Exception):
+    """The candidate raised, ran out of memory, or died: ``reason`` is the rejection."""
+
+
 class _Validator:
+    """The checker: holds the card, the reference outputs and the verdict; the candidate runs in a
+    :class:`CandidateProcess` that sees only the inputs written into the shared arena."""
+
     def __init__(self, task: ValidateCardTask, stage: Callable[[str], None]):
         self.task = task
         self.stage_cb = stage
         self.report = ValidationReport(verdict="rejected", correct=False, reason="", stage="compile",
                                        backend=task.candidate.backend)
         self.rtol, self.atol = task.rtol, task.atol
-        self.calls: dict[str, int] = {}
+        self.ops: set[str] = set()
+        self.traced = True
+        self.proc: CandidateProcess | None = None
 
     def stage(self, name: str) -> None:
         self.report.stage = name
@@ -238,45 +227,57 @@ class _Validator:
 
     def reject(self, reason: str) -> ValidationReport:
         self.report.verdict = "rejected"
+        self.report.correct = False
         self.report.reason = reason
         return self.report
 
-    # ----------------------------------------------------------------------------------------
     def run(self) -> ValidationReport:
+        shared = Path(self.task.build_dir)
+        self.proc = CandidateProcess(self.task.memory_limit_mb, read_only=[shared])
+        try:
+            return self._run(shared)
+        except _CandidateFailed as e:
+            return self.reject(str(e))
+        finally:
+            self.report.stdout_bytes = self.proc.stdout_bytes()
+            self.proc.remove()
+
+    def _request(self, req, timeout: float | None = None):
+        try:
+            return self.proc.request(req, timeout or self.task.call_timeout)
+        except CandidateDied as e:
+            self.report.stderr_tail = _clean_tail(e.stderr_tail)
+            oom = "memory" in e.stderr_tail.lower() or "bad_alloc" in e.stderr_tail
+            raise _CandidateFailed(f"the candidate process {e.reason} during {self.report.stage}"
+                                   + (" (out of memory)" if oom else "")) from None
+
+    # ----------------------------------------------------------------------------------------
+    def _run(self, shared: Path) -> ValidationReport:
         cand = self.task.candidate
-        backend = get_backend(cand.backend)
-        status = backend.status()
-        build_dir = Path(self.task.build_dir)
+        status = get_backend(cand.backend).status()
         art, card = open_card(Repository(self.task.repo), self.task.card_id)
         device = self.task.device or card.device
         if device.startswith("cuda") and not torch.cuda.is_available():
             device = "cpu"
-        vendor = sorted(set(m.group(1) for m in _VENDOR.finditer(cand.source)))
 
         self.stage("compile")
+        loaded = self._request(LoadRequest(candidate=cand, build_dir=str(self.proc.scratch / "build"),
+                                           shared_build_dir=str(shared), compile_only=not status.can_run),
+                               timeout=self.task.build_timeout)
+        self.report.isolation = self._isolation(loaded)
+        if not loaded.ok:
+            self.report.errors = [loaded.error]
+            self.check("compiles", False, loaded.error)
+            return self.reject(f"does not compile: {loaded.error}")
+        self.report.compiled = True
+        self.check("compiles", True, loaded.log_tail)
+        library = self._publish(loaded, shared)
         if not status.can_run:
-            try:
-                log = backend.compile_only(cand.source, build_dir)
-            except CompileError as e:
-                self.report.errors = [e.message]
-                return self.reject(f"does not compile: {e.message}")
-            self.report.compiled = True
-            self.check("compiles", True, log[-300:])
             self.report.reason = f"compiled; not run: {status.why}"
             self.report.timing_note = status.why
             self.report.stage = "done"
             return self.report
-        try:
-            entry = backend.load(cand.source, cand.entry, build_dir)
-        except CompileError as e:
-            self.report.errors = [e.message]
-            self.check("compiles", False, e.message)
-            return self.reject(f"does not compile: {e.message}")
-        self.report.compiled = True
-        self.check("compiles", True)
-        tampered = changed_timers()
-        if tampered:
-            return self.reject(f"replaces timer functions when loaded: {', '.join(tampered)}")
+        symbols = library_symbols(library) if library else []
 
         op = resolve_op(card.op)
         inplace = op._schema.name.endswith("_") or any(a.alias_info is not None and a.alias_info.is_write
@@ -290,30 +291,29 @@ class _Validator:
                 cases.append((f"{dist} inputs, seed {seed}", a, k))
 
         self.stage("check")
-        for label, args, kwargs in cases:
-            problem = self.check_case(op, entry, args, kwargs, inplace, label)
+        for n, (label, args, kwargs) in enumerate(cases):
+            problem = self.check_case(op, args, kwargs, inplace, label, settle=n in (0, len(cases) - 1))
             if problem:
                 return self.reject(problem)
         self.report.ran = True
         self.report.correct = True
-        self.report.backend_calls = sorted(self.calls) + vendor
 
         if self.task.time:
             if not status.can_time:
                 self.report.timing_note = status.why
             else:
                 self.stage("time")
-                self.time_it(op, entry, base_args, base_kwargs, card, device)
-                tampered = changed_timers()
-                if tampered:
-                    self.report.correct = False
-                    return self.reject(f"replaced timer functions while running: {', '.join(tampered)}")
+                self.time_it(op, base_args, base_kwargs, card, device)
                 self.stage("recheck")
-                problem = self.check_case(op, entry, base_args, base_kwargs, inplace, "captured sample after timing")
+                # new values into the very buffers the timed calls used: a result kept per pointer is stale now
+                a, k = fresh_inputs(base_args, base_kwargs, 9973, "normal")
+                problem = self.check_case(op, a, k, inplace, "fresh values in the timed buffers after timing",
+                                          settle=True)
                 if problem:
-                    self.report.correct = False
                     return self.reject(problem)
         self.report.stage = "done"
+        self.report.backend_calls = sorted(self.ops) + symbols
+        self.report.wrapper_evidence = self._evidence(library is not None)
         if self.report.backend_calls:
             self.report.verdict = "wrapper"
             self.report.reason = ("correct, but it calls back into " + ", ".join(self.report.backend_calls[:5])
@@ -323,51 +323,120 @@ class _Validator:
             self.report.reason = "correct on every captured and fresh input; computes the result itself"
         return self.report
 
-    def check_case(self, op, entry, args: list, kwargs: dict, inplace: bool, label: str) -> str | None:
+    def _isolation(self, loaded: Loaded) -> Isolation:
+        iso = loaded.isolation.model_copy(deep=True)
+        if self.proc.namespaces_missing:
+            iso.layers = [x for x in iso.layers if x.name != "namespaces"]
+            iso.add("namespaces", False, self.proc.namespaces_missing)
+        iso.add("process separation", True, "the candidate runs in its own process; reference outputs, "
+                "comparison, timing and verdict stay in the checker")
+        return iso
+
+    def _publish(self, loaded: Loaded, shared: Path) -> Path | None:
+        """The candidate's extension file -- a fresh build in its scratch folder (then published to
+        the shared cache) or a published one -- or None when the claimed path is elsewhere."""
+        if not loaded.library or not loaded.build_name:
+            return None
+        path = Path(loaded.library).resolve()
+        home = self.proc.scratch.resolve() if loaded.fresh_build else shared.resolve()
+        if not path.is_relative_to(home) or not path.is_file():
+            return None
+        if loaded.fresh_build:
+            build_cache.publish_build(shared, loaded.build_name, path)
+        return path
+
+    def _evidence(self, scanned: bool) -> str:
+        parts = ["aten ops recorded by the profiler in the candidate's process, all threads (reported by that "
+                 "process, so a candidate that disables profiling there could hide them)"]
+        if scanned:
+            parts.append("the extension's imported library symbols, read by the checker (vendor libraries and "
+                         "ATen kernels called past the dispatcher)")
+        parts.append("not seen: computation in numpy or other non-torch libraries called from Python, and "
+                     "symbols resolved at run time (dlsym)")
+        return "; ".join(parts)
+
+    def _write_inputs(self, values: list) -> tuple[list, list[tuple[TensorSlot, torch.Tensor]], int]:
+        arena = self.proc.arena
+        written: list[tuple[TensorSlot, torch.Tensor]] = []
+        need = sum(aligned(span_bytes(t)) for t in _tensors(values) if isinstance(t, torch.Tensor))
+        arena.resize(need + 1)
+        offset = 0
+
+        def put(t: torch.Tensor) -> TensorSlot:
+            nonlocal offset
+            slot = arena.put(t, offset)
+            written.append((slot, arena.read(slot)))
+            offset = aligned(offset + slot.nbytes)
+            return slot
+
+        encoded = [encode_value(v, put) for v in values]
+        return encoded, written, offset
+
+    def call(self, args: list, kwargs: dict, want: list[torch.Tensor], trace: bool, label: str) -> _Call:
+        """Write the inputs, call the candidate once, read its outputs back. Raises _CandidateFailed."""
+        try:
+            encoded, written, end = self._write_inputs([*args, *kwargs.values()])
+        except ValueError as e:
+            raise ModuleLensError(f"card inputs cannot be passed to a candidate: {e}", "pick another card") from None
+        out_bytes = sum(aligned(max(w.numel() * w.element_size(), 1)) for w in want)
+        self.proc.arena.resize(end + 2 * out_bytes + (1 << 16))
+        reply = self._request(CallRequest(arena_size=self.proc.arena.size, args=encoded, output_offset=end,
+                                          poison_nbytes=[w.numel() * w.element_size() for w in want], trace=trace))
+        if not isinstance(reply, Called):
+            raise _CandidateFailed(f"the candidate process answered a call with {reply.kind}")
+        if reply.out_of_memory:
+            raise _CandidateFailed(f"exceeded the memory limit on {label}: {reply.error[:300]}")
+        if reply.error:
+            self.report.errors.append(reply.error)
+            raise _CandidateFailed(f"raised {reply.error.split(':')[0]} on {label}: {reply.error[:300]}")
+        try:
+            outputs = [self.proc.arena.read(s) for s in reply.outputs]
+        except ValueError as e:
+            raise _CandidateFailed(f"returned an output the checker cannot read ({e}) on {label}") from None
+        return _Call(outputs, written, reply.outputs, reply.aliases, reply.ops)
+
+    def check_case(self, op, args: list, kwargs: dict, inplace: bool, label: str, settle: bool = False) -> str | None:
+        """None when the candidate is right on this case, else why not. With ``settle``, the outputs
+        are read again :data:`DELAY_S` after the call returned (anything still writing them fails)."""
         ref_args = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
         ref_kwargs = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
-        expected = op(*ref_args, **ref_kwargs)  # kept alive: its memory cannot be handed to the candidate
-        want = _tensors(expected)
-        cand_args = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
-        cand_kwargs = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
-        snapshot = [a.clone() if isinstance(a, torch.Tensor) else None for a in cand_args]
-        for w in want:  # poison freed blocks of the output sizes with NaN
-            poison = torch.full_like(w, float("nan")) if w.is_floating_point() else torch.full_like(w, -7)
-            del poison
-        counter = _CallCounter()
-        try:
-            with counter:
-                out = entry(*cand_args, *cand_kwargs.values())
-        except MemoryError as e:
-            return f"exceeded the memory limit on {label}: {e}"
-        except RuntimeError as e:
-            text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            if "allocate" in text or "memory" in text.lower():
-                return f"exceeded the memory limit on {label}: {text[:300]}"
-            self.report.errors.append(f"{type(e).__name__}: {text[:500]}")
-            return f"raised {type(e).__name__} on {label}: {text[:300]}"
-        except Exception as e:  # noqa: BLE001 - any exception from user code is a verdict
-            text = str(e).strip().splitlines()[0] if str(e).strip() else ""
-            self.report.errors.append(f"{type(e).__name__}: {text[:500]}")
-            return f"raised {type(e).__name__} on {label}: {text[:300]}"
-        for k, v in counter.calls.items():
-            self.calls[k] = self.calls.get(k, 0) + v
-        got = _tensors(out)
+        want = _tensors(op(*ref_args, **ref_kwargs))
+        result = self.call(args, kwargs, want, trace=True, label=label)
+        if result.ops is None:
+            self.traced = False
+        else:
+            self.ops.update(_computing_ops(result.ops))
+        got = [g.to(w.device) if g.device != w.device else g for g, w in zip(result.outputs, want)]
+        got += result.outputs[len(want):]
         if not self.check(f"output structure ({label})", len(got) == len(want),
                           f"{len(got)} tensors returned, {len(want)} expected"):
             return f"returns {len(got)} tensor(s) where the operator returns {len(want)} ({label})"
-        for i, (g, _) in enumerate(zip(got, want)):
-            for j, a in enumerate(cand_args):
-                if isinstance(a, torch.Tensor) and _overlaps(g, a) and not (inplace and j == 0):
-                    self.check(f"no aliasing ({label})", False, f"output {i} shares memory with input {j}")
-                    return f"output {i} is (a view of) input {j}: kernels must write their own output ({label})"
-        for i, (a, snap) in enumerate(zip(cand_args, snapshot)):
-            if snap is not None and not (inplace and i == 0) and not _same_bits(a, snap):
+        for i, j in enumerate(result.aliases):
+            if j is not None and not (inplace and j == 0):
+                self.check(f"no aliasing ({label})", False, f"output {i} shares memory with input {j}")
+                return f"output {i} is (a view of) input {j}: kernels must write their own output ({label})"
+        arena = self.proc.arena
+        tensor_inputs = [a for a in [*args, *kwargs.values()] if isinstance(a, torch.Tensor)]
+        for i, (slot, before) in enumerate(result.inputs):
+            if not (inplace and i == 0) and not _same_bits(arena.read(slot), before):
                 self.check(f"inputs unchanged ({label})", False, f"input {i} modified")
                 return f"mutates input {i} ({label}); kernels must not modify their inputs"
-        if inplace:  # the operator's contract is to update its first argument
-            got = [cand_args[0]] + got[1:] if got else got
-            want = [ref_args[0]] + want[1:] if want else want
+        if inplace and result.inputs and tensor_inputs:  # the operator's contract is to update its first argument
+            got = [arena.read(result.inputs[0][0]).to(want[0].device)] + got[1:]
+            want = [ref_args[0]] + want[1:]
+        problem = self._compare(op, args, kwargs, inplace, got, want, label)
+        if problem:
+            return problem
+        if not settle:
+            return None
+        time.sleep(DELAY_S)
+        for i, (slot, g) in enumerate(zip(result.output_slots, result.outputs)):
+            if not _same_bits(arena.read(slot), g):
+                self.check(f"output {i} stable ({label})", False, "changed after the call returned")
+                return f"output {i} changed {DELAY_S:g} s after the call returned ({label}): something writes it late"
+        return None
+
+    def _compare(self, op, args, kwargs, inplace, got, want, label) -> str | None:
         noise = None
         for i, (g, w) in enumerate(zip(got, want)):
             ok, detail = compare_output(g, w, self.rtol, self.atol)
@@ -381,14 +450,20 @@ class _Validator:
                 return f"output {i} is wrong on {label}: {detail}"
         return None
 
-    def time_it(self, op, entry, args: list, kwargs: dict, card: OpCard, device: str) -> None:
+    def time_it(self, op, args: list, kwargs: dict, card: OpCard, device: str) -> None:
+        """Eager timed here while the candidate process is stopped; the candidate timed by this
+        process's clock around batches of calls it makes in its own process."""
         min_run = self.task.min_run_time
-        eager_fn = lambda: op(*args, **kwargs)  # noqa: E731
-        cand_fn = lambda: entry(*args, *kwargs.values())  # noqa: E731
+        want = _tensors(op(*args, **kwargs))
+        self.call(args, kwargs, want, trace=False, label="timing inputs")
         rounds = []
         for _ in range(2):  # interleaved, so drift hits both alike
-            rounds.append((_time_callable(eager_fn, device, min_run_time=min_run / 2),
-                           _time_callable(cand_fn, device, min_run_time=min_run / 2)))
+            self.proc.pause()
+            try:
+                eager = time_callable(lambda: op(*args, **kwargs), device, min_run_time=min_run / 2)
+            finally:
+                self.proc.resume()
+            rounds.append((eager, self._time_candidate(device, min_run / 2)))
         eager = min((r[0] for r in rounds), key=lambda t: t.median_s)
         cand = min((r[1] for r in rounds), key=lambda t: t.median_s)
         self.report.eager, self.report.candidate = eager, cand
@@ -396,11 +471,11 @@ class _Validator:
         if self.task.compile_baseline:
             compiled = torch.compile(lambda *a: op(*a, **kwargs), dynamic=False)
             compiled(*args)
-            ct = _time_callable(lambda: compiled(*args), device, min_run_time=min_run / 2)
+            ct = time_callable(lambda: compiled(*args), device, min_run_time=min_run / 2)
             self.report.compiled_baseline = ct
             self.report.speedup_vs_compile = ct.median_s / cand.median_s
-        self.report.timing_note = (f"medians of the faster of two interleaved rounds each; {eager.timer}; "
-                                   f"{eager.threads} threads; {eager.cache}")
+        self.report.timing_note = (f"eager: {eager.timer}; candidate: {cand.timer}; medians of the faster of two "
+                                   f"interleaved rounds each; {eager.threads} threads; {eager.cache}")
         if self.report.speedup_vs_eager > 10:
             self.report.flags.append(f"suspicious: {self.report.speedup_vs_eager:.1f}x faster than eager")
         if card.kind == "memory" and card.bytes_per_call:
@@ -412,26 +487,108 @@ class _Validator:
                     f"suspicious: {cand.median_s * 1e6:.1f} us is under half the {floor * 1e6:.1f} us this machine "
                     f"needs to move {card.bytes_per_call} bytes")
 
+    def _time_candidate(self, device: str, min_run_time: float) -> Timing:
+        try:
+            return checker_timing(self.proc, device, min_run_time, self.task.call_timeout)
+        except RuntimeError as e:
+            raise _CandidateFailed(f"raised while being timed: {e}") from None
+        except CandidateDied as e:
+            raise _CandidateFailed(f"the candidate process {e.reason} while being timed") from None
+
+
+def checker_timing(proc: CandidateProcess, device: str, min_run_time: float, timeout: float,
+                   warmup: int = 3) -> Timing:
+    """Per-call seconds of the candidate's last call, measured by this process's clock around
+    batches of calls (each batch >= 20 ms, so the pipe round trip is a small part of it)."""
+    proc.time_calls(warmup, timeout)
+    one = proc.time_calls(1, timeout)
+    batch = max(1, min(100_000, int(0.02 / max(one, 1e-9))))
+    samples: list[float] = []
+    spent = 0.0
+    while spent < min_run_time or len(samples) < 5:
+        per_call = proc.time_calls(batch, timeout)
+        samples.append(per_call)
+        spent += per_call * batch
+        if len(samples) >= 200:
+            break
+    samples.sort()
+    pick = lambda q: samples[min(len(samples) - 1, int(q * len(samples)))]  # noqa: E731
+    return Timing(median_s=statistics.median(samples), p20_s=pick(0.2), p80_s=pick(0.8), runs=len(samples) * batch,
+                  samples=len(samples), warmup=warmup,
+                  timer=f"checker's perf_counter around {batch} call(s) per sample in the candidate process",
+                  device=device, threads=torch.get_num_threads(), cache="warm (CPU caches are not flushed between calls)")
+
+
+def _computing_ops(names: list[str]) -> list[str]:
+    """The aten ops among ``names`` that compute (not allocation, copies, views or metadata)."""
+    out = []
+    for name in names:
+        if not name.startswith("aten::"):
+            continue
+        base = name.split("::", 1)[1].split(".")[0]
+        if base in _ALLOWED:
+            continue
+        packet = getattr(torch.ops.aten, base, None)
+        overload = getattr(packet, "default", None) if packet is not None else None
+        if overload is not None and classify(overload) == "view":
+            continue
+        out.append(name)
+    return out
+
+
+def library_symbols(library: Path) -> list[str]:
+    """Vendor-library and past-the-dispatcher ATen symbols the extension file imports (read with
+    ``nm`` by the checker, not reported by the candidate)."""
+    nm = shutil.which("nm")
+    if not nm:
+        return []
+    try:
+        text = subprocess.run([nm, "-D", "--undefined-only", "-C", str(library)], capture_output=True, text=True,
+                              timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    found = set()
+    for line in text.splitlines():  # "                 U at::cpu::_softmax(at::Tensor const&, long, bool)"
+        sym = line.strip().partition(" ")[2].strip()
+        m = _LIBRARY_SYMBOL.match(sym)
+        if m:
+            found.add(m.group(0))
+    return sorted(found)
+
+
+def _clean_tail(text: str) -> str:
+    """A stderr tail safe to show: control characters other than newline and tab removed."""
+    return "".join(c for c in text if c in "\n\t" or c.isprintable())[-1500:]
+
 
 def time_candidate(task: TimeCandidateTask) -> Timing:
-    """Time a candidate alone on its card's first captured sample (for ``profile``)."""
+    """Time a candidate alone on its card's first captured sample (for ``profile``), by the
+    checker's clock around calls made in the candidate's own process."""
     cand = task.candidate
-    backend = get_backend(cand.backend)
-    status = backend.status()
+    status = get_backend(cand.backend).status()
     if not (status.can_run and status.can_time):
         raise ModuleLensError(f"{cand.backend} candidates cannot be timed here: {status.why}",
                               "profile it on a machine with the right device")
-    entry = backend.load(cand.source, cand.entry, Path(task.build_dir))
     art, card = open_card(Repository(task.repo), task.card_id)
     device = task.device or card.device
     args, kwargs, _, _ = sample_call(art, card, 0, device=device)
-    t = _time_callable(lambda: entry(*args, *kwargs.values()), device, min_run_time=task.min_run_time,
-                       warmup=task.warmup)
-    tampered = changed_timers()
-    if tampered:
-        raise ModuleLensError(f"the candidate replaced timer functions: {', '.join(tampered)}", "it cannot be timed")
-    return t
-
+    settings = ValidateCardTask(repo=task.repo, candidate=cand, build_dir=task.build_dir, card_id=task.card_id,
+                                device=device, time=False)
+    checker = _Validator(settings, lambda _: None)
+    checker.proc = CandidateProcess(settings.memory_limit_mb, read_only=[Path(task.build_dir)])
+    try:
+        loaded = checker._request(LoadRequest(candidate=cand, build_dir=str(checker.proc.scratch / "build"),
+                                              shared_build_dir=task.build_dir), timeout=settings.build_timeout)
+        if not loaded.ok:
+            raise ModuleLensError(f"the candidate does not compile: {loaded.error}", "fix it and validate it first")
+        checker._publish(loaded, Path(task.build_dir))
+        want = _tensors(resolve_op(card.op)(*args, **kwargs))
+        checker.call(args, kwargs, want, trace=False, label="the first sample")
+        return checker_timing(checker.proc, device, task.min_run_time, settings.call_timeout, task.warmup)
+    except _CandidateFailed as e:
+        raise ModuleLensError(f"the candidate failed while being timed: {e}", "validate it first") from None
+    finally:
+        checker.proc.remove()
 
 def validate_card(task: ValidateCardTask, stage: Callable[[str], None]) -> ValidationReport:
     """Validate the task's candidate against its card; every outcome, a failure to set up included,
@@ -454,6 +611,5 @@ def run_task(task: SandboxTask, stage: Callable[[str], None]) -> SandboxResult:
         except ModuleLensError as e:
             return RefusedResult(message=e.message, hint=e.hint, healthy=False)
     if isinstance(task, ValidateCardTask):
-        report = validate_card(task, stage)
-        return ValidatedResult(report=report, healthy=not changed_timers() and report.verdict != "rejected")
+        return ValidatedResult(report=validate_card(task, stage))
     return PongResult()

@@ -33,7 +33,7 @@ class RecordOptions(BaseModel):
     backward: bool = Field(False, description="Also record the backward operators (forward + backward run).")
     samples: int = Field(2, ge=1, le=16, description="Sample calls kept per card (inputs and eager outputs).")
     repeats: int = Field(15, ge=3, description="Timed runs used to measure time shares (medians).")
-    max_tensor_bytes: int = Field(64 * 1024 * 1024, description="Sample tensors larger than this are stored shape-only.")
+    max_tensor_bytes: int = Field(64 * 1024 * 1024, ge=0, description="Sample tensors larger than this are stored shape-only.")
     include_views: bool = Field(False, description="Also list view/metadata operators (view, t, detach, ...).")
     allow_synthesized: bool = Field(False, description="Record even when the capture's inputs are shape-only (synthesised).")
 

@@ -16,6 +16,7 @@ from modulelens.errors import ModuleLensError, ReferenceNotFound
 from modulelens.ops.model import KIND, SAMPLES_FILE, OpCard, OpSetManifest, parse_card_id
 from modulelens.ops.recorder import resolve_op
 from modulelens.repo import Artifact, Repository
+from modulelens.repo.trust import require_trusted
 
 
 def open_opset(repo: Repository, ref: str) -> tuple[Artifact, OpSetManifest]:
@@ -37,6 +38,7 @@ def sample_call(art: Artifact, card: OpCard, sample: int = 0, device: str | None
     operators the CPU RNG is set to the state it had before the recorded call."""
     if sample >= len(card.samples):
         raise ReferenceNotFound(f"card {card.card_id} has no sample {sample}", f"it has {len(card.samples)} sample(s)")
+    require_trusted(art, "decode its samples")  # decoding resolves the class paths it names
     s = card.samples[sample]
     tensors = load_tensors(art, SAMPLES_FILE)
     src_in = TensorSource(tensors, device=device)

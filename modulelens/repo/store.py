@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from modulelens.errors import ChecksumMismatch, ModuleLensError, ReferenceNotFound
 from modulelens.repo.refs import Ref, parse_ref, validate_name
+from modulelens.repo.trust import SIGNATURE, is_confined, sign_folder
 
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
@@ -102,6 +103,18 @@ def _locked(lock_path: Path) -> Iterator[None]:
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
+def _read_aliases(path: Path) -> dict[str, int]:
+    """The tags in an aliases file; {} when it is missing or damaged (not JSON, or not tag ->
+    version number), so one bad file cannot break listing or writing the repository."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)}
+
+
 class Artifact:
     """One stored version. Files are checked against their sha256 when first read."""
 
@@ -136,6 +149,9 @@ class Artifact:
                 f"{self.kind[:-1]} {self.ref} has no file {rel!r}",
                 f"files present: {', '.join(sorted(files)) or 'none'}",
             )
+        if not is_confined(self.path, rel):
+            raise ChecksumMismatch(f"file {rel!r} of {self.ref} lies outside the artifact",
+                                   "the manifest was crafted or damaged; do not trust this artifact")
         path = self.path / rel
         if rel not in self._verified:
             if not path.is_file():
@@ -202,8 +218,9 @@ class Repository:
         return sorted(out)
 
     def aliases(self, kind: str, name: str) -> dict[str, int]:
-        path = self._name_dir(kind, name) / ALIASES
-        aliases = json.loads(path.read_text()) if path.is_file() else {}
+        """Tags of ``name`` and ``latest`` (always the newest version). A damaged aliases file loses
+        its tags here (a one-line error when a tag is asked for), never the listing."""
+        aliases = _read_aliases(self._name_dir(kind, name) / ALIASES)
         versions = self.versions(kind, name)
         if versions:
             aliases["latest"] = versions[-1]
@@ -279,7 +296,7 @@ class Repository:
             files = {
                 p.relative_to(tmp).as_posix(): sha256_file(p)
                 for p in sorted(tmp.rglob("*"))
-                if p.is_file() and p.name != MANIFEST
+                if p.is_file() and p.relative_to(tmp).as_posix() not in (MANIFEST, SIGNATURE)
             }
             with _locked(name_dir / ".lock"):
                 version = (self.versions(kind, name) or [0])[-1] + 1
@@ -294,10 +311,11 @@ class Repository:
                     "files": files,
                 }
                 (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
+                sign_folder(tmp, MANIFEST)  # written here, so trusted here (see repo/trust.py)
                 final = name_dir / f"v{version}"
                 os.rename(tmp, final)
                 aliases_path = name_dir / ALIASES
-                aliases = json.loads(aliases_path.read_text()) if aliases_path.is_file() else {}
+                aliases = _read_aliases(aliases_path)
                 aliases["latest"] = version
                 _write_json_atomic(aliases_path, aliases)
         except BaseException:
@@ -314,7 +332,7 @@ class Repository:
         name_dir = self._name_dir(kind, name)
         with _locked(name_dir / ".lock"):
             path = name_dir / ALIASES
-            aliases = json.loads(path.read_text()) if path.is_file() else {}
+            aliases = _read_aliases(path)
             aliases[tag] = version
             _write_json_atomic(path, aliases)
         return name, version

@@ -42,6 +42,9 @@ class CandidateTask(_Message):
 
 class ValidateCardTask(CandidateTask, ValidationSettings):
     kind: Literal["validate_card"] = "validate_card"
+    memory_limit_mb: int = Field(6144, ge=256, description="Address-space cap of the candidate process (CPU runs).")
+    call_timeout: float = Field(120.0, gt=0, description="Seconds one request to the candidate process may take.")
+    build_timeout: float = Field(900.0, gt=0, description="Seconds compiling the candidate may take.")
 
     @property
     def settings(self) -> ValidationSettings:

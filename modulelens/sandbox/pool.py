@@ -43,6 +43,14 @@ def scrubbed_environment(scratch: Path) -> dict[str, str]:
     return env
 
 
+def checker_environment(scratch: Path) -> dict[str, str]:
+    """The scrubbed environment plus where this machine's signing key is (the checker verifies
+    that the cards it decodes are trusted; candidate processes never get this)."""
+    from modulelens.repo.trust import config_dir
+
+    return {**scrubbed_environment(scratch), "MODULELENS_CONFIG_DIR": str(config_dir())}
+
+
 class WorkerCrashed(Exception):
     def __init__(self, reason: str, stage: str | None, stderr_tail: str):
         super().__init__(reason)
@@ -62,7 +70,7 @@ class SandboxWorker:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "modulelens.sandbox.worker", str(task_r), str(result_w), str(memory_limit_mb)],
                 pass_fds=(task_r, result_w), stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                cwd=self.scratch, env=scrubbed_environment(self.scratch), start_new_session=True,
+                cwd=self.scratch, env=checker_environment(self.scratch), start_new_session=True,
             )
         os.close(task_r)
         os.close(result_w)

@@ -9,6 +9,7 @@ from modulelens.tools import (  # noqa: F401, I001  (CLI order)
     list_captures,
     show_capture,
     tag_capture,
+    trust_artifact,
     export_repro,
     capture_ops,
     list_opsets,

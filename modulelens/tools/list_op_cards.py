@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, Field
 
 from modulelens.ops.summary import OpSetSummary, summarize_opset
@@ -13,7 +15,7 @@ from modulelens.repo import Repository
 class ListOpCardsRequest(BaseModel):
     ref: str = Field(description="Opset reference (the capture's name: blk, blk:v2, blk@tag).",
                      json_schema_extra={"cli": "argument"})
-    kind: str | None = Field(None, description="Only cards of this kind: memory, compute or view.")
+    kind: Literal["memory", "compute", "view"] | None = Field(None, description="Only cards of this kind: memory, compute or view.")
     top: int | None = Field(None, ge=1, description="Only the first N cards.")
 
 

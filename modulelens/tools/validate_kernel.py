@@ -10,7 +10,7 @@ from modulelens.errors import ModuleLensError
 from modulelens.kernels.candidates import candidate_manifest, load_candidate, save_agent_candidate
 from modulelens.kernels.report import ValidationSettings
 from modulelens.kernels.sandboxed import DEFAULT_TIMEOUT_S, CandidateValidation, validate_candidate
-from modulelens.kernels.source import BackendName, KernelSource
+from modulelens.kernels.source import BackendName, KernelSource, read_source_file
 from modulelens.registry import Tool, ToolContext, register
 from modulelens.repo import Artifact, Repository
 from modulelens.sandbox.pool import DEFAULT_MEMORY_LIMIT_MB
@@ -27,8 +27,8 @@ class ValidateKernelRequest(BaseModel):
     time: bool = Field(True, description="Time against eager on the captured sample (when the backend can be timed here).")
     compile_baseline: bool = Field(False, description="Also time torch.compile of the operator.")
     seeds: int = Field(2, ge=1, le=10, description="Fresh-input seeds (each with normal, uniform, heavy-tailed and special values).")
-    rtol: float | None = Field(None, description="Override the relative tolerance (default: per dtype).")
-    atol: float | None = Field(None, description="Override the absolute tolerance (default: per dtype, scaled by the output).")
+    rtol: float | None = Field(None, ge=0, description="Override the relative tolerance (default: per dtype).")
+    atol: float | None = Field(None, ge=0, description="Override the absolute tolerance (default: per dtype, scaled by the output).")
     timeout: float = Field(DEFAULT_TIMEOUT_S, gt=0, description="Seconds before the sandbox worker is stopped (cold C++ builds take ~20-60 s).")
     memory_limit_mb: int = Field(DEFAULT_MEMORY_LIMIT_MB, ge=256, description="Address-space limit of the sandbox worker (CPU).")
 
@@ -51,7 +51,7 @@ def _candidate(req: ValidateKernelRequest, repo: Repository) -> tuple[Artifact, 
         path = Path(req.source).expanduser()
         if not path.is_file():
             raise ModuleLensError(f"source file {req.source!r} does not exist", "give the path of your kernel file")
-        text = path.read_text()
+        text = read_source_file(path)
     src = KernelSource(backend=req.backend, source=text or "", provider="agent",
                        provenance={"source_file": str(Path(req.source).resolve()) if req.source else None})
     return save_agent_candidate(repo, req.target, src), src

@@ -44,6 +44,12 @@ def build_extension(name: str, folder: Path, lines: dict[str, tuple[int, int]],
     module = build_cache.loaded(name)
     if module is not None:
         return module, ""
+    published = build_cache.published_build(name, _LIB_SUFFIX)
+    if published is not None:
+        module = _import_library(name, published)
+        build_cache.remember_loaded(name, module)
+        build_cache.remember_build(name, published, fresh=False)
+        return module, ""
     folder.mkdir(parents=True, exist_ok=True)
     with build_cache.BUILD_LOCK:
         module = build_cache.loaded(name)
@@ -66,7 +72,22 @@ def build_extension(name: str, folder: Path, lines: dict[str, tuple[int, int]],
             build_cache.remember_failure(folder, message, log)
             raise CompileError(message, log)
         build_cache.remember_loaded(name, module)
+        build_cache.remember_build(name, folder / f"{name}{_LIB_SUFFIX}", fresh=True)
     return module, log
+
+
+_LIB_SUFFIX = ".so" if sys.platform != "win32" else ".pyd"
+
+
+def _import_library(name: str, path: Path) -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise CompileError(f"cannot load the published build {path.name}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @contextlib.contextmanager
@@ -131,8 +152,14 @@ def summarize_errors(log: str, sources: dict[str, tuple[int, int]], max_errors: 
             where = f"<source>:{line - offset}" if 0 < line - offset <= count else "<bindings>"
             if line - offset <= 0:
                 where = "<implicit headers>"
-        else:
+        elif _is_header(path):
             where = _short_path(path) + f":{line}"
+        else:  # an #include of some other file: its text must not come back in the message
+            out.append(f"{_short_path(path)}:{line}: {m.group('kind')}: (not shown: the error is in a file that is "
+                       "neither the candidate's source nor a compiler or torch header)")
+            if len(out) >= max_errors:
+                break
+            continue
         col = m.groupdict().get("col") if where.startswith("<source>") or not where.startswith("<") else None
         text = f"{where}{':' + col if col else ''}: {m.group('kind')}: {m.group('msg').strip()}"
         if text not in out:
@@ -145,8 +172,23 @@ def summarize_errors(log: str, sources: dict[str, tuple[int, int]], max_errors: 
     und = _UNDEFINED.search(log)
     if und:
         return f"load failed: undefined symbol {_demangle(und.group(1))} (declared but never defined?)"
+    if _OTHER_FILE.search(log):
+        return "build failed (the compiler's output names files outside the candidate's source; not shown)"
     lines = [x for x in log.strip().splitlines() if x.strip() and not x.startswith("[")]
     return "\n".join(_short_path(x) for x in lines[-4:]) or "build failed (no compiler output)"
+
+
+# "In file included from /etc/x:1", "/etc/x:1:2: note": a path that is no header and no build file
+_OTHER_FILE = re.compile(r"(?m)(?:^|\s)(/(?!usr/|opt/)[^\s:]+):\d+")
+_HEADER_ROOTS = ("/usr/include", "/usr/lib/gcc", "/usr/local/include", "/usr/local/cuda", "/opt/")
+
+
+def _is_header(path: str) -> bool:
+    """A file of the compiler, the system, CUDA or torch (whose errors may be shown)."""
+    import torch
+
+    return (path.startswith(_HEADER_ROOTS) or path.startswith(str(Path(torch.__file__).parent))
+            or path.startswith("<") or not path.startswith("/"))
 
 
 def _short_path(text: str) -> str:

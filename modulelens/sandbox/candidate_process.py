@@ -1,0 +1,236 @@
+"""The checker's handle on one candidate process: start it contained, send it requests, time it
+with the checker's own clock, and kill everything it started.
+
+One candidate, one process: a process that ran a candidate is never given another. It is
+started as ``unshare ... python -m modulelens.sandbox.candidate`` where namespaces are available
+(:func:`modulelens.sandbox.containment.namespace_prefix`), in a new session, with a scrubbed
+environment, its stdout and stderr in files of its scratch folder (the only place it may write),
+and three inherited descriptors: requests, replies and the shared arena. :meth:`close` kills its
+process group; with a PID namespace that kills every process it started, ``setsid`` ones too.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from modulelens.sandbox import protocol
+from modulelens.sandbox.candidate_messages import (
+    CANDIDATE_REPLIES,
+    CandidateReply,
+    CandidateRequest,
+    Repeated,
+    RepeatRequest,
+)
+from modulelens.sandbox.containment import namespace_prefix
+from modulelens.sandbox.shm import SharedArena
+
+
+class CandidateDied(Exception):
+    """The candidate process ended or outlived its time; ``reason`` says which, in words."""
+
+    def __init__(self, reason: str, stderr_tail: str = ""):
+        super().__init__(reason)
+        self.reason, self.stderr_tail = reason, stderr_tail
+
+
+def _scrubbed_environment(scratch: Path) -> dict[str, str]:
+    from modulelens.sandbox.pool import scrubbed_environment
+
+    env = scrubbed_environment(scratch)
+    env.update(XDG_CACHE_HOME=str(scratch / "cache"), TRITON_CACHE_DIR=str(scratch / "triton"),
+               TORCH_EXTENSIONS_DIR=str(scratch / "torch_extensions"))
+    env.pop("MODULELENS_BUILD_DIR", None)
+    env.pop("MODULELENS_CONFIG_DIR", None)
+    return env
+
+
+def scratch_parent() -> Path:
+    """Where candidate scratch folders go: next to the build cache, not under /tmp (which the
+    candidate's mount namespace replaces with its own)."""
+    from modulelens.kernels.build_cache import default_build_dir
+
+    folder = default_build_dir().parent / "candidates"
+    folder.mkdir(parents=True, exist_ok=True)
+    remove_orphaned_scratch(folder)
+    return folder
+
+
+OWNER = "owner.pid"
+
+
+def remove_orphaned_scratch(folder: Path, min_age_s: float = 60.0) -> list[Path]:
+    """Remove scratch folders left by checkers that were killed (their ``owner.pid`` names a
+    process that is gone) and that are older than ``min_age_s``. Returns what was removed."""
+    removed = []
+    now = time.time()
+    for path in folder.glob("modulelens-candidate-*"):
+        try:
+            if now - path.stat().st_mtime < min_age_s:
+                continue
+            pid = int((path / OWNER).read_text())
+        except (OSError, ValueError):
+            pid = 0
+        if pid and _alive(pid):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _die_with_parent() -> None:
+    """(In the child, before exec) be killed when the checker dies, however it dies."""
+    import ctypes
+
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
+class CandidateProcess:
+    """A contained process that runs one candidate. ``read_only`` are folders it may read (the
+    shared build cache)."""
+
+    def __init__(self, memory_limit_mb: int, read_only: list[Path], parent: Path | None = None):
+        self.scratch = Path(tempfile.mkdtemp(prefix="modulelens-candidate-", dir=parent or scratch_parent()))
+        for sub in ("tmp", "build", "cache"):
+            (self.scratch / sub).mkdir()
+        (self.scratch / OWNER).write_text(str(os.getpid()))
+        self.arena = SharedArena()
+        self.stderr_path = self.scratch / "stderr.log"
+        self.stdout_path = self.scratch / "stdout.log"
+        req_r, self._req_w = os.pipe()
+        self._reply_r, reply_w = os.pipe()
+        prefix, described = namespace_prefix()
+        env = _scrubbed_environment(self.scratch)
+        if prefix:
+            env["MODULELENS_NAMESPACES"] = described
+        self.namespaces = described if prefix else ""
+        self.namespaces_missing = "" if prefix else described
+        cmd = [*prefix, sys.executable, "-m", "modulelens.sandbox.candidate", str(req_r), str(reply_w),
+               str(self.arena.fd), str(self.scratch), str(memory_limit_mb), *map(str, read_only)]
+        with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
+            self.proc = subprocess.Popen(cmd, pass_fds=(req_r, reply_w, self.arena.fd), stdin=subprocess.DEVNULL,
+                                         stdout=out, stderr=err, cwd=self.scratch, env=env, start_new_session=True,
+                                         preexec_fn=_die_with_parent)
+        os.close(req_r)
+        os.close(reply_w)
+        self.stage = "starting"
+
+    # -- requests ------------------------------------------------------------------------------
+    def request(self, req: CandidateRequest, timeout: float) -> CandidateReply:
+        """Send ``req`` and wait for its reply. Raises :class:`CandidateDied`."""
+        try:
+            protocol.send(self._req_w, req)
+        except OSError:
+            raise CandidateDied(self._death_reason(), self.stderr_tail()) from None
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self.close()
+                raise CandidateDied(f"timed out after {timeout:.0f} s", self.stderr_tail())
+            ready, _, _ = select.select([self._reply_r], [], [], min(remaining, 0.5))
+            if ready:
+                try:
+                    reply = protocol.receive(self._reply_r, CANDIDATE_REPLIES)
+                except ValueError:  # not a frame of ours: the candidate wrote on the pipe
+                    self.close()
+                    raise CandidateDied("wrote a malformed reply on its pipe") from None
+                if reply is None:
+                    raise CandidateDied(self._death_reason(), self.stderr_tail())
+                return reply
+            if self.proc.poll() is not None:
+                raise CandidateDied(self._death_reason(), self.stderr_tail())
+
+    def time_calls(self, calls: int, timeout: float) -> float:
+        """Seconds per call of ``calls`` calls on the last inputs, measured here between sending the
+        request and reading its answer (the candidate cannot reach this clock). Raises
+        :class:`CandidateDied`; a candidate error raises RuntimeError."""
+        t0 = time.perf_counter()
+        reply = self.request(RepeatRequest(calls=calls), timeout)
+        elapsed = time.perf_counter() - t0
+        if not isinstance(reply, Repeated):
+            raise CandidateDied(f"answered a timing request with {reply.kind}")
+        if reply.error:
+            raise RuntimeError(reply.error)
+        return elapsed / calls
+
+    # -- pausing and ending ----------------------------------------------------------------------
+    def pause(self) -> None:
+        """Stop the candidate's process group (while the checker times eager)."""
+        self._signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self._signal(signal.SIGCONT)
+
+    def _signal(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def stdout_bytes(self) -> int:
+        try:
+            return self.stdout_path.stat().st_size
+        except OSError:
+            return 0
+
+    def stderr_tail(self, n: int = 1500) -> str:
+        try:
+            return self.stderr_path.read_bytes()[-n:].decode(errors="replace")
+        except OSError:
+            return ""
+
+    def _death_reason(self) -> str:
+        try:
+            code = self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.close()
+            return "stopped answering"
+        if code < 0 or code > 128:
+            num = -code if code < 0 else code - 128
+            try:
+                name = signal.Signals(num).name
+            except ValueError:
+                name = f"signal {num}"
+            return f"crashed with {name}"
+        return f"exited with code {code}"
+
+    def close(self) -> None:
+        """Kill the process group (and with it the PID namespace) and release the arena's pipes.
+        The scratch folder stays until :meth:`remove`."""
+        self._signal(signal.SIGCONT)
+        self._signal(signal.SIGKILL)
+        if self.proc.poll() is None:
+            self.proc.kill()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        for fd in (self._req_w, self._reply_r):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._req_w = self._reply_r = -1
+
+    def remove(self) -> None:
+        self.close()
+        self.arena.close()
+        shutil.rmtree(self.scratch, ignore_errors=True)

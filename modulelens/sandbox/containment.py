@@ -1,0 +1,216 @@
+"""Containment of a candidate process on Linux, in layers; each layer says whether it is in force.
+
+Layers, outermost first:
+
+* **namespaces** (:func:`namespace_prefix`): the candidate process is started through the
+  ``unshare`` binary in new user, PID, network, mount and IPC namespaces, as PID 1 of its PID
+  namespace (``--fork --kill-child``): it sees no other process (``/proc`` is remounted), has no
+  network but a loopback that is down, and when it dies -- or the ``unshare`` process in front of
+  it is killed -- the kernel kills every process left in the namespace (a ``setsid`` grandchild
+  included). Probed once per process; where ``unshare`` fails, the layer is reported absent and
+  the process group is all that is killed.
+* **private /tmp** (:func:`private_tmp`): a fresh tmpfs on ``/tmp`` inside the mount namespace.
+* **rlimits** (:func:`apply_rlimits`): address space (CPU runs only: CUDA maps far more than it
+  uses), processes/threads, core dumps off.
+* **Landlock** (:func:`apply_landlock`): the process and everything it starts may write only in
+  its scratch folder (and ``/dev`` for device files), read only system and Python install folders
+  plus its scratch and the read-only build cache, open no TCP connection and bind no TCP port
+  (ABI 4+), and signal no process outside itself (ABI 6+).
+* **seccomp** is not applied (no filter is installed): the verdict says so.
+
+:class:`Isolation` is what a candidate process reports about itself after applying the layers;
+the checker adds what it observed from outside. Nothing here claims a layer it did not check.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import resource
+import shutil
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+
+class Layer(BaseModel):
+    name: str
+    in_force: bool
+    detail: str = ""
+
+
+class Isolation(BaseModel):
+    """The containment layers of one candidate process, as they were actually in force."""
+
+    layers: list[Layer] = Field(default_factory=list)
+
+    def add(self, name: str, in_force: bool, detail: str = "") -> None:
+        self.layers.append(Layer(name=name, in_force=in_force, detail=detail))
+
+    def in_force(self) -> list[str]:
+        return [x.name for x in self.layers if x.in_force]
+
+    def summary(self) -> str:
+        """'in force: a, b; not in force: c (why)'."""
+        yes = ", ".join(self.in_force()) or "none"
+        no = "; ".join(f"{x.name} ({x.detail})" if x.detail else x.name for x in self.layers if not x.in_force)
+        return f"in force: {yes}" + (f"; not in force: {no}" if no else "")
+
+
+# -- namespaces --------------------------------------------------------------------------------
+
+_UNSHARE_FLAGS = (["--user", "--map-root-user"], ["--pid", "--fork", "--kill-child", "--mount-proc"], ["--net"],
+                  ["--mount"], ["--ipc"])
+
+
+@cache
+def namespace_prefix() -> tuple[list[str], str]:
+    """(command prefix that starts a program in new namespaces, description); ``[]`` and why not
+    when ``unshare`` is missing or the kernel refuses. Tried with a user namespace first, then
+    without (enough when running as root)."""
+    if platform.system() != "Linux":
+        return [], "not Linux"
+    exe = shutil.which("unshare")
+    if not exe:
+        return [], "no unshare binary"
+    why = ""
+    for flags in (_UNSHARE_FLAGS, _UNSHARE_FLAGS[1:]):
+        cmd = [exe, *[f for group in flags for f in group]]
+        try:
+            done = subprocess.run([*cmd, "true"], capture_output=True, timeout=20)
+        except (OSError, subprocess.SubprocessError) as e:
+            why = str(e)
+            continue
+        if done.returncode == 0:
+            kinds = "user, PID, network, mount, IPC" if "--user" in cmd else "PID, network, mount, IPC (no user namespace)"
+            return cmd, kinds
+        why = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or [f"exit {done.returncode}"]
+        why = why[0]
+    return [], f"unshare refused: {why}"
+
+
+# -- inside the candidate process ---------------------------------------------------------------
+
+_libc = ctypes.CDLL(None, use_errno=True) if platform.system() == "Linux" else None
+_MS_NOSUID, _MS_NODEV = 2, 4
+
+
+def private_tmp() -> Layer:
+    """Mount a fresh tmpfs on /tmp (only meaningful inside a mount namespace: PID 1 there)."""
+    if _libc is None or os.getpid() != 1:
+        return Layer(name="private /tmp", in_force=False, detail="no mount namespace")
+    if _libc.mount(b"tmpfs", b"/tmp", b"tmpfs", _MS_NOSUID | _MS_NODEV, b"size=1g,mode=1777") != 0:
+        return Layer(name="private /tmp", in_force=False, detail=os.strerror(ctypes.get_errno()))
+    return Layer(name="private /tmp", in_force=True)
+
+
+def apply_rlimits(memory_mb: int, limit_address_space: bool, max_processes: int = 512) -> Layer:
+    """Core dumps off; processes/threads capped; address space capped (CPU runs only)."""
+    parts = []
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    try:
+        resource.setrlimit(resource.RLIMIT_NPROC, (max_processes, max_processes))
+        parts.append(f"{max_processes} processes")
+    except (ValueError, OSError):
+        pass
+    if limit_address_space and memory_mb > 0:
+        limit = memory_mb * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        parts.append(f"{memory_mb} MiB address space")
+    else:
+        parts.append("no address-space cap (GPU run)")
+    return Layer(name="rlimits", in_force=True, detail=", ".join(parts))
+
+
+# Landlock (see linux/landlock.h)
+_SYS_CREATE, _SYS_ADD_RULE, _SYS_RESTRICT = 444, 445, 446
+_PR_SET_NO_NEW_PRIVS = 38
+_EXECUTE, _WRITE_FILE, _READ_FILE, _READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+_FS_ALL_V1 = (1 << 13) - 1
+_REFER, _TRUNCATE, _IOCTL_DEV = 1 << 13, 1 << 14, 1 << 15
+_FILE_RIGHTS = _EXECUTE | _WRITE_FILE | _READ_FILE | _TRUNCATE | _IOCTL_DEV
+_NET_BIND_TCP, _NET_CONNECT_TCP = 1 << 0, 1 << 1
+_SCOPE_ABSTRACT_UNIX, _SCOPE_SIGNAL = 1 << 0, 1 << 1
+# system files a compiler and the dynamic linker read in /etc (the rest of /etc stays closed)
+_ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives", "/etc/localtime",
+              "/etc/nsswitch.conf")
+
+
+class _PathBeneath(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version (0: unavailable)."""
+    if _libc is None:
+        return 0
+    v = _libc.syscall(_SYS_CREATE, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
+    return max(int(v), 0)
+
+
+def readable_roots(extra: list[str]) -> list[str]:
+    """Folders the candidate may read (and execute from): system folders, Python's installation
+    and import path, and ``extra``."""
+    roots = ["/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/opt", "/proc", "/sys", "/dev",
+             sys.prefix, sys.base_prefix, sys.exec_prefix, str(Path(__file__).resolve().parents[2]), *extra]
+    roots += [p for p in sys.path if p and os.path.isdir(p)]
+    return sorted({os.path.realpath(p) for p in roots})
+
+
+def apply_landlock(writable: list[str], readable: list[str]) -> Layer:
+    """Restrict this process (and all it starts) to writing only under ``writable`` and reading only
+    under ``readable`` (plus a few files in /etc); no TCP (ABI 4+); no signals out (ABI 6+)."""
+    abi = landlock_abi()
+    if abi < 1:
+        return Layer(name="landlock", in_force=False, detail="not supported by this kernel")
+    fs_all = _FS_ALL_V1 | (_REFER if abi >= 2 else 0) | (_TRUNCATE if abi >= 3 else 0) | (_IOCTL_DEV if abi >= 5 else 0)
+    fields: list[int] = [fs_all]
+    if abi >= 4:
+        fields.append(_NET_BIND_TCP | _NET_CONNECT_TCP)
+    if abi >= 6:
+        fields.append(_SCOPE_ABSTRACT_UNIX | _SCOPE_SIGNAL)
+    attr = (ctypes.c_uint64 * len(fields))(*fields)
+    fd = _libc.syscall(_SYS_CREATE, ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)), ctypes.c_uint32(0))
+    if fd < 0:
+        return Layer(name="landlock", in_force=False, detail=f"create_ruleset: {os.strerror(ctypes.get_errno())}")
+    read = _EXECUTE | _READ_FILE | _READ_DIR
+    try:
+        for path in readable:
+            _allow(fd, path, read, fs_all)
+        for path in _ETC_FILES:
+            _allow(fd, path, read, fs_all)
+        _allow(fd, "/dev", read | _WRITE_FILE | (_IOCTL_DEV if abi >= 5 else 0), fs_all)
+        for path in writable:
+            _allow(fd, path, fs_all, fs_all)
+        if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            return Layer(name="landlock", in_force=False, detail="no_new_privs refused")
+        if _libc.syscall(_SYS_RESTRICT, fd, ctypes.c_uint32(0)) != 0:
+            return Layer(name="landlock", in_force=False, detail=f"restrict_self: {os.strerror(ctypes.get_errno())}")
+    finally:
+        os.close(fd)
+    what = ["writes only in scratch", "reads only system and Python folders"]
+    if abi >= 4:
+        what.append("no TCP")
+    if abi >= 6:
+        what.append("no signals outside")
+    return Layer(name="landlock", in_force=True, detail=f"ABI {abi}: " + ", ".join(what))
+
+
+def _allow(ruleset: int, path: str, access: int, handled: int) -> None:
+    try:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except OSError:
+        return  # a folder that does not exist needs no rule
+    try:
+        if not os.path.isdir(path):
+            access &= _FILE_RIGHTS
+        rule = _PathBeneath(allowed_access=access & handled, parent_fd=fd)
+        if _libc.syscall(_SYS_ADD_RULE, ruleset, ctypes.c_int(1), ctypes.byref(rule), ctypes.c_uint32(0)) != 0:
+            raise OSError(ctypes.get_errno(), f"landlock_add_rule {path}: {os.strerror(ctypes.get_errno())}")
+    finally:
+        os.close(fd)

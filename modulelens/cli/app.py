@@ -37,6 +37,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from modulelens.cli.examples import example_line
+from modulelens.cli.formats import printable, printable_value
 from modulelens.cli.progress import ProgressReporter, progress_mode
 from modulelens.cli.views import generic_view, view_for
 from modulelens.errors import ModuleLensError
@@ -228,9 +229,9 @@ def _fail(message: str, hint: str | None, kind: str, as_json: bool) -> NoReturn:
     if as_json:
         typer.echo(json.dumps({"error": message, "hint": hint, "type": kind}, indent=2))
     else:
-        typer.echo(f"error: {message}", err=True)
+        typer.echo(f"error: {printable(message)}", err=True)
         if hint:
-            typer.echo(f"hint: {hint}", err=True)
+            typer.echo(f"hint: {printable(hint)}", err=True)
     raise typer.Exit(EXIT_USER_ERROR)
 
 
@@ -287,7 +288,9 @@ def _run_tool(tool: Tool, data: dict[str, Any], specs: dict[str, _FieldSpec], co
 def _show(tool: Tool, result: BaseModel, wide: bool) -> None:
     """Print the result for a person: the CLI's view of its model, else the tool's own renderer,
     else one row per field. ``crop=False``: a table whose ids do not fit is wider than the terminal,
-    never cut (see :mod:`modulelens.cli.tables`)."""
+    never cut (see :mod:`modulelens.cli.tables`). Control characters in any text of the result
+    are shown as escapes, never sent to the terminal."""
+    result = printable_value(result)
     view = view_for(type(result))
     if view is not None:
         renderable = view(result, wide)

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel
 
 from modulelens.cli.tables import ELLIPSIS, Cell
 
@@ -71,3 +74,29 @@ def percent(x: float | None) -> str:
 def number(x: float | None) -> str:
     """Three significant digits (``-`` for None)."""
     return "-" if x is None else f"{x:.3g}"
+
+
+# C0 controls except tab and newline, DEL and C1 controls: written as visible escapes (``\x1b``),
+# so text from a capture, a script or a candidate cannot move the cursor, retitle the terminal or
+# hide what follows it.
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x00, 0x09), 0x0B, 0x0C, *range(0x0E, 0x20), 0x7F, *range(0x80, 0xA0))}
+
+
+def printable(text: str) -> str:
+    """``text`` with terminal control characters made visible (see ``_CONTROL``)."""
+    return text.translate(_CONTROL)
+
+
+def printable_value(value: Any) -> Any:
+    """A result (pydantic model, list, dict, str) with :func:`printable` applied to every string."""
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, BaseModel):
+        return value.model_copy(update={name: printable_value(getattr(value, name)) for name in type(value).model_fields})
+    if isinstance(value, list):
+        return [printable_value(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(printable_value(v) for v in value)
+    if isinstance(value, dict):
+        return {printable_value(k): printable_value(v) for k, v in value.items()}
+    return value

@@ -42,6 +42,7 @@ from modulelens.tools.replay_module import ReplayModuleResult, TensorMatch
 from modulelens.tools.run import RunResult
 from modulelens.tools.show_capture import ShowCaptureResult
 from modulelens.tools.tag_capture import TagCaptureResult
+from modulelens.tools.trust_artifact import TrustResult
 from modulelens.tools.validate_module import ValidateModuleResult
 
 __all__ = ["View", "generic_view", "view_for"]
@@ -373,6 +374,19 @@ def validate_kernel_view(r: CandidateValidation, wide: bool) -> RenderableType:
     return Group(*parts)
 
 
+def trust_view(r: TrustResult, wide: bool) -> RenderableType:
+    state = ("signed now: trusted" if r.signed else "trusted") if r.trusted or r.signed else "NOT trusted"
+    rows: list[tuple[str, str | Cell]] = [("artifact", r.ref),
+                                          ("state", Cell((state,), style=_GOOD if r.trusted or r.signed else _WARN))]
+    rows += [("code file", f"{name}: {why}") for name, why in r.code_files.items()]
+    rows += [("imports", path) for path in r.class_paths]
+    rows += [("outside path", Cell((path,), style=_BAD)) for path in r.escaping_paths]
+    rows += [("checksum", Cell((problem,), style=_BAD)) for problem in r.checksum_problems]
+    if not (r.trusted or r.signed):
+        rows.append(("trust it", f"modulelens trust {r.ref} --yes"))
+    return kv_table(rows, title=f"trust {r.ref}")
+
+
 # --------------------------------------------------------------------------------------------
 # Packs
 # --------------------------------------------------------------------------------------------
@@ -575,6 +589,7 @@ _VIEWS: dict[type[BaseModel], View] = {
     PackResult: pack_view,
     RunResult: run_view,
     CheckPackResult: check_pack_view,
+    TrustResult: trust_view,
 }
 
 

@@ -29,19 +29,6 @@ def trust_artifact(req: TrustRequest, ctx: ToolContext) -> TrustResult:
     return TrustResult(**review(art).model_dump())
 
 
-def render_trust(r: TrustResult) -> str:
-    """Plain text: the state, then one line per thing that would run (non-ASCII escaped)."""
-    state = "signed now: trusted" if r.signed else ("trusted" if r.trusted else "NOT trusted")
-    lines = [f"{r.ref}: {state}"]
-    lines += [f"  code file {name}: {why}" for name, why in r.code_files.items()]
-    lines += [f"  imports {path}" for path in r.class_paths]
-    lines += [f"  names a path outside the artifact: {path!r}" for path in r.escaping_paths]
-    lines += [f"  checksum problem: {p}" for p in r.checksum_problems]
-    if not r.trusted:
-        lines.append(f"  trust it with: modulelens trust {r.ref} --yes")
-    return "\n".join(x.encode("ascii", "backslashreplace").decode() for x in lines)
-
-
 TOOL = register(
     Tool(
         name="trust",
@@ -49,6 +36,5 @@ TOOL = register(
         result=TrustResult,
         fn=trust_artifact,
         summary="Show what an artifact would run (programs, scripts, imported classes) and, with --yes, trust it.",
-        render=render_trust,
     )
 )

@@ -1,6 +1,6 @@
 """optimize: the tree's selection rules (pure), then searches over a real card: template provider
-through the CLI, resume after SIGKILL, LLM providers driven by fakes (repair, cost, money budget),
-and agent children.
+through the CLI, resume after SIGKILL, agent children, the ray executor on a local Ray instance
+(skipped when ray is not installed), and LLM providers driven by fakes (repair, cost, money budget).
 
 C++ builds are slow on a loaded machine: every search here evaluates the same card's template
 variants 0 and 1 (or a source that fails to compile, remembered by the build cache), so the whole
@@ -196,6 +196,39 @@ def test_a_search_killed_with_sigkill_resumes_with_its_nodes_intact(gelu_card, t
     for i, node in before.items():  # earlier nodes intact
         assert after.nodes[i].model_dump(exclude={"created_at"}) == node.model_dump(exclude={"created_at"})
     assert all(n.status == "evaluated" for n in after.candidates)
+
+
+# --- the ray executor ----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_search_on_ray_gives_the_local_verdicts(gelu_card, template_search):
+    """On a local Ray instance (2 CPUs) the same card's variants get the local executor's verdicts."""
+    ray = pytest.importorskip("ray", reason="ray is an optional dependency: pip install 'modulelens[ray]'")
+    from modulelens.repo import Repository
+    from modulelens.search.executors import RayExecutor
+    from modulelens.search.loop import run_search, start_or_resume
+    from modulelens.search.model import SearchSettings
+    from modulelens.search.targets import resolve_targets
+
+    repo, card = gelu_card
+    r = Repository(repo)
+    settings = SearchSettings(max_evals=2)
+    search, _ = start_or_resume(r, resolve_targets(r, [card], settings, 1), settings, executor="ray",
+                                search_id="on-ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        executor = RayExecutor()
+        out = run_search(r, search, executor)
+    finally:
+        ray.shutdown()
+    local = {n.variant: n.verdict for n in _summary(repo, "tpl").targets[0].nodes if n.status == "evaluated"}
+    remote_nodes = [n for n in _summary(repo, "on-ray").targets[0].nodes if n.status == "evaluated"]
+    remote = {n.variant: n.verdict for n in remote_nodes}
+    assert set(remote) & set(local) and all(local[v] == verdict for v, verdict in remote.items() if v in local)
+    assert all(n.worker.startswith("ray:") and n.candidate_id for n in remote_nodes)
+    assert all(n.report and n.report.startswith("act.card") for n in remote_nodes)  # reports back in the repository
+    assert out.targets[0].best_candidate and out.targets[0].remeasured
 
 
 # --- LLM providers driven by fakes ----------------------------------------------------------------

@@ -23,6 +23,7 @@ class NodeLine(BaseModel):
     variant: int | None = None
     cost_usd: float = 0.0
     worker: str | None = None
+    report: str | None = None
     reason: str = ""
     best: bool = Field(False, description="On the path from the root to the best node.")
 
@@ -47,7 +48,7 @@ class SearchSummary(BaseModel):
 def _line(n: NodeRecord, on_path: set[int]) -> NodeLine:
     return NodeLine(node=n.node, parent=n.parent, depth=len(n.lineage), status=n.status, verdict=n.verdict,
                     speedup_vs_eager=n.speedup_vs_eager, latency_s=n.latency_s, candidate_id=n.candidate_id,
-                    provider=n.provider, variant=n.variant, cost_usd=n.cost_usd, worker=n.worker,
+                    provider=n.provider, variant=n.variant, cost_usd=n.cost_usd, worker=n.worker, report=n.report,
                     reason=n.reason, best=n.node in on_path)
 
 

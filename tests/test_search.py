@@ -314,3 +314,31 @@ def test_sampling_repairs_through_the_clients_model(gelu_card):
     tree = _summary(repo, "sampled").targets[0]
     assert [n.verdict for n in tree.nodes[1:]] == ["rejected", "custom"] and "x.nope()" in prompts[1]
     assert out.cost_usd == 0.0 and out.targets[0].speedup_vs_eager
+
+
+@pytest.mark.slow
+def test_optimize_and_show_search_through_mcp_with_progress(gelu_card, template_search):
+    import anyio
+    from mcp import Client
+
+    from modulelens.mcp_server.server import build_server
+    from modulelens.tools import all_tools
+
+    repo, card = gelu_card
+    seen = []
+
+    async def on_progress(progress, total, message):
+        seen.append((progress, total, message))
+
+    async def main():
+        async with Client(build_server(all_tools(), repo_root=repo)) as client:
+            run = await client.call_tool("optimize", {"targets": [card], "max_evals": 2, "search_id": "tpl"},
+                                         progress_callback=on_progress)
+            shown = await client.call_tool("show_search", {"search_id": "tpl"})
+            return run, shown
+
+    run, shown = anyio.run(main)
+    assert not run.is_error and run.structured_content["search_id"] == "tpl"
+    assert run.structured_content["targets"][0]["best_candidate"] == template_search["targets"][0]["best_candidate"]
+    assert seen and seen[0][1] == 2.0 and "search tpl" in seen[0][2]
+    assert not shown.is_error and shown.structured_content["targets"][0]["target"] == card

@@ -1,6 +1,6 @@
 """optimize (template provider) vs trying every template variant, on the example block's cards.
 
-    python benchmarks/optimize_vs_exhaustive.py [--backend cpp] [--threads 1] [--patience 1] [--rounds 3]
+    python benchmarks/optimize_vs_exhaustive.py [--backend cpp] [--threads 1] [--patience 2] [--rounds 3]
 
 One run: capture blocks.1 of the example transformer and record its cards. For every card a
 template fits:
@@ -32,7 +32,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--backend", default="cpp")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--patience", type=int, default=1)
+    ap.add_argument("--patience", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # inherited by the sandbox workers

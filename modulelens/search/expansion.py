@@ -3,7 +3,9 @@
 * ``template``: the template variants of the card are the search space. A child of the root is
   the first untried variant (variant 0 is each family's default); a child of a candidate is the
   untried variant whose parameters differ least from its parent's (one parameter change when
-  there is one). A tree whose variants are all tried cannot grow.
+  there is one), preferring a parameter that has not been varied yet (after a block size that did
+  not help, try the algorithm switch rather than another block size). A tree whose variants are
+  all tried cannot grow.
 * LLM providers (``anthropic``, ``sampling``): a child of the root is a fresh kernel (the number of
   siblings is its diversity hint); a child of a candidate gets the parent's source and validation
   report (a repair when it failed, an improvement otherwise), plus, in the instructions, the errors
@@ -103,8 +105,11 @@ class Expander:
         if node.node == ROOT or node.variant is None:
             variant = untried[0]
         else:
-            here = self.space()[node.variant]
-            variant = min(untried, key=lambda i: (_distance(here, self.space()[i]), i))
+            here, space = self.space()[node.variant], self.space()
+            tried_axes = [_changed(here, space[n.variant]) for n in tree.candidates
+                          if n.provider == "template" and n.variant is not None]
+            variant = min(untried, key=lambda i: (len(_changed(here, space[i])),
+                                                  tried_axes.count(_changed(here, space[i])), i))
         src = templates.render(self.card, self.settings.backend, variant)
         src = src.model_copy(update={"provenance": {**src.provenance, "provider": "template", "variants": len(self.space())}})
         return proposal_from(src, variant)
@@ -124,5 +129,6 @@ class Expander:
         return "\n".join(lines)
 
 
-def _distance(a: dict[str, Any], b: dict[str, Any]) -> int:
-    return sum(a.get(k) != b.get(k) for k in set(a) | set(b))
+def _changed(a: dict[str, Any], b: dict[str, Any]) -> frozenset[str]:
+    """The parameters whose values differ between two variants."""
+    return frozenset(k for k in set(a) | set(b) if a.get(k) != b.get(k))

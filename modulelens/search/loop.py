@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from modulelens.errors import ModuleLensError
-from modulelens.kernels.candidates import save_candidate
+from modulelens.kernels.candidates import candidate_name, load_candidate, save_candidate
 from modulelens.kernels.report import ValidationSettings
 from modulelens.kernels.source import KernelSource
 from modulelens.ops.cards import open_card
@@ -205,8 +205,6 @@ def _grow(run: _Run) -> str:
     """Dispatch and complete evaluations until the search stops; returns why."""
     for target in run.targets:  # evaluations a killed run left in flight
         for node in target.tree.pending():
-            from modulelens.kernels.candidates import load_candidate
-
             _, src = load_candidate(run.repo, node.candidate_id or "")
             _dispatch(run, target, node, src)
     spent: str | None = None
@@ -248,8 +246,6 @@ def _outcome(run: _Run, target: _Target, previous: dict[str, TargetOutcome]) -> 
             "speedup_vs_eager", "speedup_vs_compile", "best_latency_s", "eager_latency_s", "roofline_fraction",
             "remeasured")})
     run.progress(run.nodes(), run.settings.max_evals, f"re-measuring {best.candidate_id} against eager")
-    from modulelens.kernels.candidates import load_candidate
-
     _, src = load_candidate(run.repo, best.candidate_id or "")
     task = _eval_task(run, target, best.candidate_id or "", src)
     task.settings = task.settings.model_copy(update={"compile_baseline": run.settings.compile_baseline,
@@ -275,8 +271,6 @@ def _outcome(run: _Run, target: _Target, previous: dict[str, TargetOutcome]) -> 
 
 
 def _new_search_id(repo: Repository, targets: list[SearchTarget], key: str) -> str:
-    from modulelens.kernels.candidates import candidate_name
-
     stem = f"opt-{candidate_name(targets[0].card_id)}-{key[:6]}"
     taken = set(repo.names("searches"))
     if stem not in taken:

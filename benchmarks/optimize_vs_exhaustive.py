@@ -1,6 +1,6 @@
 """optimize (template provider) vs trying every template variant, on the example block's cards.
 
-    python benchmarks/optimize_vs_exhaustive.py [--backend cpp] [--threads 1] [--patience 2] [--rounds 3]
+    python benchmarks/optimize_vs_exhaustive.py [--backend cpp] [--threads 1] [--patience 2] [--rounds 5]
 
 One run: capture blocks.1 of the example transformer and record its cards. For every card a
 template fits:
@@ -11,7 +11,8 @@ template fits:
    are variants (and ``--patience``), so it can never try them all;
 3. the two winners are then re-measured against each other on one sandbox worker, interleaved
    (``--rounds`` validations each, alternating): "at least as fast" means the search's winner's
-   median speedup is no more than 3% below the exhaustive winner's (the same variant counts as equal).
+   median speedup is not below the exhaustive winner's by more than the measurement noise (the
+   larger range of either winner's speedups over the rounds); the same variant counts as equal.
 
 Prints a Markdown table and writes it to benchmarks/results/.
 """
@@ -25,7 +26,6 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TOLERANCE = 0.03
 
 
 def main() -> None:
@@ -33,7 +33,7 @@ def main() -> None:
     ap.add_argument("--backend", default="cpp")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--patience", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # inherited by the sandbox workers
     import torch
@@ -94,7 +94,7 @@ def main() -> None:
         tree = search_summary(repo, out.search_id).targets[0]
         found = next((x for x in tree.nodes if x.node == target.best_node), None)
         if best is None or found is None:
-            rows.append(f"| {card.card_id} | {card.op} | {n} | {out.evaluations} | - | - | - | no correct candidate |")
+            rows.append(f"| {card.card_id} | {card.op} | {n} | {out.evaluations} | - | - | - | - | no correct candidate |")
             holds.append(False)
             continue
         same = found.variant == best[1]
@@ -103,10 +103,11 @@ def main() -> None:
             opt_speedups.append(validate(target.best_candidate, card.card_id).speedup_vs_eager or 0.0)
             exh_speedups.append(validate(best[2], card.card_id).speedup_vs_eager or 0.0)
         opt_med, exh_med = statistics.median(opt_speedups), statistics.median(exh_speedups)
-        ok = out.evaluations < n and (same or opt_med >= exh_med * (1 - TOLERANCE))
+        noise = max(max(opt_speedups) - min(opt_speedups), max(exh_speedups) - min(exh_speedups))
+        ok = out.evaluations < n and (same or opt_med >= exh_med - noise)
         holds.append(ok)
         rows.append(f"| {card.card_id} | {card.op} | {n} | {out.evaluations} | v{best[1]} {exh_med:.2f}x | "
-                    f"v{found.variant} {opt_med:.2f}x | {target.stopped_because} | {'yes' if ok else 'NO'} |")
+                    f"v{found.variant} {opt_med:.2f}x | {noise:.2f}x | {target.stopped_because} | {'yes' if ok else 'NO'} |")
     sandbox.close()
     publish(f"optimize_vs_exhaustive_{args.backend}_{args.threads}t", [
         f"# optimize vs every template variant ({args.backend}, torch {torch.__version__}, {args.threads} thread(s), "
@@ -115,8 +116,8 @@ def main() -> None:
         "speedups over eager are medians of interleaved re-measurements of both winners on one sandbox worker",
         "",
         "| card | op | variants (exhaustive evals) | optimize evals | exhaustive best | optimize best | "
-        "search stopped | at least as fast, fewer evals |",
-        "|---|---|---|---|---|---|---|---|",
+        "noise | search stopped | at least as fast, fewer evals |",
+        "|---|---|---|---|---|---|---|---|---|",
         *rows,
         "",
         f"holds on {sum(holds)} of {len(holds)} cards",

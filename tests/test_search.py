@@ -79,6 +79,32 @@ def test_a_tree_with_nothing_to_expand_cannot_grow():
     assert tree.select(SearchSettings(), lambda n: False) is None
 
 
+def test_template_children_vary_a_parameter_not_yet_tried(monkeypatch):
+    from modulelens.kernels import templates
+    from modulelens.kernels.source import KernelSource
+    from modulelens.ops.model import OpCard
+    from modulelens.search.expansion import Expander
+    from modulelens.search.model import SearchTarget
+
+    monkeypatch.setattr(templates, "render", lambda card, backend, v: KernelSource(backend=backend, source=f"// v{v}"))
+    card = OpCard(op="aten.native_layer_norm.default")
+    e = Expander(card=card, target=SearchTarget(index=0, card_id="x/0", op=card.op, kind="memory"),
+                 settings=SearchSettings())
+    e._space = [{"grain": 1}, {"grain": 2}, {"grain": 3}, {"grain": 1, "stats": "onepass"}]
+
+    def tpl(i, parent, variant):
+        return NodeRecord(node=i, parent=parent, lineage=[0] if parent == 0 else [0, parent], status="evaluated",
+                          seq=i, provider="template", variant=variant, candidate_id=f"c{i}")
+
+    tree = SearchTree([ROOT])
+    assert e.propose(None, tree, tree.nodes[0]).variant == 0  # the default first
+    tree = SearchTree([ROOT, tpl(1, 0, 0), tpl(2, 1, 1)])
+    assert e.propose(None, tree, tree.nodes[1]).variant == 3  # grain was tried: vary stats
+    assert e.propose(None, tree, tree.nodes[0]).variant == 3  # the root varies the default the same way
+    tree = SearchTree([ROOT, tpl(1, 0, 0), tpl(2, 1, 1), tpl(3, 1, 3), tpl(4, 1, 2)])
+    assert not e.can_expand(tree, tree.nodes[0])  # every variant tried
+
+
 # --- searches over a real card ----------------------------------------------------------------
 
 

@@ -1,8 +1,8 @@
 """Expanding a node: ask a provider for a child, given what the tree knows.
 
-* ``template``: the template variants of the card are the search space. A child of the root is
-  the first untried variant (variant 0 is each family's default); a child of a candidate is the
-  untried variant whose parameters differ least from its parent's (one parameter change when
+* ``template``: the template variants of the card are the search space. The root's first child
+  is variant 0 (each family's default), its later children and a candidate's children are the
+  untried variant whose parameters differ least from the parent's (the default's, for the root) (one parameter change when
   there is one), preferring a parameter that has not been varied yet (after a block size that did
   not help, try the algorithm switch rather than another block size). A tree whose variants are
   all tried cannot grow.
@@ -101,11 +101,12 @@ class Expander:
     def _template_child(self, tree: SearchTree, node: NodeRecord) -> Proposal:
         from modulelens.kernels import templates
 
-        untried = self._untried(tree)
-        if node.node == ROOT or node.variant is None:
-            variant = untried[0]
+        untried, space = self._untried(tree), self.space()
+        base = node.variant if node.node != ROOT and node.variant is not None else 0  # the root varies the default
+        if base in untried:
+            variant = base
         else:
-            here, space = self.space()[node.variant], self.space()
+            here = space[base]
             tried_axes = [_changed(here, space[n.variant]) for n in tree.candidates
                           if n.provider == "template" and n.variant is not None]
             variant = min(untried, key=lambda i: (len(_changed(here, space[i])),

@@ -223,7 +223,7 @@ def _grow(run: _Run) -> str:
         for future in done:
             _complete(run, future)
     for target in run.targets:
-        target.stopped = target.stopped or _why_stopped(run, target)
+        target.stopped = target.stopped or _why_stopped(run, target) or spent
     if spent is not None:
         return spent
     return ", ".join(sorted({t.stopped or "stopped" for t in run.targets}))

@@ -1,6 +1,6 @@
 """Training-step overhead of gather-stats, measured in one run as ratios.
 
-    python benchmarks/stats_overhead.py [--model mlp,wide,tinyformer] [--blocks 8] [--threads 1]
+    python benchmarks/stats_overhead.py [--model mlp,wide,tinyformer] [--blocks 8] [--repeats 3] [--threads 1]
 
 Four ways of training the same model run interleaved, block by block (each block is
 ``--block-steps`` training steps, a multiple of 10; their order rotates every block so that drift
@@ -8,8 +8,11 @@ and background load hit all of them alike): without statistics, with statistics 
 (the default: moments of tensors over 65,536 elements estimated from a strided view of 65,536 of
 them), every 10 steps fully exact (``sample=0``), and on every step (default sampling). A block's time includes the sampled steps' hook work and the
 end-of-step transfer of the statistics (not the one-time fx trace and saving at the end of a run).
-The figure is the median block time of each way divided by the median block time without
-statistics. Also reported: how much slower one sampled step is than a plain one.
+Within one repeat, the overhead of a way is its median block time divided by the median block time
+without statistics. The whole measurement is repeated (``--repeats``, on a fresh model each time) and
+the table gives the median overhead over the repeats and its range (lowest-highest): machines are
+noisy, so a single figure says little. Also reported: how much slower one sampled step is than a
+plain one (median over repeats).
 
 Models: ``mlp`` (8 Linear+ReLU(inplace) layers, width 1024, batch 256), ``wide`` (4 layers of width
 2048, batch 256) and ``tinyformer`` (examples/tinyformer, 4 layers of width 64, batch 8x64: many
@@ -118,12 +121,27 @@ def measure(name: str, model, batch, loss_fn, n_batch: int, blocks: int, block_s
                 sampled_step += steps[::10]
                 plain_step += [t for i, t in enumerate(steps) if i % 10]
     base = statistics.median(times["no statistics"])
-    rows = {k: (statistics.median(v), statistics.median(v) / base) for k, v in times.items()}
-    n_modules = sum(1 for _ in model.modules())
     return {
-        "model": name, "modules": n_modules, "rows": rows,
+        "model": name, "modules": sum(1 for _ in model.modules()),
+        "time": {k: statistics.median(v) for k, v in times.items()},
+        "ratio": {k: statistics.median(v) / base for k, v in times.items()},
         "sampled_vs_plain": statistics.median(sampled_step) / statistics.median(plain_step),
-        "spread": {k: (min(v) / base, max(v) / base) for k, v in times.items()},
+    }
+
+
+def repeated(name: str, make, n_batch: int, blocks: int, block_steps: int, repeats: int) -> dict:
+    """``measure`` ``repeats`` times on fresh models: per way the median and range of the overhead."""
+    runs = []
+    for _ in range(repeats):
+        model, batch, loss_fn = make()
+        runs.append(measure(name, model, batch, loss_fn, n_batch, blocks, block_steps))
+    ways = list(runs[0]["ratio"])
+    return {
+        "model": name, "modules": runs[0]["modules"], "repeats": repeats,
+        "time": {k: statistics.median(r["time"][k] for r in runs) for k in ways},
+        "ratio": {k: statistics.median(r["ratio"][k] for r in runs) for k in ways},
+        "range": {k: (min(r["ratio"][k] for r in runs), max(r["ratio"][k] for r in runs)) for k in ways},
+        "sampled_vs_plain": statistics.median(r["sampled_vs_plain"] for r in runs),
     }
 
 
@@ -134,6 +152,7 @@ def main() -> None:
     ap.add_argument("--block-steps", type=int, default=10, help="training steps per block (a multiple of 10)")
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=3, help="whole measurements per model (median and range)")
     args = ap.parse_args()
     if args.block_steps % 10:
         ap.error("--block-steps must be a multiple of 10")
@@ -142,29 +161,28 @@ def main() -> None:
     for which in args.model.split(","):
         if which in ("mlp", "wide"):
             depth, width = (8, 1024) if which == "mlp" else (4, 2048)
-            model, batch, loss_fn = make_mlp(width, depth)
-            results.append(measure(f"MLP {depth}x{width}, batch {args.batch}", model, batch, loss_fn,
-                                   args.batch, args.blocks, args.block_steps))
+            results.append(repeated(f"MLP {depth}x{width}, batch {args.batch}", lambda d=depth, w=width: make_mlp(w, d),
+                                    args.batch, args.blocks, args.block_steps, args.repeats))
         elif which == "tinyformer":
-            model, batch, loss_fn = make_tinyformer(4, 64)
-            results.append(measure("TinyFormer 4 layers x 64, batch 8x64", model, batch, loss_fn, 8, args.blocks,
-                                   args.block_steps))
+            results.append(repeated("TinyFormer 4 layers x 64, batch 8x64", lambda: make_tinyformer(4, 64), 8,
+                                    args.blocks, args.block_steps, args.repeats))
         else:
             ap.error(f"unknown model {which!r}")
     lines = [
         f"# gather-stats training overhead ({_dt.datetime.now().isoformat(timespec='seconds')})",
         "",
         f"{platform.machine()} CPU, {torch.get_num_threads()} threads, torch {torch.__version__}; "
-        f"{args.blocks} interleaved blocks of {args.block_steps} steps per way; median block time per step.",
+        f"{args.repeats} repeats of {args.blocks} interleaved blocks of {args.block_steps} steps per way; overhead = "
+        "median over repeats of (median block time / median block time without statistics), with its range.",
         "",
-        "| model | modules | way | time per step | vs no statistics | block range |",
+        "| model | modules | way | time per step | overhead (median) | overhead range over repeats |",
         "|---|---:|---|---:|---:|---:|",
     ]
     for r in results:
-        for k, (t, ratio) in r["rows"].items():
-            lo, hi = r["spread"][k]
-            lines.append(f"| {r['model']} | {r['modules']} | {k} | {t * 1e3:.2f} ms | {ratio:.3f}x "
-                         f"({(ratio - 1) * 100:+.1f}%) | {lo:.3f}-{hi:.3f} |")
+        for k, ratio in r["ratio"].items():
+            lo, hi = r["range"][k]
+            lines.append(f"| {r['model']} | {r['modules']} | {k} | {r['time'][k] * 1e3:.2f} ms | "
+                         f"{(ratio - 1) * 100:+.1f}% | {(lo - 1) * 100:+.1f}% to {(hi - 1) * 100:+.1f}% |")
     lines.append("")
     for r in results:
         lines.append(f"- {r['model']}: one sampled step takes {r['sampled_vs_plain']:.2f}x a plain step "

@@ -6,6 +6,8 @@ Python API (the same tools as the CLI and the MCP server)::
     with ml.capture("blocks.1", name="blk"):      # inside your own code
         model = build(); model(batch)
     ml.replay_module("blk")                       # -> ReplayModuleResult
+    with ml.use_pack("model.pack"): train()       # validated kernels, exact guards
+    ml.apply_pack(model, "model.pack")            # the same, for one model
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 __version__ = "0.1.0"
 
 from modulelens.capture.runner import capture, record_constructors  # noqa: E402
+from modulelens.dispatch.api import apply_pack, use_pack  # noqa: E402
 from modulelens.errors import ModuleLensError  # noqa: E402
 
 
@@ -47,19 +50,27 @@ profile = _tool_function("profile")
 generate_kernel = _tool_function("generate_kernel")
 validate_kernel = _tool_function("validate_kernel")
 gather_stats = _tool_function("gather_stats")
+pack = _tool_function("pack")
+run = _tool_function("run")
+check_pack = _tool_function("check_pack")
 
 __all__ = [
     "ModuleLensError",
+    "apply_pack",
     "capture",
     "capture_module",
     "capture_ops",
+    "check_pack",
     "export_repro",
     "gather_stats",
     "generate_kernel",
     "profile",
     "validate_kernel",
     "list_captures",
+    "pack",
     "record_constructors",
     "replay_module",
+    "run",
     "show_capture",
+    "use_pack",
 ]

@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 
 import modulelens
+from modulelens.capture.manifest import capture_manifest
 from modulelens.capture.tracer import Target
 from modulelens.capture.values import Decoder, Encoder, TensorSink, TensorSource
 from modulelens.capture.sources import Resolver, definitions_source
@@ -78,7 +79,7 @@ def test_targets_and_call_index(tmp_path, target, call, expect_path, expect_scal
     with modulelens.capture(target, call=call, name="t", repo=tmp_path) as cap:
         net = Net(3, Cfg())
         net(torch.randn(2, 8))
-    m = cap.artifact.manifest
+    m = cap.artifact.raw_manifest
     assert m["module_path"] == expect_path
     assert m["init"]["kwargs"]["scale"] == expect_scale
     assert m["inputs"]["kwargs"]["items"][0][0] == "bias"
@@ -125,7 +126,7 @@ def test_unrecordable_argument_is_reported_and_export_still_works(tmp_path):
     with modulelens.capture("", name="lam", repo=tmp_path) as cap:
         m = TakesLambda(lambda x: x * 2)
         m(torch.randn(3, 4))
-    man = cap.artifact.manifest
+    man = cap.artifact.raw_manifest
     assert man["strategies"] == ["export"]
     assert any("init.fn" in u and "lambda" in u for u in man["unrecorded"])
     assert any("source replay is unavailable" in n for n in man["notes"])
@@ -139,8 +140,9 @@ def test_module_built_before_recording_still_captures(tmp_path):
     m = TakesLambda(torch.tanh)  # built outside the context: no constructor record
     with modulelens.capture("", name="late", repo=tmp_path) as cap:
         m(torch.randn(3, 4))
-    assert cap.artifact.manifest["strategies"] == ["export"]
-    assert any("were not recorded" in n for n in cap.artifact.manifest["notes"])
+    m = capture_manifest(cap.artifact)
+    assert m.strategies == ["export"]
+    assert any("were not recorded" in n for n in m.notes)
 
 
 def test_inputs_snapshotted_before_an_inplace_forward(tmp_path):

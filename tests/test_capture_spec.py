@@ -31,7 +31,9 @@ from modulelens.capture.spec import (
     UnknownValueKind,
     UnsupportedValueKind,
     ValueKind,
+    mapping_items,
     referenced_modules,
+    sequence_items,
     tensor_leaves,
 )
 from modulelens.capture.values import Decoder, Encoder, TensorSink, TensorSource
@@ -204,3 +206,13 @@ def test_a_visitor_handles_only_the_kinds_it_overrides():
     with pytest.raises(UnsupportedValueKind, match="plain values"):
         Dtypes().visit(3)
     assert issubclass(UnsupportedValueKind, ModuleLensError)
+
+
+def test_items_of_a_stored_call():
+    args = {KIND: "tuple", "items": [1, {KIND: "dtype", "name": "float16"}]}
+    kwargs = {KIND: "dict", "items": [["dim", 1], ["keepdim", True]]}
+    assert sequence_items(args) == [1, {KIND: "dtype", "name": "float16"}]
+    assert mapping_items(kwargs) == [("dim", 1), ("keepdim", True)]
+    assert sequence_items(None) == [] and mapping_items(None) == []
+    with pytest.raises(UnsupportedValueKind, match="'dict' are not supported"):
+        sequence_items(kwargs)

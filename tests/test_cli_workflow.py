@@ -74,7 +74,7 @@ def test_wide_shows_every_column(app, demo):
     repo, cards = demo
     r = _run(app, "list-op-cards", "demo-block", "--repo", repo, "--wide", env=NARROW)
     header = next(line for line in r.stdout.splitlines() if line.startswith("card"))
-    assert header.split() == ["card", "op", "kind", "shapes", "dtypes", "calls", "time/run", "share"]
+    assert header.split() == ["card", "op", "kind", "shapes", "dtypes", "calls", "time/run", "share", "roofline"]
     norm = next(c for c in cards["cards"] if c["op"] == "aten.native_layer_norm.default")
     assert "[8,32,64] [64] [64]" in _row(r.stdout, norm["card_id"], norm["op"])
 

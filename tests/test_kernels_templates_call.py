@@ -25,7 +25,7 @@ from modulelens.ops.model import as_card
 
 
 def _tensor_spec(shape, stride=None, **extra):
-    return {"$": "tensor", "shape": shape, "dtype": "float32", "stride": stride, "contiguous": stride is None,
+    return {"$": "tensor", "key": "t", "shape": shape, "dtype": "float32", "stride": stride, "contiguous": stride is None,
             "device": "cpu", **extra}
 
 

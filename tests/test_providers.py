@@ -536,3 +536,19 @@ def test_sampling_on_a_connection_without_a_back_channel(card):
     assert asked["result"].startswith("ERROR MCP sampling is only available")
     assert "2026-07-28" in asked["result"] and "2025-11-25" in asked["result"]
     assert types.CreateMessageResult  # the type the callback would return
+
+
+def test_every_stored_value_kind_is_described():
+    """The prompt describer reads every kind of the value-spec fixture (no kind raises)."""
+    import json
+    from pathlib import Path
+
+    from modulelens.providers.values import describe_value
+
+    fixture = json.loads((Path(__file__).parent / "fixtures" / "value_specs_all_kinds.json").read_text())
+    described = {name: describe_value(spec, None) for name, spec in fixture["value"]["items"] if isinstance(name, str)}
+    assert described["t"] == ("torch::Tensor", "torch.Tensor", "Tensor, shape [2, 3], float32, strides [3, 1] (contiguous)")
+    assert described["none"][2] == "None" and described["inf"] == ("double", "float", "float = inf")
+    assert described["size"] == ("std::vector<int64_t>", "list[int]", "list of int = [2, 3]")
+    assert described["dt"] == ("at::ScalarType", "torch.dtype", "torch.dtype = bfloat16")
+    assert describe_value(fixture["unrecorded"], None)[0] == "py::object"

@@ -37,12 +37,12 @@ def test_versions_aliases_and_resolution(tmp_path):
     a1 = repo.create("captures", "enc0", _write("one"))
     a2 = repo.create("captures", "enc0", _write("two"))
     assert (a1.version, a2.version) == (1, 2)
-    assert repo.open("captures", "enc0").manifest["payload"] == "two"
-    assert repo.open("captures", "enc0:v1").manifest["payload"] == "one"
+    assert repo.open("captures", "enc0").raw_manifest["payload"] == "two"
+    assert repo.open("captures", "enc0:v1").raw_manifest["payload"] == "one"
     repo.tag("captures", "enc0:v1", "prod")
     assert repo.open("captures", "enc0@prod").version == 1
     assert repo.open("captures", "enc0@latest").version == 2
-    m = a1.manifest
+    m = a1.raw_manifest
     assert m["schema_version"] == 1 and set(m["files"]) == {"data.txt", "sub/more.txt"}
     with pytest.raises(ReferenceNotFound, match="no version v9"):
         repo.open("captures", "enc0:v9")
@@ -97,5 +97,25 @@ def test_concurrent_writers_get_distinct_versions(tmp_path):
     repo = Repository(tmp_path)
     for v in versions:
         art = repo.open("captures", f"same:v{v}")
-        assert art.file("data.txt").read_text() == art.manifest["payload"]
+        assert art.file("data.txt").read_text() == art.raw_manifest["payload"]
     assert json.loads((tmp_path / "captures" / "same" / "aliases.json").read_text())["latest"] == 20
+
+
+def test_a_manifest_keeps_non_finite_floats(tmp_path):
+    """-inf and NaN survive create -> open, and the JSON form of the manifest keeps them too."""
+    import math
+
+    from modulelens.repo import ManifestBase
+
+    class Limits(ManifestBase):
+        low: float
+        spread: float
+        values: list[float]
+
+    repo = Repository(tmp_path)
+    art = repo.create("limits", "l", lambda folder: Limits(low=-math.inf, spread=math.nan, values=[math.inf, 1.0]))
+    m = repo.open("limits", art.ref).manifest_as(Limits)
+    assert m.low == -math.inf and math.isnan(m.spread) and m.values == [math.inf, 1.0]
+    text = m.model_dump_json()
+    assert '"low":-Infinity' in text and '"spread":NaN' in text
+    assert Limits.model_validate_json(text).low == -math.inf

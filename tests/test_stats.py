@@ -453,7 +453,7 @@ def test_python_api_saves_artifact(tmp_path):
         _train(model, 5)
     assert stats.artifact.ref == "api-run:v1"
     assert [(f["kind"], f["module"]) for f in stats.findings] == [("dead_activation", "blocks.1.act")]
-    files = stats.artifact.manifest["files"]
+    files = stats.artifact.raw_manifest["files"]
     assert {"series.json", "findings.json", "report.html", "report.png"} <= set(files)
     series = json.loads((stats.artifact.path / "series.json").read_text())
     assert series["steps"] == [0, 2, 4] and series["order_source"] == "fx"
@@ -470,10 +470,10 @@ def test_python_api_saves_when_the_loop_fails(tmp_path, monkeypatch):
                 assert step < 1, "loss is not finite"
             _train(model, 5, check=check)
     assert [(f["kind"], f["module"]) for f in stats.findings] == [("nan_inf", "blocks.0.fc")]
-    summary = stats.artifact.manifest["summary"]
+    summary = stats.artifact.raw_manifest["summary"]
     assert any("AssertionError" in n for n in summary["notes"])
     # Without matplotlib: no PNG, and the HTML page says how to get the plots.
-    assert "report.png" not in stats.artifact.manifest["files"]
+    assert "report.png" not in stats.artifact.raw_manifest["files"]
     import html
 
     assert html.escape(report.PLOTS_HINT) in (stats.artifact.path / "report.html").read_text()

@@ -100,11 +100,11 @@ def test_the_read_only_tools_behind_the_pages(demo, cli):
     code, opsets, out = cli("list-opsets", "--capture", demo.capture, "--repo", r, "--json")
     assert code == 0, out.output
     assert [(o["ref"], o["capture"], o["cards"] > 5) for o in opsets["opsets"]] == [(demo.opset, demo.capture, True)]
-    code, roof, out = cli("card-rooflines", demo.opset, "--repo", r, "--json")
+    code, roof, out = cli("list-op-cards", demo.opset, "--repo", r, "--json")
     assert code == 0 and roof["copy_bytes_per_s"] > 0, out.output
     by_kind = {c["kind"]: c for c in roof["cards"]}
-    assert by_kind["memory"]["fraction"] > 0 and by_kind["compute"]["fraction"] is None
-    code, tensors, out = cli("show-capture-tensors", demo.capture, "--repo", r, "--json")
+    assert by_kind["memory"]["roofline_fraction"] > 0 and by_kind["compute"]["roofline_fraction"] is None
+    code, tensors, out = cli("show-capture", demo.capture, "--tensors", "--repo", r, "--json")
     assert code == 0, out.output
     groups = {t["group"] for t in tensors["tensors"]}
     assert groups == {"input", "output", "weight"} and all(t["std"] is not None for t in tensors["tensors"])

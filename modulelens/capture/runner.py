@@ -17,7 +17,6 @@ from modulelens.capture import init_args
 from modulelens.capture.artifact import save_capture
 from modulelens.capture.manifest import RunSource
 from modulelens.capture.tracer import CaptureComplete, CapturedCall, TraceOptions, Tracer
-from modulelens.capture.worker_process import worker_main  # noqa: F401 - transitional: stats/worker.py imports it from here
 from modulelens.errors import CaptureFailed
 from modulelens.repo import Artifact, Repository, validate_name
 

@@ -546,3 +546,35 @@ def referenced_modules(spec: Any) -> set[str]:
     collector = _ClassModuleCollector()
     collector.visit(spec)
     return collector.found
+
+
+class _SequenceItems(SpecVisitor[list[Any]]):
+    def scalar(self, value: Scalar) -> list[Any]:
+        if value is not None:
+            return super().scalar(value)
+        return []
+
+    def sequence(self, kind: ValueKind, items: list[Any], cls: str | None) -> list[Any]:
+        return list(items)
+
+
+class _MappingItems(SpecVisitor[list[tuple[Any, Any]]]):
+    def scalar(self, value: Scalar) -> list[tuple[Any, Any]]:
+        if value is not None:
+            return super().scalar(value)
+        return []
+
+    def mapping(self, items: list[tuple[Any, Any]], cls: str | None) -> list[tuple[Any, Any]]:
+        return list(items)
+
+
+def sequence_items(spec: Any) -> list[Any]:
+    """The item specs of a list or tuple spec (a stored call's positional arguments); None has
+    none. Another kind is an :class:`UnsupportedValueKind` error."""
+    return _SequenceItems().visit(spec)
+
+
+def mapping_items(spec: Any) -> list[tuple[Any, Any]]:
+    """The (key spec, value spec) pairs of a dict spec, in order (a stored call's keyword
+    arguments); None has none. Another kind is an :class:`UnsupportedValueKind` error."""
+    return _MappingItems().visit(spec)

@@ -1,5 +1,5 @@
 """What a capture holds, in a few lines: the record ``show_capture`` and ``capture_module`` return,
-built from the typed manifest, and its human rendering for the CLI."""
+built from the typed manifest (the CLI's view of it is in :mod:`modulelens.cli.views`)."""
 
 from __future__ import annotations
 
@@ -59,31 +59,3 @@ def summarize(art: Artifact, aliases: list[str] | None = None) -> CaptureSummary
         world_size=m.distributed.world_size if m.distributed else None,
         created_at=m.created_at, path=str(art.path),
     )
-
-
-def render_summary(s: CaptureSummary, title: str | None = None):
-    """A rich table of the summary, for the CLI."""
-    from rich.markup import escape
-    from rich.table import Table
-
-    t = Table(title=escape(title or s.ref), show_header=False, title_justify="left")
-    t.add_column(style="bold")
-    t.add_column()
-    t.add_row("ref", s.ref + (f"  ({', '.join(s.aliases)})" if s.aliases else ""))
-    t.add_row("module", escape(f"{s.module_path or '<root>'}  ({s.class_path})  call {s.call_index}"))
-    t.add_row("mode", "train" if s.training else "eval")
-    t.add_row("strategies", ", ".join(s.strategies) or "none")
-    fmt = lambda xs: ", ".join(f"{x.key} {x.dtype}{x.shape}" + ("" if x.stored else " (shape-only)") for x in xs)  # noqa: E731
-    t.add_row("inputs", escape(fmt(s.inputs) or "none"))
-    t.add_row("outputs", escape(fmt(s.outputs) or "none"))
-    t.add_row("weights", f"{s.weights} tensors")
-    if s.backward:
-        t.add_row("backward", "gradients captured")
-    if s.rank is not None:
-        t.add_row("rank", f"{s.rank} of {s.world_size}")
-    for u in s.unrecorded:
-        t.add_row("[yellow]unrecorded[/]", escape(u))
-    for n in s.notes:
-        t.add_row("[yellow]note[/]", escape(n))
-    t.add_row("path", escape(s.path))
-    return t

@@ -22,8 +22,8 @@ import torch.nn as nn
 
 from modulelens.capture.values import SHAPE_ONLY_DEFAULT_BYTES, Encoder, TensorSink
 from modulelens.errors import CaptureFailed
+from modulelens.wrappers import WRAPPER_CLASSES as _WRAPPER_CLASSES
 
-_WRAPPER_CLASSES = {"DistributedDataParallel", "DataParallel", "FullyShardedDataParallel", "OptimizedModule"}
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.", "_fsdp_wrapped_module.")
 
 

@@ -20,14 +20,12 @@ from typing import Any
 import torch
 
 from modulelens.capture.spec import (
-    KIND,
     ModuleSpec,
     SpecVisitor,
     SpecWriter,
     TensorSpec,
     TensorStats,
     ValueKind,
-    tensor_leaves,
 )
 from modulelens.errors import ReplayFailed
 
@@ -238,15 +236,6 @@ class Encoder:
                 return _WRITE.object_state(class_path(value), encoded)
             del self.unrecorded[before:]
         return self.unrecorded_spec(value, path, f"values of type {class_path(value)} cannot be stored as data")
-
-
-def leaves(spec: Any) -> list[dict[str, Any]]:
-    """Transitional: the tensor specs inside a spec, or inside every spec of a mapping of specs (a
-    manifest's ``inputs`` or ``weights`` section), as stored dicts. New code uses
-    :func:`modulelens.capture.spec.tensor_leaves`, which gives :class:`TensorSpec` models."""
-    if isinstance(spec, dict) and KIND not in spec:
-        return [leaf for value in spec.values() for leaf in leaves(value)]
-    return [leaf.to_json() for leaf in tensor_leaves(spec)]
 
 
 def flatten(value: Any) -> list[Any]:

@@ -20,21 +20,32 @@ from rich.text import Text
 from modulelens.capture.summary import CaptureSummary, TensorInfo
 from modulelens.cli.formats import dtypes_cell, list_cell, number, percent, seconds, shape, shapes_cell
 from modulelens.cli.tables import Cell, Column, FittedTable, kv_table
+from modulelens.dispatch.runtime import EntryReport
+from modulelens.kernels.catalog import CandidateView
 from modulelens.kernels.sandboxed import CandidateValidation
 from modulelens.ops.replay import CardReplay
 from modulelens.ops.summary import CardDetail, OpSetSummary
 from modulelens.profiling.targets import ProfileResult
 from modulelens.search.model import SearchResult
 from modulelens.search.summary import NodeLine, SearchSummary
+from modulelens.stats.runs import StatsFinding, StatsRunView, TensorStatsRow
 from modulelens.tools.add_search_child import AddSearchChildResult
 from modulelens.tools.capture_module import CaptureModuleResult
+from modulelens.tools.check_pack import CheckPackResult
 from modulelens.tools.export_repro import ExportReproResult
 from modulelens.tools.gather_stats import GatherStatsResult
 from modulelens.tools.generate_kernel import GenerateKernelResult
 from modulelens.tools.install_skills import InstallSkillsResult
+from modulelens.tools.list_candidates import ListCandidatesResult
 from modulelens.tools.list_captures import ListCapturesResult
+from modulelens.tools.list_opsets import ListOpsetsResult
+from modulelens.tools.list_stats_runs import ListStatsRunsResult
+from modulelens.tools.pack import PackResult
 from modulelens.tools.replay_module import ReplayModuleResult, TensorMatch
+from modulelens.tools.run import RunResult
+from modulelens.tools.show_capture import ShowCaptureResult
 from modulelens.tools.tag_capture import TagCaptureResult
+from modulelens.tools.validate_module import ValidateModuleResult
 
 __all__ = ["View", "generic_view", "view_for"]
 
@@ -81,6 +92,13 @@ def capture_summary_view(s: CaptureSummary, wide: bool, title: str | None = None
     rows += [("note", Cell((n,), style=_WARN)) for n in s.notes]
     rows.append(("path", s.path))
     return kv_table(rows, title=title or s.ref)
+
+
+def show_capture_view(r: ShowCaptureResult, wide: bool) -> RenderableType:
+    parts: list[RenderableType] = [capture_summary_view(r, wide)]
+    if r.tensors:
+        parts.append(_tensors_table(r.tensors, wide))
+    return Group(*parts, *_notes(r.tensor_notes))
 
 
 def capture_module_view(r: CaptureModuleResult, wide: bool) -> RenderableType:
@@ -158,20 +176,42 @@ def cards_view(r: OpSetSummary, wide: bool) -> RenderableType:
     table = FittedTable([
         Column("card", "key", style="cyan"),
         Column("op", "key"),
-        Column("kind", "value", drop=2),
-        Column("shapes", "shrink", drop=4),
-        Column("dtypes", "shrink", drop=1),
-        Column("calls", "value", justify="right", drop=0),
-        Column("time/run", "value", justify="right", drop=3),
-        Column("share", "value", justify="right", drop=5),
+        Column("kind", "value", drop=3),
+        Column("shapes", "shrink", drop=5),
+        Column("dtypes", "shrink", drop=2),
+        Column("calls", "value", justify="right", drop=1),
+        Column("time/run", "value", justify="right", drop=4),
+        Column("share", "value", justify="right", drop=6),
+        Column("roofline", "value", justify="right", drop=0),
     ], title=f"operator cards {r.opset} (from {r.capture}, {r.strategy} replay)", wide=wide)
     for c in r.cards:
         table.add_row(c.card_id, c.op, c.kind + ("" if c.phase == "forward" else " (bw)"), shapes_cell(c.shapes),
-                      dtypes_cell(c.dtypes), str(c.calls), seconds(c.time_s), percent(c.time_share))
+                      dtypes_cell(c.dtypes), str(c.calls), seconds(c.time_s), percent(c.time_share),
+                      percent(c.roofline_fraction) if c.roofline_fraction is not None else "-")
     caption = Text(f"module run: median {seconds(r.module_time_s)} (p20 {seconds(r.module_time_p20_s)}, "
                    f"p80 {seconds(r.module_time_p80_s)}) over {r.repeats} runs; listed cards cover "
-                   f"{r.cards_time_share:.0%} of it, view operators {r.views_time_share:.0%}", style="dim")
+                   f"{r.cards_time_share:.0%} of it, view operators {r.views_time_share:.0%}"
+                   + (f"; roofline: achieved bandwidth of memory-bound cards over this machine's copy bandwidth "
+                      f"({r.copy_bytes_per_s / 1e9:.2f} GB/s on {r.device})" if r.copy_bytes_per_s else ""),
+                   style="dim")
     return Group(table, caption, *_notes(r.notes))
+
+
+def list_opsets_view(r: ListOpsetsResult, wide: bool) -> RenderableType:
+    table = FittedTable([
+        Column("opset", "key", style="cyan"),
+        Column("tags", "shrink", drop=3),
+        Column("capture", "key"),
+        Column("cards", "value", justify="right"),
+        Column("module run", "value", justify="right", drop=2),
+        Column("device", "value", drop=1),
+        Column("created", "shrink", drop=0),
+    ], title=f"opsets in {r.repo}", wide=wide)
+    for o in r.opsets:
+        table.add_row(o.ref, list_cell(o.tags, ","), o.capture, str(o.cards), seconds(o.module_time_s),
+                      o.device + (" +bw" if o.backward else ""),
+                      Cell((o.created_at, o.created_at[:16].replace("T", " "), o.created_at[:10])) if o.created_at else "-")
+    return table
 
 
 def show_op_card_view(r: CardDetail, wide: bool) -> RenderableType:
@@ -266,6 +306,47 @@ def generate_kernel_view(r: GenerateKernelResult, wide: bool) -> RenderableType:
 _VERDICT = {"custom": _GOOD, "wrapper": _WARN, "rejected": _BAD}
 
 
+def _verdict_cell(verdict: str | None) -> Cell:
+    return Cell((verdict,), style=_VERDICT.get(verdict, "")) if verdict else Cell(("not validated",), style="dim")
+
+
+def _speedup(x: float | None) -> str:
+    return f"{x:.2f}x" if x is not None else "-"
+
+
+def list_candidates_view(r: ListCandidatesResult, wide: bool) -> RenderableType:
+    table = FittedTable([
+        Column("candidate", "key", style="cyan"),
+        Column("card", "key"),
+        Column("op", "key"),
+        Column("backend", "value", drop=2),
+        Column("provider", "value", drop=0),
+        Column("verdict", "value"),
+        Column("speedup", "value", justify="right", drop=1),
+    ], title=f"candidates in {r.repo}", wide=wide)
+    for c in r.candidates:
+        table.add_row(c.candidate_id, c.card_id, c.op, c.backend, c.provider, _verdict_cell(c.verdict),
+                      _speedup(c.speedup_vs_eager))
+    return table
+
+
+def show_candidate_view(r: CandidateView, wide: bool) -> RenderableType:
+    e = r.entry
+    rows: list[tuple[str, str | Cell]] = [
+        ("card", f"{e.card_id} ({e.op}, {e.kind})"),
+        ("backend", e.backend),
+        ("provider", e.provider + (f", template {e.family}" if e.family else "")),
+    ]
+    if e.parent:
+        rows.append(("parent", e.parent))
+    verdict = _verdict_cell(e.verdict)
+    rows.append(("verdict", Cell((f"{e.verdict}: {e.reason}",), style=verdict.style) if e.verdict else verdict))
+    if e.speedup_vs_eager is not None:
+        rows.append(("speedup", f"{_speedup(e.speedup_vs_eager)} vs eager"))
+    rows += [("report", f"{e.report} ({e.reports} stored)" if e.report else "-"), ("source", r.source_path)]
+    return kv_table(rows, title=f"candidate {e.candidate_id}")
+
+
 def validate_kernel_view(r: CandidateValidation, wide: bool) -> RenderableType:
     head = Text.assemble((r.verdict, f"bold {_VERDICT[r.verdict]}"), f" {r.candidate_id} for {r.target} ({r.backend})")
     rows: list[tuple[str, str | Cell]] = [("reason", r.reason)]
@@ -296,10 +377,6 @@ def validate_kernel_view(r: CandidateValidation, wide: bool) -> RenderableType:
 # --------------------------------------------------------------------------------------------
 # Searches
 # --------------------------------------------------------------------------------------------
-
-
-def _speedup(x: float | None) -> str:
-    return f"{x:.2f}x" if x else "-"
 
 
 def optimize_view(r: SearchResult, wide: bool) -> RenderableType:
@@ -363,6 +440,81 @@ def add_search_child_view(r: AddSearchChildResult, wide: bool) -> RenderableType
 
 
 # --------------------------------------------------------------------------------------------
+# Packs
+# --------------------------------------------------------------------------------------------
+
+
+def _speedup(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}x"
+
+
+def validate_module_view(r: ValidateModuleResult, wide: bool) -> RenderableType:
+    return validate_kernel_view(r, wide)
+
+
+def pack_view(r: PackResult, wide: bool) -> RenderableType:
+    table = FittedTable([
+        Column("candidate", "key", style="cyan"),
+        Column("kind", "value", drop=2),
+        Column("target", "key"),
+        Column("verdict", "value", drop=1),
+        Column("speedup", "value", justify="right"),
+        Column("used", "value", drop=0),
+    ], title=f"pack {r.path} (sha256 {r.sha256[:12]}…)", wide=wide)
+    for e in r.entries:
+        table.add_row(e.candidate_id, e.kind, e.target, Cell((e.verdict,), style=_VERDICT.get(e.verdict, "")),
+                      _speedup(e.speedup_vs_eager), _yes_no(e.dispatched))
+    return table
+
+
+def _entries_table(entries: list[EntryReport], wide: bool, title: str) -> FittedTable:
+    table = FittedTable([
+        Column("candidate", "key", style="cyan"),
+        Column("target", "key"),
+        Column("hits", "value", justify="right"),
+        Column("fallbacks", "value", justify="right"),
+        Column("why", "text", drop=0),
+    ], title=title, wide=wide, stack=True)
+    for e in entries:
+        why = e.skip_reason or ", ".join(f"{reason} ({n})" for reason, n in e.fallback_reasons.items()) or "-"
+        table.add_row(e.candidate_id, e.target, str(e.hits), str(e.fallbacks), why)
+    return table
+
+
+def run_view(r: RunResult, wide: bool) -> RenderableType:
+    rows: list[tuple[str, str | Cell]] = [
+        ("exit code", Cell((str(r.exit_code),), style=_GOOD if r.exit_code == 0 else _BAD)),
+        ("calls", f"{r.hits} to pack kernels, {r.fallbacks} fell back to eager ({r.mechanism})"),
+        ("steps", f"{r.steps} ({r.step_kind})"),
+    ]
+    if r.step_seconds_with is not None:
+        rows.append(("step time", seconds(r.step_seconds_with) + " with the pack"
+                     + (f", {seconds(r.step_seconds_without)} without ({_speedup(r.speedup)})"
+                        if r.step_seconds_without is not None else "")))
+    if r.outputs_match is not None:
+        rows.append(("outputs", _yes_no(r.outputs_match)))
+    if r.script_error:
+        rows.append(("error", Cell((r.script_error,), style=_BAD)))
+    return Group(kv_table(rows, title="run with a pack"), _entries_table(r.entries, wide, "entries"))
+
+
+def check_pack_view(r: CheckPackResult, wide: bool) -> RenderableType:
+    table = FittedTable([
+        Column("capture", "key", style="cyan"),
+        Column("matches", "value"),
+        Column("max abs err", "value", justify="right", drop=1),
+        Column("hits", "value", justify="right"),
+        Column("fallbacks", "value", justify="right", drop=2),
+        Column("speedup", "value", justify="right"),
+        Column("detail", "text", drop=0),
+    ], title="pack check: " + ("every replay matches" if r.ok else "MISMATCH"), wide=wide)
+    for c in r.checks:
+        table.add_row(c.capture, _yes_no(c.matches_captured and c.matches_eager), f"{c.max_abs_error:.3g}",
+                      str(c.hits), str(c.fallbacks), _speedup(c.speedup), c.detail or "-")
+    return table
+
+
+# --------------------------------------------------------------------------------------------
 # Statistics and skills
 # --------------------------------------------------------------------------------------------
 
@@ -372,7 +524,7 @@ def _number_columns(*headers: tuple[str, int]) -> list[Column]:
     return [Column(header, "value", justify="right", drop=drop) for header, drop in headers]
 
 
-def _findings_table(r: GatherStatsResult, wide: bool) -> FittedTable:
+def _findings_table(findings: list[StatsFinding], wide: bool) -> FittedTable:
     table = FittedTable([
         Column("kind", "key"),
         Column("module", "key"),
@@ -380,7 +532,7 @@ def _findings_table(r: GatherStatsResult, wide: bool) -> FittedTable:
         Column("message", "text"),
         Column("action", "text"),
     ], title="findings", wide=wide, stack=True)
-    for f in r.findings:
+    for f in findings:
         table.add_row(Cell((f.kind,), style=_BAD if f.severity == "error" else _WARN), f.module or "(model)",
                       str(f.step), f.message, f.action)
     return table
@@ -396,12 +548,12 @@ def _types_table(r: GatherStatsResult, wide: bool) -> FittedTable:
     return table
 
 
-def _tensors_table(r: GatherStatsResult, wide: bool) -> FittedTable:
+def _tensors_table(tensors: list[TensorStatsRow], wide: bool) -> FittedTable:
     columns = [Column("tensor", "key"), Column("group", "value", drop=2), Column("shape", "shrink", drop=6),
                *_number_columns(("mean", 8), ("std", 9), ("kurtosis", 3), ("zero frac", 7), ("min", 4), ("max", 5),
                                 ("NaN/Inf", 1))]
     table = FittedTable(columns, title="tensors", wide=wide)
-    for t in r.tensors:
+    for t in tensors:
         table.add_row(t.key, t.group, Cell((shape(t.shape),)), number(t.mean), number(t.std), number(t.kurtosis),
                       number(t.zero_frac), number(t.min), number(t.max), f"{t.nan or 0}/{t.inf or 0}")
     return table
@@ -411,13 +563,42 @@ def gather_stats_view(r: GatherStatsResult, wide: bool) -> RenderableType:
     what = (f": {r.modules} modules, {r.steps_sampled} sampled step(s) of {r.steps_seen}, order from {r.order_source}"
             if r.source == "script" else f": {len(r.tensors)} tensors of the capture")
     parts: list[RenderableType] = [Text.assemble(("statistics ", "bold"), (r.run_id, "bold cyan"), what)]
-    parts.append(_findings_table(r, wide) if r.findings else Text("no findings", style=_GOOD))
+    parts.append(_findings_table(r.findings, wide) if r.findings else Text("no findings", style=_GOOD))
     if r.by_type:
         parts.append(_types_table(r, wide))
     if r.tensors:
-        parts.append(_tensors_table(r, wide))
+        parts.append(_tensors_table(r.tensors, wide))
     parts += _notes(r.notes)
     parts.append(Text(f"report: {r.report_html or '-'}"))
+    return Group(*parts)
+
+
+def list_stats_runs_view(r: ListStatsRunsResult, wide: bool) -> RenderableType:
+    table = FittedTable([
+        Column("run", "key", style="cyan"),
+        Column("of", "key"),
+        Column("modules", "value", justify="right", drop=1),
+        Column("sampled steps", "value", justify="right", drop=2),
+        Column("findings", "value", justify="right"),
+        Column("created", "shrink", drop=0),
+    ], title=f"statistics in {r.repo}", wide=wide)
+    for x in r.runs:
+        table.add_row(x.run_id, x.capture or x.script or "-", str(x.modules),
+                      f"{x.steps_sampled} of {x.steps_seen}" if x.kind == "run" else "-", str(x.findings),
+                      Cell((x.created_at, x.created_at[:16].replace("T", " "), x.created_at[:10])) if x.created_at else "-")
+    return table
+
+
+def show_stats_run_view(r: StatsRunView, wide: bool) -> RenderableType:
+    e = r.entry
+    what = (f": {len(r.modules)} modules over {len(r.steps)} sampled step(s), order from {r.order_source}"
+            if e.kind == "run" else f": {len(r.tensors)} tensors of {e.capture}")
+    parts: list[RenderableType] = [Text.assemble(("statistics ", "bold"), (e.run_id, "bold cyan"), what)]
+    parts.append(_findings_table(r.findings, wide) if r.findings else Text("no findings", style=_GOOD))
+    if r.tensors:
+        parts.append(_tensors_table(r.tensors, wide))
+    parts += _notes(r.notes)
+    parts.append(Text(f"report: {r.report_html or '-'} (--json for the series)"))
     return Group(*parts)
 
 
@@ -437,7 +618,13 @@ def install_skills_view(r: InstallSkillsResult, wide: bool) -> RenderableType:
 
 _VIEWS: dict[type[BaseModel], View] = {
     CaptureModuleResult: capture_module_view,
-    CaptureSummary: capture_summary_view,  # show_capture
+    ShowCaptureResult: show_capture_view,
+    CaptureSummary: capture_summary_view,
+    ListOpsetsResult: list_opsets_view,
+    ListCandidatesResult: list_candidates_view,
+    CandidateView: show_candidate_view,
+    ListStatsRunsResult: list_stats_runs_view,
+    StatsRunView: show_stats_run_view,
     ListCapturesResult: list_captures_view,
     ReplayModuleResult: replay_module_view,
     ExportReproResult: export_repro_view,
@@ -453,6 +640,10 @@ _VIEWS: dict[type[BaseModel], View] = {
     AddSearchChildResult: add_search_child_view,
     GatherStatsResult: gather_stats_view,
     InstallSkillsResult: install_skills_view,
+    ValidateModuleResult: validate_module_view,
+    PackResult: pack_view,
+    RunResult: run_view,
+    CheckPackResult: check_pack_view,
 }
 
 

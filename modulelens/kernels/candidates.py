@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from modulelens.kernels.report import ValidationReport, ValidationSettings
+from modulelens.kernels.report import ModuleValidationSettings, ValidationReport, ValidationSettings
 from modulelens.kernels.source import BackendName, KernelSource
 from modulelens.ops.model import OpCard, parse_card_id
 from modulelens.repo import Artifact, ManifestBase, Repository, parse_ref
@@ -56,7 +56,7 @@ class ReportManifest(ManifestBase):
     verdict: str
     correct: bool
     speedup_vs_eager: float | None = None
-    settings: ValidationSettings
+    settings: ValidationSettings | ModuleValidationSettings
 
 
 def candidate_name(card_id: str) -> str:
@@ -99,7 +99,8 @@ def report_name(candidate: Artifact) -> str:
     return f"{candidate.name}.v{candidate.version}"
 
 
-def save_report(repo: Repository, candidate: Artifact, report: ValidationReport, settings: ValidationSettings) -> Artifact:
+def save_report(repo: Repository, candidate: Artifact, report: ValidationReport,
+                settings: ValidationSettings | ModuleValidationSettings) -> Artifact:
     """Store a validation of ``candidate`` as a new version of its report."""
     def write(folder: Path) -> ReportManifest:
         (folder / REPORT_FILE).write_text(report.model_dump_json(indent=2))

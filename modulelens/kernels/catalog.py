@@ -1,39 +1,26 @@
 """Read-only views of the candidates in a repository: one row per candidate with its latest
-verdict, and one candidate in full (source, provenance and latest validation report).
-
-:class:`CandidateListing` is the typed view of a ``candidates`` manifest that these views read (the
-fields :func:`~modulelens.kernels.candidates.save_candidate` writes today). It stands in for the
-candidate model ``kernels/`` will own; unknown fields are kept, so any candidate written so far loads.
+verdict, and one candidate in full (source, provenance and latest validation report), read
+through :class:`~modulelens.kernels.candidates.CandidateManifest`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
-from modulelens.kernels.candidates import CANDIDATES, REPORTS, latest_report, load_candidate, report_name
+from modulelens.kernels.candidates import (
+    CANDIDATES,
+    REPORTS,
+    candidate_manifest,
+    latest_report,
+    load_candidate,
+    report_name,
+)
 from modulelens.kernels.report import ValidationReport
-from modulelens.ops.cards import KIND as OPSETS
-from modulelens.ops.cards import parse_card_id
-from modulelens.repo import Artifact, ManifestBase, Repository
-
-
-class CandidateTarget(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    card_id: str
-    op: str = ""
-    kind: str = ""
-
-
-class CandidateListing(ManifestBase):
-    target: CandidateTarget
-    backend: str = ""
-    family: str | None = None
-    provider: str = ""
-    parent: str | None = None
-    source_file: str = ""
+from modulelens.ops.model import KIND as OPSETS
+from modulelens.ops.model import parse_card_id
+from modulelens.repo import Artifact, Repository
 
 
 class CandidateEntry(BaseModel):
@@ -55,7 +42,7 @@ class CandidateEntry(BaseModel):
 
 
 def _entry(repo: Repository, art: Artifact) -> tuple[CandidateEntry, ValidationReport | None]:
-    m = art.manifest_as(CandidateListing)
+    m = candidate_manifest(art)
     versions = repo.versions(REPORTS, report_name(art))
     report = latest_report(repo, art) if versions else None
     entry = CandidateEntry(
@@ -99,6 +86,6 @@ def candidate_view(repo: Repository, candidate_id: str) -> CandidateView:
     """One candidate in full: its row, source (checked against its sha256) and latest report."""
     art, src = load_candidate(repo, candidate_id)
     entry, report = _entry(repo, art)
-    source_file = art.manifest_as(CandidateListing).source_file
+    source_file = candidate_manifest(art).source_file
     return CandidateView(entry=entry, source=src.source, source_path=str(art.file(source_file)),
                          entry_point=src.entry, params=src.params, provenance=src.provenance, report=report)

@@ -11,19 +11,31 @@ from modulelens.profiling.timing import Timing
 DISTRIBUTIONS = ("normal", "uniform", "heavy", "special")
 
 
-class ValidationSettings(BaseModel):
-    """What one validation of a candidate does (stored with its report)."""
+class CheckSettings(BaseModel):
+    """What any validation does: fresh inputs, tolerances, timing (stored with its report)."""
 
-    card_id: str = Field(description="The card validated against (<opset ref>/<index>).")
-    device: str | None = Field(None, description="Device to run on (default: the card's; CPU when there is no GPU).")
     time: bool = Field(True, description="Time against eager (when the backend can be timed here).")
-    compile_baseline: bool = Field(False, description="Also time torch.compile of the operator.")
     seeds: list[int] = Field(default_factory=lambda: [0, 1], description="Seeds of the fresh inputs.")
     distributions: list[str] = Field(default_factory=lambda: list(DISTRIBUTIONS),
                                      description="Distributions of the fresh inputs (each seed draws every one).")
     rtol: float | None = Field(None, description="Relative tolerance (default: per dtype).")
     atol: float | None = Field(None, description="Absolute tolerance (default: per dtype, scaled by the output).")
     min_run_time: float = Field(0.3, gt=0, description="Seconds of timed calls, eager and candidate together.")
+
+
+class ValidationSettings(CheckSettings):
+    """One validation of a card candidate."""
+
+    card_id: str = Field(description="The card validated against (<opset ref>/<index>).")
+    device: str | None = Field(None, description="Device to run on (default: the card's; CPU when there is no GPU).")
+    compile_baseline: bool = Field(False, description="Also time torch.compile of the operator.")
+
+
+class ModuleValidationSettings(CheckSettings):
+    """One validation of a module-level candidate (KernelBench ModelNew) against its capture."""
+
+    capture: str = Field(description="The capture ref (name:vN) the candidate replaces.")
+    min_run_time: float = Field(0.6, gt=0, description="Seconds of timed calls, original and candidate together.")
 
 
 class Check(BaseModel):

@@ -11,7 +11,8 @@ When the tools include ``list_captures`` and ``show_capture``, two resources are
 ``modulelens://captures`` (``list_captures`` with its defaults, as JSON) and the template
 ``modulelens://captures/{ref}`` (``show_capture`` for ``ref``, as JSON). A ref such as
 ``enc0:v2`` or ``enc0@prod`` can be written as is or percent-encoded (``enc0%3Av2``); the
-template matcher decodes it.
+template matcher decodes it. Likewise, with ``list_stats_runs`` and ``show_stats_run``, statistics
+runs are resources: ``modulelens://stats`` and ``modulelens://stats/{ref}``.
 
 In stdio mode stdout is the protocol wire: nothing here prints, logging goes to stderr.
 """
@@ -49,6 +50,8 @@ logger = logging.getLogger(__name__)
 
 CAPTURES_URI = "modulelens://captures"
 CAPTURE_TEMPLATE = "modulelens://captures/{ref}"
+STATS_URI = "modulelens://stats"
+STATS_TEMPLATE = "modulelens://stats/{ref}"
 
 INSTRUCTIONS = (
     "modulelens captures the inputs and outputs of PyTorch modules while a script runs, stores "
@@ -189,9 +192,13 @@ def _make_handler(tool: Tool, repo_root: Path | None) -> Any:
     return handler
 
 
-def _add_capture_resources(
-    server: MCPServer, list_tool: Tool, show_tool: Tool, repo_root: Path | None
+def _add_listing_resources(
+    server: MCPServer, list_tool: Tool, show_tool: Tool, repo_root: Path | None, *,
+    uri: str, template: str, name: str, item: str, ref_field: str,
 ) -> None:
+    """Two resources over a list tool (``uri``, called with its defaults) and a show tool
+    (``template``, its ``ref_field`` set to the template's ``ref``), as JSON."""
+
     async def read(tool: Tool, request_data: dict[str, Any]) -> str:
         try:
             request = tool.request.model_validate(request_data)
@@ -205,26 +212,26 @@ def _add_capture_resources(
         return result.model_dump_json(indent=2)
 
     @server.resource(
-        CAPTURES_URI,
-        name="captures",
-        description="Every capture in the repository (list_captures with its defaults), as JSON.",
+        uri,
+        name=name,
+        description=f"Every {item} in the repository ({list_tool.name} with its defaults), as JSON.",
         mime_type="application/json",
     )
-    async def captures() -> str:
+    async def listing() -> str:
         return await read(list_tool, {})
 
     # The default ResourceSecurity rejects values that look like absolute paths, and a one-letter
-    # capture name with a version ("a:v2") looks like a Windows drive ("a:"). Refs are validated
-    # by the repository itself (InvalidName), exactly as when show_capture is called as a tool.
+    # name with a version ("a:v2") looks like a Windows drive ("a:"). Refs are validated by the
+    # repository itself (InvalidName), exactly as when the show tool is called as a tool.
     @server.resource(
-        CAPTURE_TEMPLATE,
-        name="capture",
-        description="One capture (show_capture for ref, e.g. enc0, enc0:v2, enc0@prod), as JSON.",
+        template,
+        name=item.replace(" ", "_"),
+        description=f"One {item} ({show_tool.name} for ref, e.g. enc0, enc0:v2, enc0@prod), as JSON.",
         mime_type="application/json",
         security=ResourceSecurity(exempt_params={"ref"}),
     )
-    async def capture(ref: str) -> str:
-        return await read(show_tool, {"ref": ref})
+    async def one(ref: str) -> str:
+        return await read(show_tool, {ref_field: ref})
 
 
 def build_server(tools: list[Tool], repo_root: Path | None = None) -> MCPServer:
@@ -245,8 +252,14 @@ def build_server(tools: list[Tool], repo_root: Path | None = None) -> MCPServer:
             structured_output=True,
         )
     if "list_captures" in by_name and "show_capture" in by_name:
-        _add_capture_resources(
-            server, by_name["list_captures"], by_name["show_capture"], repo_root
+        _add_listing_resources(
+            server, by_name["list_captures"], by_name["show_capture"], repo_root,
+            uri=CAPTURES_URI, template=CAPTURE_TEMPLATE, name="captures", item="capture", ref_field="ref",
+        )
+    if "list_stats_runs" in by_name and "show_stats_run" in by_name:
+        _add_listing_resources(
+            server, by_name["list_stats_runs"], by_name["show_stats_run"], repo_root,
+            uri=STATS_URI, template=STATS_TEMPLATE, name="stats", item="statistics run", ref_field="run",
         )
     return server
 

@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 from modulelens.capture.manifest import CaptureManifest, capture_manifest
 from modulelens.capture.replay import LoadedCapture
 from modulelens.capture.tracer import set_rng_states
-from modulelens.capture.values import Encoder, TensorSink, flatten, leaves
+from modulelens.capture.values import Encoder, TensorSink, flatten
 from modulelens.errors import ModuleLensError
 from modulelens.ops.model import KIND, SAMPLES_FILE, CardSample, ModuleTime, OpCard, OpSetManifest
 from modulelens.ops.recorder import OpRecorder, OpTimer, Variant
@@ -39,13 +39,13 @@ class RecordOptions(BaseModel):
 
 
 def _check_inputs(art: Artifact, m: CaptureManifest, allow_synthesized: bool) -> None:
-    inputs = leaves(m.inputs.args) + leaves(m.inputs.kwargs)
+    inputs = m.inputs.tensor_leaves()
     if not inputs:
         raise ModuleLensError(
             f"capture {art.ref} has no tensor inputs",
             "operator cards need real inputs as the oracle; capture a module that takes tensors",
         )
-    if not any(s.get("stored", True) for s in inputs) and not allow_synthesized:
+    if not any(s.stored for s in inputs) and not allow_synthesized:
         raise ModuleLensError(
             f"capture {art.ref} stores its inputs shape-only, so the cards would hold synthetic samples",
             "capture again with a larger --max-tensor-bytes, or pass --allow-synthesized",

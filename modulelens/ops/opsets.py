@@ -1,54 +1,11 @@
-"""Read-only views of the opsets in a repository: one row per opset, and the roofline of its cards.
-
-:class:`OpsetListing` is the typed view of an ``opsets`` manifest that these views read (the
-fields ``capture_ops`` writes today). It stands in for the opset model ``ops/`` will own; unknown
-fields are kept, so any opset written so far loads.
-
-The roofline of a memory-bound card is its achieved bandwidth, ``bytes_per_call * calls / time_s``
-(bytes of distinct inputs and outputs per call, over the median seconds the card spends per module
-run), as a fraction of this machine's measured copy bandwidth. Compute cards (matmul, convolution,
-attention) are bound by arithmetic, which cards do not record: they get no fraction.
-"""
+"""The opsets in a repository, one row per stored version (read through :class:`OpSetManifest`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from pydantic import BaseModel, Field
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from modulelens.ops.cards import KIND
-from modulelens.repo import ManifestBase, Repository
-
-
-class ModuleTime(BaseModel):
-    median_s: float = 0.0
-    p20_s: float = 0.0
-    p80_s: float = 0.0
-    repeats: int = 0
-
-
-class CardTiming(BaseModel):
-    """What a roofline needs of one stored card."""
-
-    model_config = ConfigDict(extra="allow")
-
-    index: int
-    op: str
-    kind: str
-    calls: int = 0
-    time_s: float = 0.0
-    bytes_per_call: int = 0
-
-
-class OpsetListing(ManifestBase):
-    capture: str = ""
-    strategy: str = ""
-    device: str = "cpu"
-    backward: bool = False
-    module_time: ModuleTime = Field(default_factory=ModuleTime)
-    # Read as CardTiming only where timings are needed: a listing only counts them.
-    cards: list[Any] = Field(default_factory=list)
+from modulelens.ops.model import KIND, OpSetManifest
+from modulelens.repo import Repository
 
 
 class OpsetEntry(BaseModel):
@@ -82,7 +39,7 @@ def opset_entries(repo: Repository, capture: str | None = None) -> list[OpsetEnt
     out = []
     for name in names:
         for version in repo.versions(KIND, name):
-            m = repo.open(KIND, f"{name}:v{version}").manifest_as(OpsetListing)
+            m = repo.open(KIND, f"{name}:v{version}").manifest_as(OpSetManifest)
             if wanted is not None and m.capture != wanted:
                 continue
             out.append(OpsetEntry(
@@ -91,40 +48,3 @@ def opset_entries(repo: Repository, capture: str | None = None) -> list[OpsetEnt
                 backward=m.backward, created_at=m.created_at,
             ))
     return out
-
-
-class CardRoofline(BaseModel):
-    card_id: str
-    op: str
-    kind: str
-    calls: int
-    time_s: float
-    bytes_per_s: float | None = Field(None, description="Achieved bandwidth (memory-bound cards with a time).")
-    fraction: float | None = Field(None, description="bytes_per_s / copy_bytes_per_s; above 1 means the data sat "
-                                   "in cache.")
-
-
-class OpsetRooflines(BaseModel):
-    opset: str
-    device: str
-    copy_bytes_per_s: float | None = Field(None, description="This machine's copy bandwidth on the opset's device.")
-    cards: list[CardRoofline]
-    notes: list[str] = Field(default_factory=list)
-
-
-def card_rooflines(repo: Repository, ref: str, copy_bytes_per_s: Callable[[str], float | None]) -> OpsetRooflines:
-    """The roofline of every card of the opset ``ref``. ``copy_bytes_per_s(device)`` gives the
-    machine's copy bandwidth (None when it cannot be measured here, e.g. a CUDA opset on a machine
-    without a GPU: then no fraction is given)."""
-    art = repo.open(KIND, ref)
-    m = art.manifest_as(OpsetListing)
-    ceiling = copy_bytes_per_s(m.device)
-    notes = [] if ceiling else [f"no copy bandwidth for device {m.device!r} on this machine: no roofline fractions"]
-    cards = []
-    for c in (CardTiming.model_validate(card) for card in m.cards):
-        achieved = c.bytes_per_call * c.calls / c.time_s if c.kind == "memory" and c.time_s > 0 else None
-        cards.append(CardRoofline(
-            card_id=f"{art.ref}/{c.index}", op=c.op, kind=c.kind, calls=c.calls, time_s=c.time_s,
-            bytes_per_s=achieved, fraction=achieved / ceiling if achieved is not None and ceiling else None,
-        ))
-    return OpsetRooflines(opset=art.ref, device=m.device, copy_bytes_per_s=ceiling, cards=cards, notes=notes)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Self
 
 from pydantic import BaseModel, Field
@@ -26,18 +27,42 @@ class CardSummary(BaseModel):
     time_s: float = Field(description="Median seconds spent in this variant per module run.")
     time_share: float = Field(description="time_s divided by the measured module run time.")
     bytes_per_call: int = Field(description="Bytes of distinct input and output tensors per call.")
+    achieved_bytes_per_s: float | None = Field(
+        None, description="Memory-bound cards: bytes_per_call * calls / time_s (None for compute and view cards).")
+    roofline_fraction: float | None = Field(
+        None, description="achieved_bytes_per_s / this machine's copy bandwidth (the opset's copy_bytes_per_s); above "
+        "1 means the data sat in cache. None when either is unknown.")
 
     @classmethod
-    def of(cls, card: OpCard, **extra: Any) -> Self:
-        """The summary (or, for a subclass, the record with ``extra`` fields) of a stored card."""
+    def of(cls, card: OpCard, copy_bytes_per_s: float | None = None, **extra: Any) -> Self:
+        """The summary (or, for a subclass, the record with ``extra`` fields) of a stored card, with
+        its roofline against ``copy_bytes_per_s`` when given."""
         fields = card.model_dump(include=set(CardSummary.model_fields) - {"card_id"})
-        return cls(card_id=card.card_id, **fields, **extra)
+        achieved = achieved_bytes_per_s(card)
+        fraction = achieved / copy_bytes_per_s if achieved is not None and copy_bytes_per_s else None
+        return cls(card_id=card.card_id, **fields, achieved_bytes_per_s=achieved, roofline_fraction=fraction, **extra)
+
+
+def achieved_bytes_per_s(card: OpCard) -> float | None:
+    """The bandwidth a memory-bound card achieves: bytes of distinct inputs and outputs per call,
+    times calls per module run, over its median seconds per run. None for compute cards (bound by
+    arithmetic, which cards do not record), view cards and cards without a time."""
+    if card.kind != "memory" or card.time_s <= 0:
+        return None
+    return card.bytes_per_call * card.calls / card.time_s
+
+
+CopyBandwidth = Callable[[str], float | None]
+"""device -> this machine's copy bandwidth in bytes per second, or None when unknown here."""
 
 
 class OpSetSummary(BaseModel):
     opset: str = Field(description="Reference of the stored opset (cards are <opset>/<index>).")
     capture: str
     strategy: str
+    device: str = "cpu"
+    copy_bytes_per_s: float | None = Field(None, description="This machine's copy bandwidth on the opset's device: "
+                                           "the ceiling of the cards' roofline_fraction.")
     module_time_s: float = Field(description="Median plain run time of the module (same runs as the shares).")
     module_time_p20_s: float
     module_time_p80_s: float
@@ -54,17 +79,24 @@ class CardDetail(CardSummary):
     samples: list[CardSample] = Field(description="Stored sample calls: args, kwargs and output as value specs.")
 
 
-def summarize_opset(repo: Repository, ref: str, kind: str | None = None, top: int | None = None) -> OpSetSummary:
+def summarize_opset(repo: Repository, ref: str, kind: str | None = None, top: int | None = None,
+                    copy_bandwidth: CopyBandwidth | None = None) -> OpSetSummary:
     """The opset ``ref`` with its cards in rank order: only those of ``kind`` when given, at most
-    ``top`` of them when given. ``cards_time_share`` always covers every card of the opset."""
+    ``top`` of them when given. ``cards_time_share`` always covers every card of the opset. With
+    ``copy_bandwidth``, memory-bound cards get their roofline fraction (a note says when the
+    machine has no bandwidth for the opset's device)."""
     art, m = open_opset(repo, ref)
-    cards = [CardSummary.of(c) for c in m.cards if kind is None or c.kind == kind]
+    ceiling = copy_bandwidth(m.device) if copy_bandwidth is not None else None
+    notes = list(m.notes)
+    if copy_bandwidth is not None and not ceiling:
+        notes.append(f"no copy bandwidth for device {m.device!r} on this machine: no roofline fractions")
+    cards = [CardSummary.of(c, ceiling) for c in m.cards if kind is None or c.kind == kind]
     mt = m.module_time
     return OpSetSummary(
-        opset=art.ref, capture=m.capture, strategy=m.strategy, module_time_s=mt.median_s,
-        module_time_p20_s=mt.p20_s, module_time_p80_s=mt.p80_s, repeats=mt.repeats,
+        opset=art.ref, capture=m.capture, strategy=m.strategy, device=m.device, copy_bytes_per_s=ceiling,
+        module_time_s=mt.median_s, module_time_p20_s=mt.p20_s, module_time_p80_s=mt.p80_s, repeats=mt.repeats,
         cards_time_share=m.cards_time_share, views_time_share=m.views_time_share,
-        cards=cards[:top] if top else cards, notes=m.notes,
+        cards=cards[:top] if top else cards, notes=notes,
     )
 
 
@@ -73,22 +105,3 @@ def describe_card(repo: Repository, card_id: str) -> CardDetail:
     art, card = open_card(repo, card_id)
     capture = art.manifest_as(OpSetManifest).capture
     return CardDetail.of(card, opset=art.ref, capture=capture, samples=card.samples)
-
-
-def render_opset(r: OpSetSummary):
-    """A rich table of the cards, with the module's run time and the shares in the caption."""
-    from rich.markup import escape
-    from rich.table import Table
-
-    t = Table(title=escape(f"operator cards {r.opset} (from {r.capture}, {r.strategy})"), title_justify="left")
-    for col in ("card", "op", "kind", "shapes", "dtypes", "calls", "time/run", "share"):
-        t.add_column(col)
-    for c in r.cards:
-        t.add_row(escape(c.card_id), escape(c.op), c.kind + ("" if c.phase == "forward" else " (bw)"),
-                  escape(" ".join(str(s) for s in c.shapes)), escape(",".join(sorted(set(c.dtypes)))), str(c.calls),
-                  f"{c.time_s * 1e6:.1f} us", f"{c.time_share:.1%}")
-    t.caption = (f"module run: median {r.module_time_s * 1e3:.3f} ms (p20 {r.module_time_p20_s * 1e3:.3f}, "
-                 f"p80 {r.module_time_p80_s * 1e3:.3f}) over {r.repeats} runs; listed cards cover "
-                 f"{r.cards_time_share:.0%} of it, view operators {r.views_time_share:.0%}"
-                 + escape("".join(f"\nnote: {n}" for n in r.notes)))
-    return t

@@ -51,3 +51,11 @@ def copy_bandwidth(device: str = "cpu", nbytes: int | None = None, refresh: bool
     tmp.write_text(json.dumps(data, indent=2))
     os.replace(tmp, path)
     return {**entry, "cached": False}
+
+
+def copy_bytes_per_s(device: str) -> float | None:
+    """:func:`copy_bandwidth` of ``device`` in bytes per second, or None when the device is not on
+    this machine (a CUDA opset read on a machine without a GPU)."""
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        return None
+    return copy_bandwidth(device)["bytes_per_s"]

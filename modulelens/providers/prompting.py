@@ -13,11 +13,12 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from modulelens.capture.spec import SpecVisitor, TensorSpec, ValueKind, mapping_items, sequence_items
 from modulelens.errors import ModuleLensError
 from modulelens.kernels.source import CPP_KEYWORDS
 from modulelens.ops.model import OpCard, as_card
 from modulelens.providers.request import GenerationRequest
-from modulelens.providers.values import describe_value, spec_items, tensor_text, value_kind
+from modulelens.providers.values import describe_value, spec_tensor_text, tensor_text, value_kind
 
 __all__ = ["build_messages", "card_fields", "contract_text", "describe_arguments", "extract_code", "fence",
            "prompt_sha256"]
@@ -120,8 +121,8 @@ def describe_arguments(card: OpCard | Mapping[str, Any], backend: str) -> list[d
     if not card.samples:
         return _arguments_without_sample(card)
     sample = card.samples[0]
-    positional = spec_items(sample.args)
-    keyword = [(k, v) for k, v in spec_items(sample.kwargs)]
+    positional = sequence_items(sample.args)
+    keyword = mapping_items(sample.kwargs)
     schema, _ = _schema_arguments(card.op)
     by_name = {a.name: a for a in schema}
     out = []
@@ -140,32 +141,54 @@ def describe_arguments(card: OpCard | Mapping[str, Any], backend: str) -> list[d
 def _arguments_without_sample(card: OpCard) -> list[dict[str, str]]:
     out = []
     for i, (shape, dtype) in enumerate(zip(card.shapes, card.dtypes)):
-        t = {"shape": shape, "dtype": dtype, "stride": (card.strides or [None] * (i + 1))[i],
-             "contiguous": (card.contiguous or [True] * (i + 1))[i], "device": card.device}
+        text = tensor_text(shape, dtype, (card.strides or [None] * (i + 1))[i],
+                           (card.contiguous or [True] * (i + 1))[i])
         out.append({"name": f"arg{i}", "cpp": "torch::Tensor", "python": "torch.Tensor",
-                    "text": "Tensor, " + tensor_text(t), "keyword": ""})
+                    "text": "Tensor, " + text, "keyword": ""})
     return out
 
 
-def _describe_returns(card: OpCard) -> tuple[str, str]:
-    """(words, C++ return type) for what ``forward`` returns."""
-    samples = card.samples
-    out = samples[0].output if samples else None
-    kind = value_kind(out)
-    if kind == "tensor":
-        return f"one tensor ({tensor_text(out)})", "torch::Tensor"
-    if kind in ("tuple", "list") and spec_items(out) and all(value_kind(i) == "tensor" for i in spec_items(out)):
-        items = spec_items(out)
-        parts = "; ".join(f"[{i}] {tensor_text(t)}" for i, t in enumerate(items))
+class _ReturnDescriber(SpecVisitor[tuple[str, str]]):
+    """(words, C++ return type) for a stored output: one tensor, a tuple or list of tensors, or
+    what the aten operator returns (its kind in words)."""
+
+    def tensor(self, spec: TensorSpec) -> tuple[str, str]:
+        return f"one tensor ({spec_tensor_text(spec)})", "torch::Tensor"
+
+    def sequence(self, kind: ValueKind, items: list[Any], cls: str | None) -> tuple[str, str]:
+        if not items or any(value_kind(i) != "tensor" for i in items):
+            return self._other(kind.value)
+        parts = "; ".join(f"[{i}] {spec_tensor_text(TensorSpec.from_json(t))}" for i, t in enumerate(items))
         return (f"a tuple of {len(items)} tensors: {parts}",
                 "std::tuple<" + ", ".join(["torch::Tensor"] * len(items)) + ">")
-    if out is None and not samples:
-        _, returns = _schema_arguments(card.op)
-        if len(returns) > 1:
-            return (f"a tuple of {len(returns)} tensors, as the aten operator does",
-                    "std::tuple<" + ", ".join(["torch::Tensor"] * len(returns)) + ">")
-        return "one tensor, as the aten operator does", "torch::Tensor"
-    return f"what the aten operator returns ({kind})", "py::object"
+
+    def scalar(self, value: Any) -> tuple[str, str]:
+        return self._other(value_kind(value))
+
+    def unsupported(self, kind: ValueKind, spec: dict[str, Any]) -> tuple[str, str]:
+        return self._other(kind.value)
+
+    def unknown_kind(self, kind: str, spec: dict[str, Any]) -> tuple[str, str]:
+        return self._other(kind)
+
+    def malformed(self, spec: Any, why: str) -> tuple[str, str]:
+        return self._other(value_kind(spec))
+
+    @staticmethod
+    def _other(kind: str) -> tuple[str, str]:
+        return f"what the aten operator returns ({kind})", "py::object"
+
+
+def _describe_returns(card: OpCard) -> tuple[str, str]:
+    """(words, C++ return type) for what ``forward`` returns: from the first sample's output, or
+    from the aten schema for a card without samples."""
+    if card.samples:
+        return _ReturnDescriber().visit(card.samples[0].output)
+    _, returns = _schema_arguments(card.op)
+    if len(returns) > 1:
+        return (f"a tuple of {len(returns)} tensors, as the aten operator does",
+                "std::tuple<" + ", ".join(["torch::Tensor"] * len(returns)) + ">")
+    return "one tensor, as the aten operator does", "torch::Tensor"
 
 
 def _signature(args: list[dict[str, str]], backend: str, ret_cpp: str) -> str:

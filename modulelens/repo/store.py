@@ -41,10 +41,12 @@ class ManifestBase(BaseModel):
     Each domain package owns a subclass with its own fields (``capture.manifest.CaptureManifest``,
     ``ops.model.OpSetManifest``, ...) and reads a stored manifest only through it, with
     :meth:`Artifact.manifest_as`. Unknown fields are kept, so a file written by a newer minor
-    version of a domain model still loads.
+    version of a domain model still loads. Floats that JSON has no literal for (an argument of
+    -inf, a NaN statistic) are written as ``json.dumps`` writes them (-Infinity, NaN), never as
+    null, by every serialisation (``model_dump_json`` included).
     """
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", ser_json_inf_nan="constants")
 
     schema_version: int = 0
     kind: str = ""
@@ -112,11 +114,6 @@ class Artifact:
         self.base = _validate(ManifestBase, manifest, f"{name}:v{version}")
         self._verified: set[str] = set()
         self._typed: dict[type, ManifestBase] = {}
-
-    @property
-    def manifest(self) -> dict[str, Any]:
-        """Transitional: the raw manifest dict. Read manifests through :meth:`manifest_as`."""
-        return self.raw_manifest
 
     def manifest_as(self, model: type[M]) -> M:
         """The manifest read through its domain model (validated once per model, then cached)."""

@@ -20,7 +20,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from modulelens.kernels.report import ValidationReport, ValidationSettings
+from modulelens.kernels.report import ModuleValidationSettings, ValidationReport, ValidationSettings
 from modulelens.kernels.source import KernelSource
 from modulelens.profiling.timing import Timing
 
@@ -59,11 +59,35 @@ class TimeCandidateTask(CandidateTask):
     warmup: int = Field(3, ge=0)
 
 
+class ModuleSource(_Message):
+    """A module-level candidate: Python source defining ``class_name`` (the KernelBench ModelNew contract)."""
+
+    backend: Literal["module"] = "module"
+    source: str
+    class_name: str = "ModelNew"
+    claims_training: bool = False
+
+
+class ValidateModuleTask(_Message, ModuleValidationSettings):
+    """Validate a module-level candidate against the capture ``capture`` of the repository at ``repo``."""
+
+    kind: Literal["validate_module"] = "validate_module"
+    repo: str
+    candidate: ModuleSource
+    build_dir: str
+
+    @property
+    def settings(self) -> ModuleValidationSettings:
+        """The part of the task stored with its report."""
+        return ModuleValidationSettings.model_validate(self.model_dump(include=set(ModuleValidationSettings.model_fields)))
+
+
 class PingTask(_Message):
     kind: Literal["ping"] = "ping"
 
 
-SandboxTask = Annotated[ValidateCardTask | TimeCandidateTask | PingTask, Field(discriminator="kind")]
+SandboxTask = Annotated[ValidateCardTask | ValidateModuleTask | TimeCandidateTask | PingTask,
+                        Field(discriminator="kind")]
 TASKS: TypeAdapter[SandboxTask] = TypeAdapter(SandboxTask)
 
 

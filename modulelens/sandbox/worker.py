@@ -26,9 +26,9 @@ def main(argv: list[str]) -> int:
     if not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")  # read when triton kernels are defined
         _limit_memory(memory_mb)  # address-space limits break CUDA; GPU runs rely on the device's memory
-    from modulelens.kernels import validate
+    from modulelens.kernels import module_validate, validate
     from modulelens.sandbox import protocol
-    from modulelens.sandbox.messages import TASKS, InternalErrorResult, StageReport, TaskDone
+    from modulelens.sandbox.messages import TASKS, InternalErrorResult, StageReport, TaskDone, ValidateModuleTask
 
     def stage(name: str) -> None:
         protocol.send(result_fd, StageReport(stage=name))
@@ -38,7 +38,8 @@ def main(argv: list[str]) -> int:
             task = protocol.receive(task_fd, TASKS)
             if task is None:
                 return 0
-            result = validate.run_task(task, stage)
+            run = module_validate.run_task if isinstance(task, ValidateModuleTask) else validate.run_task
+            result = run(task, stage)
         except BaseException as e:  # noqa: BLE001 - the parent must always get an answer
             result = InternalErrorResult(error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc()[-3000:])
         protocol.send(result_fd, TaskDone(result=result))

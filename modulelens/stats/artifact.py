@@ -20,11 +20,10 @@ from typing import Any
 from modulelens.repo import Artifact, Repository, validate_name
 from modulelens.stats import findings as F
 from modulelens.stats import stats as S
-from modulelens.stats.collector import StatsRun
+from modulelens.stats.manifest import KIND, StatsManifest, StatsSource, StatsSummary, TypeRow
+from modulelens.stats.records import StatsRun
 from modulelens.stats.report import write_report
-from modulelens.stats.series import build_series
-
-KIND = "stats"
+from modulelens.stats.series import DEFAULT_EMA, build_series, last_finite_index
 
 
 def default_stats_name(script: Path | None) -> str:
@@ -37,57 +36,49 @@ def _dump(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, separators=(",", ":"), allow_nan=False, default=str))
 
 
-def _store(repo: Repository, name: str, series: dict[str, Any], found: list[dict[str, Any]], source: dict[str, Any],
-           summary: dict[str, Any], plots: bool) -> Artifact:
-    def write(folder: Path) -> dict[str, Any]:
+def _store(repo: Repository, name: str, series: dict[str, Any], found: list[dict[str, Any]], source: StatsSource,
+           summary: StatsSummary, plots: bool) -> Artifact:
+    def write(folder: Path) -> StatsManifest:
         _dump(folder / "series.json", series)
         _dump(folder / "findings.json", found)
-        files, notes = write_report(folder, series, found, {"ref": name, "script": source.get("script")}, plots)
-        summary["notes"] = list(summary.get("notes", [])) + notes
-        summary["report_files"] = files
-        return {"source": source, "summary": summary}
+        files, notes = write_report(folder, series, found, {"ref": name, "script": source.script}, plots)
+        done = summary.model_copy(update={"notes": [*summary.notes, *notes], "report_files": files})
+        return StatsManifest(source=source, summary=done)
 
     return repo.create(KIND, validate_name(name), write)
 
 
-def save_run(repo: Repository, name: str, run: StatsRun, *, ema: float = 0.9, plots: bool = True,
+def save_run(repo: Repository, name: str, run: StatsRun, *, ema: float = DEFAULT_EMA, plots: bool = True,
              thresholds: dict[str, float] | None = None, source: dict[str, Any] | None = None,
              ) -> tuple[Artifact, list[dict[str, Any]]]:
     series = build_series(run, ema)
     found = F.evaluate(series, thresholds)
-    summary = {
-        "kind": "run",
-        "modules": len(series["order"]),
-        "steps_seen": run.steps_seen,
-        "steps_sampled": len(series["steps"]),
-        "sampled_steps": series["steps"][:50],
-        "every": run.every,
-        "order_source": run.order_source,
-        "findings": len(found),
-        "compiled": run.compiled,
-        "notes": list(run.notes),
-        "by_type": type_summary(series),
-    }
-    art = _store(repo, name, series, found, source or {}, summary, plots)
+    summary = StatsSummary(
+        kind="run", modules=len(series["order"]), steps_seen=run.steps_seen, steps_sampled=len(series["steps"]),
+        sampled_steps=series["steps"][:50], every=run.every, order_source=run.order_source,  # type: ignore[arg-type]
+        findings=len(found), compiled=run.compiled, notes=list(run.notes), by_type=type_summary(series),
+        by_type_step=series["steps"][last_finite_index(series)] if series["steps"] else None,
+    )
+    art = _store(repo, name, series, found, StatsSource.model_validate(source or {}), summary, plots)
     return art, found
 
 
-def type_summary(series: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per-type aggregates at the last sampled step (small: one row per module type)."""
+def type_summary(series: dict[str, Any]) -> list[TypeRow]:
+    """Per-type aggregates at the last sampled step with finite values (small: one row per type)."""
     out = []
-    last = len(series["steps"]) - 1
+    last = last_finite_index(series)
     for t, info in sorted(series.get("types", {}).items()):
         def at(kind: str, stat: str, info=info) -> Any:
             c = info.get(kind, {}).get(stat)
             return c[last] if c and 0 <= last < len(c) else None
         u = info.get("update_ratio") or []
-        out.append({
-            "type": t, "modules": len(info["modules"]),
-            "activation_std": at("activation", "std"), "activation_zero_frac": at("activation", "zero_frac"),
-            "activation_kurtosis": at("activation", "kurtosis"), "gradient_std": at("gradient", "std"),
-            "update_ratio": u[last] if u and 0 <= last < len(u) else None,
-            "nonfinite": (at("activation", "nan") or 0) + (at("activation", "inf") or 0),
-        })
+        out.append(TypeRow(
+            type=t, modules=len(info["modules"]),
+            activation_std=at("activation", "std"), activation_zero_frac=at("activation", "zero_frac"),
+            activation_kurtosis=at("activation", "kurtosis"), gradient_std=at("gradient", "std"),
+            update_ratio=u[last] if u and 0 <= last < len(u) else None,
+            nonfinite=(at("activation", "nan") or 0) + (at("activation", "inf") or 0),
+        ))
     return out
 
 
@@ -101,21 +92,21 @@ def capture_series(capture: Artifact) -> dict[str, Any]:
     captured). Shape-only tensors get the summary kept in the manifest (mean, std, min, max, zero
     fraction): their other statistics are None and ``stored`` is False."""
     from modulelens.capture.artifact import load_tensors
-    from modulelens.capture.values import leaves
+    from modulelens.capture.manifest import capture_manifest
+    from modulelens.capture.spec import TensorSpec
 
-    m = capture.manifest
+    m = capture_manifest(capture)
     tensors: dict[str, Any] = {}
     notes: list[str] = []
 
-    def add(group: str, spec: dict[str, Any], data: dict[str, Any]) -> None:
-        key = spec["key"]
+    def add(group: str, spec: TensorSpec, data: dict[str, Any]) -> None:
+        key = spec.key
         t = data.get(key)
-        entry: dict[str, Any] = {"group": group, "shape": spec.get("shape"), "dtype": spec.get("dtype"),
-                                 "stored": t is not None}
+        entry: dict[str, Any] = {"group": group, "shape": spec.shape, "dtype": spec.dtype, "stored": t is not None}
         if t is not None:
             entry["stats"] = _clean(S.tensor_stats(t))
         else:
-            summ = spec.get("stats") or {}
+            summ = spec.stats.model_dump() if spec.stats is not None else {}
             st = {k: None for k in S.STAT_NAMES}
             st.update({k: summ.get(k) for k in ("mean", "std", "min", "max")})
             st["zero_frac"] = summ.get("zero_fraction")
@@ -125,14 +116,14 @@ def capture_series(capture: Artifact) -> dict[str, Any]:
         tensors[key] = entry
 
     inputs = load_tensors(capture, "inputs.safetensors")
-    for spec in leaves(m["inputs"]):
+    for spec in m.inputs.tensor_leaves():
         add("input", spec, inputs)
     outputs = load_tensors(capture, "outputs.safetensors")
-    for spec in leaves(m["outputs"]):
+    for spec in m.output_leaves():
         add("output", spec, outputs)
     weights = load_tensors(capture, "weights.safetensors")
-    for wname, spec in m.get("weights", {}).items():
-        add("weight", {**spec, "key": spec.get("key", wname)}, weights)
+    for spec in m.weight_specs().values():
+        add("weight", spec, weights)
     grads = load_tensors(capture, "grads.safetensors")
     for key, t in grads.items():
         tensors[f"grad.{key}"] = {"group": "gradient", "shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", ""),
@@ -142,8 +133,8 @@ def capture_series(capture: Artifact) -> dict[str, Any]:
         notes.append(f"{len(shape_only)} tensor(s) were stored shape-only; their statistics come from the "
                      f"capture's summary (mean, std, min, max, zero fraction): {', '.join(shape_only[:5])}")
     return {
-        "schema": 1, "source": "capture", "capture": capture.ref, "module_path": m.get("module_path", ""),
-        "class_path": m.get("class_path", ""), "tensors": tensors, "notes": notes,
+        "schema": 1, "source": "capture", "capture": capture.ref, "module_path": m.module_path,
+        "class_path": m.class_path, "tensors": tensors, "notes": notes,
         "definitions": dict(S.DEFINITIONS),
     }
 
@@ -218,9 +209,9 @@ def save_capture_stats(repo: Repository, name: str, capture: Artifact, *, plots:
                        thresholds: dict[str, float] | None = None) -> tuple[Artifact, dict[str, Any], list[dict[str, Any]]]:
     series = capture_series(capture)
     found = capture_findings(series, thresholds)
-    summary = {
-        "kind": "capture", "capture": capture.ref, "modules": 1, "tensors": len(series["tensors"]),
-        "findings": len(found), "notes": list(series["notes"]),
-    }
-    art = _store(repo, name, series, found, {"kind": "capture", "capture": capture.ref, "script": None}, summary, plots)
+    summary = StatsSummary(
+        kind="capture", capture=capture.ref, modules=1, tensors=len(series["tensors"]), findings=len(found),
+        notes=list(series["notes"]),
+    )
+    art = _store(repo, name, series, found, StatsSource(kind="capture", capture=capture.ref), summary, plots)
     return art, series, found

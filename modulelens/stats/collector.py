@@ -18,6 +18,11 @@ its own ``optimizer.step()``), so unsampled steps run with no module hook at all
   every s-th row, about 65,536 elements, which avoids copying every weight; whole rows are contiguous
   in memory, so the copy reads few cache lines).
 
+Under ``torch.compile`` (dynamo enabled), sampled steps run the compiled code eagerly (dynamo's
+``force_eager`` stance, restored when the step ends): module hooks do not run inside compiled code,
+and hooks traced into it would cause graph breaks and recompiles. Their statistics are exact; the
+other steps run compiled.
+
 Everything stays on the tensors' device until the step ends, then moves to the host in one
 transfer. Modules are named as in ``root.named_modules()`` (wrapper prefixes of DDP/FSDP/
 ``torch.compile`` stripped), the root being the first top-level module called that has parameters
@@ -37,13 +42,12 @@ Use it around your own loop::
 from __future__ import annotations
 
 import collections
-import contextlib
 import math
 import os
 import sys
 import time
-import warnings
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -55,8 +59,19 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 
 from modulelens.capture.tracer import strip_wrapper_prefix
 from modulelens.stats import stats as S
+from modulelens.stats.order import combine_order, execution_order, fx_leaf_order, merge_observed
+from modulelens.stats.records import ModuleStep, ParamStep, StatsRun, StepRecord
+from modulelens.stats.series import DEFAULT_EMA
+from modulelens.stats.updates import UpdateMeasurement, scalars_to_host, update_sample
+from modulelens.wrappers import WRAPPER_CLASSES, is_wrapper
 
-WRAPPER_CLASSES = {"DistributedDataParallel", "DataParallel", "FullyShardedDataParallel", "OptimizedModule"}
+# The data model, order and update helpers used to live here; their names stay importable.
+__all__ = [
+    "DEFAULT_EVERY", "WRAPPER_CLASSES", "ModuleStep", "ParamStep", "StatsCollector", "StatsRun", "StepOn", "StepRecord", "StopRun",
+    "combine_order", "fx_leaf_order", "update_sample",
+]
+
+DEFAULT_EVERY = 10  # statistics on steps 0, 10, 20, ...
 StepOn = Literal["optimizer", "forward", "manual"]
 
 
@@ -66,63 +81,13 @@ class StopRun(BaseException):
 
 
 # --------------------------------------------------------------------------------------------
-# What one sampled step produced (host values only)
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class ModuleStep:
-    type: str
-    act: list[float] | None = None  # merged moment vector of all floating outputs of all calls
-    in_sq: float = 0.0  # sum of squares of the floating inputs (all calls)
-    in_numel: int = 0
-    in_nonfinite: bool = False
-    calls: int = 0
-    grad: list[float] | None = None
-    saturation: bool = False
-
-
-@dataclass
-class ParamStep:
-    module: str
-    numel: int = 0
-    weight_norm: float = 0.0  # L2 norm before the optimizer step (inf/NaN: it holds Inf/NaN)
-    grad_norm: float | None = None
-    update_ratio: float | None = None
-
-
-@dataclass
-class StepRecord:
-    step: int
-    modules: dict[str, ModuleStep] = field(default_factory=dict)
-    params: dict[str, ParamStep] = field(default_factory=dict)
-    # Calls whose output held NaN/Inf, in the order the calls finished: (module, input_nonfinite).
-    nonfinite: list[tuple[str, bool]] = field(default_factory=list)
-    # Modules whose output gradient held NaN/Inf, in the order the gradients arrived.
-    nonfinite_grads: list[str] = field(default_factory=list)
-
-
-@dataclass
-class StatsRun:
-    """Everything a run gathered, ready for :func:`modulelens.stats.series.build_series`."""
-
-    records: list[StepRecord]
-    order: list[str]
-    order_source: str
-    types: dict[str, str]  # module name -> class name
-    class_paths: dict[str, str]
-    param_shapes: dict[str, list[int]]
-    every: int
-    steps_seen: int
-    step_on: str
-    notes: list[str]
-    compiled: bool = False
-    sample: int | None = None  # moments of larger tensors estimated from a strided view of this many elements
-
-
-# --------------------------------------------------------------------------------------------
 # Per-window bookkeeping (device tensors until the step ends)
 # --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Reduced:
+    vec: torch.Tensor | list[float]
 
 
 @dataclass
@@ -130,7 +95,9 @@ class _Call:
     module: nn.Module
     name: str | None  # None: not recorded (wrapper, outside the roots, grad disabled)
     finish: int = -1
-    in_norms: list[torch.Tensor | float] = field(default_factory=list)
+    # L2 norms of the floating inputs; a _Reduced input is the output of an earlier call of this step
+    # (its moment vector gives the norm without another pass).
+    in_norms: list[torch.Tensor | float | _Reduced] = field(default_factory=list)
     in_numel: int = 0
     out: list[torch.Tensor | list[float]] = field(default_factory=list)
 
@@ -147,10 +114,7 @@ class _Window:
     tensor_hooks: list[Any] = field(default_factory=list)
     memo: collections.deque = field(default_factory=lambda: collections.deque(maxlen=8))
     params_seen: set[int] = field(default_factory=set)
-    # name -> (numel, ||w||, ||grad|| or None) as float64 scalars; ||w_after - w_before||.
-    param_norms: dict[str, tuple[int, torch.Tensor, torch.Tensor | None]] = field(default_factory=dict)
-    before: dict[int, tuple[str, torch.Tensor]] = field(default_factory=dict)
-    update_norms: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    updates: UpdateMeasurement = field(default_factory=UpdateMeasurement)
     open: bool = True
 
 
@@ -183,6 +147,23 @@ def _dynamo_disabled() -> bool:
     return bool(dynamo is not None and getattr(dynamo.config, "disable", False))
 
 
+def _force_eager() -> Callable[[], None] | None:
+    """Make ``torch.compile``d code run eagerly (dynamo's ``force_eager`` stance) until the returned
+    function restores the previous stance; None when dynamo is not in use (not imported, disabled)
+    or the stance cannot be set here. Module hooks do not run inside compiled code, and hooks added
+    to compiled code cause graph breaks and recompiles: sampled steps run eagerly instead, so their
+    statistics are exact and the compiled graphs of the other steps stay as they are."""
+    if "torch._dynamo" not in sys.modules or _dynamo_disabled():
+        return None
+    try:
+        from torch._dynamo import eval_frame
+
+        prior = eval_frame._set_stance(eval_frame.DynamoStance("force_eager"))
+    except Exception:  # noqa: BLE001 - private API, or called inside a compiled region
+        return None
+    return lambda: eval_frame._set_stance(prior)
+
+
 def _in_backward() -> bool:
     try:
         return torch._C._current_graph_task_id() != -1
@@ -209,14 +190,14 @@ class StatsCollector:
         self,
         model: nn.Module | None = None,
         *,
-        every: int = 10,
+        every: int = DEFAULT_EVERY,
         max_steps: int | None = None,
         step_on: StepOn = "optimizer",
         params: bool = True,
         gradients: bool = True,
         record_no_grad: bool = False,
         fx: bool = True,
-        ema: float = 0.9,
+        ema: float = DEFAULT_EMA,
         name: str | None = None,
         repo: str | os.PathLike[str] | None = None,
         plots: bool = True,
@@ -245,6 +226,8 @@ class StatsCollector:
         self.records: list[StepRecord] = []
         self.notes: list[str] = []
         self.compiled = False
+        self.eager_sampled_steps = 0  # sampled steps run with compiled code forced eager
+        self._restore_stance: Callable[[], None] | None = None
         self.artifact: Any = None
         self.findings: list[dict[str, Any]] = []
         self._names: dict[int, tuple[weakref.ref, str]] = {}
@@ -327,11 +310,16 @@ class StatsCollector:
         """Stop collecting and return what was gathered (with the execution order)."""
         self.stop()
         if self._run is None:
-            order, source, fx_note = self._execution_order()
+            order, source, fx_note = execution_order(self._order, self.roots[0] if self.roots else None, self.fx)
             notes = list(self.notes)
             if fx_note:
                 notes.append(fx_note)
-            if self.compiled:
+            if self.compiled and self.eager_sampled_steps:
+                notes.append(
+                    "the model is compiled with torch.compile: the sampled steps ran it in eager mode (torch.compiler "
+                    "stance force_eager), so their statistics are exact; the other steps ran compiled"
+                )
+            elif self.compiled:
                 notes.append(
                     "the model is compiled with torch.compile: module hooks do not run inside compiled code, so "
                     "submodules of the compiled model were not observed; gather statistics in eager mode "
@@ -356,12 +344,14 @@ class StatsCollector:
             )
         return self._run
 
-    def save(self, name: str | None = None, repo: str | os.PathLike[str] | None = None, **meta: Any):
-        """Store the run as a ``stats`` artifact (series, findings, report); returns the artifact."""
+    def save(self, name: str | None = None, repo: str | os.PathLike[str] | None = None, *,
+             run: StatsRun | None = None, **meta: Any):
+        """Store the run (this collector's, or ``run``, e.g. merged over ranks) as a ``stats`` artifact
+        (series, findings, report); returns the artifact."""
         from modulelens.repo import Repository, default_repo_root
         from modulelens.stats.artifact import default_stats_name, save_run
 
-        run = self.finish()
+        run = run or self.finish()
         main = sys.modules.get("__main__")
         caller = getattr(main, "__file__", None)
         name = name or self.name or default_stats_name(Path(caller) if caller else None)
@@ -457,6 +447,8 @@ class StatsCollector:
 
     def _open_window(self) -> None:
         self._win = _Window(step=self.current_step)
+        if self._restore_stance is None:
+            self._restore_stance = _force_eager()
         self._set_module_hooks(True)
 
     def _close_window(self, keep: bool = True) -> None:
@@ -465,13 +457,17 @@ class StatsCollector:
         if win is None:
             return
         win.open = False
+        if self._restore_stance is not None:
+            self._restore_stance()
+            self._restore_stance = None
+            self.eager_sampled_steps += bool(win.calls)
         S.release_scratch()
         for h in win.tensor_hooks:
             h.remove()
         win.tensor_hooks.clear()
         if not self._active or not self._sampled(self.current_step + 1):
             self._set_module_hooks(False)
-        if keep and (win.calls or win.param_norms):
+        if keep and (win.calls or win.updates.norms):
             try:
                 self.records.append(self._materialize(win))
             except Exception as e:  # noqa: BLE001 - statistics must never break the user's run
@@ -519,7 +515,7 @@ class StatsCollector:
                 name = self._lookup(module)
             elif name is None and parent is not None and parent.name is not None:
                 name = self._unnamed_name(module, parent)
-            record = name is not None and type(module).__name__ not in WRAPPER_CLASSES
+            record = name is not None and not is_wrapper(module)
             if record and not self.record_no_grad and not torch.is_grad_enabled():
                 record = False
             call = _Call(module, name if record else None)
@@ -528,7 +524,8 @@ class StatsCollector:
                 return
             win.calls.append(call)
             for t in _floating_tensors(args):
-                call.in_norms.append(S.l2(t))
+                reduced = self._reduced(win, t)
+                call.in_norms.append(_Reduced(reduced) if reduced is not None else S.l2(t))
                 call.in_numel += t.numel()
         except StopRun:
             raise
@@ -557,6 +554,15 @@ class StatsCollector:
                     self._grad_hook(win, t, call.name)
         except Exception as e:  # noqa: BLE001
             self._note_error(f"leaving {type(module).__name__}", e)
+
+    @staticmethod
+    def _reduced(win: _Window, t: torch.Tensor) -> torch.Tensor | list[float] | None:
+        """The exact moment vector of this version of ``t`` if an earlier call of the step output it."""
+        for ref, key, vec in win.memo:
+            if key[0] == id(t) and key[1] == t._version and ref() is t:
+                exact = not isinstance(vec, list) or not vec[S._I["sampled"]]
+                return vec if exact else None
+        return None
 
     def _out_moments(self, win: _Window, t: torch.Tensor, sat: tuple[float, float] | None) -> torch.Tensor | list[float]:
         # A container usually returns its last child's output: reduce each tensor version once.
@@ -625,48 +631,23 @@ class StatsCollector:
         if win is None or not self.params:
             return
         try:
-            names, params, ws, gs, gnames = [], [], [], [], []
+            named = []
             for group in opt.param_groups:
                 for p in group["params"]:
                     entry = self._param_names.get(id(p))
                     if entry is None or id(p) in win.params_seen or p.layout != torch.strided:
                         continue
                     win.params_seen.add(id(p))
-                    names.append(entry[0])
-                    params.append(p)
-                    ws.append(p.detach())
-                    g = p.grad
-                    if g is not None and g.layout == torch.strided:
-                        gs.append(g.detach())
-                        gnames.append(entry[0])
-            if not names:
-                return
-            # One fused call per list.
-            w_norms = _norms(ws)
-            g_norms = dict(zip(gnames, _norms(gs))) if gs else {}
-            for name, p, w, wn in zip(names, params, ws, w_norms):
-                win.param_norms[name] = (w.numel(), wn, g_norms.get(name))
-                win.before[id(p)] = (name, update_sample(w).clone())
+                    named.append((entry[0], p))
+            win.updates.before_step(named)
         except Exception as e:  # noqa: BLE001
             self._note_error("reading parameters before optimizer.step()", e)
 
     def _opt_post(self, opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
         win = self._win
-        if win is not None and win.before:
+        if win is not None and win.updates.before:
             try:
-                names, afters, befores = [], [], []
-                for group in opt.param_groups:
-                    for p in group["params"]:
-                        entry = win.before.pop(id(p), None)
-                        if entry is not None:
-                            names.append(entry[0])
-                            afters.append(update_sample(p.detach()))
-                            befores.append(entry[1])
-                if names:
-                    base = _norms(befores)
-                    torch._foreach_sub_(befores, afters)  # the copies become -(update): no new memory
-                    for name, dn, bn in zip(names, _norms(befores), base):
-                        win.update_norms[name] = (dn, bn)
+                win.updates.after_step([p for group in opt.param_groups for p in group["params"]])
             except Exception as e:  # noqa: BLE001
                 self._note_error("measuring parameter updates", e)
         if self.step_on != "optimizer":
@@ -689,12 +670,19 @@ class StatsCollector:
             scalars.append(v)
             return len(scalars) - 1
 
-        call_slots = [([vslot(v) for v in c.out], [sslot(n) for n in c.in_norms]) for c in win.calls]
+        def norm_slot(n: torch.Tensor | float | _Reduced) -> tuple[bool, int]:
+            return (True, vslot(n.vec)) if isinstance(n, _Reduced) else (False, sslot(n))
+
+        call_slots = [([vslot(v) for v in c.out], [norm_slot(n) for n in c.in_norms]) for c in win.calls]
         grad_slots = {n: [(seq, vslot(v)) for seq, v in lst] for n, lst in win.grads.items()}
-        pnorm_slots = {n: (k, sslot(w), sslot(g) if g is not None else None) for n, (k, w, g) in win.param_norms.items()}
-        upd_slots = {n: (sslot(d), sslot(b)) for n, (d, b) in win.update_norms.items()}
+        pnorm_slots = {n: (k, sslot(w), sslot(g) if g is not None else None) for n, (k, w, g) in win.updates.norms.items()}
+        upd_slots = {n: (sslot(d), sslot(b)) for n, (d, b) in win.updates.updates.items()}
         host_v = S.to_host(vecs)
-        host_s = _scalars_to_host(scalars)
+        host_s = scalars_to_host(scalars)
+
+        def norm(slot: tuple[bool, int]) -> float:
+            from_vec, i = slot
+            return S.l2_from_moments(host_v[i]) if from_vec else host_s[i]
 
         rec = StepRecord(step=win.step)
         # Start order of first calls: the observed execution order.
@@ -717,7 +705,7 @@ class StatsCollector:
             out = S.merge_all(host_v[i] for i in out_idx)
             if out is not None:
                 ms.act = out if ms.act is None else S.merge(ms.act, out)
-            norms = [host_s[i] for i in in_idx]
+            norms = [norm(j) for j in in_idx]
             ms.in_sq += sum(x * x for x in norms if math.isfinite(x))
             ms.in_numel += c.in_numel
             if any(not math.isfinite(x) for x in norms):
@@ -728,7 +716,7 @@ class StatsCollector:
                 continue
             out_idx, in_idx = call_slots[i]
             if any(host_v[j][S._I["nan"]] + host_v[j][S._I["inf"]] > 0 for j in out_idx):
-                in_bad = any(not math.isfinite(host_s[j]) for j in in_idx)
+                in_bad = any(not math.isfinite(norm(j)) for j in in_idx)
                 rec.nonfinite.append((c.name, in_bad))  # type: ignore[arg-type]
         grad_events: list[tuple[int, str, bool]] = []
         for name, lst in grad_slots.items():
@@ -750,137 +738,5 @@ class StatsCollector:
             if pname in upd_slots:
                 dn, bn = (host_s[j] for j in upd_slots[pname])
                 ps.update_ratio = dn / bn if bn > 0 and math.isfinite(dn) and math.isfinite(bn) else None
-        self._merge_order(seen)
+        merge_observed(self._order, seen)
         return rec
-
-    def _merge_order(self, seen: list[str]) -> None:
-        """Add this step's first-call order to the observed order: a module not seen before goes
-        right after the module that ran before it."""
-        known = set(self._order)
-        prev: str | None = None
-        for name in seen:
-            if name not in known:
-                pos = self._order.index(prev) + 1 if prev is not None else 0
-                self._order.insert(pos, name)
-                known.add(name)
-            prev = name
-
-    # -- execution order ----------------------------------------------------------------------
-    def _execution_order(self) -> tuple[list[str], str, str | None]:
-        observed = list(self._order)
-        if not self.fx or not self.roots or not observed:
-            return observed, "observed", None
-        root = self.roots[0]
-        while type(root).__name__ in WRAPPER_CLASSES:
-            inner = getattr(root, "module", None) or getattr(root, "_orig_mod", None)
-            if not isinstance(inner, nn.Module):
-                break
-            root = inner
-        leaves, error = fx_leaf_order(root)
-        if leaves is None:
-            return observed, "observed", f"torch.fx could not trace the model ({error}); the observed call order is used"
-        # fx covers the first root; modules of other roots stay where they were observed.
-        return combine_order(observed, leaves), "fx", None
-
-
-UPDATE_SAMPLE = 1 << 16
-
-
-def update_sample(w: torch.Tensor, k: int = UPDATE_SAMPLE) -> torch.Tensor:
-    """The elements the update-to-weight ratio is measured on (a view: no memory needed to remember
-    it): all of them up to ``k``; else every s-th slice along the first dimension (about ``k``
-    elements, every column covered, contiguous runs of memory: a strided gather of single elements
-    touches a cache line per element); else (slices over ``4 k`` elements, non-contiguous) a strided
-    view of about ``k`` elements covering every column."""
-    n = w.numel()
-    if n <= k:
-        return w.reshape(-1)
-    if w.dim() >= 2 and w.is_contiguous():
-        per_row = n // w.shape[0]
-        if per_row <= 4 * k:
-            return w.reshape(w.shape[0], per_row)[:: max(1, n // k)]
-    return S.strided(w.reshape(-1), k, w.shape[-1] if w.dim() else 1)
-
-
-def _norms(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """L2 norms of many tensors in one fused call, redone in float64 where the tensor's own
-    precision overflowed (on the CPU, where checking is free; on a GPU in float64 directly)."""
-    if tensors[0].device.type not in S.HOST_PATH_DEVICES:
-        return list(torch._foreach_norm(tensors, 2, dtype=torch.float64))
-    norms = list(torch._foreach_norm(tensors))
-    for i, n in enumerate(norms):
-        if not math.isfinite(float(n)) and tensors[i].dtype != torch.float64:
-            norms[i] = torch.linalg.vector_norm(tensors[i], dtype=torch.float64)
-    return norms
-
-
-def _scalars_to_host(scalars: list[torch.Tensor | float]) -> list[float]:
-    out = [s if isinstance(s, float) else 0.0 for s in scalars]
-    by_device: dict[torch.device, list[int]] = {}
-    for i, s in enumerate(scalars):
-        if not isinstance(s, float):
-            by_device.setdefault(s.device, []).append(i)
-    for idx in by_device.values():
-        vals = torch.stack([scalars[i].reshape(()).to(torch.float64) for i in idx]).cpu().tolist()  # type: ignore[union-attr]
-        for i, v in zip(idx, vals):
-            out[i] = v
-    return out
-
-
-# --------------------------------------------------------------------------------------------
-# torch.fx order
-# --------------------------------------------------------------------------------------------
-
-
-def fx_leaf_order(root: nn.Module) -> tuple[list[str] | None, str | None]:
-    """Qualified names of the leaf modules in the order ``torch.fx.symbolic_trace`` calls them,
-    or (None, why) when it cannot trace. Attributes the forward sets while tracing are restored."""
-    saved = {}
-    for m in root.modules():
-        d = m.__dict__
-        saved[id(m)] = (m, dict(d), {k: dict(d[k]) for k in ("_modules", "_parameters", "_buffers") if k in d})
-    try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr):
-            warnings.simplefilter("ignore")
-            gm = torch.fx.symbolic_trace(root)
-        names: list[str] = []
-        for node in gm.graph.nodes:
-            if node.op == "call_module":
-                n = strip_wrapper_prefix(str(node.target))
-                if n not in names:
-                    names.append(n)
-        return names, None
-    except Exception as e:  # noqa: BLE001 - any failure means: use the observed order
-        first = (str(e).strip().splitlines() or [""])[0]
-        return None, f"{type(e).__name__}: {first[:160]}"
-    finally:
-        for m, d, inner in saved.values():
-            m.__dict__.clear()
-            m.__dict__.update(d)
-            for k, v in inner.items():
-                m.__dict__[k].clear()
-                m.__dict__[k].update(v)
-
-
-def combine_order(observed: list[str], fx_leaves: list[str]) -> list[str]:
-    """The observed modules ordered by the fx leaf order: a container goes right before its first
-    leaf (parents before children); a module fx did not see goes after every module observed to run
-    before it."""
-    rank = {n: i for i, n in enumerate(fx_leaves)}
-
-    def key_of(name: str) -> int | None:
-        best = rank.get(name)
-        prefix = name + "."
-        for leaf, r in rank.items():
-            if name == "" or leaf.startswith(prefix):
-                best = r if best is None else min(best, r)
-        return best
-
-    keys = {n: key_of(n) for n in observed}
-    ranked = sorted((n for n in observed if keys[n] is not None), key=lambda n: (keys[n], 0 if n == "" else n.count(".") + 1))
-    out = list(ranked)
-    for i, n in enumerate(observed):
-        if keys[n] is None:  # after everything that was observed to run before it
-            before = [out.index(p) for p in observed[:i] if p in out]
-            out.insert(max(before) + 1 if before else 0, n)
-    return out

@@ -12,20 +12,28 @@ Each finding is a dict ``{kind, module, step, severity, message, action, evidenc
   exactly zero for at least ``dead_zero_frac`` of the elements while its input was not all zero.
 - ``exploding_activation``: a module whose output rms is at least ``explode_gain`` times its input
   rms and at least ``explode_rms``; or the first module whose output rms reaches
-  ``explode_abs_rms``.
-- ``vanishing_activation``: a module whose output rms is at most ``vanish_gain`` times its input rms
-  (and not exactly zero), or the first module whose output rms falls below ``vanish_abs_rms`` times
-  the model's input rms.
+  ``explode_abs_rms`` and ``explode_gain`` times the model's input rms (large raw inputs are not
+  growth).
+- ``vanishing_activation``: a module whose output rms is at most ``vanish_gain`` times its input rms,
+  or the first module whose output rms falls below ``vanish_abs_rms`` times the model's input rms;
+  either way the output rms must also be at most ``vanish_rms`` in absolute terms and not exactly
+  zero (a normalisation layer that brings raw-scale inputs to rms 1 shrinks them a lot, but its
+  output is not "nearly zero").
 - ``exploding_gradient`` / ``vanishing_gradient``: over the leaf modules, the gradient rms at a
-  module's output compared with the median over all leaves: ``explode_grad_ratio`` times above (at
-  least two modules), or ``vanish_grad_ratio`` times below. The module named is where the change
-  happens going backward.
+  module's output compared with the median over the *healthy* leaves: those within the two ratios
+  below of the loss end (the median of the last three leaves in execution order). Gradient problems
+  compound going backward from the loss, so a vanished or exploded upstream part cannot drag this
+  reference (the median over all leaves can: with half the net vanished it sits in the vanished
+  half and makes the healthy layers near the loss look exploding, and the advice, clipping, would
+  be wrong). ``explode_grad_ratio`` times above (at least two modules), or
+  ``vanish_grad_ratio`` times below. The module named is where the change happens going backward.
 - ``saturation``: a tanh/sigmoid/hardtanh module with at least ``saturation_frac`` of its outputs
   within 1% of a bound.
 
-Activation and gradient rules look at the last sampled step before any NaN/Inf appeared (the state
-of the trained model); where a module is nested in another with the same finding, the innermost
-one is reported. A healthy model gives no finding.
+Activation, saturation and gradient rules judge every sampled step before the first one where any
+NaN/Inf appeared (a module that did not run on a step is not judged on it); each finding says on how
+many sampled steps it held and the first and last of them. Where a module is nested in another with
+the same finding, the innermost one is reported. A healthy model gives no finding.
 """
 
 from __future__ import annotations
@@ -41,11 +49,13 @@ DEFAULT_THRESHOLDS: dict[str, float] = {
     "explode_abs_rms": 1e4,
     "vanish_gain": 1e-3,
     "vanish_abs_rms": 1e-4,
+    "vanish_rms": 1e-2,
     "explode_grad_ratio": 300.0,
     "vanish_grad_ratio": 1e-3,
     "saturation_frac": 0.5,
 }
 
+LOSS_END = 3  # leaves nearest the loss whose median gradient rms is the gradient rules' reference
 RELU_LIKE = {"ReLU", "ReLU6", "Threshold", "RReLU"}
 
 
@@ -102,23 +112,38 @@ def _descendants_or_self(name: str, names: list[str]) -> list[str]:
 
 
 def evaluate(series: dict[str, Any], thresholds: dict[str, float] | None = None) -> list[dict[str, Any]]:
+    """All findings of a run: NaN/Inf first (at the first sampled step where any appear), then every
+    other rule judged on every sampled step before that one. A finding that held on several steps is
+    reported once, with the numbers of the last step where it held (``step``) and ``first_step``,
+    ``last_step`` and ``steps_held``; findings are ordered by the step where they first held."""
     th = {**DEFAULT_THRESHOLDS, **(thresholds or {})}
     steps = series["steps"]
     if not steps:
         return []
     findings: list[dict[str, Any]] = []
     first_bad = _nan_findings(series, findings)
-    # The state to judge: the last sampled step before anything turned NaN/Inf.
-    i = (steps.index(first_bad) - 1) if first_bad is not None else len(steps) - 1
-    if i < 0:
-        return findings
-    step = steps[i]
-    dead = _dead(series, i, step, th)
-    findings += dead
-    findings += _activation_scale(series, i, step, th)
-    findings += _saturation(series, i, step, th)
-    findings += _gradients(series, i, step, th, dead)
+    judged = steps.index(first_bad) if first_bad is not None else len(steps)
+    held: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for i in range(judged):
+        for f in _step_findings(series, i, steps[i], th):
+            held.setdefault((f["kind"], f["module"]), []).append(f)
+    for occurrences in held.values():
+        findings.append({**occurrences[-1], **_held(occurrences[0]["step"], occurrences[-1]["step"], len(occurrences))})
     return findings
+
+
+def _held(first: int, last: int, count: int) -> dict[str, int]:
+    return {"first_step": first, "last_step": last, "steps_held": count}
+
+
+def _step_findings(series: dict[str, Any], i: int, step: int, th: dict[str, float]) -> list[dict[str, Any]]:
+    """The activation, saturation and gradient rules at sampled step index ``i``."""
+    dead = _dead(series, i, step, th)
+    dead_names = {f["module"] for f in dead}
+    # A dead module also shrinks its input: the dead finding says why.
+    scale = [f for f in _activation_scale(series, i, step, th)
+             if not (f["kind"] == "vanishing_activation" and f["module"] in dead_names)]
+    return [*dead, *scale, *_saturation(series, i, step, th), *_gradients(series, i, step, th, dead)]
 
 
 # -- NaN / Inf -------------------------------------------------------------------------------
@@ -130,6 +155,7 @@ def _nan_findings(series: dict[str, Any], findings: list[dict[str, Any]]) -> int
         return None
     ev = events[0]
     step = ev["step"]
+    held = _held(step, events[-1]["step"], len(events))
     i = series["steps"].index(step)
     bad_params = [
         p for p, info in series.get("params", {}).items()
@@ -141,14 +167,14 @@ def _nan_findings(series: dict[str, Any], findings: list[dict[str, Any]]) -> int
         origin = next((c for c in ev["calls"] if not c["input_nonfinite"]), None)
         if origin is None:
             first = ev["calls"][0]["module"]
-            findings.append(_finding(
+            findings.append({**_finding(
                 "nan_inf", first, step, "error",
                 f"NaN/Inf values are already in the inputs of {_label(first)} at step {step}: they come from the "
                 "data or from code outside the model's modules, not from a module.",
                 "check the batch (torch.isfinite on the inputs), the data pipeline and any preprocessing done "
                 "outside nn.Module calls",
                 {"step": step},
-            ))
+            ), **held})
             return step
         name = origin["module"]
         nan = _at(series, name, "activation", "nan", i)
@@ -167,20 +193,20 @@ def _nan_findings(series: dict[str, Any], findings: list[dict[str, Any]]) -> int
             msg += (f" The weights of {len(bad_params)} parameters are already NaN/Inf, so an earlier optimizer step "
                     f"spread them: the fault happened {since}.")
             action += f"; re-run with --every 1 --steps {step + 1} to catch the first step where it happens"
-        findings.append(_finding("nan_inf", name, step, "error", msg, action, {
+        findings.append({**_finding("nan_inf", name, step, "error", msg, action, {
             "step": step, "nan": nan, "inf": inf, "nonfinite_parameters": len(bad_params),
-        }))
+        }), **held})
         return step
     if ev["grads"]:
         name = ev["grads"][0]
-        findings.append(_finding(
+        findings.append({**held, **_finding(
             "nan_inf_gradient", name, step, "error",
             f"The forward pass was finite at step {step}, but the gradient arriving at the output of {_label(name)} "
             "holds NaN/Inf: the backward pass of the loss or of a module after it produced them.",
             "check the loss (log of 0, division by zero) and backward-unsafe ops after this module (sqrt at 0, "
             "norm of a zero vector); clip gradients or use a GradScaler for float16",
             {"step": step, "nan": _at(series, name, "gradient", "nan", i), "inf": _at(series, name, "gradient", "inf", i)},
-        ))
+        )})
         return step
     return None
 
@@ -202,7 +228,7 @@ def _dead(series: dict[str, Any], i: int, step: int, th: dict[str, float]) -> li
             cands.append(name)
     out = []
     order = series["order"]
-    for name in _innermost(cands):
+    for name in _downstream_of_a_cut(series, i, _innermost(cands), th):
         pos = order.index(name)
         before = next((o for o in reversed(order[:pos]) if not name.startswith(o + ".") and o and not o.startswith(name + ".")
                        and _at(series, o, "activation", "rms", i) is not None), None)
@@ -228,6 +254,22 @@ def _dead(series: dict[str, Any], i: int, step: int, th: dict[str, float]) -> li
     return out
 
 
+def _downstream_of_a_cut(series: dict[str, Any], i: int, dead: list[str], th: dict[str, float]) -> list[str]:
+    """``dead`` without the modules that are dead only because an earlier dead module cut the
+    signal: their input rms is at most ``vanish_gain`` times that dead module's input rms."""
+    order = series["order"]
+    keep: list[str] = []
+    for name in dead:
+        rms_in = _at(series, name, "activation", "input_rms", i)
+        cut = rms_in is not None and any(
+            order.index(d) < order.index(name) and rms_in <= th["vanish_gain"] * (_at(series, d, "activation", "input_rms", i) or 0)
+            for d in keep
+        )
+        if not cut:
+            keep.append(name)
+    return keep
+
+
 def _activation_scale(series: dict[str, Any], i: int, step: int, th: dict[str, float]) -> list[dict[str, Any]]:
     order = series["order"]
     explode, vanish = [], []
@@ -238,7 +280,7 @@ def _activation_scale(series: dict[str, Any], i: int, step: int, th: dict[str, f
             continue
         if gain >= th["explode_gain"] and rms >= th["explode_rms"]:
             explode.append(name)
-        elif 0 < rms and gain <= th["vanish_gain"]:
+        elif 0 < rms <= th["vanish_rms"] and gain <= th["vanish_gain"]:
             vanish.append(name)
     out = []
     for name in _innermost(explode):
@@ -255,8 +297,10 @@ def _activation_scale(series: dict[str, Any], i: int, step: int, th: dict[str, f
             "scaling factor in its forward; re-initialise it (nn.init.kaiming_uniform_/xavier) or add a normalisation layer",
             {"gain": gain, "input_rms": in_rms, "output_rms": rms, "modules_after": len(after)},
         ))
+    model_in = _model_input_rms(series, i)
     if not explode:
-        first = next((n for n in order if (_at(series, n, "activation", "rms", i) or 0) >= th["explode_abs_rms"]), None)
+        floor = max(th["explode_abs_rms"], th["explode_gain"] * (model_in or 0.0))
+        first = next((n for n in order if (_at(series, n, "activation", "rms", i) or 0) >= floor), None)
         if first is not None:
             rms = _at(series, first, "activation", "rms", i)
             out.append(_finding(
@@ -278,10 +322,10 @@ def _activation_scale(series: dict[str, Any], i: int, step: int, th: dict[str, f
             {"gain": gain},
         ))
     if not vanish:
-        roots_in = [series["modules"][n]["activation"].get("input_rms") for n in order[:1]]
-        ref = roots_in[0][i] if roots_in and roots_in[0] and i < len(roots_in[0]) else None
+        ref = model_in
         if ref:
-            first = next((n for n in order if 0 < (_at(series, n, "activation", "rms", i) or ref) < th["vanish_abs_rms"] * ref), None)
+            limit = min(th["vanish_abs_rms"] * ref, th["vanish_rms"])
+            first = next((n for n in order if 0 < (_at(series, n, "activation", "rms", i) or ref) < limit), None)
             if first is not None:
                 rms = _at(series, first, "activation", "rms", i)
                 out.append(_finding(
@@ -293,6 +337,12 @@ def _activation_scale(series: dict[str, Any], i: int, step: int, th: dict[str, f
                     {"output_rms": rms, "model_input_rms": ref},
                 ))
     return out
+
+
+def _model_input_rms(series: dict[str, Any], i: int) -> float | None:
+    """The input rms of the first module in execution order (the root) at step index ``i``."""
+    order = series["order"]
+    return _at(series, order[0], "activation", "input_rms", i) if order else None
 
 
 def _saturation(series: dict[str, Any], i: int, step: int, th: dict[str, float]) -> list[dict[str, Any]]:
@@ -315,16 +365,24 @@ def _saturation(series: dict[str, Any], i: int, step: int, th: dict[str, float])
 # -- gradients -------------------------------------------------------------------------------
 
 
+def _healthy_gradient_reference(grads: list[float], th: dict[str, float]) -> float:
+    """The median gradient rms of the healthy leaves (``grads`` in execution order, all > 0): those
+    within the rules' band around the loss end (the median of the last :data:`LOSS_END` leaves)."""
+    end = statistics.median(grads[-LOSS_END:])
+    healthy = [v for v in grads if th["vanish_grad_ratio"] * end < v < th["explode_grad_ratio"] * end]
+    return statistics.median(healthy) if healthy else end
+
+
 def _gradients(series: dict[str, Any], i: int, step: int, th: dict[str, float],
                dead: list[dict[str, Any]]) -> list[dict[str, Any]]:
     leaves = _leaves(series)
     g = {n: _at(series, n, "gradient", "rms", i) for n in leaves}
     g = {n: v for n, v in g.items() if v is not None}
-    positive = [v for v in g.values() if v > 0]
+    seq = [n for n in leaves if n in g]
+    positive = [g[n] for n in seq if g[n] > 0]
     if len(positive) < 3:
         return []
-    ref = statistics.median(positive)
-    seq = [n for n in leaves if n in g]
+    ref = _healthy_gradient_reference(positive, th)
     out = []
     big = [n for n in seq if g[n] >= th["explode_grad_ratio"] * ref]
     if len(big) >= 2:  # one outlier (e.g. a broadcast embedding's summed gradient) is not a trend
@@ -334,7 +392,7 @@ def _gradients(series: dict[str, Any], i: int, step: int, th: dict[str, float],
         out.append(_finding(
             "exploding_gradient", culprit, step, "error",
             f"Gradients grow as they flow backward through {_label(culprit)} at step {step}: the gradient at the output "
-            f"of {last_big} has rms {_fmt(g[last_big])}, {g[last_big] / ref:.3g}x the median over modules ({_fmt(ref)}); "
+            f"of {last_big} has rms {_fmt(g[last_big])}, {g[last_big] / ref:.3g}x the median over healthy modules ({_fmt(ref)}); "
             f"{len(big)} module(s) before it get such gradients.",
             f"check the weight scale of {_label(culprit)}; clip gradients (torch.nn.utils.clip_grad_norm_), lower the "
             "learning rate, or add normalisation",
@@ -348,7 +406,7 @@ def _gradients(series: dict[str, Any], i: int, step: int, th: dict[str, float],
         out.append(_finding(
             "vanishing_gradient", last_small, step, "warning",
             f"Gradients fade as they flow backward: at the output of {_label(last_small)} the gradient rms is "
-            f"{_fmt(g[last_small])}, {g[last_small] / ref:.2g}x the median over modules ({_fmt(ref)}) at step {step}; "
+            f"{_fmt(g[last_small])}, {g[last_small] / ref:.2g}x the median over healthy modules ({_fmt(ref)}) at step {step}; "
             f"{len(small)} module(s) get such small gradients and barely learn.",
             "look for saturating activations (sigmoid/tanh) or a too-small initialisation along the path; use ReLU/GELU, "
             "residual connections, normalisation layers or a scale-preserving initialisation",

@@ -2,8 +2,9 @@
 
 For a training run the PNG has three rows: per-module series over the sampled steps (activation
 std, zero fraction, gradient std, update-to-weight ratio; one line per module, coloured by
-execution order), the depth profile at the last sampled step (modules in execution order, findings
-marked), and per-type aggregates. For a capture it has bars per stored tensor. The HTML page embeds
+execution order), the depth profile (modules in execution order, findings marked) and per-type
+aggregates at the last sampled step where values are finite (said in the titles when later steps held
+NaN/Inf), and a fourth row with NaN/Inf counts over the steps. For a capture it has bars per stored tensor. The HTML page embeds
 the PNG as a data URI and adds the findings and tables, so it can be mailed or attached as is.
 
 Without matplotlib the HTML page still has every table, and says how to get the plots
@@ -18,6 +19,8 @@ import io
 import math
 from pathlib import Path
 from typing import Any
+
+from modulelens.stats.series import last_finite_index, nonfinite_counts
 
 PLOTS_HINT = "plots need matplotlib: pip install 'modulelens[plots]' (or pip install matplotlib)"
 
@@ -78,7 +81,9 @@ def run_figure_png(series: dict[str, Any], findings: list[dict[str, Any]]) -> by
     n = max(len(order), 1)
     cmap = cm.get_cmap("viridis") if hasattr(cm, "get_cmap") else plt.get_cmap("viridis")
     norm = Normalize(0, max(n - 1, 1))
-    fig, axes = plt.subplots(3, 4, figsize=(18, 13), layout="constrained")
+    fig = plt.figure(figsize=(18, 16), layout="constrained")
+    grid = fig.add_gridspec(4, 4, height_ratios=[1, 1, 1, 0.6])
+    axes = [[fig.add_subplot(grid[r, c]) for c in range(4)] for r in range(3)]
     fig.suptitle(f"modulelens statistics: {len(order)} modules, sampled steps {steps[0] if steps else '-'}"
                  f"..{steps[-1] if steps else '-'} (every {series.get('every')})", fontsize=14)
     flagged = {f["module"] for f in findings}
@@ -112,10 +117,11 @@ def run_figure_png(series: dict[str, Any], findings: list[dict[str, Any]]) -> by
             ax.legend(fontsize=7)
     sm = cm.ScalarMappable(norm=norm, cmap=cmap)
     sm.set_array([])
-    fig.colorbar(sm, ax=axes[0].tolist(), fraction=0.02, pad=0.01, label="execution order")
+    fig.colorbar(sm, ax=axes[0], fraction=0.02, pad=0.01, label="execution order")
 
-    # Row 2: depth profile at the last sampled step.
-    last = len(steps) - 1
+    # Rows 2 and 3: depth profile and per-type aggregates at the last step with finite values.
+    last = last_finite_index(series)
+    at_step = _step_label(series, last)
     xs = list(range(len(order)))
 
     def col(name: str, kind: str, stat: str) -> Any:
@@ -142,7 +148,7 @@ def run_figure_png(series: dict[str, Any], findings: list[dict[str, Any]]) -> by
             if f["module"] in order:
                 x = order.index(f["module"])
                 ax.axvline(x, color="red", alpha=0.35, lw=2)
-        ax.set_title(f"{title} (step {steps[last] if steps else '-'})")
+        ax.set_title(f"{title}\n({at_step})", fontsize=10)
         ax.set_xlabel("module (execution order)")
         if log and _has_positive(plotted):
             ax.set_yscale("log")
@@ -176,9 +182,18 @@ def run_figure_png(series: dict[str, Any], findings: list[dict[str, Any]]) -> by
         ax.bar(range(len(tnames)), [v if not (log and not v > 0) else math.nan for v in vals], color="#4c72b0")
         ax.set_xticks(range(len(tnames)))
         ax.set_xticklabels([f"{t} ({len(types[t]['modules'])})" for t in tnames], rotation=45, ha="right", fontsize=8)
-        ax.set_title(title)
+        ax.set_title(f"{title}\n({at_step})", fontsize=10)
         if log and _has_positive(vals):
             ax.set_yscale("log")
+
+    # Row 4: NaN/Inf over the sampled steps.
+    ax = fig.add_subplot(grid[3, :])
+    for label, counts in nonfinite_counts(series).items():
+        ax.plot(steps, counts, marker="o" if len(steps) < 40 else None, ms=3, label=label)
+    ax.set_title("NaN/Inf over steps: module calls with NaN/Inf outputs, modules with NaN/Inf gradients, "
+                 "parameters holding NaN/Inf")
+    ax.set_xlabel("step")
+    ax.legend(fontsize=8)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90)
     plt.close(fig)
@@ -241,6 +256,14 @@ def _cell(v: Any) -> str:
     return f'<td class="l">{html.escape(str(v))}</td>'
 
 
+def _held_text(f: dict[str, Any]) -> str:
+    """``step 10``, or ``steps 0-10 (held on 5 sampled steps)`` for a finding judged on several steps."""
+    first, last, count = f.get("first_step"), f.get("last_step"), f.get("steps_held", 1)
+    if first is None or first == last:
+        return f"step {f.get('step')}"
+    return f"steps {first}-{last} (held on {count} sampled steps)"
+
+
 def _findings_html(findings: list[dict[str, Any]]) -> str:
     if not findings:
         return "<p>No findings: nothing looks dead, exploding, vanishing, saturated or non-finite.</p>"
@@ -249,7 +272,7 @@ def _findings_html(findings: list[dict[str, Any]]) -> str:
         ev = ", ".join(f"{k}={v}" for k, v in f.get("evidence", {}).items())
         parts.append(
             f'<div class="f {html.escape(f.get("severity", "error"))}"><span class="k">{html.escape(f["kind"])}</span> '
-            f"at <code>{html.escape(f['module'] or '(model)')}</code>, step {f.get('step')}<br>"
+            f"at <code>{html.escape(f['module'] or '(model)')}</code>, {_held_text(f)}<br>"
             f"{html.escape(f['message'])}<br><span class=\"a\">Action: {html.escape(f['action'])}</span><br>"
             f'<span class="note">{html.escape(ev)}</span></div>'
         )
@@ -279,9 +302,33 @@ _MODULE_COLS = [
 ]
 
 
+def _step_label(series: dict[str, Any], i: int) -> str:
+    """``step N``, saying when it is not the last sampled step (later steps held NaN/Inf)."""
+    steps = series["steps"]
+    if not steps:
+        return "step -"
+    if i == len(steps) - 1:
+        return f"step {steps[i]}"
+    return f"step {steps[i]}, the last with finite values"
+
+
+def _nonfinite_table(series: dict[str, Any]) -> str:
+    counts = nonfinite_counts(series)
+    first = {ev["step"]: ev for ev in series.get("nonfinite", [])}
+    rows = []
+    for i, step in enumerate(series["steps"]):
+        ev = first.get(step)
+        origin = next((c["module"] for c in ev["calls"] if not c["input_nonfinite"]), None) if ev else None
+        rows.append(f"<tr><td>{step}</td>" + "".join(_cell(counts[k][i]) for k in ("outputs", "gradients", "parameters"))
+                    + f'<td class="l">{html.escape(origin if origin is not None else "-") or "(model)"}</td></tr>')
+    return ('<table><tr><th>step</th><th>calls with NaN/Inf outputs</th><th>modules with NaN/Inf gradients</th>'
+            '<th>parameters holding NaN/Inf</th><th class="l">first module producing them</th></tr>'
+            + "".join(rows) + "</table>")
+
+
 def run_html(series: dict[str, Any], findings: list[dict[str, Any]], png: bytes | None, meta: dict[str, Any]) -> str:
     steps = series["steps"]
-    last = len(steps) - 1
+    last = last_finite_index(series)
     flagged = {f["module"] for f in findings}
     head = "".join(f"<th>{html.escape(c)}</th>" for c, _, _ in _MODULE_COLS)
     rows = []
@@ -322,8 +369,9 @@ def run_html(series: dict[str, Any], findings: list[dict[str, Any]], png: bytes 
     ]
     return _page(
         f"modulelens statistics: {meta.get('ref', '')}", head_rows, series.get("notes", []), findings, png,
-        [(f"Modules at step {steps[last] if steps else '-'} (execution order)", modules_tbl),
-         ("By module type", types_tbl), ("Definitions", f"<table>{defs}</table>")],
+        [(f"Modules at {_step_label(series, last)} (execution order)", modules_tbl),
+         (f"By module type at {_step_label(series, last)}", types_tbl),
+         ("NaN/Inf over steps", _nonfinite_table(series)), ("Definitions", f"<table>{defs}</table>")],
     )
 
 

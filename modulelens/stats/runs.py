@@ -1,9 +1,8 @@
 """Read-only views of the statistics in a repository: one row per stored run, and one run's
 findings and series (the numbers behind the report's plots), chosen statistics only.
 
-:class:`StatsListing` is the typed view of a ``stats`` manifest that these views read (the fields
-:mod:`modulelens.stats.artifact` writes today); unknown fields are kept, so any run written so far
-loads. Series columns are aligned with ``steps`` and hold None where a module was not called or a
+:class:`~modulelens.stats.manifest.StatsManifest` is the typed ``stats`` manifest these views read;
+unknown fields are kept, so any run written so far loads. Series columns are aligned with ``steps`` and hold None where a module was not called or a
 value is undefined (see :mod:`modulelens.stats.series`).
 """
 
@@ -12,40 +11,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
-from modulelens.repo import Artifact, ManifestBase, Repository
-from modulelens.stats.artifact import KIND, capture_series
+from modulelens.repo import Artifact, Repository
+from modulelens.stats.artifact import capture_series
+from modulelens.stats.manifest import KIND, stats_manifest
 
 Column = list[float | None]
-
-
-class StatsSummary(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    kind: Literal["run", "capture"] = "run"
-    modules: int = 0
-    steps_seen: int = 0
-    steps_sampled: int = 0
-    every: int | None = None
-    order_source: str = "capture"
-    findings: int = 0
-    notes: list[str] = Field(default_factory=list)
-    report_files: list[str] = Field(default_factory=list)
-
-
-class StatsSource(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    kind: str = "script"
-    script: str | None = None
-    argv: list[str] = Field(default_factory=list)
-    capture: str | None = None
-
-
-class StatsListing(ManifestBase):
-    source: StatsSource = Field(default_factory=StatsSource)
-    summary: StatsSummary = Field(default_factory=StatsSummary)
 
 
 class StatsRunEntry(BaseModel):
@@ -65,7 +37,7 @@ class StatsRunEntry(BaseModel):
 
 
 def _entry(art: Artifact) -> StatsRunEntry:
-    m = art.manifest_as(StatsListing)
+    m = stats_manifest(art)
     s = m.summary
     return StatsRunEntry(
         run_id=art.ref, name=art.name, version=art.version, kind=s.kind, script=m.source.script,
@@ -74,23 +46,34 @@ def _entry(art: Artifact) -> StatsRunEntry:
     )
 
 
-def stats_entries(repo: Repository) -> list[StatsRunEntry]:
-    """Every stored statistics version, by name then version."""
-    return [_entry(repo.open(KIND, f"{name}:v{version}"))
-            for name in repo.names(KIND) for version in repo.versions(KIND, name)]
+def stats_entries(repo: Repository, name: str | None = None) -> list[StatsRunEntry]:
+    """Every stored statistics version, by name then version; only the versions of ``name`` when
+    given (none when nothing has that name)."""
+    names = [n for n in repo.names(KIND) if name is None or n == name]
+    return [_entry(repo.open(KIND, f"{n}:v{version}")) for n in names for version in repo.versions(KIND, n)]
 
 
 class StatsFinding(BaseModel):
-    kind: str
+    """One finding of ``findings.json`` (see :mod:`modulelens.stats.findings`)."""
+
+    kind: str = Field(description="dead_activation, exploding_activation, vanishing_activation, exploding_gradient, "
+                      "vanishing_gradient, saturation, nan_inf or nan_inf_gradient.")
     module: str = Field(description="Qualified module name ('' is the root model).")
-    step: int
+    step: int = Field(description="Sampled step whose numbers the message gives (the last one where it held).")
+    first_step: int | None = Field(None, description="First sampled step where the finding held.")
+    last_step: int | None = Field(None, description="Last sampled step where the finding held.")
+    steps_held: int = Field(1, description="Number of sampled steps where the finding held (every sampled step "
+                            "before the first NaN/Inf is judged; for nan_inf: steps with non-finite values).")
     severity: Literal["error", "warning"] = "error"
-    message: str
-    action: str
-    evidence: dict[str, Any] = Field(default_factory=dict)
+    message: str = Field(description="What is wrong, in plain language.")
+    action: str = Field(description="What to try.")
+    evidence: dict[str, Any] = Field(default_factory=dict, description="The numbers behind it.")
 
 
 class TensorStatsRow(BaseModel):
+    """The statistics of one tensor of a capture (what gather_stats, show_capture and
+    show_stats_run return for it)."""
+
     key: str = Field(description="args.0, output, a parameter name, grad.<key>.")
     group: Literal["input", "output", "weight", "gradient"]
     shape: list[int] = Field(default_factory=list)
@@ -99,12 +82,15 @@ class TensorStatsRow(BaseModel):
     mean: float | None = None
     std: float | None = None
     rms: float | None = None
+    skew: float | None = None
     kurtosis: float | None = None
     zero_frac: float | None = None
     min: float | None = None
     max: float | None = None
     nan: int | None = None
     inf: int | None = None
+    kl_gauss: float | None = None
+    sampled: bool | None = Field(None, description="True: mean/std/skew/kurtosis/KL estimated from a sample.")
 
 
 def tensor_rows(series: dict[str, Any]) -> list[TensorStatsRow]:
@@ -162,7 +148,7 @@ def stats_view(repo: Repository, ref: str, stats: Sequence[str]) -> StatsRunView
     """One stored run: its row, findings, notes, report files and the series of ``stats`` (names
     from :data:`modulelens.stats.stats.STAT_NAMES` plus gain and input_rms) per module and type."""
     art = repo.open(KIND, ref)
-    m = art.manifest_as(StatsListing)
+    m = stats_manifest(art)
     series = art.read_json("series.json")
     files = m.summary.report_files
     modules = [ModuleSeries(name=name, type=info.get("type", ""), index=info.get("index", i),

@@ -1,4 +1,4 @@
-"""Turn a :class:`~modulelens.stats.collector.StatsRun` into the stored series (``series.json``).
+"""Turn a :class:`~modulelens.stats.records.StatsRun` into the stored series (``series.json``).
 
 Layout (columns aligned with ``steps``; None where a module was not called or a value is undefined)::
 
@@ -25,9 +25,10 @@ import statistics
 from typing import Any
 
 from modulelens.stats import stats as S
-from modulelens.stats.collector import StatsRun
+from modulelens.stats.records import ModuleStep, ParamStep, StatsRun
 
 SCHEMA = 1
+DEFAULT_EMA = 0.9  # alpha of the smoothed series
 EMA_STATS = {
     "mean", "std", "skew", "kurtosis", "zero_frac", "min", "max", "kl_gauss", "rms", "sat_frac", "gain", "input_rms",
 }
@@ -42,7 +43,7 @@ def _round(x: Any) -> Any:
     return x
 
 
-def activation_stats(ms) -> dict[str, Any] | None:
+def activation_stats(ms: ModuleStep) -> dict[str, Any] | None:
     if ms.act is None:
         return None
     out = S.finalize(ms.act, ms.saturation)
@@ -55,7 +56,7 @@ def activation_stats(ms) -> dict[str, Any] | None:
     return out
 
 
-def param_stats(ps) -> dict[str, Any]:
+def param_stats(ps: ParamStep) -> dict[str, Any]:
     """Norms of one parameter at a sampled step: ``*_rms`` = norm / sqrt(numel); ``grad_to_weight``
     = ||grad|| / ||w||; ``update_ratio`` = ||w_after - w_before|| / ||w_before||."""
     wn, gn = ps.weight_norm, ps.grad_norm
@@ -119,7 +120,7 @@ def _aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def build_series(run: StatsRun, ema: float = 0.9) -> dict[str, Any]:
+def build_series(run: StatsRun, ema: float = DEFAULT_EMA) -> dict[str, Any]:
     steps = [r.step for r in run.records]
     names = list(run.order)
     for r in run.records:
@@ -224,3 +225,26 @@ def last_value(col: list[Any] | None, upto: int | None = None) -> Any:
         return None
     i = len(col) - 1 if upto is None else upto
     return col[i] if 0 <= i < len(col) else None
+
+
+def last_finite_index(series: dict[str, Any]) -> int:
+    """Index of the last sampled step where no module output or gradient held NaN/Inf (the state to
+    show in depth and per-type views); the last step when every step held some."""
+    steps = series["steps"]
+    bad = {ev["step"] for ev in series.get("nonfinite", [])}
+    return next((i for i in range(len(steps) - 1, -1, -1) if steps[i] not in bad), len(steps) - 1)
+
+
+def nonfinite_counts(series: dict[str, Any]) -> dict[str, list[int]]:
+    """Per sampled step: how many module calls produced NaN/Inf outputs (``outputs``), how many
+    modules got NaN/Inf gradients (``gradients``) and how many parameters held NaN/Inf before the
+    optimizer step (``parameters``)."""
+    steps = series["steps"]
+    by_step = {ev["step"]: ev for ev in series.get("nonfinite", [])}
+    params = series.get("params", {}).values()
+    return {
+        "outputs": [len(by_step[s]["calls"]) if s in by_step else 0 for s in steps],
+        "gradients": [len(by_step[s]["grads"]) if s in by_step else 0 for s in steps],
+        "parameters": [sum(1 for p in params if i < len(p["nonfinite_weight"]) and p["nonfinite_weight"][i])
+                       for i in range(len(steps))],
+    }

@@ -1,20 +1,101 @@
-"""Worker process for statistics over a script: ``python -m modulelens.stats.worker REQUEST.json OUT_DIR``.
+"""Statistics over a script in a worker process: both sides of the protocol.
 
-The user's script runs here unmodified, as ``__main__``, with a :class:`StatsCollector` installed
-(root model found at its first top-level call). The run ends when the script does, or after
-``steps`` optimizer steps (:class:`StopRun` out of ``optimizer.step()``). The worker stores the
-statistics in the repository and writes ``OUT_DIR/result.json``.
+Caller side (:func:`gather_script_stats`): write a :class:`StatsWorkerRequest` as JSON, run
+``python -m modulelens.stats.worker REQUEST.json OUT_DIR`` (under torchrun with ``nproc`` > 1) and
+read ``OUT_DIR/result.json`` (rank 0's ``result-rank0.json``) as a :class:`StatsWorkerResult`, with
+the shared protocol of :mod:`modulelens.capture.worker_process`.
+
+Worker side (:func:`run`): the user's script runs here unmodified, as ``__main__``, with a
+:class:`~modulelens.stats.collector.StatsCollector` installed (root model found at its first
+top-level call). The run ends when the script does, or after ``steps`` optimizer steps
+(:class:`~modulelens.stats.collector.StopRun` out of ``optimizer.step()``). The worker stores the
+statistics in the repository and answers with their reference.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from pydantic import BaseModel, Field
+
+from modulelens.capture.worker_process import WorkerResult, read_worker_result, run_worker_process, worker_main
 from modulelens.errors import CaptureFailed
+from modulelens.stats.collector import DEFAULT_EVERY
+from modulelens.stats.series import DEFAULT_EMA
+from modulelens.stats.stats import DEFAULT_SAMPLE
+
+
+class StatsWorkerRequest(BaseModel):
+    """What the worker runs and how it gathers (the collector's settings; defaults are the collector's)."""
+
+    script: str = Field(description="absolute path of the training script")
+    script_args: list[str] = Field(default_factory=list)
+    name: str = Field(description="name of the stats artifact to store")
+    repo: str = Field(description="repository root")
+    every: int = DEFAULT_EVERY
+    steps: int | None = None
+    step_on: Literal["optimizer", "forward"] = "optimizer"
+    eager: bool = True
+    params: bool = True
+    fx: bool = True
+    ema: float = DEFAULT_EMA
+    plots: bool = True
+    sample: int = DEFAULT_SAMPLE
+    thresholds: dict[str, float] = Field(default_factory=dict)
+    stop_at: float | None = Field(None, description="time.time() at which to end the run at the next step boundary")
+    nproc: int = Field(1, ge=1, description="processes under torchrun; rank 0 merges every rank's statistics")
+    out_dir: str = Field("", description="the worker's folder (result files; per-rank records under torchrun)")
+
+
+class StatsWorkerResult(WorkerResult):
+    """The stored run's reference (empty on ranks other than 0, which hand their statistics over)."""
+
+    ref: str = ""
+    steps_seen: int = 0
+
+
+RANK_WAIT_S = 300.0  # how long rank 0 waits for the other ranks' statistics after its own run ended
+
+def gather_script_stats(request: StatsWorkerRequest, *, timeout: float, relay_to_stderr: bool,
+                        ) -> tuple[StatsWorkerResult, str]:
+    """Caller side: run the statistics worker on ``request`` (its output relayed to stderr when
+    ``relay_to_stderr``); returns its result and the last lines the script printed. A failed run
+    raises its ModuleLensError."""
+    with tempfile.TemporaryDirectory(prefix="modulelens-stats-") as tmp:
+        req_file = Path(tmp) / "request.json"
+        req_file.write_text(request.model_copy(update={"out_dir": tmp}).model_dump_json())
+        worker = ["-m", "modulelens.stats.worker", str(req_file), tmp]
+        if request.nproc > 1:
+            worker = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={request.nproc}", *worker]
+        cmd = [sys.executable, *worker]
+        timeout_error = CaptureFailed(
+            f"the script ran past --timeout ({timeout:.0f} s) without reaching an optimizer step, and was "
+            "stopped", "raise --timeout, or check that the script trains (optimizer.step()) early",
+        )
+        done = run_worker_process(cmd, relay_to_stderr=relay_to_stderr, timeout=timeout, timeout_error=timeout_error)
+        result = read_worker_result(Path(tmp) / result_name(0 if request.nproc > 1 else None), StatsWorkerResult)
+    if result is None:
+        raise CaptureFailed(
+            f"the statistics worker ended (exit code {done.code}) without a result",
+            "the script may have crashed the interpreter (segfault, out of memory); last output:\n"
+            + done.output_tail[-1500:],
+        )
+    return result, done.output_tail
+
+
+def result_name(rank: int | None) -> str:
+    """The result file of a worker: ``result.json``, or ``result-rank{rank}.json`` under torchrun."""
+    return "result.json" if rank is None else f"result-rank{rank}.json"
+
+
+def _distributed_rank() -> int | None:
+    """This process's rank under torchrun (None outside a distributed launch)."""
+    return int(os.environ["RANK"]) if "RANK" in os.environ and "WORLD_SIZE" in os.environ else None
 
 
 def _count_compile_calls() -> list[int]:
@@ -34,39 +115,41 @@ def _count_compile_calls() -> list[int]:
     return counter
 
 
-def run(request: dict[str, Any]) -> dict[str, Any]:
-    import torch
+def _disable_dynamo() -> None:
+    os.environ["TORCHDYNAMO_DISABLE"] = "1"  # for processes the script starts
+    try:
+        import torch._dynamo
 
+        torch._dynamo.config.disable = True
+    except Exception:  # noqa: BLE001 - older/stripped builds: the env variable still applies
+        pass
+
+
+def run(request: StatsWorkerRequest) -> StatsWorkerResult:
+    """Worker side: run the script with a collector and store the statistics."""
     from modulelens.capture.runner import run_user_file, script_error
     from modulelens.stats.collector import StatsCollector, StopRun
 
-    eager = request.get("eager", True)
-    if eager:
-        os.environ["TORCHDYNAMO_DISABLE"] = "1"  # for processes the script starts
-        try:
-            import torch._dynamo
-
-            torch._dynamo.config.disable = True
-        except Exception:  # noqa: BLE001 - older/stripped builds: the env variable still applies
-            pass
+    if request.eager:
+        _disable_dynamo()
+    else:
+        import torch._dynamo  # noqa: F401 - loaded now, so that step 0 can run compiled code eagerly too
     compiles = _count_compile_calls()
-    script = Path(request["script"]).resolve()
+    script = Path(request.script).resolve()
     collector = StatsCollector(
-        every=request["every"], max_steps=request.get("steps"), step_on=request.get("step_on", "optimizer"),
-        params=request.get("params", True), fx=request.get("fx", True), ema=request.get("ema", 0.9),
-        plots=request.get("plots", True), thresholds=request.get("thresholds") or {}, sample=request.get("sample") or None,
+        every=request.every, max_steps=request.steps, step_on=request.step_on, params=request.params, fx=request.fx,
+        ema=request.ema, plots=request.plots, thresholds=request.thresholds, sample=request.sample or None,
     )
-    stop_at = request.get("stop_at")
-    if stop_at:  # end at a step boundary before the caller's hard limit, keeping the statistics
-        collector.deadline = time.monotonic() + (stop_at - time.time())
+    if request.stop_at:  # end at a step boundary before the caller's hard limit, keeping the statistics
+        collector.deadline = time.monotonic() + (request.stop_at - time.time())
     collector.start()
     try:
-        error = run_user_file(script, request["script_args"], stop=StopRun)
+        error = run_user_file(script, request.script_args, stop=StopRun)
     finally:
         collector.stop()
     notes: list[str] = []
     if compiles[0]:
-        if eager:
+        if request.eager:
             notes.append(
                 f"the script called torch.compile {compiles[0]} time(s); it ran in eager mode instead (torch.compile "
                 "disabled) because module hooks do not run inside compiled code: the statistics describe the same "
@@ -74,8 +157,8 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
             )
         else:
             notes.append(
-                f"the script called torch.compile {compiles[0]} time(s) and --no-eager kept it: submodules inside "
-                "compiled code are not observed."
+                f"the script called torch.compile {compiles[0]} time(s) and --no-eager kept it for the steps "
+                "without statistics; sampled steps ran eagerly (see the other note)."
             )
     if not collector.records:
         if error is not None:
@@ -89,18 +172,27 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
         where = script_error(error, script).message
         notes.append(f"the script stopped early: {where}; statistics cover the steps before it")
     collector.notes.extend(notes)
+    merged = None
+    rank = _distributed_rank()
+    if rank is not None and request.nproc > 1:
+        from modulelens.stats.ranks import merge_ranks, read_ranks, write_rank
+
+        world = int(os.environ["WORLD_SIZE"])
+        if rank != 0:
+            write_rank(Path(request.out_dir), rank, collector.finish())
+            return StatsWorkerResult(steps_seen=collector.steps_seen)
+        merged = merge_ranks([collector.finish(), *read_ranks(Path(request.out_dir), range(1, world), RANK_WAIT_S)])
     art = collector.save(
-        request["name"], request["repo"],
-        kind="script", script=str(script), argv=request["script_args"], every=request["every"],
-        steps=request.get("steps"),
+        request.name, request.repo, run=merged,
+        kind="script", script=str(script), argv=request.script_args, every=request.every, steps=request.steps,
     )
-    return {"ref": art.ref, "steps_seen": collector.steps_seen}
+    return StatsWorkerResult(ref=art.ref, steps_seen=collector.steps_seen)
 
 
 def main(argv: list[str]) -> None:
-    from modulelens.capture.runner import worker_main
+    worker_main(run, Path(argv[0]), Path(argv[1]) / result_name(_distributed_rank()), "statistics",
+                request_model=StatsWorkerRequest)
 
-    worker_main(run, Path(argv[0]), Path(argv[1]) / "result.json", "statistics")
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -8,10 +8,8 @@ from pathlib import Path
 from pydantic import Field
 
 from modulelens.capture.manifest import KIND
-from modulelens.capture.summary import CaptureSummary, render_summary, summarize
+from modulelens.capture.summary import CaptureSummary, summarize
 from modulelens.capture.worker import ScriptCaptureOptions, capture_script
-from modulelens.capture.worker_process import run_worker_process
-from modulelens.errors import CaptureFailed
 from modulelens.registry import Tool, ToolContext, register
 from modulelens.repo import Repository
 
@@ -24,16 +22,6 @@ class CaptureModuleResult(CaptureSummary):
     captures: list[str] = Field(default_factory=list, description="All refs written (one per capturing rank).")
     script_output_tail: str = Field("", description="Last lines the script printed.")
     seconds: float = Field(0.0, description="Wall time of the whole capture run.")
-
-
-def _run_worker(cmd: list[str], ctx: ToolContext, timeout: float) -> tuple[int, str]:
-    """Transitional, for tools/gather_stats.py until it calls
-    :func:`modulelens.capture.worker_process.run_worker_process` itself; then delete this."""
-    done = run_worker_process(
-        cmd, relay_to_stderr=not ctx.stdout_is_protocol, timeout=timeout,
-        timeout_error=CaptureFailed(f"the worker did not finish within {timeout:.0f} s and was stopped", "raise --timeout"),
-    )
-    return done.code, done.output_tail
 
 
 def capture_module(req: CaptureModuleRequest, ctx: ToolContext) -> CaptureModuleResult:
@@ -60,6 +48,5 @@ TOOL = register(
         summary="Capture one submodule call (inputs, outputs, weights, constructor arguments, RNG state) "
         "from an unmodified script or a KernelBench-style file into the repository; the run ends right "
         "after the capture.",
-        render=lambda r: render_summary(r, title=f"captured {r.ref}"),
     )
 )

@@ -8,7 +8,7 @@ from pydantic import Field
 
 from modulelens.capture.worker import ScriptCaptureOptions, capture_script
 from modulelens.ops.build import RecordOptions, record_opset
-from modulelens.ops.summary import OpSetSummary, render_opset, summarize_opset
+from modulelens.ops.summary import OpSetSummary, summarize_opset
 from modulelens.registry import Tool, ToolContext, register
 from modulelens.repo import Repository
 
@@ -47,6 +47,5 @@ TOOL = register(
         summary="Record every aten operator a captured module runs (replayed under a TorchDispatchMode), grouped "
         "into variants (op, shapes, dtypes, strides, args, device) stored as operator cards with sample inputs and "
         "eager outputs, ranked by measured share of the module's run time.",
-        render=render_opset,
     )
 )

@@ -43,15 +43,6 @@ def export_repro(req: ExportReproRequest, ctx: ToolContext) -> ExportReproResult
     return result
 
 
-def _render(r: ExportReproResult):
-    from rich.markup import escape
-
-    check = "not run" if r.verified is None else ("reproduces the capture" if r.verified else "[red]did not reproduce[/]")
-    return escape(f"wrote {r.path} ({r.flavor}); data in {r.data_dir}\n") + f"check: {check}" + escape((
-        f" (max abs error {r.max_abs_error})" if r.max_abs_error is not None else "") + "".join(
-        f"\nskipped {s}" for s in r.skipped))
-
-
 TOOL = register(
     Tool(
         name="export_repro",
@@ -60,6 +51,5 @@ TOOL = register(
         fn=export_repro,
         summary="Write a standalone KernelBench-format file (Model, get_inputs, get_init_inputs) for a capture, "
         "with its captured data; needs only torch and safetensors to run.",
-        render=_render,
     )
 )

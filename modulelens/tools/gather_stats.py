@@ -3,18 +3,21 @@ with findings and a report."""
 
 from __future__ import annotations
 
-import json
-import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from modulelens.errors import CaptureFailed, ModuleLensError
+from modulelens.errors import CaptureFailed
 from modulelens.registry import Tool, ToolContext, register
 from modulelens.repo import Artifact, Repository, validate_name
+from modulelens.stats.collector import DEFAULT_EVERY
+from modulelens.stats.manifest import TypeRow, stats_manifest
+from modulelens.stats.runs import StatsFinding, TensorStatsRow, tensor_rows
+from modulelens.stats.series import DEFAULT_EMA
+from modulelens.stats.stats import DEFAULT_SAMPLE
+from modulelens.stats.worker import StatsWorkerRequest, gather_script_stats
 
 
 class GatherStatsRequest(BaseModel):
@@ -34,24 +37,26 @@ class GatherStatsRequest(BaseModel):
         description="Instead of a script: a capture reference (name, name:vN, name@tag) whose stored inputs, "
         "outputs and weights to describe.",
     )
-    every: int = Field(10, ge=1, description="Take statistics on every N-th step (steps 0, N, 2N, ...); the other "
+    every: int = Field(DEFAULT_EVERY, ge=1, description="Take statistics on every N-th step (steps 0, N, 2N, ...); the other "
                        "steps run with no hooks at all.")
     steps: int | None = Field(None, ge=1, description="Stop the script after this many optimizer steps "
                               "(default: run it to the end).")
     name: str | None = Field(None, description="Name of the statistics in the repository (default: the script's "
                              "file name, or the capture's name).")
-    ema: float = Field(0.9, ge=0.0, lt=1.0, description="EMA smoothing factor alpha of the stored smoothed series: "
+    ema: float = Field(DEFAULT_EMA, ge=0.0, lt=1.0, description="EMA smoothing factor alpha of the stored smoothed series: "
                        "ema = alpha * ema + (1 - alpha) * value, per sampled step.")
     step_on: Literal["optimizer", "forward"] = Field(
         "optimizer", description="What marks a step: each optimizer.step() (training), or each top-level call of "
         "the model (loops without an optimizer).")
     eager: bool = Field(True, description="Run with torch.compile disabled so that every module is observed "
-                        "(module hooks do not run inside compiled code); --no-eager keeps torch.compile.")
+                        "(module hooks do not run inside compiled code); --no-eager keeps torch.compile for the "
+                        "steps without statistics and runs the sampled steps eagerly (exact statistics, no "
+                        "recompiles).")
     params: bool = Field(True, description="Also take parameter statistics: weights, their gradients and the "
                          "update-to-weight ratio (keeps a copy of the weights during sampled steps).")
     fx: bool = Field(True, description="Try torch.fx to order modules by execution; the observed call order is "
                      "used when it cannot trace.")
-    sample: int = Field(65536, ge=0, description="Estimate mean, std, skewness, kurtosis and KL of tensors "
+    sample: int = Field(DEFAULT_SAMPLE, ge=0, description="Estimate mean, std, skewness, kurtosis and KL of tensors "
                         "larger than this from a strided sample of about this many elements (much cheaper sampled "
                         "steps); zero fraction, min, max and NaN/Inf counts stay exact. 0 means every statistic exact.")
     plots: bool = Field(True, description="Write report.png and plots in report.html (needs matplotlib).")
@@ -61,6 +66,12 @@ class GatherStatsRequest(BaseModel):
         "explode_gain, explode_rms, explode_abs_rms, vanish_gain, vanish_abs_rms, explode_grad_ratio, "
         "vanish_grad_ratio, saturation_frac.",
     )
+    nproc: int = Field(1, ge=1, description="Run the script under torchrun with this many processes (gloo/CPU or "
+                       "your backend): every rank gathers statistics, rank 0 merges them exactly into one run.")
+    wandb: bool = Field(False, description="Also log the series, findings and HTML report to a Weights & Biases "
+                        "run named after the statistics (W&B settings from its environment: WANDB_MODE=offline, "
+                        "WANDB_DIR, WANDB_PROJECT; needs pip install 'modulelens[wandb]'). Training runs only.")
+    wandb_project: str | None = Field(None, description="W&B project (default: WANDB_PROJECT, else 'modulelens').")
     timeout: float = Field(3600.0, gt=0, description="Seconds for the whole run. Near the end (the last 20%, at "
                            "most 60 s) the script is stopped at the next step boundary and the statistics so far "
                            "are kept; at the limit it is killed.")
@@ -69,53 +80,19 @@ class GatherStatsRequest(BaseModel):
     def _one_source(self) -> GatherStatsRequest:
         if bool(self.script) == bool(self.capture):
             raise ValueError("give either a script or --capture (exactly one)")
+        if self.wandb and self.capture:
+            raise ValueError("--wandb logs training runs, not the statistics of a capture")
         return self
 
 
-class Finding(BaseModel):
-    kind: str = Field(description="dead_activation, exploding_activation, vanishing_activation, exploding_gradient, "
-                      "vanishing_gradient, saturation, nan_inf or nan_inf_gradient.")
-    module: str = Field(description="Qualified module name ('' is the root model).")
-    step: int = Field(description="Sampled step the finding is about.")
-    severity: Literal["error", "warning"] = "error"
-    message: str = Field(description="What is wrong, in plain language.")
-    action: str = Field(description="What to try.")
-    evidence: dict[str, Any] = Field(default_factory=dict, description="The numbers behind it.")
-
-
-class TypeRow(BaseModel):
-    type: str
-    modules: int
-    activation_std: float | None = None
-    activation_zero_frac: float | None = None
-    activation_kurtosis: float | None = None
-    gradient_std: float | None = None
-    update_ratio: float | None = None
-    nonfinite: int = 0
-
-
-class TensorRow(BaseModel):
-    key: str = Field(description="args.0, output, a parameter name, grad.<key>.")
-    group: Literal["input", "output", "weight", "gradient"]
-    shape: list[int] = Field(default_factory=list)
-    stored: bool = Field(True, description="False: stored shape-only; statistics from the capture's summary.")
-    mean: float | None = None
-    std: float | None = None
-    skew: float | None = None
-    kurtosis: float | None = None
-    zero_frac: float | None = None
-    min: float | None = None
-    max: float | None = None
-    nan: int | None = None
-    inf: int | None = None
-    kl_gauss: float | None = None
 
 
 _STATS_DOC = (
     "Statistics are over the finite elements: std is the population std (ddof=0); skew is "
     "scipy.stats.skew(bias=True); kurtosis is the EXCESS (Fisher) kurtosis, scipy.stats.kurtosis(fisher=True, "
     "bias=True); kl_gauss = KL(N(mean, std^2) || N(0, 1)) = log(1/std) + (std^2 + mean^2 - 1)/2, the closed-form "
-    "KL of the Gaussian fit to a unit Gaussian; zero_frac, nan and inf count all elements."
+    "KL of the Gaussian fit to a unit Gaussian; zero_frac, nan and inf count all elements; sampled says whether the "
+    "moments of a large tensor were estimated from a strided sample (heavy-tailed tensors are always exact)."
 )
 
 
@@ -128,12 +105,14 @@ class GatherStatsResult(BaseModel):
     order_source: Literal["fx", "observed", "capture"] = Field(
         description="Where the module order comes from: torch.fx node order, or the observed first-call order.")
     order: list[str] = Field(default_factory=list, description="Module names in execution order (first 200).")
-    findings: list[Finding] = Field(default_factory=list)
-    by_type: list[TypeRow] = Field(default_factory=list, description="Per-type aggregates at the last sampled step "
-                                   "(means over modules of that type).")
+    findings: list[StatsFinding] = Field(default_factory=list)
+    by_type: list[TypeRow] = Field(default_factory=list, description="Per-type aggregates (means over modules of "
+                                   "that type) at the last sampled step where values are finite (by_type_step).")
+    by_type_step: int | None = Field(None, description="The step of by_type (earlier than the last sampled step "
+                                     "when later steps held NaN/Inf).")
     report_html: str | None = Field(None, description="Self-contained HTML report (plots embedded).")
     report_png: str | None = Field(None, description="The plots as one PNG (None without matplotlib).")
-    tensors: list[TensorRow] = Field(default_factory=list, description="Capture only: statistics of each stored "
+    tensors: list[TensorStatsRow] = Field(default_factory=list, description="Capture only: statistics of each stored "
                                      "tensor (first 200). " + _STATS_DOC)
     series_file: str = Field("", description="series.json: raw and EMA series per module (activation = module "
                              "output, gradient = gradient w.r.t. the module output), per parameter (weight, grad, "
@@ -141,31 +120,26 @@ class GatherStatsResult(BaseModel):
     path: str = Field("", description="Folder of this version in the repository.")
     notes: list[str] = Field(default_factory=list)
     script_output_tail: str = Field("", description="Last lines the script printed.")
+    wandb_run: str | None = Field(None, description="With --wandb: the W&B run's URL, or its local folder offline.")
     seconds: float = 0.0
 
 
-_ROW_STATS = ("mean", "std", "skew", "kurtosis", "zero_frac", "min", "max", "nan", "inf", "kl_gauss")
-
-
 def _result(art: Artifact, source: str, tail: str = "", seconds: float = 0.0) -> GatherStatsResult:
-    summary = art.manifest.get("summary", {})
+    summary = stats_manifest(art).summary
     found = art.read_json("findings.json")
     series = art.read_json("series.json")
-    files = summary.get("report_files", [])
+    files = summary.report_files
     return GatherStatsResult(
         run_id=art.ref, source=source,  # type: ignore[arg-type]
-        modules=summary.get("modules", 0), steps_seen=summary.get("steps_seen", 0),
-        steps_sampled=summary.get("steps_sampled", 0),
-        order_source=summary.get("order_source", "capture"),
+        modules=summary.modules, steps_seen=summary.steps_seen, steps_sampled=summary.steps_sampled,
+        order_source=summary.order_source,
         order=list(series.get("order", list(series.get("tensors", {}))))[:200] if source == "script" else [],
-        findings=[Finding(**f) for f in found],
-        by_type=[TypeRow(**r) for r in summary.get("by_type", [])],
+        findings=[StatsFinding.model_validate(f) for f in found],
+        by_type=summary.by_type, by_type_step=summary.by_type_step,
         report_html=str(art.file("report.html")) if "report.html" in files else None,
         report_png=str(art.file("report.png")) if "report.png" in files else None,
-        tensors=[TensorRow(key=k, group=t["group"], shape=t.get("shape") or [], stored=t["stored"],
-                           **{f: (t["stats"] or {}).get(f) for f in _ROW_STATS})
-                 for k, t in list(series.get("tensors", {}).items())[:200]],
-        series_file=str(art.file("series.json")), path=str(art.path), notes=summary.get("notes", []),
+        tensors=tensor_rows(series)[:200],
+        series_file=str(art.file("series.json")), path=str(art.path), notes=summary.notes,
         script_output_tail=tail[-4000:], seconds=round(seconds, 3),
     )
 
@@ -184,43 +158,28 @@ def gather_stats(req: GatherStatsRequest, ctx: ToolContext) -> GatherStatsResult
         return _result(art, "capture", seconds=time.perf_counter() - t0)
 
     from modulelens.stats.artifact import default_stats_name
-    from modulelens.tools.capture_module import _run_worker
 
     script = Path(req.script or "").expanduser()
     if not script.is_file():
         raise CaptureFailed(f"script {req.script!r} does not exist", "give the path of a Python training script")
     name = validate_name(req.name) if req.name else default_stats_name(script)
-    request = {
-        "script": str(script.resolve()), "script_args": req.script_args, "name": name, "every": req.every,
-        "steps": req.steps, "ema": req.ema, "step_on": req.step_on, "eager": req.eager, "params": req.params,
-        "fx": req.fx, "plots": req.plots, "sample": req.sample,
+    request = StatsWorkerRequest(
+        script=str(script.resolve()), script_args=req.script_args, name=name, repo=str(repo.root), every=req.every,
+        steps=req.steps, step_on=req.step_on, eager=req.eager, params=req.params, fx=req.fx, ema=req.ema,
+        plots=req.plots, sample=req.sample, thresholds=req.thresholds, nproc=req.nproc,
         # Stop at a step boundary with time left to store the statistics before the hard limit.
-        "stop_at": time.time() + req.timeout - min(60.0, 0.2 * req.timeout), "thresholds": req.thresholds, "repo": str(repo.root),
-    }
+        stop_at=time.time() + req.timeout - min(60.0, 0.2 * req.timeout),
+    )
     ctx.progress(0, 1, f"running {script.name} with statistics every {req.every} step(s)")
-    with tempfile.TemporaryDirectory(prefix="modulelens-stats-") as tmp:
-        req_file = Path(tmp) / "request.json"
-        req_file.write_text(json.dumps(request))
-        cmd = [sys.executable, "-m", "modulelens.stats.worker", str(req_file), tmp]
-        try:
-            code, tail = _run_worker(cmd, ctx, req.timeout)
-        except CaptureFailed:
-            raise CaptureFailed(
-                f"the script ran past --timeout ({req.timeout:.0f} s) without reaching an optimizer step, and was "
-                "stopped", "raise --timeout, or check that the script trains (optimizer.step()) early",
-            ) from None
-        result_file = Path(tmp) / "result.json"
-        result = json.loads(result_file.read_text()) if result_file.is_file() else None
-    if result is None:
-        raise CaptureFailed(
-            f"the statistics worker ended (exit code {code}) without a result",
-            "the script may have crashed the interpreter (segfault, out of memory); last output:\n" + tail[-1500:],
-        )
-    if not result["ok"]:
-        raise ModuleLensError(result["error"], result.get("hint"))
-    art = repo.open("stats", result["ref"])
+    result, tail = gather_script_stats(request, timeout=req.timeout, relay_to_stderr=not ctx.stdout_is_protocol)
+    art = repo.open("stats", result.ref)
     ctx.progress(1, 1, f"stored {art.ref}")
-    return _result(art, "script", tail, time.perf_counter() - t0)
+    out = _result(art, "script", tail, time.perf_counter() - t0)
+    if req.wandb:
+        from modulelens.stats.wandb_log import log_to_wandb
+
+        out.wandb_run = log_to_wandb(art, req.wandb_project)
+    return out
 
 
 def _render(r: GatherStatsResult):
@@ -234,15 +193,16 @@ def _render(r: GatherStatsResult):
     parts: list[Any] = [head]
     if r.findings:
         t = Table(title="findings", show_lines=True, title_justify="left")
-        for c in ("kind", "module", "step", "message", "action"):
+        for c in ("kind", "module", "steps", "message", "action"):
             t.add_column(c, overflow="fold")
         for f in r.findings:
-            t.add_row(f.kind, f.module or "(model)", str(f.step), f.message, f.action)
+            held = str(f.step) if f.first_step is None else f"{f.first_step}-{f.last_step} ({f.steps_held})"
+            t.add_row(f.kind, f.module or "(model)", held, f.message, f.action)
         parts.append(t)
     else:
         parts.append(Text("no findings", style="green"))
     if r.by_type:
-        t = Table(title="by module type (last sampled step)", title_justify="left")
+        t = Table(title=f"by module type (step {r.by_type_step})", title_justify="left")
         for c in ("type", "modules", "act std", "zero frac", "grad std", "update ratio"):
             t.add_column(c)
 

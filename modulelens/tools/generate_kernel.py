@@ -53,16 +53,6 @@ def generate_kernel(req: GenerateKernelRequest, ctx: ToolContext) -> GenerateKer
     return result
 
 
-def _render(r: GenerateKernelResult):
-    from rich.markup import escape
-
-    text = escape(f"{r.candidate_id}: {r.backend} kernel for {r.card} from {r.provider}"
-                  + (f" (template {r.family}, {r.params})" if r.family else "") + f"\nsource: {r.source_path}")
-    if r.validation:
-        text += escape(f"\nvalidation: {r.validation.verdict}: {r.validation.reason}")
-    return text
-
-
 TOOL = register(
     Tool(
         name="generate_kernel",
@@ -72,6 +62,5 @@ TOOL = register(
         summary="Generate a candidate kernel (cpp, triton or cuda) for an operator card with a provider: template "
         "(built-in library), anthropic (API) or sampling (the MCP client's model); a parent candidate and its report "
         "can be passed for repair or improvement. Stores the candidate with its provenance.",
-        render=_render,
     )
 )

@@ -269,21 +269,6 @@ def install_skills(req: InstallSkillsRequest, ctx: ToolContext) -> InstallSkills
     )
 
 
-def _render(r: InstallSkillsResult):
-    from rich.console import Group
-    from rich.table import Table
-    from rich.text import Text
-
-    t = Table(title=f"skills installed in {r.target}", title_justify="left")
-    t.add_column("file")
-    t.add_column("status")
-    styles = {"written": "green", "unchanged": "dim", "skipped": "yellow"}
-    for status in ("written", "unchanged", "skipped"):
-        for rel in getattr(r, status):
-            t.add_row(rel, Text(status, style=styles[status]))
-    return Group(t, Text("Next steps:\n" + r.next_steps))
-
-
 TOOL = register(
     Tool(
         name="install_skills",
@@ -292,6 +277,5 @@ TOOL = register(
         fn=install_skills,
         summary="Install the modulelens agent skills and MCP server registration into a project "
         "(.claude/, .cursor/, .mcp.json).",
-        render=_render,
     )
 )

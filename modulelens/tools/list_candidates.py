@@ -7,7 +7,6 @@ from pydantic import BaseModel, Field
 from modulelens.kernels.catalog import CandidateEntry, candidate_entries
 from modulelens.registry import Tool, ToolContext, register
 from modulelens.repo import Repository
-from modulelens.tables import rows_table
 
 
 class ListCandidatesRequest(BaseModel):
@@ -24,11 +23,6 @@ def list_candidates(req: ListCandidatesRequest, ctx: ToolContext) -> ListCandida
     return ListCandidatesResult(repo=str(repo.root), candidates=candidate_entries(repo, req.card))
 
 
-def _render(r: ListCandidatesResult):
-    return rows_table(f"candidates in {r.repo}", ("candidate", "card", "op", "backend", "verdict", "speedup"),
-                      ((c.candidate_id, c.card_id, c.op, c.backend, c.verdict or "not validated",
-                        f"{c.speedup_vs_eager:.2f}x" if c.speedup_vs_eager else None) for c in r.candidates))
-
 TOOL = register(
     Tool(
         name="list_candidates",
@@ -37,6 +31,5 @@ TOOL = register(
         fn=list_candidates,
         summary="List the candidate kernels in the repository: card, backend, provider and the verdict, reason "
         "and speedup of their latest validation.",
-        render=_render,
     )
 )

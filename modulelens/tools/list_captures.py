@@ -50,19 +50,6 @@ def list_captures(req: ListCapturesRequest, ctx: ToolContext) -> ListCapturesRes
     return ListCapturesResult(repo=str(repo.root), captures=out)
 
 
-def _render(r: ListCapturesResult):
-    from rich.markup import escape
-    from rich.table import Table
-
-    t = Table(title=f"captures in {r.repo}", title_justify="left")
-    for col in ("ref", "tags", "module", "class", "strategies", "created"):
-        t.add_column(col)
-    for c in r.captures:
-        cells = (c.ref, ", ".join(c.tags), c.module_path or "<root>", c.class_path, ", ".join(c.strategies), c.created_at)
-        t.add_row(*map(escape, cells))
-    return t
-
-
 TOOL = register(
     Tool(
         name="list_captures",
@@ -70,6 +57,5 @@ TOOL = register(
         result=ListCapturesResult,
         fn=list_captures,
         summary="List the captures in the repository with versions, tags and replay strategies.",
-        render=_render,
     )
 )

@@ -1,10 +1,11 @@
-"""list_op_cards: the cards of an opset, ranked by time share."""
+"""list_op_cards: the cards of an opset, ranked by time share, with their rooflines."""
 
 from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from modulelens.ops.summary import OpSetSummary, render_opset, summarize_opset
+from modulelens.ops.summary import OpSetSummary, summarize_opset
+from modulelens.profiling.bandwidth import copy_bytes_per_s
 from modulelens.registry import Tool, ToolContext, register
 from modulelens.repo import Repository
 
@@ -17,7 +18,8 @@ class ListOpCardsRequest(BaseModel):
 
 
 def list_op_cards(req: ListOpCardsRequest, ctx: ToolContext) -> OpSetSummary:
-    return summarize_opset(Repository(ctx.repo_root), req.ref, kind=req.kind, top=req.top)
+    return summarize_opset(Repository(ctx.repo_root), req.ref, kind=req.kind, top=req.top,
+                           copy_bandwidth=copy_bytes_per_s)
 
 
 TOOL = register(
@@ -26,7 +28,7 @@ TOOL = register(
         request=ListOpCardsRequest,
         result=OpSetSummary,
         fn=list_op_cards,
-        summary="List the operator cards of an opset (from capture-ops), ranked by share of the module's run time.",
-        render=render_opset,
+        summary="List the operator cards of an opset (from capture-ops), ranked by share of the module's run time, "
+        "with each memory-bound card's achieved bandwidth as a fraction of this machine's copy bandwidth.",
     )
 )

@@ -7,7 +7,6 @@ from pydantic import BaseModel, Field
 from modulelens.ops.opsets import OpsetEntry, opset_entries
 from modulelens.registry import Tool, ToolContext, register
 from modulelens.repo import Repository
-from modulelens.tables import rows_table
 
 
 class ListOpsetsRequest(BaseModel):
@@ -25,10 +24,6 @@ def list_opsets(req: ListOpsetsRequest, ctx: ToolContext) -> ListOpsetsResult:
     return ListOpsetsResult(repo=str(repo.root), opsets=opset_entries(repo, req.capture))
 
 
-def _render(r: ListOpsetsResult):
-    return rows_table(f"opsets in {r.repo}", ("opset", "tags", "capture", "cards", "module run (s)", "device"),
-                      ((o.ref, ", ".join(o.tags), o.capture, o.cards, o.module_time_s, o.device) for o in r.opsets))
-
 TOOL = register(
     Tool(
         name="list_opsets",
@@ -37,6 +32,5 @@ TOOL = register(
         fn=list_opsets,
         summary="List the operator-card sets in the repository (one per capture-ops run): capture, number of "
         "cards, module time.",
-        render=_render,
     )
 )

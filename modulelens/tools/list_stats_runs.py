@@ -7,11 +7,11 @@ from pydantic import BaseModel, Field
 from modulelens.registry import Tool, ToolContext, register
 from modulelens.repo import Repository
 from modulelens.stats.runs import StatsRunEntry, stats_entries
-from modulelens.tables import rows_table
 
 
 class ListStatsRunsRequest(BaseModel):
-    pass
+    name: str | None = Field(None, description="Only the versions of the statistics of this name (a script's file "
+                             "name, a capture's name, or gather-stats' --name).")
 
 
 class ListStatsRunsResult(BaseModel):
@@ -21,12 +21,8 @@ class ListStatsRunsResult(BaseModel):
 
 def list_stats_runs(req: ListStatsRunsRequest, ctx: ToolContext) -> ListStatsRunsResult:
     repo = Repository(ctx.repo_root)
-    return ListStatsRunsResult(repo=str(repo.root), runs=stats_entries(repo))
+    return ListStatsRunsResult(repo=str(repo.root), runs=stats_entries(repo, req.name))
 
-
-def _render(r: ListStatsRunsResult):
-    return rows_table(f"statistics in {r.repo}", ("run", "of", "modules", "sampled steps", "findings"),
-                      ((x.run_id, x.capture or x.script, x.modules, x.steps_sampled, x.findings) for x in r.runs))
 
 TOOL = register(
     Tool(
@@ -35,6 +31,5 @@ TOOL = register(
         result=ListStatsRunsResult,
         fn=list_stats_runs,
         summary="List the statistics stored by gather-stats: script or capture, modules, sampled steps, findings.",
-        render=_render,
     )
 )

@@ -181,26 +181,6 @@ def replay_module(req: ReplayModuleRequest, ctx: ToolContext) -> ReplayModuleRes
     )
 
 
-def _render(r: ReplayModuleResult):
-    from rich.markup import escape
-    from rich.table import Table
-
-    t = Table(title=escape(f"replay of {r.ref} ({r.strategy})"), title_justify="left")
-    for col in ("value", "shape", "dtype", "max abs err", "max rel err", "allclose"):
-        t.add_column(col)
-    for o in r.outputs + (r.backward or []):
-        t.add_row(o.name, str(o.shape), o.dtype, f"{o.max_abs_error:.3g}", f"{o.max_rel_error:.3g}",
-                  "[green]yes[/]" if o.allclose else "[red]no[/]")
-    verdict = ("[green]exact match[/]" if r.exact else "[green]match[/]" if r.match
-               else "[yellow]not compared[/]" if not r.compared else "[red]MISMATCH[/]")
-    t.caption = (f"{verdict} (rtol {r.rtol:g}, atol {r.atol:g}); rebuild {r.reconstruction_seconds * 1e3:.1f} ms, "
-                 f"run {r.run_seconds * 1e3:.1f} ms on {r.device}"
-                 + ("; inputs synthesised" if r.synthesized_inputs else "")
-                 + escape("".join(f"\n{a.strategy} failed: {a.error}" for a in r.attempts))
-                 + escape("".join(f"\nnote: {n}" for n in r.notes)))
-    return t
-
-
 TOOL = register(
     Tool(
         name="replay_module",
@@ -209,6 +189,5 @@ TOOL = register(
         fn=replay_module,
         summary="Rebuild a captured module alone (source, export or pickle strategy), run it on the captured "
         "inputs and compare with the captured outputs (max abs/rel error, allclose); optionally backward.",
-        render=_render,
     )
 )

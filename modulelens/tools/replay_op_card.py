@@ -25,8 +25,5 @@ TOOL = register(
         result=CardReplay,
         fn=replay_op_card,
         summary="Run an operator card's op alone on a stored sample and compare with its stored eager output.",
-        render=lambda r: (f"{r.card_id} {r.op} sample {r.sample}: "
-                          + ("exact match" if r.exact else "match" if r.match else "MISMATCH")
-                          + f" (max abs error {r.max_abs_error:g}, {r.outputs} output(s))"),
     )
 )

@@ -7,7 +7,6 @@ from pydantic import BaseModel, Field
 from modulelens.kernels.catalog import CandidateView, candidate_view
 from modulelens.registry import Tool, ToolContext, register
 from modulelens.repo import Repository
-from modulelens.tables import rows_table
 
 
 class ShowCandidateRequest(BaseModel):
@@ -19,14 +18,6 @@ def show_candidate(req: ShowCandidateRequest, ctx: ToolContext) -> CandidateView
     return candidate_view(Repository(ctx.repo_root), req.candidate)
 
 
-def _render(r: CandidateView):
-    e = r.entry
-    rows = [("card", f"{e.card_id} ({e.op})"), ("backend", e.backend), ("provider", e.provider),
-            ("verdict", f"{e.verdict}: {e.reason}" if e.verdict else "not validated"),
-            ("speedup vs eager", f"{e.speedup_vs_eager:.2f}x" if e.speedup_vs_eager else None),
-            ("report", e.report), ("source", r.source_path)]
-    return rows_table(e.candidate_id, ("", ""), rows)
-
 TOOL = register(
     Tool(
         name="show_candidate",
@@ -35,6 +26,5 @@ TOOL = register(
         fn=show_candidate,
         summary="Show one candidate kernel: its card, backend, provider, source, and its latest validation report "
         "(verdict, reason, checks, timings, speedups).",
-        render=_render,
     )
 )

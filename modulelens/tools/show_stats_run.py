@@ -7,7 +7,6 @@ from pydantic import BaseModel, Field
 from modulelens.registry import Tool, ToolContext, register
 from modulelens.repo import Repository
 from modulelens.stats.runs import StatsRunView, stats_view
-from modulelens.tables import rows_table
 
 
 class ShowStatsRunRequest(BaseModel):
@@ -22,12 +21,6 @@ def show_stats_run(req: ShowStatsRunRequest, ctx: ToolContext) -> StatsRunView:
     return stats_view(Repository(ctx.repo_root), req.run, req.stats)
 
 
-def _render(r: StatsRunView):
-    title = (f"{r.entry.run_id}: {len(r.modules)} modules over {len(r.steps)} sampled steps, {len(r.findings)} "
-             "finding(s) (--json for the series)")
-    return rows_table(title, ("kind", "module", "step", "message"),
-                      ((f.kind, f.module or "(root)", f.step, f.message) for f in r.findings))
-
 TOOL = register(
     Tool(
         name="show_stats_run",
@@ -36,6 +29,5 @@ TOOL = register(
         fn=show_stats_run,
         summary="Show one stored statistics run: findings with their modules, and the chosen statistics per module "
         "(activations and gradients over the sampled steps, in execution order) and per module type.",
-        render=_render,
     )
 )

@@ -36,6 +36,5 @@ TOOL = register(
         result=TagCaptureResult,
         fn=tag_capture,
         summary="Point a tag (e.g. prod) at one version of a capture, so name@tag resolves to it.",
-        render=lambda r: f"{r.ref.split(':')[0]}@{r.tag} -> {r.ref}" + (f" (was {r.previous})" if r.previous else ""),
     )
 )

@@ -67,25 +67,6 @@ def validate_kernel(req: ValidateKernelRequest, ctx: ToolContext) -> CandidateVa
                               progress=ctx.progress)
 
 
-def render_report(r: CandidateValidation):
-    from rich.markup import escape
-
-    color = {"custom": "green", "wrapper": "yellow", "rejected": "red"}[r.verdict]
-    lines = [f"[bold {color}]{r.verdict}[/] {escape(r.candidate_id)} for {escape(r.target)} ({r.backend}): {escape(r.reason)}"]
-    if r.speedup_vs_eager is not None and r.eager and r.candidate:
-        lines.append(f"speedup vs eager {r.speedup_vs_eager:.2f}x (eager {r.eager.median_s * 1e6:.1f} us "
-                     f"[{r.eager.p20_s * 1e6:.1f}-{r.eager.p80_s * 1e6:.1f}], candidate {r.candidate.median_s * 1e6:.1f} us "
-                     f"[{r.candidate.p20_s * 1e6:.1f}-{r.candidate.p80_s * 1e6:.1f}], p20-p80)")
-    if r.speedup_vs_compile is not None:
-        lines.append(f"speedup vs torch.compile {r.speedup_vs_compile:.2f}x")
-    if r.timing_note:
-        lines.append(escape(f"timing: {r.timing_note}"))
-    passed = sum(c.passed for c in r.checks)
-    lines.append(f"checks: {passed}/{len(r.checks)} passed; stage reached: {r.stage}")
-    lines += [escape(f"flag: {f}") for f in r.flags] + [escape(f"error: {e}") for e in r.errors[:3]]
-    return "\n".join(lines)
-
-
 TOOL = register(
     Tool(
         name="validate_kernel",
@@ -95,6 +76,5 @@ TOOL = register(
         summary="Validate a candidate kernel (stored candidate, or your own source with a target card and backend) "
         "in a sandbox worker: compiles, runs, matches the card's captured samples and fresh adversarial inputs, "
         "does not mutate inputs or alias them, times against eager; verdict custom, wrapper or rejected with the reason.",
-        render=render_report,
     )
 )

@@ -27,14 +27,13 @@ def captures_page(request: Request) -> HTMLResponse:
 
 def capture_page(request: Request) -> HTMLResponse:
     ui = ui_state(request)
-    summary = ui.call("show_capture", ref=request.path_params["ref"])
-    tensors = ui.call("show_capture_tensors", ref=summary.ref)
+    summary = ui.call("show_capture", ref=request.path_params["ref"], tensors=True)
     opsets = ui.call("list_opsets", capture=summary.ref).opsets
-    weights = [ParamLeaf(t.key, t.shape, t.dtype) for t in tensors.tensors if t.group == "weight"]
-    groups = {g: [t for t in tensors.tensors if t.group == g] for g in TENSOR_GROUPS}
+    weights = [ParamLeaf(t.key, t.shape, t.dtype) for t in summary.tensors if t.group == "weight"]
+    groups = {g: [t for t in summary.tensors if t.group == g] for g in TENSOR_GROUPS}
     return ui.page("capture.html", "captures", title=summary.ref, capture=summary, opsets=opsets,
                    tree=module_tree(summary.module_path, summary.class_path, weights), groups=groups,
-                   tensor_notes=tensors.notes)
+                   tensor_notes=summary.tensor_notes)
 
 
 def opsets_page(request: Request) -> HTMLResponse:
@@ -45,14 +44,12 @@ def opsets_page(request: Request) -> HTMLResponse:
 def opset_page(request: Request) -> HTMLResponse:
     ui = ui_state(request)
     cards = ui.call("list_op_cards", ref=request.path_params["ref"])
-    rooflines = ui.call("card_rooflines", ref=cards.opset)
-    roofline_of = {r.card_id: r for r in rooflines.cards}
     candidates = ui.call("list_candidates").candidates
     candidates_of: dict[str, list[Any]] = {}
     for c in candidates:
         candidates_of.setdefault(c.card_id, []).append(c)
-    return ui.page("opset.html", "cards", title=f"Cards of {cards.opset}", cards=cards, rooflines=rooflines,
-                   roofline_of=roofline_of, candidates_of=candidates_of)
+    return ui.page("opset.html", "cards", title=f"Cards of {cards.opset}", cards=cards,
+                   candidates_of=candidates_of)
 
 
 def candidates_page(request: Request) -> HTMLResponse:

@@ -2,7 +2,7 @@
 dtype, strides, device), torch constants as :class:`Const`, plain values as themselves, and the
 entry point's parameter names (the aten schema's, made safe for C++ and Python).
 
-:func:`decode` reads the stored sample's value specs (format: :mod:`modulelens.capture.values`).
+:func:`decode` reads the stored sample's value specs (format: :mod:`modulelens.capture.spec`).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from modulelens.capture.spec import SpecVisitor, TensorSpec, ValueKind, mapping_items
 from modulelens.kernels.source import CPP_KEYWORDS
 from modulelens.ops.model import OpCard, as_card
 from modulelens.ops.recorder import resolve_op
@@ -81,29 +82,53 @@ class Call:
         return self.names[self.schema_names.index(name)]
 
 
-def decode(spec: Any) -> Any:
-    if spec is None or isinstance(spec, (bool, int, float, str)):
-        return spec
-    if isinstance(spec, dict):
-        kind = spec.get("$")
-        if kind == "tensor":
-            if spec.get("layout"):
-                raise NoMatch(f"tensor layout {spec['layout']} (templates take strided tensors)")
-            shape = tuple(spec["shape"])
-            stride = tuple(spec["stride"]) if spec.get("stride") is not None else _contiguous(shape)
-            return TArg(shape, spec["dtype"], stride, bool(spec.get("contiguous", True)), spec.get("device", "cpu"))
-        if kind in ("list", "tuple", "size"):
-            return [decode(x) for x in spec["items"]]
-        if kind == "float":
-            return float(spec["v"])
-        if kind == "dtype":
-            return Const("dtype", spec["name"])
-        if kind == "torch":
-            return Const("torch", spec["name"])
-        if kind == "device":
-            return Const("device", spec["v"])
+class _CallDecoder(SpecVisitor[Any]):
+    """A stored value spec as the templates see it: tensors as :class:`TArg`, lists, tuples and
+    sizes as lists, torch constants as :class:`Const`, plain values as themselves. Any other kind
+    is outside what a template covers (:class:`NoMatch`)."""
+
+    def scalar(self, value: Any) -> Any:
+        return value
+
+    def tensor(self, spec: TensorSpec) -> TArg:
+        if spec.layout:
+            raise NoMatch(f"tensor layout {spec.layout} (templates take strided tensors)")
+        shape = tuple(spec.shape)
+        stride = tuple(spec.stride) if spec.stride is not None else _contiguous(shape)
+        return TArg(shape, spec.dtype, stride, spec.contiguous, spec.device)
+
+    def sequence(self, kind: ValueKind, items: list[Any], cls: str | None) -> list[Any]:
+        return [self.visit(x) for x in items]
+
+    def size(self, dims: list[int]) -> list[int]:
+        return list(dims)
+
+    def nonfinite_float(self, text: str) -> float:
+        return float(text)
+
+    def dtype(self, name: str) -> Const:
+        return Const("dtype", name)
+
+    def torch_constant(self, name: str) -> Const:
+        return Const("torch", name)
+
+    def device(self, name: str) -> Const:
+        return Const("device", name)
+
+    def unsupported(self, kind: ValueKind, spec: dict[str, Any]) -> Any:
+        raise NoMatch(f"argument of kind {kind.value!r}")
+
+    def unknown_kind(self, kind: str, spec: dict[str, Any]) -> Any:
         raise NoMatch(f"argument of kind {kind!r}")
-    raise NoMatch(f"argument {spec!r}")
+
+    def malformed(self, spec: Any, why: str) -> Any:
+        raise NoMatch(f"argument {spec!r}")
+
+
+def decode(spec: Any) -> Any:
+    """The templates' view of one stored value spec (see :class:`_CallDecoder`); :class:`NoMatch`
+    for a value no template takes."""
+    return _CallDecoder().visit(spec)
 
 
 def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -142,8 +167,7 @@ def call_from_card(card: OpCard | Mapping[str, Any]) -> Call:
         raise NoMatch("the card has no stored sample to take the call's structure from")
     s = card.samples[0]
     args = decode(s.args)
-    kwargs_spec = s.kwargs or {"$": "dict", "items": []}
-    kwargs = {k: decode(v) for k, v in (kwargs_spec.get("items") or [])} if isinstance(kwargs_spec, dict) else {}
+    kwargs = {k: decode(v) for k, v in mapping_items(s.kwargs)}
     outputs = _flat_outputs(decode(s.output))
     schema_names = _schema_names(card.op, len(args)) + list(kwargs)
     names, seen = [], set()

@@ -1,0 +1,1 @@
+"""Kernel packs: checksummed files of validated kernels, applied to unmodified models behind exact guards."""

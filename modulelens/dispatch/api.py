@@ -1,0 +1,97 @@
+"""The Python ways in: ``with modulelens.use_pack(path): ...`` and ``modulelens.apply_pack(model, path)``.
+
+``use_pack`` dispatches every matching operator call made inside its block (any model), and
+patches the module entries' targets in each model whose forward is called inside the block (the
+first module called that is not part of an already seen model counts as a model's root).
+``apply_pack`` patches one model now and dispatches operator calls only while that model's
+forward runs (so backward-phase operator entries are not used by an applied model); ``remove()``
+undoes it. Both refuse a tampered pack or one from another environment (see
+:func:`modulelens.dispatch.pack.read_pack`), and both give a :class:`DispatchReport` with the
+hits and fallbacks per entry. Calls under ``torch.inference_mode`` on inference tensors are not
+intercepted by the ``library`` mechanism: they run eager.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from typing import Any
+
+import torch
+
+from modulelens.dispatch.pack import read_pack
+from modulelens.dispatch.runtime import DEFAULT_MECHANISM, DispatchReport, Mechanism, PackRuntime
+
+
+def load_runtime(path: str | os.PathLike[str], *, allow_env_mismatch: bool = False, expect_sha256: str | None = None,
+                 mechanism: Mechanism = DEFAULT_MECHANISM) -> PackRuntime:
+    """Verify the pack at ``path`` and build its entries (C++ builds are cached by source hash)."""
+    return PackRuntime(read_pack(path, allow_env_mismatch=allow_env_mismatch, expect_sha256=expect_sha256), mechanism)
+
+
+class use_pack:
+    """Dispatch a pack's kernels to the matching calls made inside the block::
+
+        with modulelens.use_pack("model.pack") as pack:
+            train()
+        print(pack.report().hits)
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, allow_env_mismatch: bool = False,
+                 expect_sha256: str | None = None, mechanism: Mechanism = DEFAULT_MECHANISM):
+        self.runtime = load_runtime(path, allow_env_mismatch=allow_env_mismatch, expect_sha256=expect_sha256,
+                                    mechanism=mechanism)
+        self._hook: Any = None
+        self._seen: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
+
+    def _patch_new_root(self, module: torch.nn.Module, args: Any) -> None:
+        if module in self._seen:
+            return
+        for _, sub in module.named_modules():
+            self._seen.add(sub)
+        self.runtime.patch_model(module)
+
+    def __enter__(self) -> use_pack:
+        self.runtime.install()
+        if self.runtime.modules:
+            self._hook = torch.nn.modules.module.register_module_forward_pre_hook(self._patch_new_root)
+        self.runtime.activate()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        self.runtime.uninstall()
+
+    def report(self) -> DispatchReport:
+        return self.runtime.report()
+
+
+class AppliedPack:
+    """A pack applied to one model: ``report()`` and ``remove()``."""
+
+    def __init__(self, model: torch.nn.Module, runtime: PackRuntime, root_path: str = ""):
+        self.model = model
+        self.runtime = runtime
+        runtime.install()
+        self.patched = runtime.patch_model(model, root_path)
+        self._hooks = [model.register_forward_pre_hook(lambda m, a: runtime.activate()),
+                       model.register_forward_hook(lambda m, a, o: runtime.deactivate(), always_call=True)]
+
+    def report(self) -> DispatchReport:
+        return self.runtime.report()
+
+    def remove(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        self.runtime.uninstall()
+
+
+def apply_pack(model: torch.nn.Module, path: str | os.PathLike[str], *, allow_env_mismatch: bool = False,
+               expect_sha256: str | None = None, mechanism: Mechanism = DEFAULT_MECHANISM) -> AppliedPack:
+    """Apply a pack to ``model`` (unmodified): matching calls inside its forward go to the pack's
+    kernels, everything else runs eager. Returns a handle with ``report()`` and ``remove()``."""
+    return AppliedPack(model, load_runtime(path, allow_env_mismatch=allow_env_mismatch, expect_sha256=expect_sha256,
+                                           mechanism=mechanism))

@@ -1,0 +1,201 @@
+"""The kernel pack file: validated candidates keyed by the exact call pattern they were validated for.
+
+One JSON file (never pickle)::
+
+    {"format": "modulelens-pack", "format_version": 1, "sha256": "<hex>", "content": {...}}
+
+``sha256`` is taken over the canonical JSON of ``content`` (sorted keys, no spaces): change any
+byte of a source, a pattern, a report or the environment and the pack no longer loads. Pass the
+sha256 you were given (``expect_sha256``) to refuse a pack rewritten as a whole.
+
+``content`` is a :class:`PackContent`: the environment the entries were validated in (torch
+version, device name, compiler) and the entries (:class:`PackEntry`): the call pattern, the
+source with its build recipe, the validation report and the measured speedup. A pack refuses to
+load where the environment differs, saying what differs, unless ``allow_env_mismatch`` is set.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import platform
+from functools import cache
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, ValidationError
+
+from modulelens.dispatch.patterns import CallPattern
+from modulelens.errors import ModuleLensError
+from modulelens.kernels.report import ValidationReport
+
+PACK_FORMAT = "modulelens-pack"
+PACK_FORMAT_VERSION = 1
+EntryKind = Literal["op", "module"]
+
+
+class PackLoadError(ModuleLensError):
+    """A pack that must not be loaded: tampered, malformed, or from another environment."""
+
+
+class PackEnvironment(BaseModel):
+    torch: str = Field(description="torch version the entries were validated with.")
+    python: str = ""
+    device_name: str = Field(description="CPU model (and -march fingerprint) or GPU name.")
+    compiler: str = Field("", description="C++ compiler of cpp entries (empty when no entry is compiled).")
+    machine: str = ""
+
+
+class ModuleInit(BaseModel):
+    """How a module entry's ``ModelNew`` is constructed: the captured constructor arguments, as
+    value specs of :mod:`modulelens.capture.values` (tensors inline, base64 safetensors)."""
+
+    args: Any = None
+    kwargs: Any = None
+    tensors_b64: str = ""
+    sys_path: list[str] = Field(default_factory=list)
+
+
+class PackEntry(BaseModel):
+    candidate_id: str
+    kind: EntryKind = Field(description="op: replaces one aten operator call; module: replaces a module's forward.")
+    target: str = Field(description="The card id (op) or the capture ref (module) it was validated against.")
+    capture: str | None = Field(None, description="The capture the target came from (check-pack replays it).")
+    op: str | None = Field(None, description="aten overload, for op entries (aten._safe_softmax.default).")
+    class_path: str | None = Field(None, description="module:Class of the replaced module, for module entries.")
+    module_path: str | None = Field(None, description="Qualified name of the replaced module in its model (blocks.1).")
+    pattern: CallPattern
+    backend: str = Field(description="cpp, cuda, triton (op entries) or module (a ModelNew Python source).")
+    entry: str = Field("forward", description="Entry point: forward for op kernels, ModelNew for modules.")
+    source: str
+    source_sha256: str
+    build: dict[str, Any] = Field(default_factory=dict, description="Build recipe: compiler, flags, builder.")
+    init: ModuleInit | None = None
+    claims_training: bool = Field(False, description="Module entries: validated for training (gradients).")
+    report: ValidationReport
+    speedup_vs_eager: float | None = None
+
+    def skip_reason(self) -> str | None:
+        """Why this entry is never dispatched, or None when it is dispatched."""
+        if not self.report.correct or self.report.verdict == "rejected":
+            return f"not validated correct ({self.report.verdict}: {self.report.reason})"
+        if self.speedup_vs_eager is None:
+            return "not timed against eager"
+        if self.speedup_vs_eager <= 1.0:
+            return f"slower than eager ({self.speedup_vs_eager:.2f}x)"
+        return None
+
+
+class PackContent(BaseModel):
+    created_at: str = Field(default_factory=lambda: _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"))
+    environment: PackEnvironment
+    entries: list[PackEntry]
+
+
+class LoadedPackFile(BaseModel):
+    path: str
+    sha256: str
+    content: PackContent
+    environment_notes: list[str] = Field(default_factory=list, description="Mismatches allowed by allow_env_mismatch.")
+
+
+@cache
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def current_environment(backends: set[str]) -> PackEnvironment:
+    """This process's environment, as a pack with entries of ``backends`` records it."""
+    import sys
+
+    import torch
+
+    from modulelens.kernels.backends.cpp import compiler_version, machine_tag
+
+    if backends & {"cuda", "triton"} and torch.cuda.is_available():
+        device = torch.cuda.get_device_name()
+    else:
+        device = f"{_cpu_name()} [{machine_tag()}]"
+    compiler = ""
+    if backends & {"cpp", "module"}:
+        import os
+
+        compiler = compiler_version(os.environ.get("CXX", "c++"))
+    if "cuda" in backends:
+        compiler = (compiler + "; " if compiler else "") + compiler_version("nvcc")
+    return PackEnvironment(torch=torch.__version__, python=sys.version.split()[0], device_name=device,
+                           compiler=compiler, machine=platform.machine())
+
+
+def environment_mismatches(recorded: PackEnvironment, here: PackEnvironment) -> list[str]:
+    out = []
+    if recorded.torch != here.torch:
+        out.append(f"the pack was validated with torch {recorded.torch}, this is torch {here.torch}")
+    if recorded.device_name != here.device_name:
+        out.append(f"the pack was validated on {recorded.device_name!r}, this is {here.device_name!r}")
+    if recorded.compiler and recorded.compiler != here.compiler:
+        out.append(f"the pack was built with {recorded.compiler!r}, this machine has {here.compiler!r}")
+    return out
+
+
+def _canonical(content: Any) -> bytes:
+    return json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def content_sha256(content: PackContent) -> str:
+    return hashlib.sha256(_canonical(content.model_dump(mode="json"))).hexdigest()
+
+
+def write_pack(path: Path, content: PackContent) -> str:
+    """Write ``content`` to ``path``; returns its sha256."""
+    data = content.model_dump(mode="json")
+    digest = hashlib.sha256(_canonical(data)).hexdigest()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps({"format": PACK_FORMAT, "format_version": PACK_FORMAT_VERSION, "sha256": digest,
+                               "content": data}, indent=1))
+    tmp.replace(path)
+    return digest
+
+
+def read_pack(path: str | Path, *, allow_env_mismatch: bool = False, expect_sha256: str | None = None) -> LoadedPackFile:
+    """Read and verify a pack file. Raises :class:`PackLoadError` saying why it cannot be loaded:
+    not a pack, tampered (checksum), another sha256 than expected, or another environment
+    (unless ``allow_env_mismatch``: then the differences are in ``environment_notes``)."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise PackLoadError(f"pack file {str(path)!r} does not exist", "create one with `modulelens pack CANDIDATE_ID... --out FILE`")
+    try:
+        raw = json.loads(p.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise PackLoadError(f"{p} is not a modulelens pack (not JSON: {e})", "give a file written by `modulelens pack`") from None
+    if not isinstance(raw, dict) or raw.get("format") != PACK_FORMAT or not isinstance(raw.get("content"), dict):
+        raise PackLoadError(f"{p} is not a modulelens pack", "give a file written by `modulelens pack`")
+    if raw.get("format_version") != PACK_FORMAT_VERSION:
+        raise PackLoadError(f"{p} has pack format version {raw.get('format_version')}, this modulelens reads "
+                            f"version {PACK_FORMAT_VERSION}", "rebuild the pack with this version")
+    digest = hashlib.sha256(_canonical(raw["content"])).hexdigest()
+    if digest != raw.get("sha256"):
+        raise PackLoadError(f"{p} was modified after it was written: its content does not match its sha256",
+                            "a tampered pack is never loaded; rebuild it with `modulelens pack`")
+    if expect_sha256 and digest != expect_sha256.lower():
+        raise PackLoadError(f"{p} has sha256 {digest}, not the expected {expect_sha256}",
+                            "use the pack whose sha256 you were given")
+    try:
+        content = PackContent.model_validate(raw["content"])
+    except ValidationError as e:
+        raise PackLoadError(f"{p} has a malformed entry: {str(e).splitlines()[0]}", "rebuild the pack") from None
+    here = current_environment({e.backend for e in content.entries})
+    mismatches = environment_mismatches(content.environment, here)
+    if mismatches and not allow_env_mismatch:
+        raise PackLoadError(f"refusing to load {p}: " + "; ".join(mismatches),
+                            "validate and pack the kernels again here, or pass allow_env_mismatch=True "
+                            "(--allow-env-mismatch) to load it anyway")
+    return LoadedPackFile(path=str(p.resolve()), sha256=digest, content=content, environment_notes=mismatches)

@@ -1,0 +1,221 @@
+"""Run an unmodified script with a pack applied, in a worker process, and record its steps.
+
+The parent (:func:`run_script`) starts ``python -m modulelens.dispatch.worker REQUEST OUT`` with
+a :class:`ScriptRunRequest`; the worker runs the script as ``__main__`` (as capture does) inside
+:func:`~modulelens.dispatch.api.use_pack` when a pack is given, and writes a
+:class:`ScriptRunOutcome`: the exit code, the dispatch report, and what the script's steps did:
+
+* a *step* ends at each optimizer step (``torch.optim`` global step hook); a step's time is the
+  interval since the previous step ended (the first from the first model forward). A script
+  that never steps an optimizer (inference) counts each top-level model forward as a step.
+* its *outputs* are the scalar tensors ``.backward()`` is called on (the losses), or, without
+  backward calls, the sum of each top-level forward's first output tensor.
+
+The top-level model is the first module called that is not inside a model seen before.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import tempfile
+import time
+import weakref
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import BaseModel, Field
+
+from modulelens.capture.worker_process import run_worker_process
+from modulelens.dispatch.runtime import DEFAULT_MECHANISM, DispatchReport, Mechanism
+from modulelens.errors import ModuleLensError
+
+
+class ScriptRunRequest(BaseModel):
+    script: str
+    script_args: list[str] = Field(default_factory=list)
+    pack: str | None = Field(None, description="None: run without a pack (the baseline).")
+    allow_env_mismatch: bool = False
+    expect_sha256: str | None = None
+    mechanism: Mechanism = DEFAULT_MECHANISM
+
+
+class ScriptRunOutcome(BaseModel):
+    ok: bool = True
+    error: str | None = None
+    hint: str | None = None
+    exit_code: int = 0
+    script_error: str | None = Field(None, description="How the script ended, when not normally.")
+    report: DispatchReport | None = None
+    step_seconds: list[float] = Field(default_factory=list)
+    step_kind: str = Field("optimizer step", description="optimizer step, or model forward for scripts that never step.")
+    outputs: list[float] = Field(default_factory=list)
+    output_kind: str = Field("loss", description="loss (scalars .backward() was called on), or forward output sum.")
+
+
+class StepRecorder:
+    """Records step times and outputs of a script run (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.seen: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
+        self.roots: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
+        self.start: float | None = None
+        self.last: float | None = None
+        self.steps: list[float] = []
+        self.forward_times: list[float] = []
+        self.losses: list[float] = []
+        self.forward_sums: list[float] = []
+        self._handles: list[Any] = []
+        self._backward: Any = None
+        self._depth = 0
+        self._t0 = 0.0
+
+    def install(self) -> StepRecorder:
+        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        self._handles = [register_module_forward_pre_hook(self._pre), register_module_forward_hook(self._post),
+                         register_optimizer_step_post_hook(self._stepped)]
+        original = torch.Tensor.backward
+        recorder = self
+
+        def backward(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            if tensor.numel() == 1:
+                recorder.losses.append(float(tensor.detach()))
+            return original(tensor, *args, **kwargs)
+
+        self._backward = original
+        torch.Tensor.backward = backward  # type: ignore[method-assign]
+        return self
+
+    def uninstall(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        if self._backward is not None:
+            torch.Tensor.backward = self._backward  # type: ignore[method-assign]
+            self._backward = None
+
+    def _pre(self, module: torch.nn.Module, args: Any) -> None:
+        if module not in self.seen:
+            for _, sub in module.named_modules():
+                self.seen.add(sub)
+            self.roots.add(module)
+        if module in self.roots:
+            self._depth += 1
+            if self._depth == 1:
+                self._t0 = time.perf_counter()
+                if self.start is None:
+                    self.start = self._t0
+
+    def _post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if module in self.roots and self._depth > 0:
+            self._depth -= 1
+            if self._depth == 0:
+                self.forward_times.append(time.perf_counter() - self._t0)
+                first = _first_tensor(output)
+                if first is not None and not self.losses:
+                    self.forward_sums.append(float(first.detach().double().sum()))
+
+    def _stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        now = time.perf_counter()
+        begin = self.last if self.last is not None else (self.start if self.start is not None else now)
+        self.steps.append(now - begin)
+        self.last = now
+
+    def fill(self, outcome: ScriptRunOutcome) -> None:
+        if self.steps:
+            outcome.step_seconds, outcome.step_kind = self.steps, "optimizer step"
+        else:
+            outcome.step_seconds, outcome.step_kind = self.forward_times, "model forward"
+        if self.losses:
+            outcome.outputs, outcome.output_kind = self.losses, "loss"
+        else:
+            outcome.outputs, outcome.output_kind = self.forward_sums, "forward output sum"
+
+
+def _first_tensor(value: Any) -> torch.Tensor | None:
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            t = _first_tensor(v)
+            if t is not None:
+                return t
+    if isinstance(value, dict):
+        return _first_tensor(list(value.values()))
+    return None
+
+
+class _NeverRaised(BaseException):
+    pass
+
+
+def run_in_worker(request: ScriptRunRequest) -> ScriptRunOutcome:
+    """The worker's body: run the script (with the pack when given) and record it."""
+    from modulelens.capture.runner import run_user_file
+    from modulelens.dispatch.api import use_pack
+
+    outcome = ScriptRunOutcome()
+    script = Path(request.script).resolve()
+    recorder = StepRecorder().install()
+    pack = None
+    try:
+        if request.pack:
+            pack = use_pack(request.pack, allow_env_mismatch=request.allow_env_mismatch,
+                            expect_sha256=request.expect_sha256, mechanism=request.mechanism)
+            with pack:
+                error = run_user_file(script, request.script_args, stop=_NeverRaised)
+        else:
+            error = run_user_file(script, request.script_args, stop=_NeverRaised)
+    finally:
+        recorder.uninstall()
+    if error is not None:
+        outcome.exit_code = error.code if isinstance(error, SystemExit) and isinstance(error.code, int) else 1
+        outcome.script_error = f"{type(error).__name__}: {error}"
+    outcome.report = pack.report() if pack is not None else None
+    recorder.fill(outcome)
+    return outcome
+
+
+# ------------------------------------------------------------------------------------------------
+# Parent side
+
+
+def run_script(request: ScriptRunRequest, timeout: float, relay: bool) -> tuple[ScriptRunOutcome, str]:
+    """Run the script in a worker process; returns its outcome and the last lines it printed."""
+    with tempfile.TemporaryDirectory(prefix="modulelens-run-") as tmp:
+        req_file, out_file = Path(tmp) / "request.json", Path(tmp) / "result.json"
+        req_file.write_text(request.model_dump_json())
+        done = run_worker_process(
+            [sys.executable, "-m", "modulelens.dispatch.worker", str(req_file), str(out_file)],
+            relay_to_stderr=relay, timeout=timeout,
+            timeout_error=ModuleLensError(f"the script did not finish within {timeout:.0f} s and was stopped",
+                                          "raise --timeout or run fewer steps"))
+        code, tail = done.code, done.output_tail
+        if not out_file.is_file():
+            raise ModuleLensError(f"the run worker ended (exit code {code}) without a result",
+                                  "the script may have crashed the interpreter; last output:\n" + tail[-1500:])
+        outcome = ScriptRunOutcome.model_validate(json.loads(out_file.read_text()))
+    if not outcome.ok:
+        raise ModuleLensError(outcome.error or "the run failed", outcome.hint)
+    return outcome, tail
+
+
+def typical_step(seconds: list[float]) -> float | None:
+    """Median step time, leaving out the first step (warm-up: builds, caches) when there are more."""
+    kept = seconds[1:] if len(seconds) > 1 else seconds
+    return statistics.median(kept) if kept else None
+
+
+def outputs_agree(a: list[float], b: list[float], rtol: float, atol: float) -> tuple[bool, float | None]:
+    """Whether two runs' outputs agree within ``atol + rtol * |b|`` each; and the largest difference."""
+    if len(a) != len(b):
+        return False, None
+    if not a:
+        return True, 0.0
+    diffs = [abs(x - y) for x, y in zip(a, b)]
+    ok = all(d <= atol + rtol * abs(y) for d, y in zip(diffs, b))
+    return ok, max(diffs)

@@ -1,0 +1,72 @@
+"""pack: gather validated candidates (card-level and module-level) into one checksummed pack file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from modulelens.registry import Tool, ToolContext, register
+from modulelens.repo import Repository
+
+
+class PackRequest(BaseModel):
+    candidates: list[str] = Field(description="Validated candidate ids (blk.card2:v1, blk.module:v1, ...).",
+                                  json_schema_extra={"cli": "argument"})
+    out: str = Field(description="Pack file to write (e.g. model.pack).")
+
+
+class PackedEntry(BaseModel):
+    candidate_id: str
+    kind: str = Field(description="op (one aten operator call) or module (a module's forward).")
+    target: str = Field(description="aten overload, or module class at module path.")
+    backend: str
+    verdict: str
+    speedup_vs_eager: float | None = Field(None, description="Measured at validation; null when not timed.")
+    dispatched: bool = Field(description="Whether it will be used: only entries validated correct and faster than eager.")
+    skip_reason: str | None = None
+
+
+class PackResult(BaseModel):
+    path: str
+    sha256: str = Field(description="sha256 of the pack's content; pass it as --expect-sha256 to refuse any other pack.")
+    environment: dict = Field(description="torch version, device name and compiler the pack is tied to.")
+    entries: list[PackedEntry]
+
+
+def pack(req: PackRequest, ctx: ToolContext) -> PackResult:
+    from modulelens.dispatch.build import make_pack
+
+    out = Path(req.out).expanduser().resolve()
+    sha, content = make_pack(Repository(ctx.repo_root), req.candidates, out)
+    return PackResult(path=str(out), sha256=sha, environment=content.environment.model_dump(), entries=[
+        PackedEntry(candidate_id=e.candidate_id, kind=e.kind,
+                    target=e.op if e.kind == "op" else f"{e.class_path} at {e.module_path}",
+                    backend=e.backend, verdict=e.report.verdict, speedup_vs_eager=e.speedup_vs_eager,
+                    dispatched=e.skip_reason() is None, skip_reason=e.skip_reason())
+        for e in content.entries])
+
+
+def _render(r: PackResult):
+    from rich.markup import escape
+
+    lines = [f"wrote {escape(r.path)} (sha256 {r.sha256[:16]}...)"]
+    for e in r.entries:
+        speed = f"{e.speedup_vs_eager:.2f}x" if e.speedup_vs_eager is not None else "not timed"
+        lines.append(escape(f"  {e.candidate_id}: {e.target} ({e.backend}, {e.verdict}, {speed})"
+                            + ("" if e.dispatched else f" - not dispatched: {e.skip_reason}")))
+    return "\n".join(lines)
+
+
+TOOL = register(
+    Tool(
+        name="pack",
+        request=PackRequest,
+        result=PackResult,
+        fn=pack,
+        summary="Gather validated candidates (operator-card kernels and module-level ModelNew candidates) into one "
+        "checksummed pack file: each entry keeps the exact call pattern it was validated for, its source and build "
+        "recipe, its validation report and speedup, and the pack records torch version, device and compiler.",
+        render=_render,
+    )
+)

@@ -1,0 +1,114 @@
+"""run: run an unmodified script with a kernel pack applied; optionally compare with a run without it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from modulelens.dispatch.runtime import DEFAULT_MECHANISM, EntryReport, Mechanism
+from modulelens.errors import ModuleLensError
+from modulelens.registry import Tool, ToolContext, register
+
+
+class RunRequest(BaseModel):
+    script: str = Field(description="The script to run, unmodified.", json_schema_extra={"cli": "argument"})
+    script_args: list[str] = Field(default_factory=list, description="Arguments for the script (on the CLI, after --).",
+                                   json_schema_extra={"cli": "argument"})
+    pack: str = Field(description="The pack file to apply.")
+    compare: bool = Field(False, description="Also run without the pack; report step times of both and whether the "
+                          "outputs (losses) agree.")
+    rtol: float = Field(1e-3, ge=0, description="With --compare: relative tolerance on each output (loss).")
+    atol: float = Field(1e-4, ge=0, description="With --compare: absolute tolerance on each output (loss).")
+    allow_env_mismatch: bool = Field(False, description="Load a pack made with another torch, device or compiler.")
+    expect_sha256: str | None = Field(None, description="Refuse the pack unless its sha256 is this.")
+    mechanism: Mechanism = Field(DEFAULT_MECHANISM, description="How operator calls are intercepted: library "
+                                 "(torch.library kernels, the cheaper) or mode (a TorchDispatchMode).")
+    timeout: float = Field(1800.0, gt=0, description="Seconds before each run is stopped.")
+
+
+class RunResult(BaseModel):
+    exit_code: int = Field(description="The script's exit code with the pack.")
+    script_error: str | None = None
+    hits: int = Field(description="Calls that ran a pack kernel.")
+    fallbacks: int = Field(description="Calls to packed operators/modules that ran eager (see entries for why).")
+    mechanism: str
+    entries: list[EntryReport]
+    steps: int = Field(description="Steps recorded with the pack.")
+    step_kind: str
+    step_seconds_with: float | None = Field(None, description="Median step time with the pack (first step left out).")
+    step_seconds_without: float | None = Field(None, description="With --compare: the same without the pack.")
+    exit_code_without: int | None = Field(None, description="With --compare: the script's exit code without the pack.")
+    speedup: float | None = Field(None, description="With --compare: step_seconds_without / step_seconds_with.")
+    outputs_match: bool | None = Field(None, description="With --compare: every output agrees within rtol/atol.")
+    output_kind: str = ""
+    outputs_with: list[float] = Field(default_factory=list)
+    outputs_without: list[float] = Field(default_factory=list)
+    max_output_difference: float | None = None
+    environment_notes: list[str] = Field(default_factory=list)
+    script_output_tail: str = ""
+
+
+def run(req: RunRequest, ctx: ToolContext) -> RunResult:
+    from modulelens.dispatch.script import ScriptRunRequest, outputs_agree, run_script, typical_step
+
+    script = Path(req.script).expanduser()
+    if not script.is_file():
+        raise ModuleLensError(f"script {req.script!r} does not exist", "give the path of a Python file")
+    base = ScriptRunRequest(script=str(script.resolve()), script_args=req.script_args, pack=None,
+                            allow_env_mismatch=req.allow_env_mismatch, expect_sha256=req.expect_sha256,
+                            mechanism=req.mechanism)
+    ctx.progress(0, 2 if req.compare else 1, f"running {script.name} with {req.pack}")
+    with_pack, tail = run_script(base.model_copy(update={"pack": str(Path(req.pack).expanduser().resolve())}),
+                                 req.timeout, relay=not ctx.stdout_is_protocol)
+    assert with_pack.report is not None
+    result = RunResult(exit_code=with_pack.exit_code, script_error=with_pack.script_error, hits=with_pack.report.hits,
+                       fallbacks=with_pack.report.fallbacks, mechanism=with_pack.report.mechanism,
+                       entries=with_pack.report.entries, steps=len(with_pack.step_seconds),
+                       step_kind=with_pack.step_kind, step_seconds_with=typical_step(with_pack.step_seconds),
+                       output_kind=with_pack.output_kind, outputs_with=with_pack.outputs,
+                       environment_notes=with_pack.report.environment_notes, script_output_tail=tail[-4000:])
+    if req.compare:
+        ctx.progress(1, 2, f"running {script.name} without the pack")
+        without, _ = run_script(base, req.timeout, relay=not ctx.stdout_is_protocol)
+        result.step_seconds_without = typical_step(without.step_seconds)
+        result.exit_code_without = without.exit_code
+        result.outputs_without = without.outputs
+        result.outputs_match, result.max_output_difference = outputs_agree(with_pack.outputs, without.outputs,
+                                                                            req.rtol, req.atol)
+        if result.step_seconds_with and result.step_seconds_without:
+            result.speedup = result.step_seconds_without / result.step_seconds_with
+    ctx.progress(2 if req.compare else 1, 2 if req.compare else 1, "done")
+    return result
+
+
+def _render(r: RunResult):
+    from rich.markup import escape
+
+    lines = [f"exit code {r.exit_code}; {r.hits} pack kernel calls, {r.fallbacks} fallbacks ({r.mechanism})"]
+    for e in r.entries:
+        why = "; ".join(f"{n}x {k}" for k, n in list(e.fallback_reasons.items())[:3])
+        lines.append(escape(f"  {e.candidate_id} ({e.target}): {e.hits} hits, {e.fallbacks} fallbacks"
+                            + (f" [{why}]" if why else "") + ("" if e.dispatched else f" - not dispatched: {e.skip_reason}")))
+    if r.step_seconds_with is not None:
+        lines.append(f"{r.step_kind}: median {r.step_seconds_with * 1e3:.2f} ms with the pack"
+                     + (f", {r.step_seconds_without * 1e3:.2f} ms without ({r.speedup:.3f}x)"
+                        if r.step_seconds_without and r.speedup else ""))
+    if r.outputs_match is not None:
+        lines.append(f"outputs ({r.output_kind}) {'agree' if r.outputs_match else 'DIFFER'}; largest difference "
+                     f"{r.max_output_difference}")
+    return "\n".join(lines)
+
+
+TOOL = register(
+    Tool(
+        name="run",
+        request=RunRequest,
+        result=RunResult,
+        fn=run,
+        summary="Run an unmodified script with a kernel pack applied (calls go to a pack kernel only when they match "
+        "a validated pattern exactly): hits and fallbacks per entry with reasons, per-step times, and with --compare "
+        "a run without the pack, whether the losses agree, and the step-time ratio.",
+        render=_render,
+    )
+)

@@ -1,0 +1,117 @@
+"""validate_module: check a module-level candidate (KernelBench ModelNew) in a sandbox against its capture."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from modulelens.errors import ModuleLensError
+from modulelens.kernels.backends.base import default_build_dir
+from modulelens.kernels.candidates import save_report
+from modulelens.kernels.module_candidates import (
+    ModuleCandidate,
+    ModuleTarget,
+    load_module_candidate,
+    save_module_candidate,
+)
+from modulelens.kernels.report import ValidationReport
+from modulelens.kernels.sandboxed import validation_report
+from modulelens.registry import Tool, ToolContext, register
+from modulelens.repo import Repository
+from modulelens.sandbox.messages import ModuleSource, ValidateModuleTask
+from modulelens.sandbox.pool import DEFAULT_MEMORY_LIMIT_MB, pool
+
+
+class ValidateModuleRequest(BaseModel):
+    candidate: str | None = Field(None, description="A stored module candidate id (blk.module:v1) to validate again.",
+                                  json_schema_extra={"cli": "argument"})
+    source: str | None = Field(None, description="A Python file defining `class ModelNew(nn.Module)`.")
+    source_text: str | None = Field(None, description="Instead of a file: the source itself (for agents).")
+    target: str | None = Field(None, description="With source/source_text: the capture it replaces (blk, blk:v2).")
+    class_name: str = Field("ModelNew", description="The class the source defines.")
+    claims_training: bool = Field(False, description="The candidate is correct in training mode too (dropout with the "
+                                  "same RNG state, gradients): checked, and then dispatched in training.")
+    time: bool = Field(True, description="Time the candidate against the original module.")
+    seeds: int = Field(2, ge=1, le=10, description="Fresh-input seeds (each with normal, uniform, heavy-tailed and special values).")
+    rtol: float | None = Field(None, description="Override the relative tolerance (default: per dtype).")
+    atol: float | None = Field(None, description="Override the absolute tolerance.")
+    timeout: float = Field(900.0, gt=0, description="Seconds before the sandbox worker is stopped (C++ builds take a while).")
+    memory_limit_mb: int = Field(DEFAULT_MEMORY_LIMIT_MB, ge=256, description="Address-space limit of the sandbox worker (CPU).")
+
+
+class ValidateModuleResult(ValidationReport):
+    candidate_id: str
+    target: str = Field(description="The capture validated against.")
+    report: str = Field(description="Reference of the stored report.")
+
+
+def _candidate(req: ValidateModuleRequest, repo: Repository):
+    given = [x for x in (req.candidate, req.source, req.source_text) if x]
+    if len(given) != 1:
+        raise ModuleLensError("give exactly one of a module candidate id, --source FILE or --source-text",
+                              "e.g. validate-module --source fused_block.py --target blk --claims-training")
+    if req.candidate:
+        return load_module_candidate(repo, req.candidate)
+    if not req.target:
+        raise ModuleLensError("--source needs --target CAPTURE", "the capture of the module it replaces, e.g. --target blk")
+    text = req.source_text
+    if req.source:
+        path = Path(req.source).expanduser()
+        if not path.is_file():
+            raise ModuleLensError(f"source file {req.source!r} does not exist", "give the path of your ModelNew file")
+        text = path.read_text()
+    from modulelens.capture.manifest import capture_manifest
+
+    capture = repo.open("captures", req.target)
+    manifest = capture_manifest(capture)
+    target = ModuleTarget(capture=capture.ref, class_path=manifest.class_path, module_path=manifest.module_path)
+    cand = ModuleCandidate(source=text or "", class_name=req.class_name, claims_training=req.claims_training,
+                           provenance={"source_file": str(Path(req.source).resolve()) if req.source else None})
+    art = save_module_candidate(repo, target, capture, cand)
+    return art, cand, target
+
+
+def validate_module(req: ValidateModuleRequest, ctx: ToolContext) -> ValidateModuleResult:
+    repo = Repository(ctx.repo_root)
+    art, cand, target = _candidate(req, repo)
+    task = ValidateModuleTask(
+        repo=str(repo.root), capture=target.capture, build_dir=str(default_build_dir()),
+        candidate=ModuleSource(source=cand.source, class_name=cand.class_name, claims_training=cand.claims_training),
+        time=req.time, seeds=list(range(req.seeds)), rtol=req.rtol, atol=req.atol,
+    )
+    stages = ["compile", "check", "time", "recheck", "done"]
+    ctx.progress(0, 5, f"validating {art.ref} in a sandbox")
+    result = pool().run(task, req.timeout, req.memory_limit_mb,
+                        on_stage=lambda s: ctx.progress(stages.index(s) + 1 if s in stages else 0, 5, s))
+    report = validation_report(result, "module")
+    rep = save_report(repo, art, report, task.settings)
+    ctx.progress(5, 5, report.verdict)
+    return ValidateModuleResult(**report.model_dump(), candidate_id=art.ref, target=target.capture, report=rep.ref)
+
+
+def _render(r: ValidateModuleResult):
+    from rich.markup import escape
+
+    color = {"custom": "green", "wrapper": "yellow", "rejected": "red"}[r.verdict]
+    lines = [f"[bold {color}]{r.verdict}[/] {escape(r.candidate_id)} for {escape(r.target)}: {escape(r.reason)}"]
+    if r.speedup_vs_eager is not None:
+        lines.append(f"speedup vs the original module {r.speedup_vs_eager:.2f}x")
+    lines.append(f"checks: {sum(c.passed for c in r.checks)}/{len(r.checks)} passed; stage reached: {r.stage}")
+    lines += [escape(f"error: {e}") for e in r.errors[:3]]
+    return "\n".join(lines)
+
+
+TOOL = register(
+    Tool(
+        name="validate_module",
+        request=ValidateModuleRequest,
+        result=ValidateModuleResult,
+        fn=validate_module,
+        summary="Validate a module-level candidate (KernelBench ModelNew: same constructor arguments, loads the captured "
+        "weights, same forward) in a sandbox against its capture: captured and fresh inputs, inputs unchanged, no "
+        "aliasing; in training mode with the same RNG state and against captured gradients when it claims training "
+        "support; timed against the original module. The stored candidate can then be packed.",
+        render=_render,
+    )
+)

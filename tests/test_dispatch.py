@@ -1,0 +1,346 @@
+"""Kernel packs without builds: exact call patterns, the pack file's checks, and guarded dispatch.
+
+Entries here carry small Python kernels (the ``triton`` backend loads a Python module; these
+kernels launch nothing), so every case runs in milliseconds; the C++ template kernels of the
+example transformer are exercised in test_pack_tinyformer.py.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+import modulelens
+from modulelens.capture.values import class_path
+from modulelens.dispatch.pack import (
+    ModuleInit,
+    PackContent,
+    PackEntry,
+    PackLoadError,
+    current_environment,
+    read_pack,
+    write_pack,
+)
+from modulelens.dispatch.patterns import call_key, describe_call, difference, pattern_key
+from modulelens.kernels.report import ValidationReport
+
+SOFTMAX = "aten._safe_softmax.default"
+# A stand-in kernel: the same values as eager (softmax over rows without -inf), and a mark that it ran.
+KERNEL = """
+import torch
+CALLS = []
+def forward(x, dim):
+    CALLS.append(tuple(x.shape))
+    return torch.ops.aten._softmax(x, dim, False)
+"""
+RAISING = """
+def forward(x, dim):
+    raise RuntimeError("kernel exploded")
+"""
+MECHANISMS = ["library", "mode"]
+
+
+def _report(speedup: float | None = 2.0, correct: bool = True) -> ValidationReport:
+    return ValidationReport(verdict="custom" if correct else "rejected", correct=correct, reason="test entry",
+                            stage="done", backend="triton", speedup_vs_eager=speedup)
+
+
+def _op_entry(x: torch.Tensor, source: str = KERNEL, *, grad: bool = True, speedup: float | None = 2.0,
+              cid: str = "t.card0:v1") -> PackEntry:
+    return PackEntry(candidate_id=cid, kind="op", target="t:v1/0", op=SOFTMAX,
+                     pattern=describe_call([x, -1], {}, grad_enabled=grad), backend="triton", source=source,
+                     source_sha256="test", report=_report(speedup), speedup_vs_eager=speedup)
+
+
+def _write(path, entries: list[PackEntry], **env_changes) -> str:
+    env = current_environment({e.backend for e in entries}).model_copy(update=env_changes)
+    write_pack(path, PackContent(environment=env, entries=entries))
+    return str(path)
+
+
+def _softmax(x: torch.Tensor) -> torch.Tensor:
+    return torch.ops.aten._safe_softmax(x, -1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Patterns
+
+
+@pytest.mark.parametrize("args, kwargs", [
+    ([torch.randn(2, 3), -1], {}),
+    ([torch.randn(4, 3).t(), [1, 2], 1e-5, None, True], {"dtype": torch.float32}),
+    ([[torch.zeros(2), torch.ones(3, dtype=torch.float64)], "mean"], {"out": torch.empty(0)}),
+])
+def test_a_calls_key_is_the_key_of_its_pattern(args, kwargs):
+    pattern = describe_call(args, kwargs, grad_enabled=torch.is_grad_enabled())
+    assert call_key(args, kwargs) == pattern_key(pattern)
+    assert pattern_key(type(pattern).model_validate(json.loads(pattern.model_dump_json()))) == pattern_key(pattern)
+
+
+def test_int_float_and_bool_arguments_do_not_match_each_other():
+    keys = {call_key([v], {}) for v in (1, 1.0, True)}
+    assert len(keys) == 3
+
+
+def test_difference_names_the_first_mismatch():
+    x = torch.randn(2, 3)
+    want = pattern_key(describe_call([x, -1], {}, grad_enabled=True))
+    assert "shape [2, 4]" in difference(call_key([torch.randn(2, 4), -1], {}), want)
+    assert "dtype float64" in difference(call_key([x.double(), -1], {}), want)
+    assert "argument 1: 0" in difference(call_key([x, 0], {}), want)
+    with torch.no_grad():
+        assert "grad mode off" in difference(call_key([x, -1], {}), want)
+
+
+# ---------------------------------------------------------------------------------------------
+# The pack file
+
+
+def test_a_tampered_pack_never_loads(tmp_path):
+    path = _write(tmp_path / "p.pack", [_op_entry(torch.randn(4, 8))])
+    assert read_pack(path).content.entries[0].op == SOFTMAX
+    text = open(path).read()
+    open(path, "w").write(text.replace("CALLS.append", "CALLS .append"))
+    with pytest.raises(PackLoadError, match="modified after it was written"):
+        read_pack(path)
+    with pytest.raises(PackLoadError, match="modified after it was written"):
+        modulelens.use_pack(path)
+
+
+def test_a_pack_from_another_torch_version_refuses_to_load_unless_told(tmp_path):
+    path = _write(tmp_path / "p.pack", [_op_entry(torch.randn(4, 8))], torch="1.13.0")
+    with pytest.raises(PackLoadError, match=r"torch 1\.13\.0, this is torch") as e:
+        read_pack(path)
+    assert "allow_env_mismatch" in e.value.hint
+    loaded = read_pack(path, allow_env_mismatch=True)
+    assert loaded.environment_notes and "1.13.0" in loaded.environment_notes[0]
+
+
+def test_a_pack_from_another_device_refuses_to_load(tmp_path):
+    path = _write(tmp_path / "p.pack", [_op_entry(torch.randn(4, 8))], device_name="Some Other CPU [0000]")
+    with pytest.raises(PackLoadError, match="Some Other CPU"):
+        read_pack(path)
+
+
+def test_expected_sha256_and_non_packs(tmp_path):
+    path = _write(tmp_path / "p.pack", [_op_entry(torch.randn(4, 8))])
+    sha = json.loads(open(path).read())["sha256"]
+    assert read_pack(path, expect_sha256=sha).sha256 == sha
+    with pytest.raises(PackLoadError, match="not the expected"):
+        read_pack(path, expect_sha256="0" * 64)
+    (tmp_path / "x.pack").write_text('{"hello": 1}')
+    with pytest.raises(PackLoadError, match="not a modulelens pack"):
+        read_pack(tmp_path / "x.pack")
+    with pytest.raises(PackLoadError, match="does not exist"):
+        read_pack(tmp_path / "missing.pack")
+
+
+# ---------------------------------------------------------------------------------------------
+# Guarded dispatch
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_only_the_exact_validated_call_reaches_the_kernel(tmp_path, mechanism):
+    x = torch.randn(4, 8)
+    path = _write(tmp_path / "p.pack", [_op_entry(x)])
+    others = {
+        "shape": torch.randn(4, 16),
+        "dtype": x.double(),
+        "strides": torch.randn(8, 4).t(),  # same shape [4, 8], transposed strides
+        "device": torch.empty(4, 8, device="meta"),
+    }
+    eager = {k: _softmax(v) for k, v in others.items()}
+    with modulelens.use_pack(path, mechanism=mechanism) as pack:
+        hit = _softmax(x)
+        got = {k: _softmax(v) for k, v in others.items()}
+        with torch.no_grad():
+            no_grad = _softmax(x)
+    assert torch.allclose(hit, _softmax(x))
+    for k, v in got.items():
+        assert v.shape == eager[k].shape and v.dtype == eager[k].dtype and v.device == eager[k].device
+        if v.device.type != "meta":
+            assert torch.equal(v, eager[k]), k
+    assert torch.equal(no_grad, _softmax(x))
+    report = pack.report()
+    entry = report.entries[0]
+    assert report.mechanism == mechanism
+    assert (entry.hits, entry.fallbacks) == (1, 5) and (report.hits, report.fallbacks) == (1, 5)
+    reasons = " | ".join(entry.fallback_reasons)
+    for word in ("shape [4, 16]", "dtype float64", "strides [1, 4]", "device meta", "grad mode off"):
+        assert word in reasons, reasons
+    _softmax(x)  # outside the block nothing is intercepted any more
+    assert pack.report().hits == 1
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_a_kernel_that_raises_falls_back_to_eager_and_is_reported(tmp_path, mechanism):
+    x = torch.randn(4, 8)
+    path = _write(tmp_path / "p.pack", [_op_entry(x, RAISING)])
+    with modulelens.use_pack(path, mechanism=mechanism) as pack:
+        out = _softmax(x)
+    assert torch.equal(out, _softmax(x))
+    entry = pack.report().entries[0]
+    assert entry.hits == 0 and entry.fallbacks == 1
+    assert list(entry.fallback_reasons) == ["kernel raised RuntimeError: kernel exploded"]
+
+
+def test_only_entries_that_beat_eager_are_dispatched(tmp_path):
+    x = torch.randn(4, 8)
+    slow = _op_entry(x, speedup=0.8)
+    path = _write(tmp_path / "p.pack", [slow])
+    with modulelens.use_pack(path) as pack:
+        _softmax(x)
+    entry = pack.report().entries[0]
+    assert not entry.dispatched and entry.hits == 0 and "slower than eager (0.80x)" in entry.skip_reason
+    assert not torch._C._dispatch_has_kernel_for_dispatch_key("aten::_safe_softmax",
+                                                               torch._C.DispatchKey.ADInplaceOrView)
+
+
+class _Attn(nn.Module):
+    def forward(self, x):
+        return _softmax(x)
+
+
+def test_apply_pack_dispatches_only_inside_the_models_forward(tmp_path):
+    x = torch.randn(4, 8)
+    path = _write(tmp_path / "p.pack", [_op_entry(x)])
+    model = _Attn()
+    applied = modulelens.apply_pack(model, path)
+    try:
+        model(x)
+        _softmax(x)  # outside the model: eager, not counted
+        model(x)
+    finally:
+        applied.remove()
+    assert applied.report().hits == 2 and applied.report().fallbacks == 0
+    assert not torch._C._dispatch_has_kernel_for_dispatch_key("aten::_safe_softmax",
+                                                               torch._C.DispatchKey.ADInplaceOrView)
+
+
+# ---------------------------------------------------------------------------------------------
+# Module entries
+
+
+class Scale(nn.Module):
+    def __init__(self, n: int):
+        super().__init__()
+        self.lin = nn.Linear(n, n)
+
+    def forward(self, x):
+        return self.lin(x) * 2
+
+
+class Outer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = Scale(4)
+
+    def forward(self, x):
+        return self.inner(x)
+
+
+MODEL_NEW = """
+import torch
+from torch import nn
+CALLS = []
+class ModelNew(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.lin = nn.Linear(n, n)
+    def forward(self, x):
+        CALLS.append(1)
+        return torch.addmm(self.lin.bias, x, self.lin.weight.t()) * 2
+"""
+
+
+def _module_entry(x: torch.Tensor, *, training: bool = False) -> PackEntry:
+    return PackEntry(candidate_id="s.module:v1", kind="module", target="s:v1", class_path=class_path(Scale),
+                     module_path="inner", pattern=describe_call([x], {}, grad_enabled=False, training=training),
+                     backend="module", entry="ModelNew", source=MODEL_NEW, source_sha256="test",
+                     init=ModuleInit(args=[4], kwargs={}), report=_report(), speedup_vs_eager=2.0)
+
+
+def test_a_module_entry_replaces_the_modules_forward_behind_its_guard(tmp_path):
+    torch.manual_seed(0)
+    x = torch.randn(3, 4)
+    path = _write(tmp_path / "p.pack", [_module_entry(x)])
+    model = Outer().eval()
+    with torch.no_grad():
+        want = model(x)
+        applied = modulelens.apply_pack(model, path)
+        state = torch.random.get_rng_state()
+        got = model(x)
+        assert torch.equal(state, torch.random.get_rng_state()), "building ModelNew must not move the RNG"
+        model(torch.randn(5, 4))  # another shape
+        model.train()
+        model(x)  # training mode
+    model.eval()
+    model(x)  # grad mode on
+    report = applied.report()
+    applied.remove()
+    assert torch.allclose(got, want, atol=1e-6)
+    assert applied.patched == 1
+    entry = report.entries[0]
+    assert entry.hits == 1 and entry.fallbacks == 3, entry
+    reasons = " | ".join(entry.fallback_reasons)
+    assert "shape [5, 4]" in reasons and "training=True" in reasons and "grad mode on" in reasons
+    assert "forward" not in model.inner.__dict__
+
+
+def test_use_pack_patches_models_called_inside_the_block(tmp_path):
+    x = torch.randn(3, 4)
+    path = _write(tmp_path / "p.pack", [_module_entry(x)])
+    model = Outer().eval()
+    with torch.no_grad(), modulelens.use_pack(path) as pack:
+        model(x)
+        model(x)
+    assert pack.report().hits == 2
+    assert "forward" not in model.inner.__dict__
+
+
+# ---------------------------------------------------------------------------------------------
+# Front ends
+
+
+def test_pack_needs_validated_candidates(cli, tmp_path):
+    code, _, r = cli("pack", "--out", tmp_path / "p.pack", "--repo", tmp_path, "--json")
+    assert code == 2  # a usage error: at least one candidate
+    code, _, r = cli("pack", "nothing.card0:v1", "--out", tmp_path / "p.pack", "--repo", tmp_path, "--json")
+    assert code == 2 and "nothing.card0" in r.output
+
+
+def test_run_refuses_a_tampered_pack(cli, tmp_path):
+    path = _write(tmp_path / "p.pack", [_op_entry(torch.randn(4, 8))])
+    open(path, "a").write(" ")  # whitespace after the JSON is not content: still loads
+    assert read_pack(path)
+    data = json.loads(open(path).read())
+    data["content"]["entries"][0]["speedup_vs_eager"] = 50.0
+    open(path, "w").write(json.dumps(data))
+    script = tmp_path / "s.py"
+    script.write_text("print('hello')\n")
+    code, _, r = cli("run", script, "--pack", path, "--json")
+    assert code == 2 and "modified after it was written" in r.output
+
+
+def test_two_packs_applied_to_two_models_each_count_their_own_calls(tmp_path):
+    x = torch.randn(4, 8)
+    first = _write(tmp_path / "a.pack", [_op_entry(x, cid="a.card0:v1")])
+    second = _write(tmp_path / "b.pack", [_op_entry(x, cid="b.card0:v1")])
+    model_a, model_b = _Attn(), _Attn()
+    applied_a = modulelens.apply_pack(model_a, first)
+    applied_b = modulelens.apply_pack(model_b, second)
+    try:
+        model_a(x)
+        model_b(x)
+        model_b(x)
+        applied_b.remove()
+        model_a(x)
+    finally:
+        applied_a.remove()
+        applied_b.remove()
+    assert applied_a.report().hits == 2 and applied_b.report().hits == 2
+    assert not torch._C._dispatch_has_kernel_for_dispatch_key("aten::_safe_softmax",
+                                                               torch._C.DispatchKey.ADInplaceOrView)

@@ -1,0 +1,124 @@
+"""The whole loop on the example transformer: C++ template kernels (softmax, layer norm) and a
+module-level candidate for one block (examples/tinyformer/fused_block.py), validated, packed, and
+applied to the unmodified training script: hits, the same losses, check-pack on the capture."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+from conftest import EXAMPLES, TRAIN
+
+pytestmark = pytest.mark.slow
+
+FUSED_BLOCK = EXAMPLES / "tinyformer" / "fused_block.py"
+OPS = ("aten._safe_softmax.default", "aten.native_layer_norm.default")
+
+
+@pytest.fixture(scope="module")
+def tiny_pack(tmp_path_factory, app):
+    """One capture of blocks.1 (with gradients), its cards, two validated C++ template kernels, the
+    validated fused block, and the pack of all three. Shared by the module (C++ builds are slow)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    runner = CliRunner()
+    repo = tmp_path_factory.mktemp("pack-repo")
+
+    def cli(*args):
+        r = runner.invoke(app, [str(args[0]), "--repo", str(repo), "--json", *map(str, args[1:])])
+        assert r.exit_code == 0, r.output
+        return json.loads(r.stdout)
+
+    ops = cli("capture-ops", TRAIN, "--module", "blocks.1", "--backward", "--", "--steps", "2")
+    cards = {c["op"]: c["card_id"] for c in ops["cards"] if c["phase"] == "forward"}
+    candidates = []
+    for op in OPS:
+        gen = cli("generate-kernel", cards[op], "--backend", "cpp", "--provider", "template")
+        rep = cli("validate-kernel", gen["candidate_id"])
+        assert rep["verdict"] == "custom" and rep["correct"], rep["reason"]
+        candidates.append(gen["candidate_id"])
+    module = cli("validate-module", "--source", FUSED_BLOCK, "--target", ops["capture"], "--claims-training")
+    assert module["correct"] and module["verdict"] == "wrapper", module["reason"]
+    assert "same RNG state" in module["reason"]
+    assert any("against the captured gradients" in c["name"] for c in module["checks"])
+    candidates.append(module["candidate_id"])
+    path = repo / "tiny.pack"
+    packed = cli("pack", *candidates, "--out", path)
+    return repo, path, packed, candidates
+
+
+def test_pack_lists_its_entries(tiny_pack):
+    _, path, packed, candidates = tiny_pack
+    assert packed["path"] == str(path) and len(packed["sha256"]) == 64
+    assert [e["candidate_id"] for e in packed["entries"]] == candidates
+    targets = [e["target"] for e in packed["entries"]]
+    assert targets[:2] == list(OPS) and targets[2].endswith("Block at blocks.1")
+    assert all(e["speedup_vs_eager"] for e in packed["entries"])
+    assert packed["environment"]["torch"] == torch.__version__
+
+
+def test_run_the_training_script_with_the_pack(tiny_pack, cli):
+    _, path, packed, candidates = tiny_pack
+    code, r, res = cli("run", TRAIN, "--pack", path, "--compare", "--json", "--", "--steps", "6")
+    assert code == 0, res.output
+    assert r["exit_code"] == 0 and r["hits"] > 0
+    assert r["outputs_match"] is True and len(r["outputs_with"]) == 6, (r["outputs_with"], r["outputs_without"])
+    assert r["step_seconds_with"] > 0 and r["step_seconds_without"] > 0 and r["speedup"] > 0
+    by_id = {e["candidate_id"]: e for e in r["entries"]}
+    for e in packed["entries"]:
+        got = by_id[e["candidate_id"]]
+        assert got["dispatched"] == e["dispatched"]
+        if got["dispatched"]:
+            assert got["hits"] > 0 and got["fallbacks"] == 0, got
+    assert by_id[candidates[2]]["dispatched"], by_id[candidates[2]]["skip_reason"]
+    assert by_id[candidates[2]]["hits"] == 6  # the fused block, once per step
+    assert sum(by_id[c]["hits"] for c in candidates[:2]) > 0
+    print(f"\ntinyformer step time with the pack / without: {r['step_seconds_with'] * 1e3:.2f} ms / "
+          f"{r['step_seconds_without'] * 1e3:.2f} ms ({r['speedup']:.3f}x)", file=sys.stderr)
+
+
+def test_check_pack_replays_the_capture(tiny_pack, cli):
+    repo, path, _, candidates = tiny_pack
+    code, r, res = cli("check-pack", path, "--min-run-time", "0.1", "--repo", repo, "--json")
+    assert code == 0, res.output
+    assert r["ok"] is True and len(r["checks"]) == 1
+    check = r["checks"][0]
+    assert check["matches_captured"] and check["matches_eager"], check["detail"]
+    assert check["hits"] > 0 and check["eager_median_s"] > 0 and check["pack_median_s"] > 0 and check["speedup"] > 0
+    hits = {e["candidate_id"]: e["hits"] for e in check["entries"]}
+    assert hits.get(candidates[2]) == 1  # the replayed block is the module entry's blocks.1
+
+
+def test_apply_pack_to_the_model_in_python(tiny_pack):
+    import modulelens
+
+    _, path, _, candidates = tiny_pack
+    sys.path.insert(0, str(EXAMPLES / "tinyformer"))
+    try:
+        from model import TinyConfig, TinyFormer
+    finally:
+        sys.path.remove(str(EXAMPLES / "tinyformer"))
+    torch.manual_seed(0)
+    model = TinyFormer(TinyConfig()).train()  # training: attention takes the math path (softmax card)
+    idx = torch.randint(0, 256, (8, 32))
+    torch.manual_seed(1)
+    want = model(idx)
+    applied = modulelens.apply_pack(model, path)
+    try:
+        torch.manual_seed(1)  # the same dropout masks
+        out = model(idx)
+        out.sum().backward()
+        with torch.no_grad():
+            model(idx)  # grad off: no entry matches
+    finally:
+        applied.remove()
+    assert torch.allclose(out, want, atol=1e-5)
+    by_id = {e.candidate_id: e for e in applied.report().entries}
+    assert by_id[candidates[0]].hits == 3  # softmax in blocks 0, 2, 3; the fused block 1 has its own
+    assert by_id[candidates[0]].fallbacks == 4 and "grad mode off" in next(iter(by_id[candidates[0]].fallback_reasons))
+    module = by_id[candidates[2]]
+    assert module.hits == 1 and module.fallbacks == 1 and "grad mode off" in next(iter(module.fallback_reasons))

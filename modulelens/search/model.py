@@ -34,7 +34,7 @@ class SearchSettings(BaseModel):
     max_evals: int = Field(24, ge=1, description="Evaluations in the whole search (all targets).")
     time_budget_s: float | None = Field(None, gt=0, description="Wall seconds for this run.")
     max_cost_usd: float | None = Field(None, ge=0, description="Provider spend for the whole search (USD).")
-    roofline_target: float = Field(0.8, gt=0, description="A target is done when its best reaches this fraction of its roofline bound.")
+    roofline_target: float = Field(1.0, gt=0, description="A target is done when its best reaches this fraction of its roofline bound (and beats eager).")
     exploration: float = Field(0.5, ge=0, description="UCT exploration constant (costs are latency / eager).")
     widening: float = Field(1.0, gt=0, description="Progressive widening: a node may have ceil(widening * visits ** widening_power) children.")
     widening_power: float = Field(0.5, gt=0, le=1)

@@ -25,7 +25,7 @@ class OptimizeRequest(BaseModel):
     address: str | None = Field(None, description="With --executor ray: the cluster to join (default: a local Ray).")
     workers: int = Field(1, ge=1, description="Evaluations at once (local sandbox workers, or Ray CPUs for a local Ray).")
     top: int = Field(3, ge=1, description="Cards taken from a capture target.")
-    roofline_target: float = Field(0.8, gt=0, description="Stop a card when its best reaches this fraction of the roofline bound.")
+    roofline_target: float = Field(1.0, gt=0, description="Stop a card when its best reaches this fraction of the roofline bound (bytes / DRAM copy bandwidth; cache-resident data can pass it).")
     patience: int = Field(2, ge=1, description="Prune a branch after this many results without improvement.")
     compile_baseline: bool = Field(False, description="Also time torch.compile when re-measuring the winners.")
     search_id: str | None = Field(None, description="Resume (or name) this search; default: the latest search of the same targets, provider and backend.")

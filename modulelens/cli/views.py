@@ -26,7 +26,10 @@ from modulelens.kernels.sandboxed import CandidateValidation
 from modulelens.ops.replay import CardReplay
 from modulelens.ops.summary import CardDetail, OpSetSummary
 from modulelens.profiling.targets import ProfileResult
+from modulelens.search.model import SearchResult
+from modulelens.search.summary import NodeLine, SearchSummary
 from modulelens.stats.runs import StatsFinding, StatsRunView, TensorStatsRow
+from modulelens.tools.add_search_child import AddSearchChildResult
 from modulelens.tools.capture_module import CaptureModuleResult
 from modulelens.tools.check_pack import CheckPackResult
 from modulelens.tools.export_repro import ExportReproResult
@@ -388,6 +391,71 @@ def trust_view(r: TrustResult, wide: bool) -> RenderableType:
 
 
 # --------------------------------------------------------------------------------------------
+# Searches
+# --------------------------------------------------------------------------------------------
+
+
+def optimize_view(r: SearchResult, wide: bool) -> RenderableType:
+    table = FittedTable([
+        Column("card", "key", style="cyan"),
+        Column("op", "key"),
+        Column("best candidate", "key"),
+        Column("vs eager", "value", justify="right"),
+        Column("vs compile", "value", justify="right", drop=1),
+        Column("roofline", "value", justify="right", drop=2),
+        Column("evals", "value", justify="right", drop=3),
+        Column("stopped", "value", drop=0),
+    ], title=f"search {r.search_id}" + (" (resumed)" if r.resumed else ""), wide=wide)
+    for t in r.targets:
+        table.add_row(t.target, t.op, t.best_candidate or "-", _speedup(t.speedup_vs_eager),
+                      _speedup(t.speedup_vs_compile), percent(t.roofline_fraction), str(t.evaluations),
+                      t.stopped_because or "-")
+    caption = Text(f"{r.evaluations} evaluations ({r.evaluations_this_run} in this run), {r.tree_size} nodes, "
+                   f"${r.cost_usd:.4f}, {r.executor} executor, {r.seconds:.0f} s; stopped: {r.stopped_because}; "
+                   "speedups re-measured against eager on one worker", style="dim")
+    return Group(table, caption)
+
+
+def _node_row(n: NodeLine) -> tuple[str | Cell, ...]:
+    status = n.verdict or n.status
+    what = f"v{n.variant}" if n.variant is not None else (n.provider or "")
+    return (("  " * n.depth) + str(n.node) + (" *" if n.best else ""), Cell((status,), style=_VERDICT.get(status, "")),
+            _speedup(n.speedup_vs_eager), seconds(n.latency_s) if n.latency_s else "-", n.candidate_id or "-", what,
+            f"${n.cost_usd:.4f}" if n.cost_usd else "-", n.reason if n.verdict == "rejected" or n.status == "failed" else "")
+
+
+def show_search_view(r: SearchSummary, wide: bool) -> RenderableType:
+    parts: list[RenderableType] = [Text.assemble(("search ", "bold"), (r.search_id, "bold cyan"),
+                                                 f": {r.settings.provider} provider, {r.settings.backend} backend, "
+                                                 f"{r.executor} executor, {r.runs} run(s); stopped: {r.stopped_because or '-'}")]
+    for t in r.targets:
+        table = FittedTable([
+            Column("node", "key"),
+            Column("verdict", "value"),
+            Column("vs eager", "value", justify="right"),
+            Column("latency", "value", justify="right", drop=2),
+            Column("candidate", "key"),
+            Column("from", "value", drop=1),
+            Column("cost", "value", justify="right", drop=0),
+            Column("why", "text"),
+        ], title=f"{t.target} {t.op}: best path {' > '.join(map(str, t.best_path))}", wide=wide)
+        for n in t.nodes[1:]:
+            table.add_row(*_node_row(n))
+        parts.append(table)
+    return Group(*parts)
+
+
+def add_search_child_view(r: AddSearchChildResult, wide: bool) -> RenderableType:
+    verdict = r.verdict or r.status
+    head = Text.assemble((verdict, f"bold {_VERDICT.get(verdict, '')}".strip()),
+                         f" node {r.node} of {r.search_id} ({r.target}), child of {r.parent}")
+    rows: list[tuple[str, str | Cell]] = [("candidate", r.candidate_id or "-"), ("reason", r.reason or "-"),
+                                          ("vs eager", _speedup(r.speedup_vs_eager)), ("report", r.report or "-")]
+    rows += [("error", Cell((e,), style=_BAD)) for e in r.errors[:3]]
+    return Group(head, kv_table(rows))
+
+
+# --------------------------------------------------------------------------------------------
 # Packs
 # --------------------------------------------------------------------------------------------
 
@@ -583,6 +651,9 @@ _VIEWS: dict[type[BaseModel], View] = {
     ProfileResult: profile_view,
     GenerateKernelResult: generate_kernel_view,
     CandidateValidation: validate_kernel_view,
+    SearchResult: optimize_view,
+    SearchSummary: show_search_view,
+    AddSearchChildResult: add_search_child_view,
     GatherStatsResult: gather_stats_view,
     InstallSkillsResult: install_skills_view,
     ValidateModuleResult: validate_module_view,

@@ -27,7 +27,7 @@ from modulelens.sandbox.messages import (
     ValidateCardTask,
     ValidatedResult,
 )
-from modulelens.sandbox.pool import DEFAULT_MEMORY_LIMIT_MB, pool
+from modulelens.sandbox.pool import DEFAULT_MEMORY_LIMIT_MB, SandboxPool, pool
 
 VALIDATION_STAGES = ("compile", "check", "time", "recheck", "done")
 CHECKER_SLACK_S = 120.0  # seconds the checker may take beyond the candidate's own time limit
@@ -48,10 +48,11 @@ def _no_progress(done: float, total: float | None = None, message: str | None = 
 
 def validate_candidate(repo: Repository, candidate: Artifact, src: KernelSource, settings: ValidationSettings, *,
                        timeout: float, memory_limit_mb: int = DEFAULT_MEMORY_LIMIT_MB,
-                       progress: ProgressFn = _no_progress) -> CandidateValidation:
+                       progress: ProgressFn = _no_progress, sandbox: SandboxPool | None = None) -> CandidateValidation:
     """Validate the stored ``candidate`` (source ``src``) against ``settings.card_id`` in a sandbox
     worker, store the report as a new version of the candidate's report, and return it. A worker
-    that crashes or outlives ``timeout`` seconds makes a ``rejected`` report."""
+    that crashes or outlives ``timeout`` seconds makes a ``rejected`` report. ``sandbox`` picks the
+    worker pool (default: the process's shared one); a search gives each of its workers its own."""
     card_artifact, _ = open_card(repo, settings.card_id)  # a clear error if the card is gone
     require_trusted(card_artifact, "validate against its cards")  # decoding samples resolves class paths
     task = ValidateCardTask(repo=str(repo.root), candidate=src, build_dir=str(default_build_dir()),
@@ -64,7 +65,7 @@ def validate_candidate(repo: Repository, candidate: Artifact, src: KernelSource,
         progress(done, len(VALIDATION_STAGES), stage)
 
     # the candidate process has ``timeout`` per request; the checker a little more for its own work
-    result = pool().run(task, timeout + CHECKER_SLACK_S, on_stage=on_stage)
+    result = (sandbox or pool()).run(task, timeout + CHECKER_SLACK_S, on_stage=on_stage)
     report = validation_report(result, src.backend)
     stored = save_report(repo, candidate, report, settings)
     progress(len(VALIDATION_STAGES), len(VALIDATION_STAGES), report.verdict)

@@ -43,7 +43,7 @@ SUPPORTED_DTYPES = {
     "cuda": ("float32", "float16", "bfloat16"),
 }
 
-__all__ = ["TemplateMatch", "families", "match", "why_not", "render", "variants", "synthetic_card", "SUPPORTED_DTYPES"]
+__all__ = ["TemplateMatch", "families", "match", "why_not", "render", "variants", "variant_params", "synthetic_card", "SUPPORTED_DTYPES"]
 
 
 @dataclass(frozen=True)
@@ -115,6 +115,16 @@ def variants(card: CardLike, backend: str) -> int:
         return 0
     module, _, params = _resolve(card)
     return len(module.variants(backend, params))
+
+
+def variant_params(card: CardLike, backend: str) -> list[dict[str, Any]]:
+    """The parameters of each variant ``render(card, backend, i)`` has (empty when no template
+    fits): the search space a tree search walks, one parameter change at a time."""
+    card = as_card(card)
+    if why_not(card, backend) is not None:
+        return []
+    module, _, params = _resolve(card)
+    return [dict(v) for v in module.variants(backend, params)]
 
 
 def render(card: CardLike, backend: str, variant: int = 0) -> KernelSource:

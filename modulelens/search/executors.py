@@ -1,0 +1,219 @@
+"""Where candidates are evaluated: an :class:`Executor` takes an :class:`EvalTask` and returns a
+future of its :class:`EvalResult`.
+
+Every evaluation is one call of :func:`modulelens.kernels.sandboxed.validate_candidate`: the
+candidate runs in a sandbox worker that times eager and the candidate interleaved, so each
+result's speedup is against a baseline measured by the same worker, and results from different
+workers (or machines) are compared only through those ratios.
+
+* :class:`LocalExecutor`: N threads, each with its own sandbox pool (its own worker process);
+  reports are stored by the validation itself.
+* :class:`RayExecutor`: each evaluation is a Ray task (one CPU, or one GPU for CUDA cards) that
+  receives the card's opset files and the candidate source, rebuilds them in a scratch repository
+  on its node, runs the same validation there and sends the report back; the caller stores it
+  (:func:`store_result`). ``address`` joins a cluster (``ray://...`` or ``host:port``); without one a
+  local Ray instance is started.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import socket
+import threading
+from pathlib import Path
+from typing import Protocol
+
+from pydantic import BaseModel, Field
+
+from modulelens.errors import ModuleLensError
+from modulelens.kernels.candidates import load_candidate, save_report
+from modulelens.kernels.report import ValidationReport, ValidationSettings
+from modulelens.kernels.sandboxed import validate_candidate
+from modulelens.kernels.source import KernelSource
+from modulelens.repo import Repository
+from modulelens.sandbox.pool import SandboxPool
+
+
+class EvalTask(BaseModel):
+    repo: str = Field(description="Root of the repository holding the candidate and its card.")
+    candidate_id: str
+    source: KernelSource
+    settings: ValidationSettings
+    timeout_s: float = 900.0
+    device: str = "cpu"
+
+
+class EvalResult(BaseModel):
+    report: ValidationReport
+    report_ref: str | None = Field(None, description="The stored report; None until the caller stores it (Ray).")
+    worker: str
+    seconds: float = 0.0
+
+
+class Executor(Protocol):
+    name: str
+    workers: int
+
+    def submit(self, task: EvalTask) -> concurrent.futures.Future[EvalResult]: ...
+
+    def close(self) -> None: ...
+
+
+def evaluate_in_repo(task: EvalTask, sandbox: SandboxPool | None, worker: str) -> EvalResult:
+    """Validate the stored candidate of ``task`` in ``sandbox`` (the report is stored)."""
+    import time
+
+    repo = Repository(task.repo)
+    art, _ = load_candidate(repo, task.candidate_id)
+    start = time.monotonic()
+    v = validate_candidate(repo, art, task.source, task.settings, timeout=task.timeout_s, sandbox=sandbox)
+    report = ValidationReport.model_validate(v.model_dump(include=set(ValidationReport.model_fields)))
+    return EvalResult(report=report, report_ref=v.report, worker=worker, seconds=time.monotonic() - start)
+
+
+def store_result(repo: Repository, task: EvalTask, result: EvalResult) -> EvalResult:
+    """Store the report of a result that came back from elsewhere (a Ray node) in ``repo``."""
+    if result.report_ref is not None:
+        return result
+    art, _ = load_candidate(repo, task.candidate_id)
+    stored = save_report(repo, art, result.report, task.settings)
+    return result.model_copy(update={"report_ref": stored.ref})
+
+
+class LocalExecutor:
+    """``workers`` sandbox workers on this machine, one thread each."""
+
+    name = "local"
+
+    def __init__(self, workers: int = 1):
+        self.workers = max(1, workers)
+        self._pool = concurrent.futures.ThreadPoolExecutor(self.workers, thread_name_prefix="ml-search")
+        self._local = threading.local()
+        self._sandboxes: list[SandboxPool] = []
+        self._lock = threading.Lock()
+
+    def _sandbox(self) -> tuple[SandboxPool, str]:
+        if not hasattr(self._local, "sandbox"):
+            with self._lock:
+                self._local.sandbox = SandboxPool()
+                self._local.name = f"local-{len(self._sandboxes)}"
+                self._sandboxes.append(self._local.sandbox)
+        return self._local.sandbox, self._local.name
+
+    def _run(self, task: EvalTask) -> EvalResult:
+        sandbox, name = self._sandbox()
+        return evaluate_in_repo(task, sandbox, name)
+
+    def submit(self, task: EvalTask) -> concurrent.futures.Future[EvalResult]:
+        return self._pool.submit(self._run, task)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        for sandbox in self._sandboxes:
+            sandbox.close()
+
+
+# -- Ray -------------------------------------------------------------------------------------
+
+
+def opset_files(repo: Repository, card_id: str) -> tuple[str, dict[str, bytes]]:
+    """The relative folder of the opset holding ``card_id`` and its files (manifest included)."""
+    from modulelens.ops.cards import open_card
+
+    art, _ = open_card(repo, card_id)
+    folder = art.path
+    files = {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+    return folder.relative_to(repo.root).as_posix(), files
+
+
+def evaluate_shipped(task_json: str, opset_dir: str, files: dict[str, bytes]) -> str:
+    """What a Ray task runs: rebuild the card's opset and the candidate in a scratch repository on
+    this node, validate there (a sandbox worker of this node), and return the result as JSON."""
+    import shutil
+    import tempfile
+
+    from modulelens.kernels.candidates import save_candidate
+    from modulelens.ops.cards import open_card
+
+    task = EvalTask.model_validate_json(task_json)
+    scratch = Path(tempfile.mkdtemp(prefix="modulelens-ray-"))
+    try:
+        target = scratch / opset_dir
+        for rel, data in files.items():
+            (target / rel).parent.mkdir(parents=True, exist_ok=True)
+            (target / rel).write_bytes(data)
+        repo = Repository(scratch)
+        _, card = open_card(repo, task.settings.card_id)
+        art = save_candidate(repo, card, task.source)
+        local = task.model_copy(update={"repo": str(scratch), "candidate_id": art.ref})
+        sandbox = SandboxPool()
+        try:
+            result = evaluate_in_repo(local, sandbox, f"ray:{socket.gethostname()}:{os.getpid()}")
+        finally:
+            sandbox.close()
+        return result.model_copy(update={"report_ref": None}).model_dump_json()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+class RayExecutor:
+    """Evaluations as Ray tasks on a cluster (or a local Ray instance)."""
+
+    name = "ray"
+
+    def __init__(self, address: str | None = None, workers: int | None = None, num_cpus: int | None = None):
+        try:
+            import ray
+        except ImportError:
+            raise ModuleLensError("the ray executor needs Ray, which is not installed",
+                                  'pip install "modulelens[ray]" (or pip install ray), or use --executor local')
+        self._ray = ray
+        self._started = not ray.is_initialized()
+        if self._started:
+            kwargs: dict = {"include_dashboard": False, "ignore_reinit_error": True, "log_to_driver": False}
+            if address:
+                kwargs["address"] = address
+            elif num_cpus:
+                kwargs["num_cpus"] = num_cpus
+            try:
+                ray.init(**kwargs)
+            except ConnectionError as e:
+                raise ModuleLensError(f"could not join the Ray cluster at {address}: {e}",
+                                      "check --address (ray status on the head node prints it)")
+        self.workers = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
+        self._remote = ray.remote(evaluate_shipped)
+        self._files: dict[str, tuple[str, object]] = {}
+
+    def submit(self, task: EvalTask) -> concurrent.futures.Future[EvalResult]:
+        key = f"{task.repo}|{task.settings.card_id}"
+        if key not in self._files:  # ship each opset once: Ray keeps it in its object store
+            folder, files = opset_files(Repository(task.repo), task.settings.card_id)
+            self._files[key] = (folder, self._ray.put(files))
+        folder, files_ref = self._files[key]
+        gpu = task.device.startswith("cuda")
+        ref = self._remote.options(num_cpus=0 if gpu else 1, num_gpus=1 if gpu else 0).remote(
+            task.model_dump_json(), folder, files_ref)
+        out: concurrent.futures.Future[EvalResult] = concurrent.futures.Future()
+
+        def done(fut: concurrent.futures.Future) -> None:
+            try:
+                out.set_result(EvalResult.model_validate_json(fut.result()))
+            except BaseException as e:  # noqa: BLE001 - handed to the waiting search
+                out.set_exception(e)
+
+        ref.future().add_done_callback(done)
+        return out
+
+    def close(self) -> None:
+        if self._started:
+            self._ray.shutdown()
+
+
+def make_executor(name: str, workers: int, address: str | None) -> Executor:
+    if name == "local":
+        return LocalExecutor(workers)
+    if name == "ray":
+        return RayExecutor(address, workers=None if workers <= 1 and address else workers,
+                           num_cpus=None if address else max(workers, 1))
+    raise ModuleLensError(f"unknown executor {name!r}", "use local or ray")

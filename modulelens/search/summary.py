@@ -1,0 +1,78 @@
+"""A search shown compactly: per target, the best path and every node's verdict and latency."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from modulelens.repo import Repository
+from modulelens.search.model import NodeRecord, SearchSettings, TargetOutcome
+from modulelens.search.store import load_tree, open_search
+from modulelens.search.tree import ROOT
+
+
+class NodeLine(BaseModel):
+    node: int
+    parent: int | None
+    depth: int
+    status: str
+    verdict: str | None = None
+    speedup_vs_eager: float | None = None
+    latency_s: float | None = None
+    candidate_id: str | None = None
+    provider: str | None = None
+    variant: int | None = None
+    cost_usd: float = 0.0
+    worker: str | None = None
+    report: str | None = None
+    reason: str = ""
+    best: bool = Field(False, description="On the path from the root to the best node.")
+
+
+class TargetTree(BaseModel):
+    target: str
+    op: str
+    nodes: list[NodeLine]
+    best_path: list[int]
+    outcome: TargetOutcome | None = None
+
+
+class SearchSummary(BaseModel):
+    search_id: str
+    settings: SearchSettings
+    executor: str
+    runs: int
+    stopped_because: str | None = None
+    targets: list[TargetTree]
+
+
+def _line(n: NodeRecord, on_path: set[int]) -> NodeLine:
+    return NodeLine(node=n.node, parent=n.parent, depth=len(n.lineage), status=n.status, verdict=n.verdict,
+                    speedup_vs_eager=n.speedup_vs_eager, latency_s=n.latency_s, candidate_id=n.candidate_id,
+                    provider=n.provider, variant=n.variant, cost_usd=n.cost_usd, worker=n.worker, report=n.report,
+                    reason=n.reason, best=n.node in on_path)
+
+
+def search_summary(repo: Repository, search_id: str) -> SearchSummary:
+    """The stored state of the search ``search_id`` (a clear error when there is none)."""
+    search = open_search(repo, search_id)
+    outcomes = {o.target: o for o in search.outcome}
+    targets = []
+    for spec in search.targets:
+        tree = load_tree(repo, search_id, spec.index)
+        path = [n.node for n in tree.best_path()] if tree.nodes else []
+        lines = [_line(n, set(path)) for n in _depth_first(tree)]
+        targets.append(TargetTree(target=spec.card_id, op=spec.op, nodes=lines, best_path=path,
+                                  outcome=outcomes.get(spec.card_id)))
+    return SearchSummary(search_id=search.search_id, settings=search.settings, executor=search.executor,
+                         runs=search.runs, stopped_because=search.stopped_because, targets=targets)
+
+
+def _depth_first(tree) -> list[NodeRecord]:
+    if ROOT not in tree.nodes:
+        return []
+    out, stack = [], [ROOT]
+    while stack:
+        node = stack.pop()
+        out.append(tree.nodes[node])
+        stack.extend(reversed([c.node for c in tree.children(node)]))
+    return out

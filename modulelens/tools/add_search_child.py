@@ -1,0 +1,57 @@
+"""add_search_child: the agent's own kernel as a child of a node of a search tree, evaluated now."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from modulelens.errors import ModuleLensError
+from modulelens.kernels.source import KernelSource
+from modulelens.registry import Tool, ToolContext, register
+from modulelens.repo import Repository
+from modulelens.search.loop import add_child
+from modulelens.search.model import NodeRecord
+from modulelens.search.store import open_search
+
+
+class AddSearchChildRequest(BaseModel):
+    search_id: str = Field(description="The search id.", json_schema_extra={"cli": "argument"})
+    parent: int = Field(0, ge=0, description="Node to add the child under (0: the root, eager).")
+    target: str = Field("0", description="The tree: a target's card id or index.")
+    source: str | None = Field(None, description="A file with the kernel source.")
+    source_text: str | None = Field(None, description="Instead of a file: the source itself (for agents).")
+
+
+class AddSearchChildResult(NodeRecord):
+    search_id: str
+    target: str
+
+
+def add_search_child(req: AddSearchChildRequest, ctx: ToolContext) -> AddSearchChildResult:
+    if bool(req.source) == bool(req.source_text):
+        raise ModuleLensError("give exactly one of --source FILE or --source-text",
+                              "e.g. add-search-child SEARCH --parent 2 --source my_kernel.cpp")
+    text = req.source_text or ""
+    if req.source:
+        path = Path(req.source).expanduser()
+        if not path.is_file():
+            raise ModuleLensError(f"source file {req.source!r} does not exist", "give the path of your kernel file")
+        text = path.read_text()
+    repo = Repository(ctx.repo_root)
+    search = open_search(repo, req.search_id)
+    card_id, node = add_child(repo, req.search_id, req.target, req.parent,
+                              KernelSource(backend=search.settings.backend, source=text, provider="agent"))
+    return AddSearchChildResult(**node.model_dump(), search_id=req.search_id, target=card_id)
+
+
+TOOL = register(
+    Tool(
+        name="add_search_child",
+        request=AddSearchChildRequest,
+        result=AddSearchChildResult,
+        fn=add_search_child,
+        summary="Add your own kernel source as a child of a node in an optimize search tree; it is validated in a "
+        "sandbox like any candidate and becomes part of the tree (a later optimize run can build on it).",
+    )
+)

@@ -1,0 +1,29 @@
+"""show_search: a search tree, compactly: best path, each node's verdict and latency."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from modulelens.registry import Tool, ToolContext, register
+from modulelens.repo import Repository
+from modulelens.search.summary import SearchSummary, search_summary
+
+
+class ShowSearchRequest(BaseModel):
+    search_id: str = Field(description="The search id optimize returned.", json_schema_extra={"cli": "argument"})
+
+
+def show_search(req: ShowSearchRequest, ctx: ToolContext) -> SearchSummary:
+    return search_summary(Repository(ctx.repo_root), req.search_id)
+
+
+TOOL = register(
+    Tool(
+        name="show_search",
+        request=ShowSearchRequest,
+        result=SearchSummary,
+        fn=show_search,
+        summary="Show an optimize search: per card, the path from eager to the best candidate and every node with "
+        "its verdict, speedup, latency, provider and cost.",
+    )
+)

@@ -118,10 +118,13 @@ class LocalExecutor:
 
 
 def opset_files(repo: Repository, card_id: str) -> tuple[str, dict[str, bytes]]:
-    """The relative folder of the opset holding ``card_id`` and its files (manifest included)."""
+    """The relative folder of the opset holding ``card_id`` and its files (manifest included).
+    Only a trusted opset is shipped: the node trusts what it receives (see :func:`evaluate_shipped`)."""
     from modulelens.ops.cards import open_card
+    from modulelens.repo.trust import require_trusted
 
     art, _ = open_card(repo, card_id)
+    require_trusted(art, "send its cards to Ray workers")
     folder = art.path
     files = {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
     return folder.relative_to(repo.root).as_posix(), files
@@ -135,6 +138,7 @@ def evaluate_shipped(task_json: str, opset_dir: str, files: dict[str, bytes]) ->
 
     from modulelens.kernels.candidates import save_candidate
     from modulelens.ops.cards import open_card
+    from modulelens.repo.trust import sign_folder
 
     task = EvalTask.model_validate_json(task_json)
     scratch = Path(tempfile.mkdtemp(prefix="modulelens-ray-"))
@@ -143,6 +147,9 @@ def evaluate_shipped(task_json: str, opset_dir: str, files: dict[str, bytes]) ->
         for rel, data in files.items():
             (target / rel).parent.mkdir(parents=True, exist_ok=True)
             (target / rel).write_bytes(data)
+        # The submitting side only ships opsets it trusts (opset_files); another node's key differs,
+        # so the copy is signed with this node's key here, in a scratch repository nobody else reads.
+        sign_folder(target)
         repo = Repository(scratch)
         _, card = open_card(repo, task.settings.card_id)
         art = save_candidate(repo, card, task.source)

@@ -94,8 +94,8 @@ class _AtenCallCounter(TorchDispatchMode):
         self.calls: dict[str, int] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        for name in _computing_ops([func.name()]):
-            self.calls[name] = self.calls.get(name, 0) + 1
+        if _computing_ops([func.name()]):
+            self.calls[str(func)] = self.calls.get(str(func), 0) + 1  # aten.sum.default, as before
         return func(*args, **(kwargs or {}))
 
 

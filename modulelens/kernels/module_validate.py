@@ -19,28 +19,33 @@ training support is checked in eval mode only, and the verdict says so.
 Timing: the original module against the candidate in the mode the candidate is packed for
 (forward only: training with grad for a training candidate, else eval without grad), in
 back-to-back pairs of calls: the speedup is the median of the pairs' ratios.
+
+Containment: unlike card candidates (which run in their own contained candidate process, see
+:mod:`modulelens.sandbox.candidate_process`), a module candidate runs in the sandbox worker itself,
+beside the original module, the comparison, the clock and the verdict. In force: the worker's own
+limits (allow-listed environment, scratch folder, rlimits) and a fresh worker after every module
+candidate; not in force: process separation, namespaces, private /tmp, Landlock, seccomp. The
+report's ``isolation``, a flag and the verdict's reason say so; timers replaced by the candidate
+are checked (:func:`changed_timers`), since the candidate shares the clock's process.
 """
 
 from __future__ import annotations
 
+import resource
 import time
+import timeit
 from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from modulelens.kernels.report import ValidationReport
-from modulelens.kernels.validate import (
-    _CallCounter,
-    _overlaps,
-    _same_bits,
-    _tensors,
-    _Validator,
-    changed_timers,
-    compare_output,
-    fresh_inputs,
-)
+from modulelens.kernels.validate import _computing_ops, _overlaps, _same_bits, _tensors, compare_output, fresh_inputs
+from modulelens.kernels.verdict_keeping import ReportKeeper
+from modulelens.profiling import timing as timing_module
 from modulelens.profiling.paired import paired_timing  # imported before candidate code runs: its timer is the real one
+from modulelens.sandbox.containment import Isolation
 from modulelens.sandbox.messages import ValidatedResult, ValidateModuleTask
 
 EVAL_ONLY = "checked in eval mode only (dropout off, no gradients): not dispatched in training"
@@ -48,8 +53,80 @@ SAME_RNG = ("training mode checked with the same RNG state before the original a
             "(dropout masks agree when drawn like eager)")
 
 
-class _ModuleValidator(_Validator):
-    """The card validator's bookkeeping (report, checks, stages), with module checks."""
+UNCONTAINED = "ran uncontained in the sandbox worker (no candidate process)"
+NOT_CONTAINED = ("not contained like card candidates: the module candidate runs inside the sandbox worker, in the "
+                 "same process as the original module, the comparison, the clock and the verdict (no separate "
+                 "candidate process, no namespaces, no Landlock)")
+
+# What the timers are before any candidate code runs: the candidate shares this process, so one that
+# replaces a timer is rejected.
+_TIMERS: dict[str, Callable[[], Any]] = {
+    "time.perf_counter": lambda: time.perf_counter,
+    "time.perf_counter_ns": lambda: time.perf_counter_ns,
+    "time.monotonic": lambda: time.monotonic,
+    "time.time": lambda: time.time,
+    "timeit.default_timer": lambda: timeit.default_timer,
+    "torch.cuda.synchronize": lambda: torch.cuda.synchronize,
+    "torch.cuda.Event.elapsed_time": lambda: torch.cuda.Event.elapsed_time,
+    "modulelens.profiling.timing.time_callable": lambda: timing_module.time_callable,
+}
+_ORIGINAL_TIMERS = {name: get() for name, get in _TIMERS.items()}
+
+
+def changed_timers() -> list[str]:
+    """The timers (see ``_TIMERS``) that are no longer what they were when this module was imported."""
+    out = []
+    for name, get in _TIMERS.items():
+        try:
+            if get() is not _ORIGINAL_TIMERS[name]:
+                out.append(name)
+        except Exception:  # noqa: BLE001 - a timer that vanished counts as replaced
+            out.append(name)
+    return out
+
+
+class _AtenCallCounter(TorchDispatchMode):
+    """Counts the aten operators called under it that compute (allocation, copies, views and
+    metadata are not counted; see ``validate._computing_ops``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: dict[str, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if _computing_ops([func.name()]):
+            self.calls[str(func)] = self.calls.get(str(func), 0) + 1  # aten.sum.default, as before
+        return func(*args, **(kwargs or {}))
+
+
+def worker_isolation() -> Isolation:
+    """What is in force around a module candidate: the sandbox worker process only (read from this
+    process where it can be: the address-space limit)."""
+    iso = Isolation()
+    iso.add("process separation", False, "the candidate runs in the sandbox worker, beside the original module, "
+            "the comparison, the clock and the verdict")
+    iso.add("sandbox worker", True, "a separate worker process: environment reduced to an allow-list, scratch folder "
+            "as working directory, HOME and TMPDIR, output to files; replaced after every module candidate")
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    iso.add("rlimits", True, "core dumps off, " + (f"{limit >> 20} MiB address space" if limit != resource.RLIM_INFINITY
+                                                  else "no address-space cap (GPU run)"))
+    iso.add("namespaces", False, "not applied to module candidates: they see other processes and the network")
+    iso.add("private /tmp", False, "not applied to module candidates")
+    iso.add("landlock", False, "not applied to module candidates: they can read and write every file the user can")
+    iso.add("seccomp", False, "not applied")
+    return iso
+
+
+class _ModuleValidator(ReportKeeper):
+    """The report, checks and stages of one module candidate's validation, and the module checks."""
+
+    def __init__(self, task: ValidateModuleTask, stage: Callable[[str], None]):
+        self.task = task
+        self.stage_cb = stage
+        self.report = ValidationReport(verdict="rejected", correct=False, reason="", stage="compile", backend="module",
+                                       isolation=worker_isolation(), flags=[NOT_CONTAINED])
+        self.rtol, self.atol = task.rtol, task.atol
+        self.calls: dict[str, int] = {}
 
     # ------------------------------------------------------------------------------------------
     def run(self) -> ValidationReport:
@@ -106,7 +183,7 @@ class _ModuleValidator(_Validator):
                 problem = self.check_case(reference, new, a, k, f"eval, {label}", rng=None)
                 if problem:
                     return self.reject(problem)
-        notes = [EVAL_ONLY if not claims else SAME_RNG]
+        notes = [EVAL_ONLY if not claims else SAME_RNG, UNCONTAINED]
         if claims:
             problem = self.check_training(loaded, reference, new, cases, expected)
             if problem:
@@ -130,10 +207,10 @@ class _ModuleValidator(_Validator):
         if self.report.backend_calls:
             self.report.verdict = "wrapper"
             self.report.reason = ("correct, and computes through " + ", ".join(self.report.backend_calls[:5])
-                                  + (" ..." if len(self.report.backend_calls) > 5 else "") + "; " + notes[0])
+                                  + (" ..." if len(self.report.backend_calls) > 5 else "") + "; " + notes[0] + "; " + notes[1])
         else:
             self.report.verdict = "custom"
-            self.report.reason = "correct on the captured and fresh inputs; computes the result itself; " + notes[0]
+            self.report.reason = "correct on the captured and fresh inputs; computes the result itself; " + notes[0] + "; " + notes[1]
         self.report.timing_note = (self.report.timing_note + "; " if self.report.timing_note else "") + notes[0]
         return self.report
 
@@ -144,7 +221,7 @@ class _ModuleValidator(_Validator):
             set_rng_states(rng)
         if not count:
             return module(*a, **k)
-        counter = _CallCounter()
+        counter = _AtenCallCounter()
         with counter:
             out = module(*a, **k)
         for name, n in counter.calls.items():
@@ -285,14 +362,16 @@ def _index(key: str) -> int:
 
 def run_task(task: ValidateModuleTask, stage: Callable[[str], None]) -> ValidatedResult:
     """The sandbox worker's entry for ``validate_module`` tasks (``validate.run_task``'s counterpart):
-    the report of the module candidate (see the module docstring), and whether the worker is
-    still fit for reuse."""
+    the report of the module candidate (see the module docstring). The candidate's code ran in this
+    worker, which is also the checker of card candidates, so the worker always reports itself unfit
+    for reuse and the pool replaces it."""
     from modulelens.errors import ModuleLensError
 
     t0 = time.perf_counter()
     try:
         report = _ModuleValidator(task, stage).run()
     except ModuleLensError as e:
-        report = ValidationReport(verdict="rejected", correct=False, reason=str(e), stage="setup", backend="module")
+        report = ValidationReport(verdict="rejected", correct=False, reason=str(e), stage="setup", backend="module",
+                                  isolation=worker_isolation(), flags=[NOT_CONTAINED])
     report.seconds = time.perf_counter() - t0
-    return ValidatedResult(report=report, healthy=not changed_timers() and report.verdict != "rejected")
+    return ValidatedResult(report=report, healthy=False)

@@ -26,7 +26,8 @@ from modulelens.capture.values import flatten
 from modulelens.errors import ModuleLensError
 from modulelens.kernels import build_cache
 from modulelens.kernels.backends import get_backend
-from modulelens.kernels.report import Check, ValidationReport
+from modulelens.kernels.report import ValidationReport
+from modulelens.kernels.verdict_keeping import ReportKeeper
 from modulelens.numerics import tolerances
 from modulelens.ops.cards import open_card, sample_call
 from modulelens.ops.model import OpCard
@@ -203,7 +204,7 @@ class _CandidateFailed(Exception):
     """The candidate raised, ran out of memory, or died: ``reason`` is the rejection."""
 
 
-class _Validator:
+class _Validator(ReportKeeper):
     """The checker: holds the card, the reference outputs and the verdict; the candidate runs in a
     :class:`CandidateProcess` that sees only the inputs written into the shared arena."""
 
@@ -216,20 +217,6 @@ class _Validator:
         self.ops: set[str] = set()
         self.traced = True
         self.proc: CandidateProcess | None = None
-
-    def stage(self, name: str) -> None:
-        self.report.stage = name
-        self.stage_cb(name)
-
-    def check(self, name: str, passed: bool, detail: str = "") -> bool:
-        self.report.checks.append(Check(name=name, passed=passed, detail=detail))
-        return passed
-
-    def reject(self, reason: str) -> ValidationReport:
-        self.report.verdict = "rejected"
-        self.report.correct = False
-        self.report.reason = reason
-        return self.report
 
     def run(self) -> ValidationReport:
         shared = Path(self.task.build_dir)

@@ -27,9 +27,10 @@ def _contain(scratch: Path, memory_mb: int, read_only: list[str]) -> Any:
     described = os.environ.pop("MODULELENS_NAMESPACES", "")
     iso.add("namespaces", os.getpid() == 1 and bool(described),
             described if os.getpid() == 1 else "not started in new namespaces")
-    iso.layers.append(private_tmp())
+    readable = readable_roots([str(scratch), *read_only])
+    iso.layers.append(private_tmp(readable))
     iso.layers.append(apply_rlimits(memory_mb, limit_address_space=not torch.cuda.is_available()))
-    iso.layers.append(apply_landlock([str(scratch)], readable_roots([str(scratch), *read_only])))
+    iso.layers.append(apply_landlock([str(scratch)], readable))
     iso.add("seccomp", False, "no system-call filter is installed")
     return iso
 

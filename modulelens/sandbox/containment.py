@@ -99,10 +99,16 @@ _libc = ctypes.CDLL(None, use_errno=True) if platform.system() == "Linux" else N
 _MS_NOSUID, _MS_NODEV = 2, 4
 
 
-def private_tmp() -> Layer:
-    """Mount a fresh tmpfs on /tmp (only meaningful inside a mount namespace: PID 1 there)."""
+def private_tmp(needed: list[str]) -> Layer:
+    """Mount a fresh tmpfs on /tmp (only meaningful inside a mount namespace: PID 1 there). Not
+    done when a folder the candidate needs (``needed``: Python's installation, modulelens, its
+    scratch) lies under /tmp, which the tmpfs would hide: a checkout or virtualenv in /tmp."""
     if _libc is None or os.getpid() != 1:
         return Layer(name="private /tmp", in_force=False, detail="no mount namespace")
+    hidden = sorted(p for p in needed if Path(os.path.realpath(p)).is_relative_to("/tmp"))
+    if hidden:
+        return Layer(name="private /tmp", in_force=False,
+                     detail=f"{hidden[0]} is under /tmp and a private /tmp would hide it")
     if _libc.mount(b"tmpfs", b"/tmp", b"tmpfs", _MS_NOSUID | _MS_NODEV, b"size=1g,mode=1777") != 0:
         return Layer(name="private /tmp", in_force=False, detail=os.strerror(ctypes.get_errno()))
     return Layer(name="private /tmp", in_force=True)

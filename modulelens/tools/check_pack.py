@@ -32,19 +32,6 @@ def check_pack(req: CheckPackRequest, ctx: ToolContext) -> CheckPackResult:
     return CheckPackResult(ok=all(c.matches_captured for c in checks), checks=checks)
 
 
-def _render(r: CheckPackResult):
-    from rich.markup import escape
-
-    lines = []
-    for c in r.checks:
-        speed = f"{c.speedup:.2f}x ({c.eager_median_s * 1e3:.3f} ms eager, {c.pack_median_s * 1e3:.3f} ms with the pack)" \
-            if c.speedup else "not timed"
-        lines.append(escape(f"{c.capture}: {'matches' if c.matches_captured else 'DIFFERS from'} the captured outputs "
-                            f"(max abs error {c.max_abs_error:.3g}); {c.hits} hits, {c.fallbacks} fallbacks; {speed}"
-                            + (f"; {c.detail}" if c.detail else "")))
-    return "\n".join(lines) or "no captures to check"
-
-
 TOOL = register(
     Tool(
         name="check_pack",
@@ -53,6 +40,5 @@ TOOL = register(
         fn=check_pack,
         summary="Prove a pack on its captures: replay each captured module with the pack applied (same RNG state), "
         "compare with the captured outputs and an eager replay, and time the module with and without the pack.",
-        render=_render,
     )
 )

@@ -47,17 +47,6 @@ def pack(req: PackRequest, ctx: ToolContext) -> PackResult:
         for e in content.entries])
 
 
-def _render(r: PackResult):
-    from rich.markup import escape
-
-    lines = [f"wrote {escape(r.path)} (sha256 {r.sha256[:16]}...)"]
-    for e in r.entries:
-        speed = f"{e.speedup_vs_eager:.2f}x" if e.speedup_vs_eager is not None else "not timed"
-        lines.append(escape(f"  {e.candidate_id}: {e.target} ({e.backend}, {e.verdict}, {speed})"
-                            + ("" if e.dispatched else f" - not dispatched: {e.skip_reason}")))
-    return "\n".join(lines)
-
-
 TOOL = register(
     Tool(
         name="pack",
@@ -67,6 +56,5 @@ TOOL = register(
         summary="Gather validated candidates (operator-card kernels and module-level ModelNew candidates) into one "
         "checksummed pack file: each entry keeps the exact call pattern it was validated for, its source and build "
         "recipe, its validation report and speedup, and the pack records torch version, device and compiler.",
-        render=_render,
     )
 )

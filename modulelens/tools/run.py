@@ -82,24 +82,6 @@ def run(req: RunRequest, ctx: ToolContext) -> RunResult:
     return result
 
 
-def _render(r: RunResult):
-    from rich.markup import escape
-
-    lines = [f"exit code {r.exit_code}; {r.hits} pack kernel calls, {r.fallbacks} fallbacks ({r.mechanism})"]
-    for e in r.entries:
-        why = "; ".join(f"{n}x {k}" for k, n in list(e.fallback_reasons.items())[:3])
-        lines.append(escape(f"  {e.candidate_id} ({e.target}): {e.hits} hits, {e.fallbacks} fallbacks"
-                            + (f" [{why}]" if why else "") + ("" if e.dispatched else f" - not dispatched: {e.skip_reason}")))
-    if r.step_seconds_with is not None:
-        lines.append(f"{r.step_kind}: median {r.step_seconds_with * 1e3:.2f} ms with the pack"
-                     + (f", {r.step_seconds_without * 1e3:.2f} ms without ({r.speedup:.3f}x)"
-                        if r.step_seconds_without and r.speedup else ""))
-    if r.outputs_match is not None:
-        lines.append(f"outputs ({r.output_kind}) {'agree' if r.outputs_match else 'DIFFER'}; largest difference "
-                     f"{r.max_output_difference}")
-    return "\n".join(lines)
-
-
 TOOL = register(
     Tool(
         name="run",
@@ -109,6 +91,5 @@ TOOL = register(
         summary="Run an unmodified script with a kernel pack applied (calls go to a pack kernel only when they match "
         "a validated pattern exactly): hits and fallbacks per entry with reasons, per-step times, and with --compare "
         "a run without the pack, whether the losses agree, and the step-time ratio.",
-        render=_render,
     )
 )

@@ -90,18 +90,6 @@ def validate_module(req: ValidateModuleRequest, ctx: ToolContext) -> ValidateMod
     return ValidateModuleResult(**report.model_dump(), candidate_id=art.ref, target=target.capture, report=rep.ref)
 
 
-def _render(r: ValidateModuleResult):
-    from rich.markup import escape
-
-    color = {"custom": "green", "wrapper": "yellow", "rejected": "red"}[r.verdict]
-    lines = [f"[bold {color}]{r.verdict}[/] {escape(r.candidate_id)} for {escape(r.target)}: {escape(r.reason)}"]
-    if r.speedup_vs_eager is not None:
-        lines.append(f"speedup vs the original module {r.speedup_vs_eager:.2f}x")
-    lines.append(f"checks: {sum(c.passed for c in r.checks)}/{len(r.checks)} passed; stage reached: {r.stage}")
-    lines += [escape(f"error: {e}") for e in r.errors[:3]]
-    return "\n".join(lines)
-
-
 TOOL = register(
     Tool(
         name="validate_module",
@@ -112,6 +100,5 @@ TOOL = register(
         "weights, same forward) in a sandbox against its capture: captured and fresh inputs, inputs unchanged, no "
         "aliasing; in training mode with the same RNG state and against captured gradients when it claims training "
         "support; timed against the original module. The stored candidate can then be packed.",
-        render=_render,
     )
 )

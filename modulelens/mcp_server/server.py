@@ -22,25 +22,17 @@ from __future__ import annotations
 import inspect
 import logging
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-import anyio
-import anyio.from_thread
-import anyio.lowlevel
-import anyio.to_thread
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.mcpserver.exceptions import (
-    ResourceError,
-    ResourceNotFoundError,
-    ToolError,
-)
-from mcp.server.mcpserver.resources.templates import ResourceSecurity
-from pydantic import BaseModel, Field, ValidationError
-from pydantic.fields import FieldInfo
+from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import BaseModel, ValidationError
 
-from modulelens.errors import ModuleLensError, ReferenceNotFound
-from modulelens.registry import Tool, ToolContext
-from modulelens.repo import default_repo_root
+from modulelens.errors import ModuleLensError
+from modulelens.mcp_server.calls import call_tool, error_text, validation_text
+from modulelens.mcp_server.resources import add_listing_resources
+from modulelens.mcp_server.schema import context_name, describe, parameter
+from modulelens.registry import Tool
 from modulelens.tools import all_tools
 from modulelens.version import package_version
 
@@ -60,120 +52,21 @@ INSTRUCTIONS = (
 )
 
 
-def _error_text(exc: ModuleLensError) -> str:
-    text = f"{type(exc).__name__}: {exc.message}"
-    return f"{text}\nhint: {exc.hint}" if exc.hint else text
-
-
-def _validation_text(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err.get("loc") or ())
-        parts.append(f"{loc}: {err['msg']}" if loc else str(err["msg"]))
-    return "invalid arguments: " + "; ".join(parts)
-
-
-def _describe(tool: Tool) -> str:
-    """The tool description: its summary, then one line per argument."""
-    lines = [tool.summary.strip()]
-    fields = tool.request.model_fields
-    if fields:
-        lines += ["", "Arguments:"]
-        for name, field in fields.items():
-            doc = f" {field.description}" if field.description else ""
-            required = " (required)" if field.is_required() else ""
-            lines.append(f"- {name}{required}:{doc}")
-    return "\n".join(lines)
-
-
-def _schema_extra(field: FieldInfo) -> dict[str, Any] | None:
-    extra = field.json_schema_extra
-    if not isinstance(extra, dict):
-        return None
-    extra = {
-        k: v for k, v in extra.items() if k != "cli"
-    }  # the CLI marker means nothing here
-    return extra or None
-
-
-def _parameter(name: str, field: FieldInfo) -> inspect.Parameter:
-    """A keyword-only parameter ``name: Annotated[type, *constraints, Field(...)] = default``."""
-    field_kwargs: dict[str, Any] = {"description": field.description}
-    if field.title is not None:
-        field_kwargs["title"] = field.title
-    if field.examples is not None:
-        field_kwargs["examples"] = field.examples
-    if (extra := _schema_extra(field)) is not None:
-        field_kwargs["json_schema_extra"] = extra
-    default: Any = inspect.Parameter.empty
-    if field.default_factory is not None:
-        field_kwargs["default_factory"] = field.default_factory
-    elif not field.is_required():
-        default = field.default
-    annotation = Annotated[(field.annotation, *field.metadata, Field(**field_kwargs))]  # type: ignore[misc]
-    return inspect.Parameter(
-        name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation
-    )
-
-
-def _context_name(fields: dict[str, FieldInfo]) -> str:
-    name = "ctx"
-    while name in fields:
-        name = "mcp_" + name
-    return name
-
-
-async def _call(
-    tool: Tool, request: BaseModel, repo_root: Path | None, ctx: Context | None
-) -> BaseModel:
-    """Run ``tool.fn`` in a worker thread, forwarding its progress to ``ctx``."""
-    token = anyio.lowlevel.current_token()
-
-    def progress(
-        done: float, total: float | None = None, message: str | None = None
-    ) -> None:
-        if ctx is None:
-            return
-        try:
-            anyio.from_thread.run(
-                ctx.report_progress,
-                float(done),
-                None if total is None else float(total),
-                message,
-                token=token,
-            )
-        except Exception:  # progress must never break a tool
-            logger.debug("could not report progress for %s", tool.name, exc_info=True)
-
-    def sample(system: str, user: str, max_tokens: int) -> tuple[str, str]:
-        from modulelens.providers.sampling import sample_via_mcp
-
-        return anyio.from_thread.run(sample_via_mcp, ctx, system, user, max_tokens, token=token)
-
-    tool_ctx = ToolContext(
-        repo_root=repo_root if repo_root is not None else default_repo_root(),
-        progress=progress,
-        stdout_is_protocol=True,
-        sample=sample if ctx is not None else None,
-    )
-    return await anyio.to_thread.run_sync(tool.fn, request, tool_ctx)
-
-
 def _make_handler(tool: Tool, repo_root: Path | None) -> Any:
     fields = dict(tool.request.model_fields)
-    ctx_name = _context_name(fields)
-    params = [_parameter(name, field) for name, field in fields.items()]
+    ctx_name = context_name(fields)
+    params = [parameter(name, field) for name, field in fields.items()]
 
     async def handler(**kwargs: Any) -> BaseModel:
         ctx = kwargs.pop(ctx_name, None)
         try:
             request = tool.request.model_validate(kwargs)
         except ValidationError as exc:
-            raise ToolError(_validation_text(exc)) from exc
+            raise ToolError(validation_text(exc)) from exc
         try:
-            return await _call(tool, request, repo_root, ctx)
+            return await call_tool(tool, request, repo_root, ctx)
         except ModuleLensError as exc:
-            raise ToolError(_error_text(exc)) from exc
+            raise ToolError(error_text(exc)) from exc
 
     ctx_param = inspect.Parameter(
         ctx_name, inspect.Parameter.KEYWORD_ONLY, annotation=Context
@@ -192,48 +85,6 @@ def _make_handler(tool: Tool, repo_root: Path | None) -> Any:
     return handler
 
 
-def _add_listing_resources(
-    server: MCPServer, list_tool: Tool, show_tool: Tool, repo_root: Path | None, *,
-    uri: str, template: str, name: str, item: str, ref_field: str,
-) -> None:
-    """Two resources over a list tool (``uri``, called with its defaults) and a show tool
-    (``template``, its ``ref_field`` set to the template's ``ref``), as JSON."""
-
-    async def read(tool: Tool, request_data: dict[str, Any]) -> str:
-        try:
-            request = tool.request.model_validate(request_data)
-            result = await _call(tool, request, repo_root, None)
-        except ReferenceNotFound as exc:
-            raise ResourceNotFoundError(_error_text(exc)) from exc
-        except ModuleLensError as exc:
-            raise ResourceError(_error_text(exc)) from exc
-        except ValidationError as exc:
-            raise ResourceError(_validation_text(exc)) from exc
-        return result.model_dump_json(indent=2)
-
-    @server.resource(
-        uri,
-        name=name,
-        description=f"Every {item} in the repository ({list_tool.name} with its defaults), as JSON.",
-        mime_type="application/json",
-    )
-    async def listing() -> str:
-        return await read(list_tool, {})
-
-    # The default ResourceSecurity rejects values that look like absolute paths, and a one-letter
-    # name with a version ("a:v2") looks like a Windows drive ("a:"). Refs are validated by the
-    # repository itself (InvalidName), exactly as when the show tool is called as a tool.
-    @server.resource(
-        template,
-        name=item.replace(" ", "_"),
-        description=f"One {item} ({show_tool.name} for ref, e.g. enc0, enc0:v2, enc0@prod), as JSON.",
-        mime_type="application/json",
-        security=ResourceSecurity(exempt_params={"ref"}),
-    )
-    async def one(ref: str) -> str:
-        return await read(show_tool, {ref_field: ref})
-
-
 def build_server(tools: list[Tool], repo_root: Path | None = None) -> MCPServer:
     """An MCP server exposing ``tools`` (and the capture resources when those tools are present).
 
@@ -248,16 +99,16 @@ def build_server(tools: list[Tool], repo_root: Path | None = None) -> MCPServer:
         server.add_tool(
             _make_handler(tool, repo_root),
             name=tool.name,
-            description=_describe(tool),
+            description=describe(tool),
             structured_output=True,
         )
     if "list_captures" in by_name and "show_capture" in by_name:
-        _add_listing_resources(
+        add_listing_resources(
             server, by_name["list_captures"], by_name["show_capture"], repo_root,
             uri=CAPTURES_URI, template=CAPTURE_TEMPLATE, name="captures", item="capture", ref_field="ref",
         )
     if "list_stats_runs" in by_name and "show_stats_run" in by_name:
-        _add_listing_resources(
+        add_listing_resources(
             server, by_name["list_stats_runs"], by_name["show_stats_run"], repo_root,
             uri=STATS_URI, template=STATS_TEMPLATE, name="stats", item="statistics run", ref_field="run",
         )

@@ -1,0 +1,57 @@
+"""Resources over a pair of list/show tools (captures, statistics runs), as JSON."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError
+from mcp.server.mcpserver.resources.templates import ResourceSecurity
+from pydantic import ValidationError
+
+from modulelens.errors import ModuleLensError, ReferenceNotFound
+from modulelens.mcp_server.calls import call_tool, error_text, validation_text
+from modulelens.registry import Tool
+
+
+def add_listing_resources(
+    server: MCPServer, list_tool: Tool, show_tool: Tool, repo_root: Path | None, *,
+    uri: str, template: str, name: str, item: str, ref_field: str,
+) -> None:
+    """Two resources over a list tool (``uri``, called with its defaults) and a show tool
+    (``template``, its ``ref_field`` set to the template's ``ref``), as JSON."""
+
+    async def read(tool: Tool, request_data: dict[str, Any]) -> str:
+        try:
+            request = tool.request.model_validate(request_data)
+            result = await call_tool(tool, request, repo_root, None)
+        except ReferenceNotFound as exc:
+            raise ResourceNotFoundError(error_text(exc)) from exc
+        except ModuleLensError as exc:
+            raise ResourceError(error_text(exc)) from exc
+        except ValidationError as exc:
+            raise ResourceError(validation_text(exc)) from exc
+        return result.model_dump_json(indent=2)
+
+    @server.resource(
+        uri,
+        name=name,
+        description=f"Every {item} in the repository ({list_tool.name} with its defaults), as JSON.",
+        mime_type="application/json",
+    )
+    async def listing() -> str:
+        return await read(list_tool, {})
+
+    # The default ResourceSecurity rejects values that look like absolute paths, and a one-letter
+    # name with a version ("a:v2") looks like a Windows drive ("a:"). Refs are validated by the
+    # repository itself (InvalidName), exactly as when the show tool is called as a tool.
+    @server.resource(
+        template,
+        name=item.replace(" ", "_"),
+        description=f"One {item} ({show_tool.name} for ref, e.g. enc0, enc0:v2, enc0@prod), as JSON.",
+        mime_type="application/json",
+        security=ResourceSecurity(exempt_params={"ref"}),
+    )
+    async def one(ref: str) -> str:
+        return await read(show_tool, {ref_field: ref})

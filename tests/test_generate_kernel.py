@@ -68,3 +68,22 @@ def test_sampling_outside_mcp_and_missing_key_are_clear_errors(cli, card, monkey
     assert code == 2 and "ANTHROPIC_API_KEY" in err["error"]
     code, err, _ = cli("generate-kernel", card_id, "--provider", "nope", "--repo", repo, "--json")
     assert code == 2 and "template" in (err["error"] + (err["hint"] or ""))
+
+
+def test_out_of_range_template_variant_is_a_clear_error(cli, card):
+    """A variant past the template's last one is refused with the valid range (it used to wrap
+    around to variant 0 and store a duplicate candidate)."""
+    from modulelens.kernels import templates
+    from modulelens.ops.cards import open_card
+    from modulelens.repo import Repository
+
+    repo, card_id = card
+    _, stored = open_card(Repository(repo), card_id)
+    count = templates.variants(stored, "cpp")
+    assert count > 0
+    code, out, _ = cli("generate-kernel", card_id, "--variant", str(count - 1), "--repo", repo, "--json")
+    assert code == 0 and out["params"]["variant"] == count - 1
+    code, err, _ = cli("generate-kernel", card_id, "--variant", str(count), "--repo", repo, "--json")
+    assert code == 2
+    text = err["error"] + " " + (err["hint"] or "")
+    assert f"variant {count}" in text and f"0 to {count - 1}" in text and "softmax" in text

@@ -401,7 +401,13 @@ def test_template_provider_mutates_the_parent_deterministically(fake_templates, 
     assert fake_templates == [0, 1, 2, 0]
     # A parent from another provider does not set the variant; the request does.
     other = KernelSource(backend="cpp", source="x", provider="anthropic")
-    assert p.generate(GenerationRequest(card=card, backend="cpp", parent=other, variant=5), None).params["variant"] == 2
+    assert p.generate(GenerationRequest(card=card, backend="cpp", parent=other, variant=2), None).params["variant"] == 2
+
+
+def test_template_provider_refuses_a_variant_past_the_last(fake_templates, card):
+    with pytest.raises(ModuleLensError, match="variant 3 does not exist for the cpp template of aten.native_layer_norm") as e:
+        get_provider("template").generate(GenerationRequest(card=card, backend="cpp", variant=3), None)
+    assert "0 to 2" in e.value.hint and fake_templates == []
 
 
 def test_template_provider_without_a_template(fake_templates):

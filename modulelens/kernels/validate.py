@@ -26,6 +26,7 @@ from modulelens.capture.values import flatten
 from modulelens.errors import ModuleLensError
 from modulelens.kernels import build_cache
 from modulelens.kernels.backends import get_backend
+from modulelens.kernels.plausibility import speedup_flags
 from modulelens.kernels.report import ValidationReport
 from modulelens.kernels.verdict_keeping import ReportKeeper
 from modulelens.numerics import tolerances
@@ -463,8 +464,7 @@ class _Validator(ReportKeeper):
             self.report.speedup_vs_compile = ct.median_s / cand.median_s
         self.report.timing_note = (f"eager: {eager.timer}; candidate: {cand.timer}; medians of the faster of two "
                                    f"interleaved rounds each; {eager.threads} threads; {eager.cache}")
-        if self.report.speedup_vs_eager > 10:
-            self.report.flags.append(f"suspicious: {self.report.speedup_vs_eager:.1f}x faster than eager")
+        self.report.flags.extend(speedup_flags(eager, cand, self.report.compiled_baseline))
         if card.kind == "memory" and card.bytes_per_call:
             from modulelens.profiling.bandwidth import copy_bandwidth
 

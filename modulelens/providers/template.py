@@ -2,7 +2,8 @@
 
 A thin adapter over :mod:`modulelens.kernels.templates` (``render(card, backend, variant)`` and
 ``variants(card, backend)``). Given a parent that came from a template, it returns the next
-variant (``parent.params["variant"] + 1``, wrapping around): a deterministic mutation.
+variant (``parent.params["variant"] + 1``, wrapping around): a deterministic mutation. A requested
+``variant`` must exist (0 to ``variants - 1``): one past the end is an error, never a silent wrap.
 """
 
 from __future__ import annotations
@@ -32,8 +33,13 @@ class TemplateProvider:
             )
         if req.parent is not None and req.parent.provider == "template":
             variant = (int(req.parent.params.get("variant", 0)) + 1) % count
+        elif req.variant < count:
+            variant = req.variant
         else:
-            variant = req.variant % count
+            raise ModuleLensError(
+                f"variant {req.variant} does not exist for the {req.backend} template of {op}",
+                f"its variants are 0 to {count - 1}; leave variant out for the default (0)",
+            )
         ks = templates.render(req.card, req.backend, variant)
         provenance = {
             **ks.provenance,

@@ -116,6 +116,20 @@ def test_data_dependent_control_flow_gets_observed_order(cli, repo, tmp_path):
     assert any("torch.fx could not trace" in n for n in data["notes"])
 
 
+def test_forward_steps_count_every_call_of_the_model(cli, repo, tmp_path):
+    """``--every 1 --step-on forward -- --steps 5`` saw 5 steps (it reported steps_seen 4)."""
+    script = tmp_path / "forward_only.py"
+    script.write_text(textwrap.dedent('''
+        import argparse, torch
+        p = argparse.ArgumentParser(); p.add_argument("--steps", type=int); args = p.parse_args()
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+        for _ in range(args.steps):
+            model(torch.randn(2, 4)).sum().backward()
+    '''))
+    data = _gather(cli, repo, script, "--steps", "5", every=1, extra=("--step-on", "forward"))
+    assert data["steps_seen"] == 5 and data["steps_sampled"] == 5
+
+
 def test_torch_compile_runs_eager_with_a_note(cli, repo, tmp_path):
     script = tmp_path / "compiled.py"
     script.write_text(textwrap.dedent('''

@@ -424,6 +424,23 @@ def test_forward_steps_without_optimizer_and_unregistered_modules():
     assert [r.step for r in stats.finish().records] == [0, 2]
 
 
+def test_forward_steps_count_the_last_step_too():
+    """Five model calls are five steps: the last one ends with the run (it used to be left out,
+    steps_seen 4 with 5 sampled steps), and a max_steps stop is not counted twice."""
+    model = nn.Linear(4, 4)
+    stats = StatsCollector(model, every=1, step_on="forward", fx=False).start()
+    for _ in range(5):
+        model(torch.randn(3, 4)).sum().backward()
+    run = stats.finish()
+    assert run.steps_seen == 5 and [r.step for r in run.records] == [0, 1, 2, 3, 4]
+
+    stats = StatsCollector(model, every=1, step_on="forward", fx=False, max_steps=3).start()
+    with pytest.raises(StopRun):
+        for _ in range(5):
+            model(torch.randn(3, 4))
+    assert stats.finish().steps_seen == 3
+
+
 def test_auto_root_ignores_loss_modules_and_compiled_model_is_reported():
     model = _mlp()
     loss_fn = nn.MSELoss()

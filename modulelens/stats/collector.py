@@ -269,10 +269,14 @@ class StatsCollector:
         return self
 
     def stop(self) -> None:
-        """Remove every hook. A sampled step still open is kept if it saw any call."""
+        """Remove every hook. A sampled step still open is kept if it saw any call, and with
+        ``step_on="forward"`` the step in progress (the last model call, which no later call ends)
+        is counted in ``steps_seen``."""
         if not self._active:
             return
         self._active = False
+        if self.step_on == "forward" and self._root_calls > self.steps_seen:
+            self.steps_seen = self._root_calls  # each root call began a step; the last one ends here
         if self._win is not None:
             self._close_window(keep=True)
         self._set_module_hooks(False)

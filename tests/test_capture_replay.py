@@ -227,3 +227,34 @@ def test_context_manager_api(tmp_path):
         assert rep.exact
     finally:
         sys.path.remove(str(EXAMPLES / "tinyformer"))
+
+
+class Cancelling(torch.nn.Module):
+    """(1000 x + 1) - 1000 x: exactly 1 in float32, lost to rounding in bfloat16 (its spacing at
+    1000 is 8); the output is cast back to float32, so its dtype does not show the bf16 compute."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.full((8,), 1000.0))
+
+    def forward(self, x):
+        y = self.scale * x
+        return ((y + 1) - y).float()
+
+
+def test_bf16_replay_uses_and_names_bf16_tolerances(tmp_path):
+    import modulelens
+    from modulelens.numerics import TOLERANCES
+
+    with modulelens.capture("", name="cancel", repo=tmp_path, export=False):
+        Cancelling()(torch.linspace(0.9, 1.1, 8))
+    rep = modulelens.replay_module("cancel", dtype="bfloat16", repo=str(tmp_path))
+    assert rep.outputs[0].dtype == "float32"
+    assert (rep.rtol, rep.atol) == TOLERANCES[torch.bfloat16]  # not float32's, though the output is float32
+    assert rep.tolerance_dtype == "bfloat16"
+    assert rep.compared and not rep.match
+    assert any("bfloat16 tolerances (rtol 0.016, atol 1e-05)" in n for n in rep.notes), rep.notes
+
+    same = modulelens.replay_module("cancel", repo=str(tmp_path))  # no cast: float32 throughout, exact
+    assert same.exact and same.tolerance_dtype == "float32"
+    assert (same.rtol, same.atol) == TOLERANCES[torch.float32]

@@ -28,7 +28,7 @@ def capture_module(req: CaptureModuleRequest, ctx: ToolContext) -> CaptureModule
     repo = Repository(ctx.repo_root)
     ctx.progress(0, 1, f"running {Path(req.script).name} until {req.module or 'the model'} is called")
     t0 = time.perf_counter()
-    done = capture_script(req, repo, relay_to_stderr=not ctx.stdout_is_protocol)
+    done = capture_script(req, repo, relay_to_stderr=True)
     seconds = time.perf_counter() - t0
     summary = summarize(repo.open(KIND, done.ref))
     summary.notes = summary.notes + done.notes

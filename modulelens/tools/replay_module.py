@@ -10,7 +10,7 @@ import torch
 from pydantic import BaseModel, Field
 
 from modulelens.capture.leafcall import BUFFER_PREFIX, replayed_state
-from modulelens.capture.manifest import KIND, capture_manifest
+from modulelens.capture.manifest import KIND, CaptureManifest, capture_manifest
 from modulelens.capture.replay import LoadedCapture
 from modulelens.capture.spec import TensorSpec
 from modulelens.capture.tracer import autocast_regions, set_rng_states
@@ -61,6 +61,10 @@ class ReplayModuleResult(BaseModel):
     max_rel_error: float
     rtol: float
     atol: float
+    tolerance_dtype: str | None = Field(
+        None, description="The dtype whose default tolerances rtol and atol are: the loosest of the first output's "
+        "dtype and the dtypes the replay computes in (a module computing in bfloat16 that returns float32 is judged "
+        "with bfloat16's); null when rtol and atol were both given.")
     outputs: list[TensorMatch]
     state: list[TensorMatch] = Field(default_factory=list, description="State the forward changed (inputs changed in "
                                      "place or replaced, as caches are; buffers such as running statistics), compared "
@@ -82,13 +86,30 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _compare(name: str, a: Any, e: Any, rtol: float | None, atol: float | None, dtype_cast: bool) -> TensorMatch:
+def compute_dtypes(manifest: CaptureManifest, cast: torch.dtype | None) -> tuple[torch.dtype, ...]:
+    """The floating dtypes a replay computes in: ``cast`` when the replay casts (else the captured
+    weights' and inputs'), and the captured autocast regions'. Every comparison takes the loosest
+    tolerance among these and the compared tensors' own dtypes."""
+    found = {cast} if cast is not None else {
+        parse_dtype(t.dtype) for t in [*manifest.weight_specs().values(), *manifest.inputs.tensor_leaves()]}
+    found |= {parse_dtype(d) for d in manifest.autocast.values()}
+    return tuple(sorted((d for d in found if d.is_floating_point), key=str))
+
+
+def loosest_dtype(dtypes: tuple[torch.dtype, ...]) -> torch.dtype | None:
+    """The floating dtype among ``dtypes`` with the loosest default tolerance (None when none is floating)."""
+    floating = [d for d in dtypes if d.is_floating_point]
+    return max(floating, key=lambda d: tolerances(d), default=None)
+
+
+def _compare(name: str, a: Any, e: Any, rtol: float | None, atol: float | None, dtype_cast: bool,
+             compute: tuple[torch.dtype, ...] = ()) -> TensorMatch:
     if not isinstance(a, torch.Tensor) or not isinstance(e, torch.Tensor):
         same = a == e if not isinstance(a, torch.Tensor) and not isinstance(e, torch.Tensor) else False
         return TensorMatch(name=name, shape=[], dtype=type(e).__name__, max_abs_error=0.0 if same else math.inf,
                            max_rel_error=0.0 if same else math.inf, allclose=bool(same),
                            detail="" if same else f"{short_repr(a)} != {short_repr(e)}")
-    r, t = tolerances(a.dtype, e.dtype)
+    r, t = tolerances(a.dtype, e.dtype, *compute)
     d = diff(a, e, rtol if rtol is not None else r, atol if atol is not None else t, check_dtype=not dtype_cast)
     return TensorMatch(name=name, shape=list(e.shape), dtype=str(e.dtype).removeprefix("torch."),
                        max_abs_error=d.max_abs_error, max_rel_error=d.max_rel_error, allclose=d.allclose, detail=d.detail)
@@ -109,7 +130,7 @@ def _run(loaded: LoadedCapture, module: torch.nn.Module, backward: bool, device:
 
 
 def _backward(loaded: LoadedCapture, module: torch.nn.Module, args: list[Any], out: Any, req: ReplayModuleRequest,
-              dtype_cast: bool) -> list[TensorMatch]:
+              dtype_cast: bool, compute: tuple[torch.dtype, ...]) -> list[TensorMatch]:
     info = loaded.manifest.backward
     if info is None:
         raise ReplayFailed(f"capture {loaded.artifact.ref} has no gradients", "capture again with --backward")
@@ -125,18 +146,20 @@ def _backward(loaded: LoadedCapture, module: torch.nn.Module, args: list[Any], o
         key = f"grad_input.{i}"
         if key in grads and isinstance(a, torch.Tensor):
             got = a.grad if a.grad is not None else torch.zeros_like(a)
-            results.append(_compare(key, got, grads[key], req.rtol, req.atol, dtype_cast))
+            results.append(_compare(key, got, grads[key], req.rtol, req.atol, dtype_cast, compute))
     params = dict(module.named_parameters())
     for pname in info.param_grads:
         if pname in params:
             got = params[pname].grad
             got = got if got is not None else torch.zeros_like(params[pname])
-            results.append(_compare(f"param.{pname}", got, grads[f"param.{pname}"], req.rtol, req.atol, dtype_cast))
+            results.append(_compare(f"param.{pname}", got, grads[f"param.{pname}"], req.rtol, req.atol, dtype_cast,
+                                    compute))
     return results
 
 
 def _compare_keyed(actual: dict[str, torch.Tensor], specs: dict[str, TensorSpec], expected: dict[str, torch.Tensor],
-                   req: ReplayModuleRequest, dtype_cast: bool, notes: list[str], what: str) -> tuple[list[TensorMatch], bool]:
+                   req: ReplayModuleRequest, dtype_cast: bool, compute: tuple[torch.dtype, ...], notes: list[str],
+                   what: str) -> tuple[list[TensorMatch], bool]:
     """Compare replayed tensors with the stored ones by key; notes what is missing on either side.
     Returns the comparisons and whether the keys matched."""
     lost = [k for k in specs if k not in actual]
@@ -144,7 +167,7 @@ def _compare_keyed(actual: dict[str, torch.Tensor], specs: dict[str, TensorSpec]
     if lost or extra:
         notes.append(f"the replay's {what} tensors differ from the capture's: "
                      + ", ".join([*(f"missing {k}" for k in lost[:3]), *(f"unexpected {k}" for k in extra[:3])]))
-    matches = [_compare(key, actual[key], expected[key], req.rtol, req.atol, dtype_cast)
+    matches = [_compare(key, actual[key], expected[key], req.rtol, req.atol, dtype_cast, compute)
                for key in specs if key in actual and key in expected]
     return matches, not lost and not extra
 
@@ -158,6 +181,19 @@ def _what_was_compared(outputs: list[TensorMatch], state: list[TensorMatch]) -> 
     if buffers:
         said.append(f"{len(buffers)} buffer(s) the forward changed: {', '.join(buffers[:5])}")
     return said
+
+
+def _mismatch_note(rtol: float, atol: float, dtype: torch.dtype | None, compute: tuple[torch.dtype, ...],
+                   given: bool) -> str:
+    """Why a replay that ran does not match, naming the tolerances it was judged by."""
+    if given:
+        return f"outputs differ beyond the given tolerances (rtol {rtol:g}, atol {atol:g})"
+    if dtype is None:
+        return "outputs differ from the captured ones (non-tensor values compare exactly)"
+    name = str(dtype).removeprefix("torch.")
+    computed = ", ".join(str(d).removeprefix("torch.") for d in compute) or "the outputs' dtypes"
+    return (f"outputs differ beyond the {name} tolerances (rtol {rtol:g}, atol {atol:g}), the loosest for the dtypes "
+            f"the replay computes in ({computed}) and the outputs'; pass rtol and atol to judge with others")
 
 
 _ABSENT = "<absent>"
@@ -186,17 +222,19 @@ def replay_module(req: ReplayModuleRequest, ctx: ToolContext) -> ReplayModuleRes
     expected_specs = {t.key: t for t in loaded.manifest.output_leaves()}
     missing_outputs = [k for k, t in expected_specs.items() if not t.stored]
     expected = loaded.expected_tensors("outputs.safetensors", [k for k, t in expected_specs.items() if t.stored])
-    outputs, structure_ok = _compare_keyed(actual, expected_specs, expected, req, dtype_cast, notes, "output")
+    compute = compute_dtypes(loaded.manifest, dtype)
+    outputs, structure_ok = _compare_keyed(actual, expected_specs, expected, req, dtype_cast, compute, notes, "output")
     captured_values = loaded.expected_values()
     replayed_values = keyed_values(out, "output")
     for key, want in captured_values.items():
         if key not in expected_specs:
-            outputs.append(_compare(key, replayed_values.get(key, _ABSENT), want, req.rtol, req.atol, dtype_cast))
+            outputs.append(_compare(key, replayed_values.get(key, _ABSENT), want, req.rtol, req.atol, dtype_cast,
+                                    compute))
     state_specs = loaded.manifest.state_specs()
     state, _ = _compare_keyed(
         {k: v for k, v in replayed_state(module, args[0], args[1]).items() if k in state_specs}, state_specs,
         loaded.expected_tensors("state.safetensors", [k for k, t in state_specs.items() if t.stored]),
-        req, dtype_cast, notes, "state")
+        req, dtype_cast, compute, notes, "state")
     synthesized = sorted(set(loaded.synthesized))
     compared = structure_ok and not synthesized and not missing_outputs
     if synthesized:
@@ -209,16 +247,22 @@ def replay_module(req: ReplayModuleRequest, ctx: ToolContext) -> ReplayModuleRes
     max_rel = max((o.max_rel_error for o in tensor_outs), default=0.0)
     actual_leaves = list(actual.values())
     first = next(iter(actual_leaves), None)
-    rtol, atol = tolerances(first.dtype) if first is not None else (0.0, 0.0)
+    given = req.rtol is not None and req.atol is not None
+    judged_by = loosest_dtype((first.dtype, *compute)) if first is not None and not given else None
+    default_rtol, default_atol = tolerances(judged_by) if judged_by is not None else (0.0, 0.0)
+    rtol = req.rtol if req.rtol is not None else default_rtol
+    atol = req.atol if req.atol is not None else default_atol
+    if compared and not match:
+        notes.append(_mismatch_note(rtol, atol, judged_by, compute, given))
     backward = None
     if req.backward:
-        backward = _backward(loaded, module, args[0], out, req, dtype is not None)
+        backward = _backward(loaded, module, args[0], out, req, dtype is not None, compute)
     return ReplayModuleResult(
         ref=art.ref, strategy=strategy, attempts=attempts, match=match,
         exact=compared and all(o.max_abs_error == 0.0 for o in outputs + state),
         state=state, compared_values=_what_was_compared(outputs, state),
         compared=compared, max_abs_error=max_abs, max_rel_error=max_rel,
-        rtol=req.rtol if req.rtol is not None else rtol, atol=req.atol if req.atol is not None else atol,
+        rtol=rtol, atol=atol, tolerance_dtype=str(judged_by).removeprefix("torch.") if judged_by else None,
         outputs=outputs, synthesized_inputs=bool(synthesized), synthesized=synthesized,
         reconstruction_seconds=round(build_s, 6), run_seconds=round(run_s, 6), device=device,
         dtype=req.dtype, backward=backward,

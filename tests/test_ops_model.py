@@ -116,3 +116,39 @@ def test_card_defaults_for_cards_made_by_hand():
     card = OpCard(op="aten.gelu.default")
     assert (card.kind, card.phase, card.device, card.shapes, card.calls) == ("compute", "forward", "cpu", [], 0)
     assert card.model_fields_set == {"op"}
+
+
+def _profile(shares: list[float], views: float = 0.0, kinds: list[str] | None = None) -> OpSetManifest:
+    """A made-up opset: cards with these time shares of a 1 ms module run (p20 0.9 ms, p80 1.6 ms)."""
+    kinds = kinds or ["memory"] * len(shares)
+    cards = [OpCard(index=i, op="aten.add.Tensor", kind=k, time_share=s, time_s=s * 1e-3, calls=1)
+             for i, (s, k) in enumerate(zip(shares, kinds, strict=True))]
+    return OpSetManifest(capture="blk:v1", module_time={"median_s": 1e-3, "p20_s": 0.9e-3, "p80_s": 1.6e-3,
+                                                        "repeats": 15}, views_time_share=views, cards=cards)
+
+
+def test_shares_that_add_up_give_no_warning():
+    from modulelens.ops.summary import time_share_warnings
+
+    assert time_share_warnings(_profile([0.5, 0.3], views=0.1)) == []
+    # listed view cards are counted once, not again through views_time_share
+    assert time_share_warnings(_profile([0.5, 0.3, 0.1], views=0.1, kinds=["memory", "compute", "view"])) == []
+    data = json.loads(FIXTURE.read_text())
+    assert time_share_warnings(OpSetManifest.model_validate(data)) == []  # a real profile: 0.97
+
+
+@pytest.mark.parametrize("shares, total", [([2.0, 1.19], "319%"), ([0.1, 0.06], "16%")])
+def test_shares_far_from_one_are_a_warning(shares, total):
+    """Issue 13: shares summed 0.16 to 3.19 across runs on a loaded machine, without a word."""
+    from modulelens.ops.summary import time_share_warnings
+
+    warnings = time_share_warnings(_profile(shares))
+    assert len(warnings) == 1 and total in warnings[0] and "inconsistent" in warnings[0]
+    assert "repeats" in warnings[0] and "0.9 ms to 1.6 ms" in warnings[0]
+
+
+def test_opset_summary_carries_the_share_warning(tmp_path):
+    repo = Repository(tmp_path)
+    repo.create("opsets", "blk", lambda folder: _profile([2.0, 1.19]))
+    summary = summarize_opset(repo, "blk")
+    assert any("319%" in n for n in summary.notes)

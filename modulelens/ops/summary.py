@@ -52,6 +52,32 @@ def achieved_bytes_per_s(card: OpCard) -> float | None:
     return card.bytes_per_call * card.calls / card.time_s
 
 
+SHARE_SUM_RANGE = (0.5, 1.15)
+"""The time inside operators (listed cards and views, as shares of the plain module run) outside
+this range means the per-operator timing and the plain runs disagree: over 1 is more time inside
+operators than in the whole run; well under 1 leaves most of the run unexplained."""
+
+
+def time_share_warnings(m: OpSetManifest) -> list[str]:
+    """A warning when the opset's time shares do not add up to about 1 (see :data:`SHARE_SUM_RANGE`):
+    the profile is inconsistent (a loaded machine, timer overhead, too few repeats) and its shares
+    should not be trusted. View cards listed among the cards are counted once. Empty when consistent."""
+    views_listed = any(c.kind == "view" for c in m.cards)
+    total = m.cards_time_share + (0.0 if views_listed else m.views_time_share)
+    low, high = SHARE_SUM_RANGE
+    if low <= total <= high:
+        return []
+    mt = m.module_time
+    what = ("more than the whole run" if total > high
+            else "leaving most of the run outside the recorded operators")
+    return [
+        f"time shares are inconsistent: the operators add up to {total:.0%} of the module's run time, {what} "
+        f"(plain runs took {mt.p20_s * 1e3:.3g} ms to {mt.p80_s * 1e3:.3g} ms, p20 to p80, over {mt.repeats} "
+        "repeats); the machine was probably busy: run capture_ops again on a quieter machine or with more "
+        "repeats before ranking cards by share"
+    ]
+
+
 CopyBandwidth = Callable[[str], float | None]
 """device -> this machine's copy bandwidth in bytes per second, or None when unknown here."""
 
@@ -87,7 +113,7 @@ def summarize_opset(repo: Repository, ref: str, kind: str | None = None, top: in
     machine has no bandwidth for the opset's device)."""
     art, m = open_opset(repo, ref)
     ceiling = copy_bandwidth(m.device) if copy_bandwidth is not None else None
-    notes = list(m.notes)
+    notes = list(m.notes) + time_share_warnings(m)
     if copy_bandwidth is not None and not ceiling:
         notes.append(f"no copy bandwidth for device {m.device!r} on this machine: no roofline fractions")
     cards = [CardSummary.of(c, ceiling) for c in m.cards if kind is None or c.kind == kind]

@@ -148,7 +148,8 @@ def replay_module_view(r: ReplayModuleResult, wide: bool) -> RenderableType:
         add(o)
     verdict = (Text("exact match", style=_GOOD) if r.exact else Text("match", style=_GOOD) if r.match
                else Text("not compared", style=_WARN) if not r.compared else Text("MISMATCH", style=_BAD))
-    summary = Text.assemble(verdict, f" (rtol {r.rtol:g}, atol {r.atol:g}); rebuild {r.reconstruction_seconds * 1e3:.1f} ms, "
+    judged = f", {r.tolerance_dtype}'s" if r.tolerance_dtype else ""
+    summary = Text.assemble(verdict, f" (rtol {r.rtol:g}, atol {r.atol:g}{judged}); rebuild {r.reconstruction_seconds * 1e3:.1f} ms, "
                             f"run {r.run_seconds * 1e3:.1f} ms on {r.device}"
                             + ("; inputs synthesised" if r.synthesized_inputs else ""))
     failed = [Text(f"{a.strategy} failed: {a.error}", style=_WARN) for a in r.attempts]

@@ -288,13 +288,21 @@ class _NumpyBridges:
         self.names = sorted(set(self.names))
 
     @staticmethod
+    def _from_runtime(frame: Any) -> bool:
+        """The crossing is made by torch itself or Triton's interpreter (which runs kernels on numpy
+        arrays), not by the candidate's own code."""
+        module = frame.f_globals.get("__name__", "") if frame is not None else ""
+        return module.split(".")[0] in ("torch", "triton")
+
+    @staticmethod
     def install() -> None:
         import torch
 
         def note(name: str, original: Any, only_ndarray: bool = False) -> Any:
             def wrapper(*args: Any, **kwargs: Any) -> Any:
                 active = _NumpyBridges._active
-                if active is not None and (not only_ndarray or (args and type(args[0]).__module__ == "numpy")):
+                if (active is not None and (not only_ndarray or (args and type(args[0]).__module__ == "numpy"))
+                        and not _NumpyBridges._from_runtime(sys._getframe(1))):
                     active.append(name)
                 return original(*args, **kwargs)
             return wrapper

@@ -109,3 +109,101 @@ def test_paths_outside_the_artifact_are_never_followed(signed_repo, tmp_path):
 
     with pytest.raises(ModuleLensError, match="cannot be trusted"):
         trust(art)
+
+
+@pytest.fixture(scope="module")
+def repo_with_cards(tmp_path_factory):
+    from modulelens.registry import ToolContext
+    from modulelens.tools.capture_ops import CaptureOpsRequest, capture_ops
+
+    repo = tmp_path_factory.mktemp("crafted-src")
+    with modulelens.capture("", name="tiny", repo=repo, export=True):
+        Tiny()(torch.randn(2, 4))
+    capture_ops(CaptureOpsRequest(ref="tiny", repeats=3), ToolContext(repo_root=repo))
+    return repo
+
+
+class _Payload:
+    """Unpickling it opens (creates) the marker file."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+@pytest.fixture
+def crafted_repo(repo_with_cards, tmp_path, monkeypatch):
+    """A capture crafted so that importing, unpickling or running anything it names creates
+    ``marker``: constructor and class paths of a module that does so on import, an inputs spec
+    naming ``os:system`` and that module, a stored source outside the artifact, a pickled module."""
+    import pickle
+
+    from modulelens.repo.store import sha256_file
+
+    monkeypatch.setenv("MODULELENS_CONFIG_DIR", str(tmp_path / "other-machine"))
+    marker = tmp_path / "ran-code"
+    evil = tmp_path / "evil"
+    evil.mkdir()
+    (evil / "evilmod.py").write_text(f"open({str(marker)!r}, 'w').close()\nEvil = boom = print\n")
+    (tmp_path / "x.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    repo = tmp_path / "crafted"
+    shutil.copytree(repo_with_cards, repo)
+    folder = repo / "captures" / "tiny" / "v1"
+    (folder / "module.pkl").write_bytes(pickle.dumps(_Payload(str(marker))))
+    manifest = folder / "manifest.json"
+    data = json.loads(manifest.read_text())
+    data["class_path"] = "evilmod:Evil"
+    data["sys_path"] = [str(evil)]
+    data["init"] = {"$": "module", "cls": "evilmod:Evil", "args": [{"$": "callable", "path": "os:system"}],
+                    "kwargs": {}}
+    data["inputs"]["args"]["items"].append({"$": "callable", "path": "evilmod:boom"})
+    data["sources"] = {"__main__": {"file": "../../../../x.py", "original": "x.py"}}
+    data["strategies"] = ["source", "export", "pickle"]
+    data["files"]["module.pkl"] = sha256_file(folder / "module.pkl")
+    manifest.write_text(json.dumps(data))
+    return repo, marker
+
+
+def test_showing_and_listing_a_crafted_capture_runs_no_code(cli, crafted_repo):
+    repo, marker = crafted_repo
+    for args in (["show-capture", "tiny"], ["show-capture", "tiny", "--tensors"], ["list-captures"],
+                 ["list-opsets"], ["list-op-cards", "tiny"], ["trust", "tiny"]):
+        code, _, r = cli(*args, "--repo", repo, "--json")
+        assert "Traceback" not in r.output, (args, r.output)
+        assert not marker.exists(), f"{args} ran code from the crafted capture"
+    code, data, r = cli("trust", "tiny", "--repo", repo, "--json")
+    assert any("evilmod" in p for p in data["class_paths"]), data
+    assert "module.pkl" in data["code_files"], data
+
+
+@pytest.mark.parametrize("args", [
+    ["replay-module", "tiny", "--strategy", "source"],
+    ["replay-module", "tiny", "--strategy", "export"],
+    ["replay-module", "tiny", "--strategy", "pickle", "--trust-pickle"],
+    ["replay-module", "tiny"],
+    ["export-repro", "tiny"],
+])
+def test_replaying_or_exporting_a_crafted_capture_is_refused_untrusted(cli, crafted_repo, tmp_path, args):
+    repo, marker = crafted_repo
+    extra = ["--out", tmp_path / "repros"] if args[0] == "export-repro" else []
+    code, _, r = cli(*args, *extra, "--repo", repo)
+    assert code != 0 and "not trusted" in r.output and "Traceback" not in r.output, r.output
+    assert not marker.exists()
+
+
+def test_no_private_tmp_when_python_or_modulelens_lives_under_tmp(monkeypatch):
+    from modulelens.sandbox import containment
+
+    class NoMount:
+        def mount(self, *args):
+            raise AssertionError("must not mount a private /tmp over the candidate's own code")
+
+    monkeypatch.setattr(containment.os, "getpid", lambda: 1)  # as PID 1 of its namespace
+    monkeypatch.setattr(containment, "_libc", NoMount())
+    layer = containment.private_tmp(["/usr/lib/python3", "/tmp/checkout/modulelens", "/srv/scratch"])
+    assert not layer.in_force
+    assert layer.detail == "/tmp/checkout/modulelens is under /tmp and a private /tmp would hide it", layer.detail
+    iso = containment.Isolation(layers=[layer])
+    assert "not in force: private /tmp (/tmp/checkout/modulelens is under /tmp" in iso.summary()

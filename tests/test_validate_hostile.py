@@ -172,3 +172,55 @@ def test_mcp_session_survives_a_segfaulting_candidate(softmax_card):
             assert not r.is_error and r.structured_content["verdict"] == "wrapper"
 
     anyio.run(session)
+
+
+GENUINE_TRITON = """
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _softmax_rows(x_ptr, y_ptr, cols, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < cols
+    x = tl.load(x_ptr + row * cols + offs, mask=mask, other=-float("inf"))
+    x = x - tl.max(x, axis=0)
+    e = tl.exp(x)
+    tl.store(y_ptr + row * cols + offs, e / tl.sum(e, axis=0), mask=mask)
+
+
+def forward(x, dim, half_to_float):
+    x = x.contiguous()
+    y = torch.empty_like(x)
+    cols = x.shape[-1]
+    _softmax_rows[(x.numel() // cols,)](x, y, cols, BLOCK=triton.next_power_of_2(cols))
+    return y
+"""
+
+
+def test_a_genuine_triton_kernel_is_custom_though_its_interpreter_uses_numpy(softmax_card):
+    r = _validate(softmax_card, GENUINE_TRITON, time=False)
+    assert r.verdict == "custom" and r.correct, (r.reason, r.backend_calls)
+    assert "/proc/PID/maps" in r.wrapper_evidence
+
+
+@pytest.mark.parametrize("body, library", [
+    ("""
+        import numpy as np
+
+        def forward(x, dim, half_to_float):
+            a = x.numpy()
+            e = np.exp(a - a.max(axis=dim, keepdims=True))
+            return torch.from_numpy(e / e.sum(axis=dim, keepdims=True))
+        """, "numpy"),
+    ("""
+        def forward(x, dim, half_to_float):
+            import scipy.special
+            return torch.as_tensor(scipy.special.softmax(x.numpy(), axis=dim))
+        """, "scipy"),
+])
+def test_a_candidate_computing_with_a_foreign_library_is_a_wrapper_naming_it(softmax_card, body, library):
+    r = _validate(softmax_card, body, time=False)
+    assert r.verdict == "wrapper" and r.correct, r.reason
+    assert library in r.reason, r.reason

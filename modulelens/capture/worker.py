@@ -59,7 +59,7 @@ class ScriptCaptureOptions(BaseModel):
     export: bool = Field(True, description="Save a torch.export program (replay without source code).")
     pickle: bool = Field(False, description="Also save a pickled module (replay needs --trust-pickle).")
     max_tensor_bytes: int | None = Field(
-        None, description="Tensors larger than this are stored shape-only with statistics (default: no per-tensor limit)."
+        None, ge=0, description="Tensors larger than this are stored shape-only with statistics (default: no per-tensor limit)."
     )
     max_capture_bytes: int = Field(
         DEFAULT_CAPTURE_BYTES, gt=0, description="Byte budget of the call's inputs and outputs together. Above it, the "

@@ -1,4 +1,5 @@
-"""Validate a module-level candidate (``ModelNew``) against its capture. Runs inside a sandbox worker.
+"""Validate a module-level candidate (``ModelNew``) against its capture. Runs inside a sandbox worker
+(the checker); the candidate's code runs in its own contained candidate process.
 
 The same checks as card candidates (:mod:`modulelens.kernels.validate`), on the whole module:
 loads (its source runs, and may compile C++); is built with the captured constructor arguments and
@@ -16,156 +17,141 @@ input gradients for the captured output gradient must match the captured ones; w
 must match the original module's for a random output gradient. A candidate that does not claim
 training support is checked in eval mode only, and the verdict says so.
 
-Timing: the original module against the candidate in the mode the candidate is packed for
-(forward only: training with grad for a training candidate, else eval without grad), in
-back-to-back pairs of calls: the speedup is the median of the pairs' ratios.
+Containment: like card candidates. The checker (this worker) holds the capture, the original
+module, the reference outputs, the clock and the verdict; it writes the original's state dict and
+the constructor's tensors into the candidate's scratch folder, and the candidate process
+(:mod:`modulelens.sandbox.candidate`: namespaces, private /tmp, rlimits, Landlock where the kernel
+allows) builds ``ModelNew`` from them and is called through the shared arena. It may read only
+system and Python folders, its scratch, the build cache and the capture's ``sys_path`` folders that
+hold neither the repository nor the signing key (the constructor's argument classes import from
+there): the report's ``isolation`` says what was in force, including whether the signing key and
+the repository were out of reach.
 
-Containment: unlike card candidates (which run in their own contained candidate process, see
-:mod:`modulelens.sandbox.candidate_process`), a module candidate runs in the sandbox worker itself,
-beside the original module, the comparison, the clock and the verdict. In force: the worker's own
-limits (allow-listed environment, scratch folder, rlimits) and a fresh worker after every module
-candidate; not in force: process separation, namespaces, private /tmp, Landlock, seccomp. The
-report's ``isolation``, a flag and the verdict's reason say so; timers replaced by the candidate
-are checked (:func:`changed_timers`), since the candidate shares the clock's process.
+Timing: the original module timed here while the candidate process is stopped, the candidate by
+this process's clock around batches of calls in its own process, in the mode the candidate is
+packed for (training with grad for a training candidate, else eval without grad).
 """
 
 from __future__ import annotations
 
-import resource
+import os
 import time
-import timeit
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from modulelens.kernels.report import ValidationReport
-from modulelens.kernels.validate import _computing_ops, _overlaps, _same_bits, _tensors, compare_output, fresh_inputs
-from modulelens.kernels.verdict_keeping import ReportKeeper
-from modulelens.profiling import timing as timing_module
-from modulelens.profiling.paired import paired_timing  # imported before candidate code runs: its timer is the real one
-from modulelens.sandbox.containment import Isolation
+from modulelens.kernels.validate import (
+    FOREIGN_EVIDENCE,
+    NOT_SEEN,
+    CandidateChecker,
+    ModuleCall,
+    _CandidateFailed,
+    _computing_ops,
+    _same_bits,
+    _tensors,
+    compare_output,
+    fresh_inputs,
+)
+from modulelens.sandbox.candidate_messages import Loaded, LoadModuleRequest
+from modulelens.sandbox.candidate_process import CandidateProcess
 from modulelens.sandbox.messages import ValidatedResult, ValidateModuleTask
 
 EVAL_ONLY = "checked in eval mode only (dropout off, no gradients): not dispatched in training"
 SAME_RNG = ("training mode checked with the same RNG state before the original and the candidate "
             "(dropout masks agree when drawn like eager)")
+CONTAINED = "ran in its own contained candidate process (see isolation)"
 
 
-UNCONTAINED = "ran uncontained in the sandbox worker (no candidate process)"
-NOT_CONTAINED = ("not contained like card candidates: the module candidate runs inside the sandbox worker, in the "
-                 "same process as the original module, the comparison, the clock and the verdict (no separate "
-                 "candidate process, no namespaces, no Landlock)")
+def readable_sys_path(sys_path: list[str], repo_root: Path) -> list[Path]:
+    """The capture's ``sys_path`` folders a module candidate may read (its constructor's argument
+    classes import from them): existing folders that are not the repository, the signing key's
+    folder or the home folder, nor hold any of them."""
+    from modulelens.repo.trust import config_dir
 
-# What the timers are before any candidate code runs: the candidate shares this process, so one that
-# replaces a timer is rejected.
-_TIMERS: dict[str, Callable[[], Any]] = {
-    "time.perf_counter": lambda: time.perf_counter,
-    "time.perf_counter_ns": lambda: time.perf_counter_ns,
-    "time.monotonic": lambda: time.monotonic,
-    "time.time": lambda: time.time,
-    "timeit.default_timer": lambda: timeit.default_timer,
-    "torch.cuda.synchronize": lambda: torch.cuda.synchronize,
-    "torch.cuda.Event.elapsed_time": lambda: torch.cuda.Event.elapsed_time,
-    "modulelens.profiling.timing.time_callable": lambda: timing_module.time_callable,
-}
-_ORIGINAL_TIMERS = {name: get() for name, get in _TIMERS.items()}
-
-
-def changed_timers() -> list[str]:
-    """The timers (see ``_TIMERS``) that are no longer what they were when this module was imported."""
+    secret = [Path(os.path.realpath(p)) for p in (repo_root, config_dir(), Path.home())]
     out = []
-    for name, get in _TIMERS.items():
-        try:
-            if get() is not _ORIGINAL_TIMERS[name]:
-                out.append(name)
-        except Exception:  # noqa: BLE001 - a timer that vanished counts as replaced
-            out.append(name)
+    for p in sys_path:
+        real = Path(os.path.realpath(p)) if p else None
+        if real is None or not real.is_dir() or any(s.is_relative_to(real) for s in secret):
+            continue
+        if any(real.is_relative_to(s) for s in secret[:2]):
+            continue
+        out.append(real)
     return out
 
 
-class _AtenCallCounter(TorchDispatchMode):
-    """Counts the aten operators called under it that compute (allocation, copies, views and
-    metadata are not counted; see ``validate._computing_ops``)."""
-
-    def __init__(self):
-        super().__init__()
-        self.calls: dict[str, int] = {}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if _computing_ops([func.name()]):
-            self.calls[str(func)] = self.calls.get(str(func), 0) + 1  # aten.sum.default, as before
-        return func(*args, **(kwargs or {}))
-
-
-def worker_isolation() -> Isolation:
-    """What is in force around a module candidate: the sandbox worker process only (read from this
-    process where it can be: the address-space limit)."""
-    iso = Isolation()
-    iso.add("process separation", False, "the candidate runs in the sandbox worker, beside the original module, "
-            "the comparison, the clock and the verdict")
-    iso.add("sandbox worker", True, "a separate worker process: environment reduced to an allow-list, scratch folder "
-            "as working directory, HOME and TMPDIR, output to files; replaced after every module candidate")
-    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
-    iso.add("rlimits", True, "core dumps off, " + (f"{limit >> 20} MiB address space" if limit != resource.RLIM_INFINITY
-                                                  else "no address-space cap (GPU run)"))
-    iso.add("namespaces", False, "not applied to module candidates: they see other processes and the network")
-    iso.add("private /tmp", False, "not applied to module candidates")
-    iso.add("landlock", False, "not applied to module candidates: they can read and write every file the user can")
-    iso.add("seccomp", False, "not applied")
-    return iso
-
-
-class _ModuleValidator(ReportKeeper):
-    """The report, checks and stages of one module candidate's validation, and the module checks."""
+class _ModuleValidator(CandidateChecker):
+    """The checker of one module candidate: the capture, the original module, the reference
+    outputs, the clock and the verdict stay here; the candidate runs in a :class:`CandidateProcess`."""
 
     def __init__(self, task: ValidateModuleTask, stage: Callable[[str], None]):
         self.task = task
         self.stage_cb = stage
-        self.report = ValidationReport(verdict="rejected", correct=False, reason="", stage="compile", backend="module",
-                                       isolation=worker_isolation(), flags=[NOT_CONTAINED])
+        self.report = ValidationReport(verdict="rejected", correct=False, reason="", stage="compile", backend="module")
         self.rtol, self.atol = task.rtol, task.atol
-        self.calls: dict[str, int] = {}
+        self.call_timeout = task.call_timeout
+        self.ops: set[str] = set()
+        self.numpy_bridges: set[str] = set()
 
-    # ------------------------------------------------------------------------------------------
     def run(self) -> ValidationReport:
-        from modulelens.capture.artifact import load_tensors
         from modulelens.capture.manifest import capture_manifest
         from modulelens.capture.replay import LoadedCapture
-        from modulelens.kernels.module_candidates import construct, load_class
         from modulelens.repo import Repository
 
-        cand = self.task.candidate
-        art = Repository(self.task.repo).open("captures", self.task.capture)
+        repo = Repository(self.task.repo)
+        art = repo.open("captures", self.task.capture)
         manifest = capture_manifest(art)
         device = manifest.environment.device if torch.cuda.is_available() else "cpu"
         loaded = LoadedCapture(art, device=device)
-        self.stage("compile")
+        read_only = [Path(self.task.build_dir), *readable_sys_path(manifest.sys_path, repo.root)]
+        self.proc = CandidateProcess(self.task.memory_limit_mb, read_only=read_only)
         try:
-            cls = load_class(cand.source, cand.class_name)
-        except Exception as e:  # noqa: BLE001 - a source that fails to load is a verdict
-            self.report.errors = [_load_error(e)]
-            self.check("loads", False, self.report.errors[0])
-            return self.reject(f"does not load: {self.report.errors[0]}")
-        self.report.compiled = True
-        self.check("loads", True)
-        tampered = changed_timers()
-        if tampered:
-            return self.reject(f"replaces timer functions when loaded: {', '.join(tampered)}")
+            return self._run(art, manifest, loaded, device)
+        except _CandidateFailed as e:
+            return self.reject(str(e))
+        finally:
+            self.report.stdout_bytes = self.proc.stdout_bytes()
+            self.proc.remove()
+
+    def _load(self, art: Any, manifest: Any, reference: torch.nn.Module, device: str) -> Loaded:
+        """Write the weights and the constructor's tensors into the candidate's scratch folder and
+        have the candidate process load and build ``ModelNew`` from them."""
+        from safetensors.torch import save_file
+
+        from modulelens.capture.artifact import load_tensors
+
+        state = self.proc.scratch / "state.safetensors"
+        save_file({k: v.detach().cpu().contiguous().clone() for k, v in reference.state_dict().items()}, str(state))
+        init = None
+        if art.has_file("init.safetensors"):
+            init = self.proc.scratch / "init.safetensors"
+            save_file({k: v.contiguous() for k, v in load_tensors(art, "init.safetensors").items()}, str(init))
+        self.get_ready("module")
+        req = LoadModuleRequest(source=self.task.candidate.source, class_name=self.task.candidate.class_name,
+                                init_args=list(manifest.init.args or []), init_kwargs=dict(manifest.init.kwargs or {}),
+                                init_tensors=str(init) if init else None, state=str(state),
+                                sys_path=[str(p) for p in self.proc.read_only[1:]], device=device)
+        return self._request(req, timeout=self.task.build_timeout)
+
+    def _run(self, art: Any, manifest: Any, loaded: Any, device: str) -> ValidationReport:
+        cand = self.task.candidate
         if "source" not in manifest.strategies or manifest.init is None:
             return self.reject(f"capture {art.ref} has no constructor arguments: ModelNew cannot be built like the module")
         reference = loaded.build("source")
-        tensors = load_tensors(art, "init.safetensors") if art.has_file("init.safetensors") else {}
-        try:
-            new = construct(cls, manifest.init.args, manifest.init.kwargs, tensors, manifest.sys_path)
-            new = new.to(device)
-            new.load_state_dict(reference.state_dict(), strict=True)
-        except Exception as e:  # noqa: BLE001
-            first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
-            self.check("builds with the captured constructor arguments and weights", False, first)
-            return self.reject(f"cannot be built with the captured constructor arguments and weights: {first}")
-        self.check("builds with the captured constructor arguments and weights", True)
+        self.stage("compile")
+        result = self._load(art, manifest, reference, device)
+        self.report.isolation = self._isolation(result, Path(self.task.repo))
+        if not result.ok and result.failed_step == "load":
+            self.report.errors = [result.error]
+            self.check("loads", False, result.error)
+            return self.reject(f"does not load: {result.error}")
+        self.report.compiled = True
+        self.check("loads", True)
+        if not self.check("builds with the captured constructor arguments and weights", result.ok, result.error):
+            return self.reject(f"cannot be built with the captured constructor arguments and weights: {result.error}")
 
         args, kwargs = loaded.inputs()
         expected, _ = loaded.expected_outputs()
@@ -176,57 +162,58 @@ class _ModuleValidator(ReportKeeper):
                 cases.append((f"{dist} inputs, seed {seed}", a, k))
         claims = cand.claims_training and manifest.training
         self.stage("check")
-        reference.eval()
-        new.eval()
-        with torch.no_grad():
-            for label, a, k in cases:
-                problem = self.check_case(reference, new, a, k, f"eval, {label}", rng=None)
-                if problem:
-                    return self.reject(problem)
-        notes = [EVAL_ONLY if not claims else SAME_RNG, UNCONTAINED]
+        for label, a, k in cases:
+            problem = self.check_case(reference, a, k, f"eval, {label}", training=False, rng=None)
+            if problem:
+                return self.reject(problem)
+        note = EVAL_ONLY if not claims else SAME_RNG
         if claims:
-            problem = self.check_training(loaded, reference, new, cases, expected)
+            problem = self.check_training(loaded, reference, cases, expected)
             if problem:
                 return self.reject(problem)
         self.report.ran, self.report.correct = True, True
-        self.report.backend_calls = sorted(self.calls)
         if self.task.time:
             self.stage("time")
-            self.time_it(reference, new, args, kwargs, claims, device)
-            tampered = changed_timers()
-            if tampered:
-                self.report.correct = False
-                return self.reject(f"replaced timer functions while running: {', '.join(tampered)}")
+            self.time_it(reference, args, kwargs, claims, device)
             self.stage("recheck")
-            with torch.no_grad():
-                problem = self.check_case(reference.eval(), new.eval(), args, kwargs, "captured inputs after timing", None)
+            a, k = fresh_inputs(args, kwargs, 9973, "normal")
+            problem = self.check_case(reference, a, k, "fresh values in the timed buffers after timing",
+                                      training=False, rng=None)
             if problem:
                 self.report.correct = False
                 return self.reject(problem)
         self.report.stage = "done"
-        if self.report.backend_calls:
+        self.report.timing_note = (self.report.timing_note + "; " if self.report.timing_note else "") + note
+        return self._decide(note)
+
+    def _decide(self, note: str) -> ValidationReport:
+        foreign = self.foreign_evidence()
+        self.report.backend_calls = sorted(self.ops) + foreign
+        self.report.wrapper_evidence = "; ".join([
+            "aten ops recorded by the profiler in the candidate's process during its forward calls, all threads "
+            "(reported by that process)", FOREIGN_EVIDENCE, NOT_SEEN])
+        if foreign:
             self.report.verdict = "wrapper"
-            self.report.reason = ("correct, and computes through " + ", ".join(self.report.backend_calls[:5])
-                                  + (" ..." if len(self.report.backend_calls) > 5 else "") + "; " + notes[0] + "; " + notes[1])
+            self.report.reason = f"correct, but it computes with a foreign library: {'; '.join(foreign)}; {note}"
+        elif self.ops:
+            calls = sorted(self.ops)
+            self.report.verdict = "wrapper"
+            self.report.reason = ("correct, and computes through " + ", ".join(calls[:5])
+                                  + (" ..." if len(calls) > 5 else "") + f"; {note}; {CONTAINED}")
         else:
             self.report.verdict = "custom"
-            self.report.reason = "correct on the captured and fresh inputs; computes the result itself; " + notes[0] + "; " + notes[1]
-        self.report.timing_note = (self.report.timing_note + "; " if self.report.timing_note else "") + notes[0]
+            self.report.reason = f"correct on the captured and fresh inputs; computes the result itself; {note}; {CONTAINED}"
         return self.report
 
-    def _run(self, module: torch.nn.Module, a: list, k: dict, rng: dict | None, count: bool) -> Any:
+    def _reference(self, reference: torch.nn.Module, args: list, kwargs: dict, training: bool,
+                   rng: dict | None) -> Any:
         from modulelens.capture.tracer import set_rng_states
 
+        reference.train(training)
         if rng is not None:
             set_rng_states(rng)
-        if not count:
-            return module(*a, **k)
-        counter = _AtenCallCounter()
-        with counter:
-            out = module(*a, **k)
-        for name, n in counter.calls.items():
-            self.calls[name] = self.calls.get(name, 0) + n
-        return out
+        with torch.set_grad_enabled(training):
+            return reference(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args], **dict(kwargs))
 
     def compare(self, got: Any, want: Any, label: str, rtol: float | None = None) -> str | None:
         g, w = _tensors(got), _tensors(want)
@@ -239,121 +226,108 @@ class _ModuleValidator(ReportKeeper):
                 return f"output {i} is wrong on {label}: {detail}"
         return None
 
-    def check_case(self, reference: torch.nn.Module, new: torch.nn.Module, args: list, kwargs: dict, label: str,
+    def check_case(self, reference: torch.nn.Module, args: list, kwargs: dict, label: str, training: bool,
                    rng: dict | None) -> str | None:
-        want = self._run(reference, [a.clone() if isinstance(a, torch.Tensor) else a for a in args], dict(kwargs), rng, False)
-        cand_args = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
-        snapshot = [a.clone() if isinstance(a, torch.Tensor) else None for a in cand_args]
-        try:
-            got = self._run(new, cand_args, dict(kwargs), rng, True)
-        except Exception as e:  # noqa: BLE001 - any exception from the candidate is a verdict
-            text = str(e).strip().splitlines()
-            self.report.errors.append(f"{type(e).__name__}: {text[0][:500] if text else ''}")
-            return f"raised {type(e).__name__} on {label}: {text[0][:300] if text else ''}"
-        for i, out in enumerate(_tensors(got)):
-            for j, a in enumerate(cand_args):
-                if isinstance(a, torch.Tensor) and _overlaps(out, a):
-                    self.check(f"no aliasing ({label})", False, f"output {i} shares memory with input {j}")
-                    return f"output {i} is (a view of) input {j} ({label})"
-        for i, (a, snap) in enumerate(zip(cand_args, snapshot)):
-            if snap is not None and not _same_bits(a, snap):
+        want = _tensors(self._reference(reference, args, kwargs, training, rng))
+        result = self.call(args, kwargs, want, trace=True, label=label, module_call=ModuleCall(training, rng))
+        self.ops.update(_computing_ops(result.ops or []))
+        for i, j in enumerate(result.aliases):
+            if j is not None and j < len(result.inputs):
+                self.check(f"no aliasing ({label})", False, f"output {i} shares memory with input {j}")
+                return f"output {i} is (a view of) input {j} ({label})"
+        for i, (slot, before) in enumerate(result.inputs):
+            if not _same_bits(self.proc.arena.read(slot), before):
                 self.check(f"inputs unchanged ({label})", False, f"input {i} modified")
                 return f"mutates input {i} ({label})"
-        return self.compare(got, want, label)
+        return self.compare(result.outputs, want, label)
 
-    def check_training(self, loaded: Any, reference: torch.nn.Module, new: torch.nn.Module, cases: list,
-                       expected: Any) -> str | None:
+    def check_training(self, loaded: Any, reference: torch.nn.Module, cases: list, expected: Any) -> str | None:
         from modulelens.capture.tracer import rng_states
 
-        reference.train()
-        new.train()
         captured_rng = loaded.rng()
-        with torch.enable_grad():
-            for label, a, k in cases:
-                rng = captured_rng if label == "captured inputs" else rng_states()
-                problem = self.check_case(reference, new, a, k, f"training, same RNG state, {label}", rng)
-                if problem:
-                    return problem
-            got = self._run(new, *cases[0][1:], captured_rng, False)
-            problem = self.compare(got, expected, "training, captured RNG state, against the captured output")
+        for label, a, k in cases:
+            rng = captured_rng if label == "captured inputs" else rng_states()
+            problem = self.check_case(reference, a, k, f"training, same RNG state, {label}", training=True, rng=rng)
             if problem:
                 return problem
-            return self.check_gradients(loaded, reference, new, cases[0][1], cases[0][2], captured_rng)
+        args, kwargs = cases[0][1], cases[0][2]
+        want = _tensors(expected)
+        got = self.call(args, kwargs, want, trace=False, label="training, captured RNG state",
+                        module_call=ModuleCall(True, captured_rng))
+        problem = self.compare(got.outputs, expected, "training, captured RNG state, against the captured output")
+        if problem:
+            return problem
+        return self.check_gradients(loaded, reference, args, kwargs, captured_rng)
 
-    def check_gradients(self, loaded: Any, reference: torch.nn.Module, new: torch.nn.Module, args: list, kwargs: dict,
+    def check_gradients(self, loaded: Any, reference: torch.nn.Module, args: list, kwargs: dict,
                         rng: dict) -> str | None:
         grads = loaded.grads() if loaded.artifact.has_file("grads.safetensors") else {}
-
-        def backward(module: torch.nn.Module, grad_out: list[torch.Tensor] | None) -> tuple[list, dict, list]:
-            a = [x.detach().clone().requires_grad_(x.is_floating_point()) if isinstance(x, torch.Tensor) else x
-                 for x in args]
-            module.zero_grad(set_to_none=True)
-            outs = [o for o in _tensors(self._run(module, a, dict(kwargs), rng, False)) if o.requires_grad]
-            if grad_out is None:
-                gen = torch.Generator().manual_seed(0)
-                grad_out = [torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.dtype) for o in outs]
-            torch.autograd.backward(outs, [g.to(o.device, o.dtype) for g, o in zip(grad_out, outs)])
-            params = {n: p.grad for n, p in module.named_parameters() if p.grad is not None}
-            return [x.grad for x in a if isinstance(x, torch.Tensor)], params, grad_out
-
         captured_out = [grads[k] for k in sorted((k for k in grads if k.startswith("grad_output.")), key=_index)]
         if captured_out:
             label = "gradients, against the captured gradients"
-            inputs, params, _ = backward(new, captured_out)
+            grad_out = captured_out
             want_params = {k.removeprefix("param."): v for k, v in grads.items() if k.startswith("param.")}
             want_inputs = {int(k.split(".")[1]): v for k, v in grads.items() if k.startswith("grad_input.")}
         else:
             label = "gradients, against the original module (no captured gradients)"
-            ref_inputs, want_params, grad_out = backward(reference, None)
-            inputs, params, _ = backward(new, grad_out)
+            ref_inputs, want_params, grad_out = _reference_backward(reference, args, kwargs, rng)
             want_inputs = {i: g for i, g in enumerate(ref_inputs) if g is not None}
-        for name, want in want_params.items():
+        room = sum(p.numel() * p.element_size() + 64 for p in reference.parameters())
+        room += sum(a.numel() * a.element_size() + 64 for a in args if isinstance(a, torch.Tensor))
+        want = _tensors(self._reference(reference, args, kwargs, True, rng))
+        got = self.call(args, kwargs, want, trace=False, label=label,
+                        module_call=ModuleCall(True, rng, [g.detach() for g in grad_out], grad_room=room))
+        inputs, params = got.input_grads, got.param_grads
+        for name, w in want_params.items():
             if name not in params:
                 self.check(f"{label}: {name}", False, "no gradient")
                 return f"parameter {name} gets no gradient ({label})"
-            problem = self.compare(params[name], want, f"{label}: {name}", rtol=self.rtol or 1e-4)
+            problem = self.compare(params[name], w, f"{label}: {name}", rtol=self.rtol or 1e-4)
             if problem:
                 return problem
-        for i, want in want_inputs.items():
+        for i, w in want_inputs.items():
             if i < len(inputs) and inputs[i] is not None:
-                problem = self.compare(inputs[i], want, f"{label}: input {i}", rtol=self.rtol or 1e-4)
+                problem = self.compare(inputs[i], w, f"{label}: input {i}", rtol=self.rtol or 1e-4)
                 if problem:
                     return problem
         return None
 
-    def time_it(self, reference: torch.nn.Module, new: torch.nn.Module, args: list, kwargs: dict, training: bool,
-                device: str) -> None:
-        """Paired timing (:mod:`modulelens.profiling.paired`): the speedup is the median ratio of
-        back-to-back pairs of calls, so load that drifts over the run hits both sides alike."""
+    def time_it(self, reference: torch.nn.Module, args: list, kwargs: dict, training: bool, device: str) -> None:
+        """The original timed here while the candidate process is stopped; the candidate by this
+        process's clock around batches of its calls (see :meth:`CandidateChecker.time_rounds`)."""
         reference.train(training)
-        new.train(training)
+        want = _tensors(self._reference(reference, args, kwargs, training, None))
+        self.call(args, kwargs, want, trace=False, label="timing inputs", module_call=ModuleCall(training))
 
-        def run(module: torch.nn.Module) -> Callable[[], Any]:
-            def call() -> Any:
-                with torch.set_grad_enabled(training):
-                    return module(*args, **kwargs)
-            return call
+        def eager() -> Any:
+            with torch.set_grad_enabled(training):
+                return reference(*args, **kwargs)
 
-        eager, cand, ratio, pairs = paired_timing(run(reference), run(new), device,
-                                                  min_run_time=self.task.min_run_time)
-        self.report.eager, self.report.candidate, self.report.speedup_vs_eager = eager, cand, ratio
+        eager_t, cand_t = self.time_rounds(eager, device, self.task.min_run_time)
+        self.report.eager, self.report.candidate = eager_t, cand_t
+        self.report.speedup_vs_eager = eager_t.median_s / cand_t.median_s
         mode = "training mode with grad (forward)" if training else "eval mode without grad"
-        self.report.timing_note = (f"module forward in {mode}; speedup is the median ratio of {pairs} "
-                                   f"back-to-back pairs of calls; {eager.threads} threads")
-        if ratio > 10:
-            self.report.flags.append(f"suspicious: {ratio:.1f}x faster than eager")
+        self.report.timing_note = (f"module forward in {mode}; original: {eager_t.timer}; candidate: {cand_t.timer}; "
+                                   f"medians of the faster of two interleaved rounds each; {eager_t.threads} threads")
+        if self.report.speedup_vs_eager > 10:
+            self.report.flags.append(f"suspicious: {self.report.speedup_vs_eager:.1f}x faster than eager")
 
 
-def _load_error(e: BaseException) -> str:
-    """Short text of a load failure: the first compiler errors of a failed C++ build, else the
-    exception's first line."""
-    from modulelens.kernels.backends.cpp import summarize_errors
+def _reference_backward(module: torch.nn.Module, args: list, kwargs: dict, rng: dict) -> tuple[list, dict, list]:
+    """The original module's input and parameter gradients for a random output gradient (also returned)."""
+    from modulelens.capture.tracer import set_rng_states
 
-    text = str(e)
-    if "error:" in text:
-        return f"{type(e).__name__}: " + summarize_errors(text, {"main.cpp": (0, 1 << 30)})
-    lines = text.strip().splitlines()
-    return f"{type(e).__name__}: {lines[0][:500] if lines else ''}"
+    a = [x.detach().clone().requires_grad_(x.is_floating_point()) if isinstance(x, torch.Tensor) else x for x in args]
+    module.train(True)
+    module.zero_grad(set_to_none=True)
+    set_rng_states(rng)
+    with torch.enable_grad():
+        outs = [o for o in _tensors(module(*a, **dict(kwargs))) if o.requires_grad]
+    gen = torch.Generator().manual_seed(0)
+    grad_out = [torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.dtype) for o in outs]
+    torch.autograd.backward(outs, [g.to(o.device, o.dtype) for g, o in zip(grad_out, outs)])
+    params = {n: p.grad for n, p in module.named_parameters() if p.grad is not None}
+    return [x.grad if isinstance(x, torch.Tensor) else None for x in a], params, grad_out
 
 
 def _index(key: str) -> int:
@@ -362,16 +336,15 @@ def _index(key: str) -> int:
 
 def run_task(task: ValidateModuleTask, stage: Callable[[str], None]) -> ValidatedResult:
     """The sandbox worker's entry for ``validate_module`` tasks (``validate.run_task``'s counterpart):
-    the report of the module candidate (see the module docstring). The candidate's code ran in this
-    worker, which is also the checker of card candidates, so the worker always reports itself unfit
-    for reuse and the pool replaces it."""
+    the report of the module candidate (see the module docstring). The candidate's code ran in its
+    own candidate process, never in this worker; the worker still imported and built the
+    capture's module, so it reports itself unfit for reuse and the pool replaces it."""
     from modulelens.errors import ModuleLensError
 
     t0 = time.perf_counter()
     try:
         report = _ModuleValidator(task, stage).run()
     except ModuleLensError as e:
-        report = ValidationReport(verdict="rejected", correct=False, reason=str(e), stage="setup", backend="module",
-                                  isolation=worker_isolation(), flags=[NOT_CONTAINED])
+        report = ValidationReport(verdict="rejected", correct=False, reason=str(e), stage="setup", backend="module")
     report.seconds = time.perf_counter() - t0
     return ValidatedResult(report=report, healthy=False)

@@ -35,9 +35,9 @@ from modulelens.ops.model import OpCard
 from modulelens.ops.recorder import classify, resolve_op
 from modulelens.profiling.timing import Timing, time_callable
 from modulelens.repo import Repository
-from modulelens.sandbox.candidate_messages import Called, CallRequest, Loaded, LoadRequest
+from modulelens.sandbox.candidate_messages import Called, CallRequest, Loaded, LoadRequest, Ready, ReadyRequest
 from modulelens.sandbox.candidate_process import CandidateDied, CandidateProcess
-from modulelens.sandbox.containment import Isolation
+from modulelens.sandbox.containment import Isolation, foreign_in, secrets_layer
 from modulelens.sandbox.messages import (
     PongResult,
     RefusedResult,
@@ -62,6 +62,14 @@ _ALLOWED = {
 _LIBRARY_SYMBOL = re.compile(r"^(cublas\w*|cublasLt\w*|cudnn\w*|mkl_\w+|cblas_\w+|dnnl\w*|"
                              r"at::(?:cpu|cuda|native|compositeexplicitautograd|compositeimplicitautograd)::\w+)")
 DELAY_S = 0.2  # outputs are read again this long after a call returned (late writers)
+
+FOREIGN_EVIDENCE = ("foreign numerical libraries (scipy, numba, jax, tensorflow, cupy, numpy's lazily loaded "
+                    "parts) newly mapped by the candidate's process after the harness's own imports, read by the "
+                    "checker from /proc/PID/maps (the kernel writes it; the candidate cannot forge it); crossings "
+                    "between torch and numpy during the calls (Tensor.numpy, __array__, from_numpy, "
+                    "as_tensor/tensor of an ndarray), counted in the candidate's process (a claim)")
+NOT_SEEN = ("not seen: numpy's core (torch maps it at import, so its use shows only through the crossings), "
+            "and symbols resolved at run time (dlsym)")
 
 _REL_L2 = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-2}
 
@@ -197,15 +205,174 @@ class _Call:
     slots as written, and the ops the candidate process claims it ran."""
 
     def __init__(self, outputs: list[torch.Tensor], inputs: list[tuple[TensorSlot, torch.Tensor]],
-                 output_slots: list[TensorSlot], aliases: list[int | None], ops: list[str] | None):
+                 output_slots: list[TensorSlot], aliases: list[int | None], ops: list[str] | None,
+                 input_grads: list[torch.Tensor | None] | None = None,
+                 param_grads: dict[str, torch.Tensor] | None = None):
         self.outputs, self.inputs, self.output_slots, self.aliases, self.ops = outputs, inputs, output_slots, aliases, ops
+        self.input_grads, self.param_grads = input_grads or [], param_grads or {}
+
+
+class ModuleCall:
+    """The module-specific part of a call to a module candidate: mode, RNG state set before it,
+    and output gradients to run backward with (``grad_room``: arena bytes to keep for the gradients)."""
+
+    def __init__(self, training: bool, rng: dict[str, torch.Tensor] | None = None,
+                 grad_outputs: list[torch.Tensor] | None = None, grad_room: int = 0):
+        self.training, self.rng, self.grad_outputs, self.grad_room = training, rng, grad_outputs, grad_room
+        self.rng_keys = sorted(rng) if rng else []
+
+    def tensors(self) -> list[torch.Tensor]:
+        """The extra tensors written into the arena after the inputs: RNG states, output gradients."""
+        return [self.rng[k] for k in self.rng_keys] + list(self.grad_outputs or [])
+
+    def request_fields(self, args: list, kwargs: list, extra: list, names: list[str]) -> dict[str, Any]:
+        """CallRequest fields from the encoded values (``extra``: encoded :meth:`tensors`)."""
+        n = len(self.rng_keys)
+        return {"args": args, "kwargs": dict(zip(names, kwargs)), "training": self.training,
+                "rng": dict(zip(self.rng_keys, extra[:n])) if self.rng is not None else None,
+                "grad_outputs": extra[n:] if self.grad_outputs is not None else None}
 
 
 class _CandidateFailed(Exception):
     """The candidate raised, ran out of memory, or died: ``reason`` is the rejection."""
 
 
-class _Validator(ReportKeeper):
+class CandidateChecker(ReportKeeper):
+    """The checker's side of one candidate process, shared by card and module validation: it
+    sends requests (a death becomes :class:`_CandidateFailed`), writes inputs into the arena and
+    reads outputs back, times the candidate by its own clock, reports the isolation in force, and
+    reads from ``/proc`` which foreign numerical libraries the candidate's process mapped.
+    ``proc`` is the :class:`CandidateProcess`; subclasses hold the reference and the verdict."""
+
+    proc: CandidateProcess
+    call_timeout: float
+
+    def _request(self, req, timeout: float | None = None):
+        try:
+            return self.proc.request(req, timeout or self.call_timeout)
+        except CandidateDied as e:
+            self.report.stderr_tail = _clean_tail(e.stderr_tail)
+            oom = "memory" in e.stderr_tail.lower() or "bad_alloc" in e.stderr_tail
+            raise _CandidateFailed(f"the candidate process {e.reason} during {self.report.stage}"
+                                   + (" (out of memory)" if oom else "")) from None
+
+    def get_ready(self, backend: str) -> None:
+        """Let the harness import its own runtime, then note what the process has mapped: the
+        baseline that foreign libraries are judged against (:meth:`foreign_libraries`)."""
+        reply = self._request(ReadyRequest(backend=backend))
+        if not isinstance(reply, Ready):
+            raise _CandidateFailed(f"the candidate process answered a ready request with {reply.kind}")
+        self.baseline_maps = self.proc.mapped_files()
+
+    def foreign_libraries(self) -> list[str]:
+        """Foreign numerical libraries (:data:`FOREIGN_LIBRARIES`) the candidate's process mapped
+        since :meth:`get_ready`, as ``name (file)``: read by this process from ``/proc/PID/maps``,
+        which the kernel writes and the candidate cannot forge."""
+        base = getattr(self, "baseline_maps", None)
+        if base is None:
+            return []
+        return foreign_in(self.proc.mapped_files() - base)
+
+    def _isolation(self, loaded: Loaded, repo_root: Path) -> Isolation:
+        iso = loaded.isolation.model_copy(deep=True)
+        if self.proc.namespaces_missing:
+            iso.layers = [x for x in iso.layers if x.name != "namespaces"]
+            iso.add("namespaces", False, self.proc.namespaces_missing)
+        iso.add("process separation", True, "the candidate runs in its own process; reference outputs, "
+                "comparison, timing and verdict stay in the checker")
+        iso.layers.append(secrets_layer(iso, self.proc.read_only, repo_root))
+        return iso
+
+    def _write_inputs(self, values: list) -> tuple[list, list[tuple[TensorSlot, torch.Tensor]], int]:
+        arena = self.proc.arena
+        written: list[tuple[TensorSlot, torch.Tensor]] = []
+        need = sum(aligned(span_bytes(t)) for t in _tensors(values) if isinstance(t, torch.Tensor))
+        arena.resize(need + 1)
+        offset = 0
+
+        def put(t: torch.Tensor) -> TensorSlot:
+            nonlocal offset
+            slot = arena.put(t, offset)
+            written.append((slot, arena.read(slot)))
+            offset = aligned(offset + slot.nbytes)
+            return slot
+
+        encoded = [encode_value(v, put) for v in values]
+        return encoded, written, offset
+
+    def call(self, args: list, kwargs: dict, want: list[torch.Tensor], trace: bool, label: str,
+             module_call: ModuleCall | None = None) -> _Call:
+        """Write the inputs, call the candidate once, read its outputs back (and, for a module call
+        with output gradients, its gradients). Card calls pass keyword values positionally; module
+        calls by name. Raises _CandidateFailed."""
+        values = [*args, *kwargs.values()]
+        extra = module_call.tensors() if module_call else []
+        try:
+            encoded, written, end = self._write_inputs(values + extra)
+        except ValueError as e:
+            raise ModuleLensError(f"inputs cannot be passed to a candidate: {e}", "pick another card") from None
+        grad_bytes = sum(aligned(span_bytes(t)) for t in extra)
+        out_bytes = sum(aligned(max(w.numel() * w.element_size(), 1)) for w in want)
+        self.proc.arena.resize(end + 2 * out_bytes + (module_call.grad_room if module_call else 0) + grad_bytes
+                               + (1 << 16))
+        fields: dict[str, Any] = {"args": encoded[:len(values)]}
+        if module_call:
+            fields = module_call.request_fields(encoded[:len(args)], encoded[len(args):len(values)],
+                                                encoded[len(values):], list(kwargs))
+        reply = self._request(CallRequest(arena_size=self.proc.arena.size, output_offset=end,
+                                          poison_nbytes=[w.numel() * w.element_size() for w in want], trace=trace,
+                                          **fields))
+        if not isinstance(reply, Called):
+            raise _CandidateFailed(f"the candidate process answered a call with {reply.kind}")
+        if reply.out_of_memory:
+            raise _CandidateFailed(f"exceeded the memory limit on {label}: {reply.error[:300]}")
+        if reply.error:
+            self.report.errors.append(reply.error)
+            raise _CandidateFailed(f"raised {reply.error.split(':')[0]} on {label}: {reply.error[:300]}")
+        try:
+            outputs = [self.proc.arena.read(s) for s in reply.outputs]
+            input_grads = [self.proc.arena.read(s) if s is not None else None for s in reply.input_grads]
+            param_grads = {n: self.proc.arena.read(s) for n, s in reply.param_grads.items()}
+        except ValueError as e:
+            raise _CandidateFailed(f"returned an output the checker cannot read ({e}) on {label}") from None
+        self.numpy_bridges.update(reply.numpy_bridges)
+        return _Call(outputs, written[:len(_tensors(values))], reply.outputs, reply.aliases, reply.ops,
+                     input_grads, param_grads)
+
+    def time_rounds(self, eager_call: Callable[[], Any], device: str, min_run_time: float) -> tuple[Timing, Timing]:
+        """(eager, candidate): eager timed here while the candidate process is stopped, the
+        candidate by this process's clock around batches of its last call; two interleaved
+        rounds, the faster of each kept (drift hits both alike)."""
+        rounds = []
+        for _ in range(2):
+            self.proc.pause()
+            try:
+                eager = time_callable(eager_call, device, min_run_time=min_run_time / 2)
+            finally:
+                self.proc.resume()
+            rounds.append((eager, self._time_candidate(device, min_run_time / 2)))
+        eager = min((r[0] for r in rounds), key=lambda t: t.median_s)
+        cand = min((r[1] for r in rounds), key=lambda t: t.median_s)
+        return eager, cand
+
+    def _time_candidate(self, device: str, min_run_time: float) -> Timing:
+        try:
+            return checker_timing(self.proc, device, min_run_time, self.call_timeout)
+        except RuntimeError as e:
+            raise _CandidateFailed(f"raised while being timed: {e}") from None
+        except CandidateDied as e:
+            raise _CandidateFailed(f"the candidate process {e.reason} while being timed") from None
+
+    def foreign_evidence(self) -> list[str]:
+        """Wrapper evidence the checker holds beyond aten ops: foreign libraries newly mapped,
+        torch<->numpy crossings (claimed)."""
+        found = [f"maps {name}" for name in self.foreign_libraries()]
+        if self.numpy_bridges:
+            found.append("crosses into numpy (" + ", ".join(sorted(self.numpy_bridges)) + ")")
+        return found
+
+
+class _Validator(CandidateChecker):
     """The checker: holds the card, the reference outputs and the verdict; the candidate runs in a
     :class:`CandidateProcess` that sees only the inputs written into the shared arena."""
 
@@ -215,9 +382,10 @@ class _Validator(ReportKeeper):
         self.report = ValidationReport(verdict="rejected", correct=False, reason="", stage="compile",
                                        backend=task.candidate.backend)
         self.rtol, self.atol = task.rtol, task.atol
+        self.call_timeout = task.call_timeout
         self.ops: set[str] = set()
+        self.numpy_bridges: set[str] = set()
         self.traced = True
-        self.proc: CandidateProcess | None = None
 
     def run(self) -> ValidationReport:
         shared = Path(self.task.build_dir)
@@ -230,15 +398,6 @@ class _Validator(ReportKeeper):
             self.report.stdout_bytes = self.proc.stdout_bytes()
             self.proc.remove()
 
-    def _request(self, req, timeout: float | None = None):
-        try:
-            return self.proc.request(req, timeout or self.task.call_timeout)
-        except CandidateDied as e:
-            self.report.stderr_tail = _clean_tail(e.stderr_tail)
-            oom = "memory" in e.stderr_tail.lower() or "bad_alloc" in e.stderr_tail
-            raise _CandidateFailed(f"the candidate process {e.reason} during {self.report.stage}"
-                                   + (" (out of memory)" if oom else "")) from None
-
     # ----------------------------------------------------------------------------------------
     def _run(self, shared: Path) -> ValidationReport:
         cand = self.task.candidate
@@ -249,10 +408,11 @@ class _Validator(ReportKeeper):
             device = "cpu"
 
         self.stage("compile")
+        self.get_ready(cand.backend)
         loaded = self._request(LoadRequest(candidate=cand, build_dir=str(self.proc.scratch / "build"),
                                            shared_build_dir=str(shared), compile_only=not status.can_run),
                                timeout=self.task.build_timeout)
-        self.report.isolation = self._isolation(loaded)
+        self.report.isolation = self._isolation(loaded, Path(self.task.repo))
         if not loaded.ok:
             self.report.errors = [loaded.error]
             self.check("compiles", False, loaded.error)
@@ -300,9 +460,14 @@ class _Validator(ReportKeeper):
                 if problem:
                     return self.reject(problem)
         self.report.stage = "done"
+        foreign = self.foreign_evidence()
         self.report.backend_calls = sorted(self.ops) + symbols
         self.report.wrapper_evidence = self._evidence(library is not None)
-        if self.report.backend_calls:
+        if foreign:
+            self.report.verdict = "wrapper"
+            self.report.reason = "correct, but it computes with a foreign library: " + "; ".join(foreign)
+            self.report.backend_calls += foreign
+        elif self.report.backend_calls:
             self.report.verdict = "wrapper"
             self.report.reason = ("correct, but it calls back into " + ", ".join(self.report.backend_calls[:5])
                                   + " for the computation")
@@ -310,15 +475,6 @@ class _Validator(ReportKeeper):
             self.report.verdict = "custom"
             self.report.reason = "correct on every captured and fresh input; computes the result itself"
         return self.report
-
-    def _isolation(self, loaded: Loaded) -> Isolation:
-        iso = loaded.isolation.model_copy(deep=True)
-        if self.proc.namespaces_missing:
-            iso.layers = [x for x in iso.layers if x.name != "namespaces"]
-            iso.add("namespaces", False, self.proc.namespaces_missing)
-        iso.add("process separation", True, "the candidate runs in its own process; reference outputs, "
-                "comparison, timing and verdict stay in the checker")
-        return iso
 
     def _publish(self, loaded: Loaded, shared: Path) -> Path | None:
         """The candidate's extension file -- a fresh build in its scratch folder (then published to
@@ -339,49 +495,9 @@ class _Validator(ReportKeeper):
         if scanned:
             parts.append("the extension's imported library symbols, read by the checker (vendor libraries and "
                          "ATen kernels called past the dispatcher)")
-        parts.append("not seen: computation in numpy or other non-torch libraries called from Python, and "
-                     "symbols resolved at run time (dlsym)")
+        parts.append(FOREIGN_EVIDENCE)
+        parts.append(NOT_SEEN)
         return "; ".join(parts)
-
-    def _write_inputs(self, values: list) -> tuple[list, list[tuple[TensorSlot, torch.Tensor]], int]:
-        arena = self.proc.arena
-        written: list[tuple[TensorSlot, torch.Tensor]] = []
-        need = sum(aligned(span_bytes(t)) for t in _tensors(values) if isinstance(t, torch.Tensor))
-        arena.resize(need + 1)
-        offset = 0
-
-        def put(t: torch.Tensor) -> TensorSlot:
-            nonlocal offset
-            slot = arena.put(t, offset)
-            written.append((slot, arena.read(slot)))
-            offset = aligned(offset + slot.nbytes)
-            return slot
-
-        encoded = [encode_value(v, put) for v in values]
-        return encoded, written, offset
-
-    def call(self, args: list, kwargs: dict, want: list[torch.Tensor], trace: bool, label: str) -> _Call:
-        """Write the inputs, call the candidate once, read its outputs back. Raises _CandidateFailed."""
-        try:
-            encoded, written, end = self._write_inputs([*args, *kwargs.values()])
-        except ValueError as e:
-            raise ModuleLensError(f"card inputs cannot be passed to a candidate: {e}", "pick another card") from None
-        out_bytes = sum(aligned(max(w.numel() * w.element_size(), 1)) for w in want)
-        self.proc.arena.resize(end + 2 * out_bytes + (1 << 16))
-        reply = self._request(CallRequest(arena_size=self.proc.arena.size, args=encoded, output_offset=end,
-                                          poison_nbytes=[w.numel() * w.element_size() for w in want], trace=trace))
-        if not isinstance(reply, Called):
-            raise _CandidateFailed(f"the candidate process answered a call with {reply.kind}")
-        if reply.out_of_memory:
-            raise _CandidateFailed(f"exceeded the memory limit on {label}: {reply.error[:300]}")
-        if reply.error:
-            self.report.errors.append(reply.error)
-            raise _CandidateFailed(f"raised {reply.error.split(':')[0]} on {label}: {reply.error[:300]}")
-        try:
-            outputs = [self.proc.arena.read(s) for s in reply.outputs]
-        except ValueError as e:
-            raise _CandidateFailed(f"returned an output the checker cannot read ({e}) on {label}") from None
-        return _Call(outputs, written, reply.outputs, reply.aliases, reply.ops)
 
     def check_case(self, op, args: list, kwargs: dict, inplace: bool, label: str, settle: bool = False) -> str | None:
         """None when the candidate is right on this case, else why not. With ``settle``, the outputs
@@ -444,16 +560,7 @@ class _Validator(ReportKeeper):
         min_run = self.task.min_run_time
         want = _tensors(op(*args, **kwargs))
         self.call(args, kwargs, want, trace=False, label="timing inputs")
-        rounds = []
-        for _ in range(2):  # interleaved, so drift hits both alike
-            self.proc.pause()
-            try:
-                eager = time_callable(lambda: op(*args, **kwargs), device, min_run_time=min_run / 2)
-            finally:
-                self.proc.resume()
-            rounds.append((eager, self._time_candidate(device, min_run / 2)))
-        eager = min((r[0] for r in rounds), key=lambda t: t.median_s)
-        cand = min((r[1] for r in rounds), key=lambda t: t.median_s)
+        eager, cand = self.time_rounds(lambda: op(*args, **kwargs), device, min_run)
         self.report.eager, self.report.candidate = eager, cand
         self.report.speedup_vs_eager = eager.median_s / cand.median_s
         if self.task.compile_baseline:
@@ -473,14 +580,6 @@ class _Validator(ReportKeeper):
                 self.report.flags.append(
                     f"suspicious: {cand.median_s * 1e6:.1f} us is under half the {floor * 1e6:.1f} us this machine "
                     f"needs to move {card.bytes_per_call} bytes")
-
-    def _time_candidate(self, device: str, min_run_time: float) -> Timing:
-        try:
-            return checker_timing(self.proc, device, min_run_time, self.task.call_timeout)
-        except RuntimeError as e:
-            raise _CandidateFailed(f"raised while being timed: {e}") from None
-        except CandidateDied as e:
-            raise _CandidateFailed(f"the candidate process {e.reason} while being timed") from None
 
 
 def checker_timing(proc: CandidateProcess, device: str, min_run_time: float, timeout: float,

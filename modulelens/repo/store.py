@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import errno
 import hashlib
 import json
 import os
@@ -318,10 +319,27 @@ class Repository:
                 aliases = _read_aliases(aliases_path)
                 aliases["latest"] = version
                 _write_json_atomic(aliases_path, aliases)
+        except OSError as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise self.write_failed(e, f"{kind} {name}") from None
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         return Artifact(kind, name, version, final, manifest)
+
+    def write_failed(self, error: OSError, what: str) -> Exception:
+        """The error to raise for an OSError while writing ``what`` into this repository: a full
+        disk, a quota or a read-only file system become a one-line :class:`ModuleLensError`
+        naming the repository and what to do; anything else stays the OSError."""
+        if error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return ModuleLensError(
+                f"no space left on the device holding the repository {self.root} while writing {what}",
+                f"free space there (remove old versions under {self.root}, or {self.root / '.tmp'} left by killed "
+                "runs, or the build cache), or use another --repo")
+        if error.errno == errno.EROFS:
+            return ModuleLensError(f"cannot write {what} into the repository {self.root}: {error.strerror}",
+                                   "use a repository folder you can write to (--repo)")
+        return error
 
     def tag(self, kind: str, ref: str | Ref, tag: str) -> tuple[str, int]:
         """Point ``tag`` at the version ``ref`` resolves to (``latest`` is managed automatically)."""
@@ -330,9 +348,12 @@ class Repository:
             raise ModuleLensError("'latest' is set automatically", "choose another tag name")
         name, version = self.resolve(kind, ref)
         name_dir = self._name_dir(kind, name)
-        with _locked(name_dir / ".lock"):
-            path = name_dir / ALIASES
-            aliases = _read_aliases(path)
-            aliases[tag] = version
-            _write_json_atomic(path, aliases)
+        try:
+            with _locked(name_dir / ".lock"):
+                path = name_dir / ALIASES
+                aliases = _read_aliases(path)
+                aliases[tag] = version
+                _write_json_atomic(path, aliases)
+        except OSError as e:
+            raise self.write_failed(e, f"tag {tag} of {kind} {name}") from None
         return name, version

@@ -1,7 +1,11 @@
 """What crosses the pipes between the checker and a candidate process.
 
-The checker sends a :data:`CandidateRequest` and reads one :data:`CandidateReply`: load the
-candidate (:class:`LoadRequest` -> :class:`Loaded`), call it once on inputs in the shared arena
+The checker sends a :data:`CandidateRequest` and reads one :data:`CandidateReply`: get ready
+(:class:`ReadyRequest` -> :class:`Ready`: the harness has imported what it needs, before any
+candidate code, so the checker can note what the process has mapped), load the
+candidate (:class:`LoadRequest` -> :class:`Loaded`; a module-level candidate with
+:class:`LoadModuleRequest`: its source runs, it is built with the captured constructor arguments
+and loads the captured weights), call it once on inputs in the shared arena
 (:class:`CallRequest` -> :class:`Called`), or call it again N times on the same inputs for
 timing (:class:`RepeatRequest` -> :class:`Repeated`). Everything a candidate process reports is
 a *claim* (its code may have rewritten the harness): the checker trusts only the bytes it reads
@@ -28,6 +32,26 @@ class LoadRequest(BaseModel):
     compile_only: bool = False
 
 
+class ReadyRequest(BaseModel):
+    kind: Literal["ready"] = "ready"
+    backend: str = Field(description="The candidate's backend: its runtime is imported now (part of the baseline).")
+
+
+class LoadModuleRequest(BaseModel):
+    """Load a module-level candidate (KernelBench ModelNew): run its source, build ``class_name``
+    with the captured constructor arguments, load the captured weights by name (strict)."""
+
+    kind: Literal["load_module"] = "load_module"
+    source: str
+    class_name: str = "ModelNew"
+    init_args: list[Any] = Field(default_factory=list, description="Constructor argument specs (capture.values).")
+    init_kwargs: dict[str, Any] = Field(default_factory=dict)
+    init_tensors: str | None = Field(None, description="safetensors file (in scratch) of tensors the specs refer to.")
+    state: str = Field(description="safetensors file (in scratch) of the original module's state dict.")
+    sys_path: list[str] = Field(default_factory=list, description="Where the constructor's argument classes import from.")
+    device: str = "cpu"
+
+
 class CallRequest(BaseModel):
     model_config = ConfigDict(ser_json_inf_nan="constants")
 
@@ -37,6 +61,11 @@ class CallRequest(BaseModel):
     output_offset: int = Field(description="Where in the arena the outputs go.")
     poison_nbytes: list[int] = Field(default_factory=list, description="Blocks to fill with NaN and free first.")
     trace: bool = True
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Encoded keyword arguments (module calls).")
+    training: bool | None = Field(None, description="Module calls: train (with grad) or eval (without); None: a card call.")
+    rng: dict[str, Any] | None = Field(None, description="Encoded RNG states set right before the call (module calls).")
+    grad_outputs: list[Any] | None = Field(
+        None, description="Encoded output gradients: backward after the call, gradients returned (module calls).")
 
 
 class RepeatRequest(BaseModel):
@@ -44,8 +73,14 @@ class RepeatRequest(BaseModel):
     calls: int = Field(ge=1)
 
 
-CandidateRequest = Annotated[LoadRequest | CallRequest | RepeatRequest, Field(discriminator="kind")]
+CandidateRequest = Annotated[ReadyRequest | LoadRequest | LoadModuleRequest | CallRequest | RepeatRequest,
+                             Field(discriminator="kind")]
 CANDIDATE_REQUESTS: TypeAdapter[CandidateRequest] = TypeAdapter(CandidateRequest)
+
+
+class Ready(BaseModel):
+    kind: Literal["ready"] = "ready"
+    pid: int = Field(description="The process's own pid (in its namespace: 1).")
 
 
 class Loaded(BaseModel):
@@ -53,6 +88,8 @@ class Loaded(BaseModel):
     isolation: Isolation
     ok: bool
     error: str = Field("", description="Short compile error, usable in a repair prompt.")
+    failed_step: Literal["load", "build"] = Field(
+        "load", description="Module candidates: whether the source failed to load or the class to be built.")
     build_name: str | None = Field(None, description="Name of the extension the candidate was loaded from.")
     library: str | None = Field(None, description="Its file: in the candidate's folder, or in the shared cache.")
     fresh_build: bool = Field(False, description="Built now in the candidate's folder (to publish).")
@@ -64,6 +101,10 @@ class Called(BaseModel):
     outputs: list[TensorSlot] = Field(default_factory=list)
     aliases: list[int | None] = Field(default_factory=list, description="Input index each output views (claimed).")
     ops: list[str] | None = Field(None, description="aten ops the process ran during the call (claimed).")
+    numpy_bridges: list[str] = Field(default_factory=list,
+                                     description="torch<->numpy crossings made during the call (claimed).")
+    input_grads: list[TensorSlot | None] = Field(default_factory=list, description="With grad_outputs: per tensor input.")
+    param_grads: dict[str, TensorSlot] = Field(default_factory=dict, description="With grad_outputs: by parameter name.")
     error: str = ""
     out_of_memory: bool = False
 
@@ -73,5 +114,5 @@ class Repeated(BaseModel):
     error: str = ""
 
 
-CandidateReply = Annotated[Loaded | Called | Repeated, Field(discriminator="kind")]
+CandidateReply = Annotated[Ready | Loaded | Called | Repeated, Field(discriminator="kind")]
 CANDIDATE_REPLIES: TypeAdapter[CandidateReply] = TypeAdapter(CandidateReply)

@@ -107,6 +107,7 @@ class CandidateProcess:
     shared build cache)."""
 
     def __init__(self, memory_limit_mb: int, read_only: list[Path], parent: Path | None = None):
+        self.read_only = list(read_only)
         self.scratch = Path(tempfile.mkdtemp(prefix="modulelens-candidate-", dir=parent or scratch_parent()))
         for sub in ("tmp", "build", "cache"):
             (self.scratch / sub).mkdir()
@@ -170,6 +171,28 @@ class CandidateProcess:
         if reply.error:
             raise RuntimeError(reply.error)
         return elapsed / calls
+
+    # -- observing it from outside ---------------------------------------------------------------
+    def candidate_pid(self) -> int:
+        """The pid (in this PID namespace) of the process running candidate code: the child of
+        ``unshare --fork`` when started in namespaces, else the started process itself."""
+        if not self.namespaces:
+            return self.proc.pid
+        try:
+            children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
+        except OSError:
+            return self.proc.pid
+        return int(children[0]) if children else self.proc.pid
+
+    def mapped_files(self) -> set[str]:
+        """The files mapped into the candidate's process now, from ``/proc/PID/maps`` (written by
+        the kernel: the candidate cannot forge it). Empty when it cannot be read."""
+        try:
+            text = Path(f"/proc/{self.candidate_pid()}/maps").read_text()
+        except OSError:
+            return set()
+        return {line.split(None, 5)[5] for line in text.splitlines() if len(line.split(None, 5)) == 6
+                and line.split(None, 5)[5].startswith("/")}
 
     # -- pausing and ending ----------------------------------------------------------------------
     def pause(self) -> None:

@@ -220,3 +220,54 @@ def _allow(ruleset: int, path: str, access: int, handled: int) -> None:
             raise OSError(ctypes.get_errno(), f"landlock_add_rule {path}: {os.strerror(ctypes.get_errno())}")
     finally:
         os.close(fd)
+
+
+# -- what the checker reads and reports from outside ----------------------------------------------
+
+FOREIGN_LIBRARIES = ("numpy", "scipy", "numba", "llvmlite", "jax", "jaxlib", "tensorflow", "cupy", "sklearn",
+                     "numexpr", "mlx")
+
+
+def foreign_in(files: set[str] | list[str]) -> list[str]:
+    """Of mapped ``files``, those of installed foreign numerical libraries (:data:`FOREIGN_LIBRARIES`,
+    found by the package folder under ``site-packages``/``dist-packages``), as ``name (file, ...)``
+    per library, sorted."""
+    found: dict[str, set[str]] = {}
+    for path in files:
+        for marker in ("/site-packages/", "/dist-packages/"):
+            if marker in path:
+                top = path.split(marker, 1)[1].split("/", 1)[0].removesuffix(".libs")
+                if top in FOREIGN_LIBRARIES:
+                    found.setdefault(top, set()).add(os.path.basename(path))
+                break
+    return [f"{name} ({', '.join(sorted(names)[:3])}{', ...' if len(names) > 3 else ''})"
+            for name, names in sorted(found.items())]
+
+
+def secrets_layer(isolation: Isolation, read_only: list[Path], repo_root: Path) -> Layer:
+    """Whether the candidate can read this machine's signing key (:func:`modulelens.repo.trust.config_dir`)
+    and the repository (reference outputs): only Landlock keeps them out, and only when neither lies
+    under a folder the candidate may read (:func:`readable_roots`, computed here by the same rule
+    the candidate process applies) -- or under /tmp with a private /tmp in force."""
+    from modulelens.repo.trust import config_dir
+
+    name = "signing key and repository unreadable"
+    layers = {x.name: x.in_force for x in isolation.layers}
+    secrets = {"the signing key folder": config_dir(), "the repository": repo_root}
+    if not layers.get("landlock"):
+        return Layer(name=name, in_force=False, detail="no Landlock: the candidate can read "
+                     + " and ".join(f"{what} {path}" for what, path in secrets.items()))
+    roots = readable_roots([str(p) for p in read_only])
+    exposed = []
+    for what, path in secrets.items():
+        real = Path(os.path.realpath(path))
+        if layers.get("private /tmp") and real.is_relative_to("/tmp"):
+            continue  # hidden under the candidate's own /tmp
+        under = [r for r in roots if real.is_relative_to(r)]
+        if under:
+            exposed.append(f"{what} {real} lies under the readable {under[0]}")
+    if exposed:
+        return Layer(name=name, in_force=False, detail="; ".join(exposed))
+    return Layer(name=name, in_force=True, detail="Landlock lets the candidate read only system and Python folders, "
+                 "its scratch and the build cache: " + " and ".join(f"{what} {path}" for what, path in secrets.items())
+                 + " are outside them")

@@ -40,11 +40,16 @@ class CandidateTask(_Message):
     build_dir: str = Field(description="Where compiled candidates are cached.")
 
 
-class ValidateCardTask(CandidateTask, ValidationSettings):
-    kind: Literal["validate_card"] = "validate_card"
+class CandidateLimits(BaseModel):
+    """The limits of a candidate process."""
+
     memory_limit_mb: int = Field(6144, ge=256, description="Address-space cap of the candidate process (CPU runs).")
     call_timeout: float = Field(120.0, gt=0, description="Seconds one request to the candidate process may take.")
     build_timeout: float = Field(900.0, gt=0, description="Seconds compiling the candidate may take.")
+
+
+class ValidateCardTask(CandidateTask, ValidationSettings, CandidateLimits):
+    kind: Literal["validate_card"] = "validate_card"
 
     @property
     def settings(self) -> ValidationSettings:
@@ -71,7 +76,7 @@ class ModuleSource(_Message):
     claims_training: bool = False
 
 
-class ValidateModuleTask(_Message, ModuleValidationSettings):
+class ValidateModuleTask(_Message, ModuleValidationSettings, CandidateLimits):
     """Validate a module-level candidate against the capture ``capture`` of the repository at ``repo``."""
 
     kind: Literal["validate_module"] = "validate_module"

@@ -259,7 +259,11 @@ def install_skills(req: InstallSkillsRequest, ctx: ToolContext) -> InstallSkills
         ctx.progress(i, len(plan), p.rel)
         key = p.path.resolve()
         if p.content is not None and key not in done:  # a symlinked folder can alias two paths
-            _write(p.path, p.content)
+            try:
+                _write(p.path, p.content)
+            except OSError as e:  # /proc, a read-only mount, a full disk, a file where a folder goes
+                raise ModuleLensError(f"cannot write {p.rel} in {target}: {e.strerror or e}",
+                                      "pass a project folder you can write to") from None
             done.add(key)
     ctx.progress(len(plan), len(plan), "done")
 

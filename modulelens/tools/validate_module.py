@@ -17,6 +17,7 @@ from modulelens.kernels.module_candidates import (
 )
 from modulelens.kernels.report import ValidationReport
 from modulelens.kernels.sandboxed import validation_report
+from modulelens.kernels.source import read_source_file
 from modulelens.registry import Tool, ToolContext, register
 from modulelens.repo import Repository
 from modulelens.sandbox.messages import ModuleSource, ValidateModuleTask
@@ -34,8 +35,8 @@ class ValidateModuleRequest(BaseModel):
                                   "same RNG state, gradients): checked, and then dispatched in training.")
     time: bool = Field(True, description="Time the candidate against the original module.")
     seeds: int = Field(2, ge=1, le=10, description="Fresh-input seeds (each with normal, uniform, heavy-tailed and special values).")
-    rtol: float | None = Field(None, description="Override the relative tolerance (default: per dtype).")
-    atol: float | None = Field(None, description="Override the absolute tolerance.")
+    rtol: float | None = Field(None, ge=0, description="Override the relative tolerance (default: per dtype).")
+    atol: float | None = Field(None, ge=0, description="Override the absolute tolerance.")
     timeout: float = Field(900.0, gt=0, description="Seconds before the sandbox worker is stopped (C++ builds take a while).")
     memory_limit_mb: int = Field(DEFAULT_MEMORY_LIMIT_MB, ge=256, description="Address-space limit of the sandbox worker (CPU).")
 
@@ -60,7 +61,7 @@ def _candidate(req: ValidateModuleRequest, repo: Repository):
         path = Path(req.source).expanduser()
         if not path.is_file():
             raise ModuleLensError(f"source file {req.source!r} does not exist", "give the path of your ModelNew file")
-        text = path.read_text()
+        text = read_source_file(path)  # .py and friends only, at most 1 MiB: no host file read over MCP
     from modulelens.capture.manifest import capture_manifest
 
     capture = repo.open("captures", req.target)
@@ -79,6 +80,7 @@ def validate_module(req: ValidateModuleRequest, ctx: ToolContext) -> ValidateMod
         repo=str(repo.root), capture=target.capture, build_dir=str(default_build_dir()),
         candidate=ModuleSource(source=cand.source, class_name=cand.class_name, claims_training=cand.claims_training),
         time=req.time, seeds=list(range(req.seeds)), rtol=req.rtol, atol=req.atol,
+        memory_limit_mb=req.memory_limit_mb, call_timeout=req.timeout, build_timeout=req.timeout,
     )
     stages = ["compile", "check", "time", "recheck", "done"]
     ctx.progress(0, 5, f"validating {art.ref} in a sandbox")

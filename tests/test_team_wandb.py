@@ -251,3 +251,22 @@ def test_a_candidate_goes_with_its_report_and_names_its_card_set_as_input(cli, p
     assert (cand["type"], cand["address"]) == ("modulelens-candidate", f"{PROJECT}/candidate-blk.card0:local-v1")
     assert cand["unresolved_uses"] == [f"{PROJECT}/opset-blk:local-v1"]  # offline: lineage only in metadata
     assert (report["type"], report["unresolved_uses"]) == ("modulelens-report", [cand["address"]])
+
+
+def test_mcp_push_returns_the_address_and_prints_nothing(pushed, tmp_path, monkeypatch, capfd):
+    import anyio
+    from mcp import Client
+
+    from modulelens.mcp_server.server import build_server
+    from modulelens.tools import all_tools
+
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+
+    async def main():
+        async with Client(build_server(all_tools(), repo_root=pushed["repo"])) as client:
+            return await client.call_tool("push", {"ref": "lin", "to": PROJECT})
+
+    res = anyio.run(main)
+    assert not res.is_error, res.content
+    assert res.structured_content["pushed"][0]["address"] == f"{PROJECT}/capture-lin:local-v1"
+    assert capfd.readouterr().out == ""  # stdout may be the MCP wire

@@ -60,8 +60,9 @@ def _resolved_inputs(repo: Repository, art: Artifact) -> list[LocalRef]:
 def push_item(repo: Repository, art: Artifact) -> PushItem:
     """The push of one stored version. Every file is checked against its sha256 first, so a
     damaged version is refused here rather than shared."""
-    files = {rel: sha256_file(art.file(rel)) for rel in sorted(art.base.files)}
-    files[MANIFEST] = sha256_file(art.path / MANIFEST)
+    for rel in art.base.files:
+        art.file(rel)  # checks it against its sha256
+    files = {**dict(sorted(art.base.files.items())), MANIFEST: sha256_file(art.path / MANIFEST)}
     tags = sorted(tag for tag, v in repo.aliases(art.kind, art.name).items() if v == art.version and tag != "latest")
     return PushItem(local=_local(art), folder=str(art.path), files=files, aliases=[*tags, origin_alias(art.version)],
                     metadata=art.raw_manifest, uses=_resolved_inputs(repo, art))

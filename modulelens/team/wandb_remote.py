@@ -92,6 +92,9 @@ class WandbRemote:
     # -- push -------------------------------------------------------------------------------
     def check_ready(self) -> None:
         import_wandb()
+        if os.environ.get("WANDB_MODE", "").strip().lower() == "disabled":
+            raise ModuleLensError("W&B is disabled (WANDB_MODE=disabled), so nothing can be pushed",
+                                  "unset WANDB_MODE, or set it to offline to push into a local run folder")
         if not is_offline():
             require_credentials("push")
 
@@ -100,8 +103,10 @@ class WandbRemote:
         wandb = import_wandb()
         offline = is_offline()
         try:
+            # mode and folder from the environment now, not from W&B's first setup in this process
             run = wandb.init(entity=self.project.entity, project=self.project.project, job_type="modulelens-push",
                              name=f"push {items[0].local.ref}", reinit="create_new",
+                             mode="offline" if offline else "online", dir=os.environ.get("WANDB_DIR") or None,
                              settings=wandb.Settings(silent=True, console="off"))
         except Exception as e:  # W&B's own errors: bad entity, network, permission
             raise ModuleLensError(f"W&B refused the push run ({_first_line(e)})",

@@ -17,6 +17,8 @@ EXAMPLES: dict[str, str] = {
     "show_capture": "demo-block:v1 --tensors",
     "tag_capture": "demo-block:v1 prod",
     "trust": "demo-block:v1",
+    "push": "demo-block@prod --to wandb://my-team/kernels",
+    "pull": "wandb://my-team/kernels/capture-demo-block:prod",
     "export_repro": "demo-block@prod --out repros",
     "capture_ops": "demo-block",
     "list_op_cards": "demo-block --kind memory --top 5",

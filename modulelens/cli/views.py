@@ -41,6 +41,8 @@ from modulelens.tools.list_captures import ListCapturesResult
 from modulelens.tools.list_opsets import ListOpsetsResult
 from modulelens.tools.list_stats_runs import ListStatsRunsResult
 from modulelens.tools.pack import PackResult
+from modulelens.tools.pull import PullResult
+from modulelens.tools.push import PushResult
 from modulelens.tools.replay_module import ReplayModuleResult, TensorMatch
 from modulelens.tools.run import RunResult
 from modulelens.tools.show_capture import ShowCaptureResult
@@ -108,6 +110,8 @@ def capture_module_view(r: CaptureModuleResult, wide: bool) -> RenderableType:
     parts: list[RenderableType] = [capture_summary_view(r, wide, title=f"captured {r.ref} in {r.seconds:.1f} s")]
     if len(r.captures) > 1:
         parts.append(Text("captures (one per rank): " + ", ".join(r.captures)))
+    if r.pushed:
+        parts.append(Text(f"pushed: pull it elsewhere with `modulelens pull {r.pushed}`"))
     return Group(*parts)
 
 
@@ -391,6 +395,28 @@ def trust_view(r: TrustResult, wide: bool) -> RenderableType:
     return kv_table(rows, title=f"trust {r.ref}")
 
 
+def push_view(r: PushResult, wide: bool) -> RenderableType:
+    table = FittedTable([Column("pushed", "key", style="cyan"), Column("pull it with", "key"),
+                         Column("aliases", "text"), Column("files", "value", justify="right"),
+                         Column("inputs", "text")],
+                        title=f"pushed ({'offline: upload with `wandb sync ' + r.run + '`' if r.offline else r.run})",
+                        wide=wide)
+    for a in r.pushed:
+        inputs = ", ".join(a.uses) or ("not on the remote: " + ", ".join(a.unresolved_uses) if a.unresolved_uses else "-")
+        table.add_row(a.ref, a.address, ", ".join(a.aliases), str(a.files), inputs)
+    return table
+
+
+def pull_view(r: PullResult, wide: bool) -> RenderableType:
+    state = "trusted" if r.trusted else "NOT trusted"
+    rows: list[tuple[str, str | Cell]] = [("stored as", r.ref + (" (already present)" if r.already_present else "")),
+                                          ("from", r.origin), ("origin ref", r.origin_ref), ("files", str(r.files)),
+                                          ("state", Cell((state,), style=_GOOD if r.trusted else _WARN))]
+    if r.next_step:
+        rows.append(("next", r.next_step))
+    return kv_table(rows, title=f"pulled {r.ref}")
+
+
 # --------------------------------------------------------------------------------------------
 # Searches
 # --------------------------------------------------------------------------------------------
@@ -662,6 +688,8 @@ _VIEWS: dict[type[BaseModel], View] = {
     RunResult: run_view,
     CheckPackResult: check_pack_view,
     TrustResult: trust_view,
+    PushResult: push_view,
+    PullResult: pull_view,
 }
 
 

@@ -278,13 +278,15 @@ class Repository:
         return art
 
     # -- writing ----------------------------------------------------------------------------
-    def create(self, kind: str, name: str, write: Callable[[Path], dict[str, Any] | BaseModel]) -> Artifact:
+    def create(self, kind: str, name: str, write: Callable[[Path], dict[str, Any] | BaseModel], *,
+               signed: bool = True) -> Artifact:
         """Write a new version of ``name``.
 
         ``write(folder)`` fills an empty temporary folder and returns the manifest fields (a dict,
         or the domain's manifest model, whose bookkeeping fields are then overwritten). The
         version number, checksums and bookkeeping fields are added here; then the folder is
         renamed into place under the name's lock. If ``write`` raises, nothing is left behind.
+        ``signed=False`` stores it unsigned, so untrusted until ``trust`` (files pulled from elsewhere).
         """
         name_dir = self._name_dir(kind, name)
         tmp_root = self.root / ".tmp"
@@ -312,7 +314,8 @@ class Repository:
                     "files": files,
                 }
                 (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
-                sign_folder(tmp, MANIFEST)  # written here, so trusted here (see repo/trust.py)
+                if signed:
+                    sign_folder(tmp, MANIFEST)  # written here, so trusted here (see repo/trust.py)
                 final = name_dir / f"v{version}"
                 os.rename(tmp, final)
                 aliases_path = name_dir / ALIASES

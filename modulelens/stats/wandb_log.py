@@ -61,6 +61,7 @@ def log_to_wandb(art: Artifact, project: str | None = None) -> str:
         config={"stats_ref": art.ref, **manifest.source.model_dump(exclude_none=True),
                 "every": manifest.summary.every, "order_source": manifest.summary.order_source},
         settings=wandb.Settings(silent=True, console="off"),
+        dir=os.environ.get("WANDB_DIR") or None,  # now, not as at W&B's first setup in this process
     )
     try:
         for step, row in zip(series["steps"], step_rows(series)):

@@ -10,6 +10,8 @@ from modulelens.tools import (  # noqa: F401, I001  (CLI order)
     show_capture,
     tag_capture,
     trust_artifact,
+    push,
+    pull,
     export_repro,
     capture_ops,
     list_opsets,

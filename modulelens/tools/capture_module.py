@@ -12,20 +12,26 @@ from modulelens.capture.summary import CaptureSummary, summarize
 from modulelens.capture.worker import ScriptCaptureOptions, capture_script
 from modulelens.registry import Tool, ToolContext, register
 from modulelens.repo import Repository
+from modulelens.team.handover import check_push_target, push
 
 
 class CaptureModuleRequest(ScriptCaptureOptions):
-    pass  # the fields are the capture package's options; no docstring, so none in the JSON schema
+    # the other fields are the capture package's options; no docstring, so none in the JSON schema
+    push: str | None = Field(None, description="After the capture, push it to this team repository "
+                             "(wandb://ENTITY/PROJECT), so another machine can pull it.")
 
 
 class CaptureModuleResult(CaptureSummary):
     captures: list[str] = Field(default_factory=list, description="All refs written (one per capturing rank).")
     script_output_tail: str = Field("", description="Last lines the script printed.")
     seconds: float = Field(0.0, description="Wall time of the whole capture run.")
+    pushed: str | None = Field(None, description="Where --push sent the capture (wandb://ENTITY/PROJECT/NAME:ALIAS).")
 
 
 def capture_module(req: CaptureModuleRequest, ctx: ToolContext) -> CaptureModuleResult:
     repo = Repository(ctx.repo_root)
+    if req.push:
+        check_push_target(req.push)  # before the run: a bad address or missing login fails fast
     ctx.progress(0, 1, f"running {Path(req.script).name} until {req.module or 'the model'} is called")
     t0 = time.perf_counter()
     done = capture_script(req, repo, relay_to_stderr=True)
@@ -33,9 +39,10 @@ def capture_module(req: CaptureModuleRequest, ctx: ToolContext) -> CaptureModule
     summary = summarize(repo.open(KIND, done.ref))
     summary.notes = summary.notes + done.notes
     ctx.progress(1, 1, f"captured {summary.ref}")
+    pushed = push(repo, KIND, done.ref, req.push).pushed[0].address if req.push else None
     return CaptureModuleResult(
         **summary.model_dump(), captures=done.refs, script_output_tail=done.output_tail[-4000:],
-        seconds=round(seconds, 3),
+        seconds=round(seconds, 3), pushed=pushed,
     )
 
 

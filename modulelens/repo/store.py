@@ -56,7 +56,7 @@ def set_publish_guard(guard: PublishGuard | None) -> None:
     _publish_guard = guard
 
 
-def remove_stale_tmp(tmp_root: Path) -> list[str]:
+def _remove_stale(tmp_root: Path) -> list[str]:
     """Remove the temporary folders under ``tmp_root`` whose writer is no longer running (and
     unnamed ones older than a day). Returns the names removed."""
     import time
@@ -322,6 +322,11 @@ class Repository:
         return art
 
     # -- writing ----------------------------------------------------------------------------
+    def remove_stale_tmp(self) -> list[str]:
+        """Remove the temporary folders of writers that died (a killed capture); every write does
+        this first. Returns the folder names removed."""
+        return _remove_stale(self.root / TMP_DIR)
+
     def create(self, kind: str, name: str, write: Callable[[Path], dict[str, Any] | BaseModel]) -> Artifact:
         """Write a new version of ``name``.
 
@@ -333,7 +338,7 @@ class Repository:
         name_dir = self._name_dir(kind, name)
         tmp_root = self.root / TMP_DIR
         tmp_root.mkdir(parents=True, exist_ok=True)
-        remove_stale_tmp(tmp_root)
+        _remove_stale(tmp_root)
         tmp = Path(tempfile.mkdtemp(prefix=f"{this_process()}{OWNER_SEP}{kind}-{name}-", dir=tmp_root))
         try:
             fields = write(tmp)

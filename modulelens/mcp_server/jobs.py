@@ -15,7 +15,7 @@ tools of its own:
 
 A job is a detached process (``python -m modulelens.mcp_server.job_runner``) that writes its
 status to ``<repo>/.jobs/<id>.json``, so it survives the server that started it and any server on
-the same repository can report on it or cancel it. Sampling is not available inside a job (there
+the same repository can report on it or cancel it. A job's files are removed a week after it ended. Sampling is not available inside a job (there
 is no request to carry it): generate with the ``sampling`` provider by a direct call.
 """
 
@@ -49,6 +49,7 @@ LONG_TOOLS = ("capture_module", "gather_stats", "validate_kernel", "validate_mod
 JOBS_DIR = ".jobs"
 MAX_WAIT_S = 50.0  # below the common 60 s client request timeout
 CANCEL_WAIT_S = 30.0
+KEEP_FINISHED_S = 7 * 24 * 3600.0  # a finished job's files are removed by a later start_job after this
 POLL_S = 0.25
 
 JobState = Literal["running", "done", "failed", "cancelled"]
@@ -105,6 +106,7 @@ class JobTable:
         """Start ``tool`` on ``arguments`` (already validated) in a detached job process."""
         folder = self.folder
         folder.mkdir(parents=True, exist_ok=True)
+        self._forget_old(folder)
         job_id = f"{tool.name}-{secrets.token_hex(4)}"
         request = JobRequest(job=job_id, tool=tool.name, arguments=arguments, repo=str(folder.parent))
         (folder / f"{job_id}.request.json").write_text(request.model_dump_json())
@@ -151,6 +153,21 @@ class JobTable:
             _signal(pid, signal.SIGKILL, group=True)
             status = self.wait(job_id, 5.0)
         return status
+
+    @staticmethod
+    def _forget_old(folder: Path) -> None:
+        """Remove the files of jobs that finished more than ``KEEP_FINISHED_S`` ago."""
+        now = time.time()
+        for path in folder.glob("*.json"):
+            if path.name.endswith(".request.json"):
+                continue
+            try:
+                old = now - path.stat().st_mtime > KEEP_FINISHED_S
+                if old and JobStatus.model_validate_json(path.read_text()).state != "running":
+                    for suffix in (".json", ".request.json", ".log"):
+                        path.with_name(path.stem + suffix).unlink(missing_ok=True)
+            except (OSError, ValueError):
+                continue
 
     def _status_path(self, job_id: str) -> Path:
         path = self.folder / f"{job_id}.json"

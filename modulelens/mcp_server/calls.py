@@ -80,8 +80,7 @@ class ProgressRelay:
                     value = self._sent + 1e-6
             self._sent = value
             self._last_send = time.monotonic()
-            total_out = self._total if self._total is None or value <= self._total else None
-            return value, total_out, self._message
+            return value, self._total, self._message
 
     async def send(self, done: float | None, total: float | None, message: str | None) -> None:
         value, total_out, text = self._next(done, total, message)

@@ -10,6 +10,7 @@ The registry knows no tool: each module of :mod:`modulelens.tools` registers its
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,9 @@ class ToolContext:
     stdout_is_protocol: bool = False
     # Set by the MCP server when the connected client can sample: asks the client's own model.
     sample: SampleFn | None = None
+    # Set by a front end that cancels the call (MCP cancellation, cancel_job). Worker processes
+    # see it through modulelens.cancellation (the front end runs the tool inside ``cancellable``).
+    cancelled: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass(frozen=True)

@@ -54,3 +54,17 @@ def run_cli_subprocess(*args: str, env: dict | None = None, timeout: float = 600
         [sys.executable, "-m", "modulelens", *map(str, args)], capture_output=True, text=True,
         timeout=timeout, env={**os.environ, **(env or {})},
     )
+
+
+@pytest.fixture(scope="session")
+def softmax_card(tmp_path_factory):
+    """(repository, card id) of the softmax operator card of a captured nn.Softmax on [16, 24]."""
+    import modulelens
+    from modulelens.registry import ToolContext
+    from modulelens.tools.capture_ops import CaptureOpsRequest, capture_ops
+
+    repo = tmp_path_factory.mktemp("softmax-repo")
+    with modulelens.capture("", name="sm", repo=repo, export=False):
+        torch.nn.Softmax(dim=-1)(torch.randn(16, 24))
+    ops = capture_ops(CaptureOpsRequest(ref="sm", repeats=3), ToolContext(repo_root=repo))
+    return repo, next(c.card_id for c in ops.cards if "softmax" in c.op)

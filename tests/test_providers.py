@@ -530,18 +530,28 @@ def test_sampling_with_a_client_that_cannot_sample(card):
     assert asked["result"].startswith("ERROR MCP sampling is only available") and "did not declare" in asked["result"]
 
 
-def test_sampling_on_a_connection_without_a_back_channel(card):
+def test_sampling_on_the_default_protocol_asks_through_input_required(card):
     """Protocol 2026-07-28 (what mcp.Client negotiates by default with an mcp 2.x server) has no
-    server-to-client requests in the middle of a tool call."""
-    import mcp.types as types
+    server-to-client requests in the middle of a tool call: sample_via_mcp asks for the sample with
+    SamplingInputRequired, which the modulelens MCP server answers with an InputRequiredResult
+    (the whole round trip over mcp.Client: tests/test_mcp_long.py)."""
+    from modulelens.providers.sampling import SamplingInputRequired, sample_via_mcp
+
+    server = MCPServer("sampling-input-required")
+
+    @server.tool()
+    async def ask(prompt: str, ctx: Context) -> str:
+        try:
+            await sample_via_mcp(ctx, "be brief", prompt, 100)
+        except SamplingInputRequired as need:
+            return f"{need.key} {need.request.params.messages[0].content.text} {need.request.params.max_tokens}"
+        return "not asked"
 
     async def callback(context, params):
         raise AssertionError("not reached")
 
-    (asked,) = _run_client(_sampling_server(card), callback, "auto", [("ask", {"prompt": "x"})])
-    assert asked["result"].startswith("ERROR MCP sampling is only available")
-    assert "2026-07-28" in asked["result"] and "2025-11-25" in asked["result"]
-    assert types.CreateMessageResult  # the type the callback would return
+    (asked,) = _run_client(server, callback, "auto", [("ask", {"prompt": "x"})])
+    assert asked["result"].startswith("sample-") and asked["result"].endswith(" x 100")
 
 
 def test_every_stored_value_kind_is_described():

@@ -175,7 +175,10 @@ def capture_script(options: ScriptCaptureOptions, repo: Repository, *, relay_to_
         max_tensor_bytes=options.max_tensor_bytes, max_capture_bytes=options.max_capture_bytes, ranks=options.ranks,
         repo=str(repo.root),
     )
-    run = run_capture_worker(request, nproc=options.nproc, timeout=options.timeout, relay_to_stderr=relay_to_stderr)
+    try:
+        run = run_capture_worker(request, nproc=options.nproc, timeout=options.timeout, relay_to_stderr=relay_to_stderr)
+    finally:
+        repo.remove_stale_tmp()  # a worker killed while it wrote (timeout, cancelled call) left its folder
     written = sorted((r for r in run.results if r.ref), key=lambda r: r.rank)
     if not written:
         raise CaptureFailed(f"no rank captured (ranks {options.ranks!r})", "choose ranks that exist in the run")

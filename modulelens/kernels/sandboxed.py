@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from modulelens.cancellation import CallCancelled
 from modulelens.errors import ModuleLensError
 from modulelens.kernels.build_cache import default_build_dir
 from modulelens.kernels.candidates import candidate_manifest, save_report
@@ -52,7 +53,9 @@ def validate_candidate(repo: Repository, candidate: Artifact, src: KernelSource,
     """Validate the stored ``candidate`` (source ``src``) against ``settings.card_id`` in a sandbox
     worker, store the report as a new version of the candidate's report, and return it. A worker
     that crashes or outlives ``timeout`` seconds makes a ``rejected`` report. ``sandbox`` picks the
-    worker pool (default: the process's shared one); a search gives each of its workers its own."""
+    worker pool (default: the process's shared one); a search gives each of its workers its own.
+    A cancelled call stores an interrupted report (see :func:`interrupted_report`) before
+    CallCancelled goes on up, so the candidate never lacks a report for its last validation."""
     card_artifact, _ = open_card(repo, settings.card_id)  # a clear error if the card is gone
     require_trusted(card_artifact, "validate against its cards")  # decoding samples resolves class paths
     task = ValidateCardTask(repo=str(repo.root), candidate=src, build_dir=str(default_build_dir()),
@@ -60,17 +63,34 @@ def validate_candidate(repo: Repository, candidate: Artifact, src: KernelSource,
                             **settings.model_dump())
     progress(0, len(VALIDATION_STAGES), f"validating {candidate.ref} in a sandbox")
 
+    reached = ["starting"]
+
     def on_stage(stage: str) -> None:
+        reached.append(stage)
         done = VALIDATION_STAGES.index(stage) + 1 if stage in VALIDATION_STAGES else 0
         progress(done, len(VALIDATION_STAGES), stage)
 
     # the candidate process has ``timeout`` per request; the checker a little more for its own work
-    result = (sandbox or pool()).run(task, timeout + CHECKER_SLACK_S, on_stage=on_stage)
+    try:
+        result = (sandbox or pool()).run(task, timeout + CHECKER_SLACK_S, on_stage=on_stage)
+    except CallCancelled:
+        save_report(repo, candidate, interrupted_report(reached[-1], src.backend), settings)
+        raise
     report = validation_report(result, src.backend)
     stored = save_report(repo, candidate, report, settings)
     progress(len(VALIDATION_STAGES), len(VALIDATION_STAGES), report.verdict)
     return CandidateValidation(**report.model_dump(), candidate_id=candidate.ref, target=settings.card_id,
                                report=stored.ref)
+
+
+def interrupted_report(stage: str, backend: str) -> ValidationReport:
+    """The report of a validation its caller cancelled during ``stage``: rejected, flagged
+    ``interrupted``, saying so in its reason."""
+    return ValidationReport(
+        verdict="rejected", correct=False, stage=stage, backend=backend, flags=["interrupted"],
+        reason=f"interrupted: the validation was cancelled during {stage}; validate the candidate again",
+        errors=[f"interrupted during {stage}"],
+    )
 
 
 def validation_report(result: SandboxResult, backend: str) -> ValidationReport:

@@ -30,6 +30,7 @@ from pydantic import BaseModel, ValidationError
 
 from modulelens.errors import ModuleLensError
 from modulelens.mcp_server.calls import call_tool, error_text, validation_text
+from modulelens.mcp_server.jobs import add_job_tools
 from modulelens.mcp_server.resources import add_listing_resources
 from modulelens.mcp_server.schema import context_name, describe, parameter
 from modulelens.registry import Tool
@@ -102,6 +103,7 @@ def build_server(tools: list[Tool], repo_root: Path | None = None) -> MCPServer:
             description=describe(tool),
             structured_output=True,
         )
+    add_job_tools(server, by_name, repo_root)
     if "list_captures" in by_name and "show_capture" in by_name:
         add_listing_resources(
             server, by_name["list_captures"], by_name["show_capture"], repo_root,

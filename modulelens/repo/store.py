@@ -9,7 +9,11 @@ Layout::
 
 An artifact is written completely into a temporary folder under ``<root>/.tmp`` and then renamed
 into place while holding the name's lock, so readers never see a half-written version and two
-concurrent writers never get the same version number.
+concurrent writers never get the same version number. A temporary folder is named after the
+process writing it (``<pid>.<start>~<kind>-<name>-...``, see :mod:`modulelens.repo.owners`);
+the next write removes the folders of writers that died (a killed capture), and a process may
+install a publish guard (:func:`set_publish_guard`) that is checked just before the rename, so
+that a worker whose caller died publishes nothing.
 """
 
 from __future__ import annotations
@@ -29,12 +33,53 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from modulelens.errors import ChecksumMismatch, ModuleLensError, ReferenceNotFound
+from modulelens.repo.owners import owner_alive, this_process
 from modulelens.repo.refs import Ref, parse_ref, validate_name
 from modulelens.repo.trust import SIGNATURE, is_confined, sign_folder
 
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
 ALIASES = "aliases.json"
+TMP_DIR = ".tmp"
+OWNER_SEP = "~"
+LEGACY_TMP_MAX_AGE_S = 24 * 3600.0  # temporary folders named before owners were: removed after a day
+
+# Checked just before a new version is renamed into place: a message when it must not be published.
+PublishGuard = Callable[[], str | None]
+_publish_guard: PublishGuard | None = None
+
+
+def set_publish_guard(guard: PublishGuard | None) -> None:
+    """Install (or remove, with None) this process's publish guard: ``guard()`` returns None when
+    publishing may go ahead, otherwise the reason it must not (raised as a ModuleLensError, and the
+    temporary folder is removed)."""
+    global _publish_guard
+    _publish_guard = guard
+
+
+def _remove_stale(tmp_root: Path) -> list[str]:
+    """Remove the temporary folders under ``tmp_root`` whose writer is no longer running (and
+    unnamed ones older than a day). Returns the names removed."""
+    import time
+
+    removed = []
+    try:
+        entries = list(tmp_root.iterdir())
+    except OSError:
+        return removed
+    for entry in entries:
+        owner, sep, _ = entry.name.partition(OWNER_SEP)
+        if sep:
+            stale = not owner_alive(owner)
+        else:
+            try:
+                stale = time.time() - entry.stat().st_mtime > LEGACY_TMP_MAX_AGE_S
+            except OSError:
+                continue
+        if stale:
+            shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
+            removed.append(entry.name)
+    return removed
 
 
 class ManifestBase(BaseModel):
@@ -278,6 +323,11 @@ class Repository:
         return art
 
     # -- writing ----------------------------------------------------------------------------
+    def remove_stale_tmp(self) -> list[str]:
+        """Remove the temporary folders of writers that died (a killed capture); every write does
+        this first. Returns the folder names removed."""
+        return _remove_stale(self.root / TMP_DIR)
+
     def create(self, kind: str, name: str, write: Callable[[Path], dict[str, Any] | BaseModel], *,
                signed: bool = True) -> Artifact:
         """Write a new version of ``name``.
@@ -289,9 +339,10 @@ class Repository:
         ``signed=False`` stores it unsigned, so untrusted until ``trust`` (files pulled from elsewhere).
         """
         name_dir = self._name_dir(kind, name)
-        tmp_root = self.root / ".tmp"
+        tmp_root = self.root / TMP_DIR
         tmp_root.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f"{kind}-{name}-", dir=tmp_root))
+        _remove_stale(tmp_root)
+        tmp = Path(tempfile.mkdtemp(prefix=f"{this_process()}{OWNER_SEP}{kind}-{name}-", dir=tmp_root))
         try:
             fields = write(tmp)
             if isinstance(fields, BaseModel):
@@ -316,6 +367,9 @@ class Repository:
                 (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
                 if signed:
                     sign_folder(tmp, MANIFEST)  # written here, so trusted here (see repo/trust.py)
+                refusal = _publish_guard() if _publish_guard is not None else None
+                if refusal is not None:
+                    raise ModuleLensError(f"{name} was not published: {refusal}", None)
                 final = name_dir / f"v{version}"
                 os.rename(tmp, final)
                 aliases_path = name_dir / ALIASES

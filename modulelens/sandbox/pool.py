@@ -4,7 +4,9 @@ Each worker is ``python -m modulelens.sandbox.worker`` in a scratch folder (also
 TMPDIR), with an environment reduced to an allow-list (no API keys or tokens), its stdout and
 stderr going to files in the scratch folder, a memory limit it sets on itself, and tasks and
 results passing over two dedicated pipes. A task that outlives its timeout kills the worker; a
-worker that crashed, was killed, or reports itself unhealthy is replaced by a fresh one.
+worker that crashed, was killed, or reports itself unhealthy is replaced by a fresh one. A task
+whose call is cancelled (:mod:`modulelens.cancellation`) kills the worker's process group (its
+candidate processes die with it) and raises :class:`~modulelens.cancellation.CallCancelled`.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from modulelens.cancellation import CallCancelled, cancel_requested
 from modulelens.sandbox import protocol
 from modulelens.sandbox.messages import WORKER_MESSAGES, CrashedResult, SandboxResult, SandboxTask, StageReport
 
@@ -33,6 +36,7 @@ _ALLOW = re.compile(
 )
 _SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL|AUTH", re.IGNORECASE)
 DEFAULT_MEMORY_LIMIT_MB = 6144
+POLL_S = 0.25  # how often a waiting caller checks for cancellation
 
 
 def scrubbed_environment(scratch: Path) -> dict[str, str]:
@@ -92,7 +96,8 @@ class SandboxWorker:
             return 0
 
     def run(self, task: SandboxTask, timeout: float, on_stage: Callable[[str], None] | None = None) -> SandboxResult:
-        """Send a task and wait for its result. Raises WorkerCrashed on a crash or timeout."""
+        """Send a task and wait for its result. Raises WorkerCrashed on a crash or timeout, and
+        CallCancelled (after killing the worker) when the call is cancelled."""
         self.tasks += 1
         stage = "starting"
         try:
@@ -105,8 +110,11 @@ class SandboxWorker:
             if remaining <= 0:
                 self.kill()
                 raise WorkerCrashed(f"timed out after {timeout:.0f} s", stage, self.stderr_tail())
-            ready, _, _ = select.select([self._result_r], [], [], min(remaining, 1.0))
+            ready, _, _ = select.select([self._result_r], [], [], min(remaining, POLL_S))
             if not ready:
+                if cancel_requested():
+                    self.kill()
+                    raise CallCancelled(f"the sandbox worker (during {stage})")
                 continue
             message = protocol.receive(self._result_r, WORKER_MESSAGES)
             if message is None:
@@ -186,6 +194,10 @@ class SandboxPool:
                 worker.close()
                 self._worker = None
                 return CrashedResult(reason=e.reason, stage=e.stage, stderr_tail=e.stderr_tail)
+            except BaseException:  # cancelled or interrupted: the worker is in an unknown state
+                worker.close()
+                self._worker = None
+                raise
             wrote = worker.stdout_size() - before
             result.stdout_bytes = wrote
             if wrote or not result.healthy:

@@ -58,7 +58,10 @@ def test_every_skill_command_line_parses(app, skill, argv):
 
 
 def _runnable_isolate_lines() -> list[list[str]]:
-    lines = command_lines(available_skills()["isolate-module"].read_text(encoding="utf-8"))
+    text = available_skills()["isolate-module"].read_text(encoding="utf-8")
+    # The handover section needs a W&B server (its lines are still parsed by the test above).
+    text = re.split(r"^## .*handover.*$", text, flags=re.MULTILINE | re.IGNORECASE)[0]
+    lines = command_lines(text)
     return [argv for argv in lines if argv[0] != "mcp" and not any(PLACEHOLDER.match(a) for a in argv)]
 
 

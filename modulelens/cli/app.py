@@ -40,7 +40,8 @@ from modulelens.cli.examples import example_line
 from modulelens.cli.formats import printable, printable_value
 from modulelens.cli.progress import ProgressReporter, progress_mode
 from modulelens.cli.views import generic_view, view_for
-from modulelens.errors import ModuleLensError
+from modulelens.arguments import argument_errors
+from modulelens.errors import ModuleLensError, render
 from modulelens.registry import Tool, ToolContext
 from modulelens.repo import default_repo_root
 from modulelens.tools import all_tools
@@ -226,6 +227,9 @@ def _convert(spec: _FieldSpec, value: Any) -> Any:
 
 
 def _fail(message: str, hint: str | None, kind: str, as_json: bool) -> NoReturn:
+    """Report an error (argument markers written as flags, see :mod:`modulelens.errors`) and exit 2."""
+    message = render(message, "cli")
+    hint = None if hint is None else render(hint, "cli")
     if as_json:
         typer.echo(json.dumps({"error": message, "hint": hint, "type": kind}, indent=2))
     else:
@@ -238,17 +242,9 @@ def _fail(message: str, hint: str | None, kind: str, as_json: bool) -> NoReturn:
 def _describe_validation_error(
     exc: ValidationError, specs: dict[str, _FieldSpec]
 ) -> str:
-    parts = []
-    for err in exc.errors():
-        loc = err.get("loc") or ()
-        if loc:
-            head = str(loc[0])
-            where = specs[head].label if head in specs else head
-            rest = ".".join(str(p) for p in loc[1:])
-            parts.append(f"{where}{'.' + rest if rest else ''}: {err['msg']}")
-        else:
-            parts.append(str(err["msg"]))
-    return "invalid " + "; ".join(parts)
+    """One line per invalid option or argument, named as on the command line."""
+    lines = argument_errors(exc, label=lambda name: specs[name].label if name in specs else name, front="cli")
+    return "invalid " + lines[0] if len(lines) == 1 else "invalid options:\n  " + "\n  ".join(lines)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import anyio.to_thread
 from mcp.server.mcpserver import Context
 from pydantic import BaseModel, ValidationError
 
+from modulelens.arguments import argument_errors
 from modulelens.errors import ModuleLensError
 from modulelens.registry import Tool, ToolContext
 from modulelens.repo import default_repo_root
@@ -21,16 +22,16 @@ logger = logging.getLogger(__name__)
 
 
 def error_text(exc: ModuleLensError) -> str:
-    text = f"{type(exc).__name__}: {exc.message}"
-    return f"{text}\nhint: {exc.hint}" if exc.hint else text
+    """The error as an MCP client reads it: its type and message, then its hint, with arguments
+    named as tool arguments (``target``, not ``--target``)."""
+    message, hint = exc.rendered("args")
+    text = f"{type(exc).__name__}: {message}"
+    return f"{text}\nhint: {hint}" if hint else text
 
 
 def validation_text(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err.get("loc") or ())
-        parts.append(f"{loc}: {err['msg']}" if loc else str(err["msg"]))
-    return "invalid arguments: " + "; ".join(parts)
+    """Invalid arguments as an MCP client reads them: one line per field."""
+    return "invalid arguments:\n" + "\n".join(argument_errors(exc))
 
 
 async def call_tool(

@@ -1,7 +1,11 @@
-"""How a registry tool looks to an MCP client: its description and its arguments.
+"""How a registry tool looks to an MCP client: its description, its arguments and its result.
 
 The input schema is the request model's fields as flat keyword arguments (same names as the CLI
-options, with underscores), built as a handler signature that the MCP SDK reads.
+options, with underscores), built as a handler signature that the MCP SDK reads, then compacted
+(:func:`compact_schema`). ``tools/list`` must stay small for agents (every tool's schemas are read
+into the model's context), so the published output schema only says that the result is an object;
+the result model's full schema, every field described, is the resource
+``modulelens://schemas/{tool}`` (:func:`result_schema`).
 """
 
 from __future__ import annotations
@@ -14,18 +18,54 @@ from pydantic.fields import FieldInfo
 
 from modulelens.registry import Tool
 
+SCHEMA_TEMPLATE = "modulelens://schemas/{tool}"
+
 
 def describe(tool: Tool) -> str:
-    """The tool description: its summary, then one line per argument."""
-    lines = [tool.summary.strip()]
-    fields = tool.request.model_fields
-    if fields:
-        lines += ["", "Arguments:"]
-        for name, field in fields.items():
-            doc = f" {field.description}" if field.description else ""
-            required = " (required)" if field.is_required() else ""
-            lines.append(f"- {name}{required}:{doc}")
-    return "\n".join(lines)
+    """The tool description: its summary (the arguments are described in the input schema)."""
+    return tool.summary.strip()
+
+
+def _without_null(alternatives: list[Any]) -> dict[str, Any] | None:
+    """The one alternative of ``[X, {"type": "null"}]`` that is not null, else None."""
+    rest = [a for a in alternatives if a != {"type": "null"}]
+    return rest[0] if len(alternatives) == 2 and len(rest) == 1 and isinstance(rest[0], dict) else None
+
+
+def compact_schema(node: Any) -> Any:
+    """A JSON schema without what restates other parts of it: ``title`` (the property's own name,
+    capitalised) and ``default: null`` with the null alternative of ``anyOf [X, null]`` (an
+    optional argument left out is None). Everything else, descriptions included, is kept."""
+    if isinstance(node, list):
+        return [compact_schema(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key == "title" and isinstance(value, str):
+            continue
+        if key in ("properties", "$defs") and isinstance(value, dict):
+            out[key] = {name: compact_schema(sub) for name, sub in value.items()}
+        else:
+            out[key] = compact_schema(value)
+    if "default" in out and out["default"] is None:
+        del out["default"]
+        other = _without_null(out.get("anyOf", []))
+        if other is not None:
+            del out["anyOf"]
+            out = {**other, **out}
+    return out
+
+
+def result_schema(tool: Tool) -> dict[str, Any]:
+    """The full JSON schema of ``tool``'s result, every field described (compacted)."""
+    return compact_schema(tool.result.model_json_schema())
+
+
+def output_schema() -> dict[str, Any]:
+    """The output schema ``tools/list`` publishes for every tool: an object (structured content),
+    documented by the resource ``SCHEMA_TEMPLATE`` (named once, in the server's instructions)."""
+    return {"type": "object"}
 
 
 def _schema_extra(field: FieldInfo) -> dict[str, Any] | None:

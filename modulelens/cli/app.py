@@ -36,11 +36,11 @@ from pydantic.fields import FieldInfo
 from rich.console import Console
 from rich.markup import escape
 
+from modulelens.arguments import argument_errors
 from modulelens.cli.examples import example_line
 from modulelens.cli.formats import printable, printable_value
 from modulelens.cli.progress import ProgressReporter, progress_mode
 from modulelens.cli.views import generic_view, view_for
-from modulelens.arguments import argument_errors
 from modulelens.errors import ModuleLensError, render
 from modulelens.registry import Tool, ToolContext
 from modulelens.repo import default_repo_root
@@ -196,7 +196,7 @@ def _field_parameter(
     kind = _cli_type(field.annotation)
     dashed = name.replace("_", "-")
     default, show_default = _cli_default(field, kind)
-    help_text = _help_text(field.description, rich_help) if field.description else None
+    help_text = _help_text(render(field.description, "cli"), rich_help) if field.description else None
     common: dict[str, Any] = {"help": help_text, "show_default": show_default}
     if kind.metavar is not None:
         common["metavar"] = kind.metavar
@@ -409,7 +409,7 @@ def build_app(tools: list[Tool], rich_help: bool | None = None) -> typer.Typer:
         if tool.cli_name in seen:
             raise ValueError(f"two commands named {tool.cli_name!r}")
         seen.add(tool.cli_name)
-        summary = _help_text(tool.summary, rich_help)
+        summary = _help_text(render(tool.summary, "cli"), rich_help)
         app.command(
             name=tool.cli_name,
             help=summary,

@@ -3,9 +3,9 @@
 Each :class:`~modulelens.registry.Tool` becomes one MCP tool with the same name. Its input schema
 is the request model's fields as flat arguments (same names as the CLI options, with underscores),
 compacted; the result model is returned as structured content, with a one-line summary as text
-(:mod:`modulelens.mcp_server.summary`). ``tools/list`` stays small: the output schema it publishes
-only names the resource ``modulelens://schemas/{tool}``, the result model's full schema with every
-field described (see :mod:`modulelens.mcp_server.schema`). Arguments are checked strictly before
+(:mod:`modulelens.mcp_server.summary`). ``tools/list`` stays small: it publishes no output
+schema; the resource ``modulelens://schemas/{tool}`` is the result model's full
+schema with every field described (see :mod:`modulelens.mcp_server.schema`). Arguments are checked strictly before
 the call: unknown names are refused with the valid ones and a did-you-mean, and type or value
 errors come back one line per field (:mod:`modulelens.arguments`). The tool function runs in a
 worker thread so the event loop keeps serving; ``ToolContext.progress`` is forwarded as MCP
@@ -33,7 +33,6 @@ from typing import Any
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.tools.base import Tool as MCPTool
-from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata
 from mcp.types import CallToolResult, InputRequiredResult, TextContent
 from pydantic import ValidationError
 
@@ -46,7 +45,6 @@ from modulelens.mcp_server.schema import (
     compact_schema,
     context_name,
     describe,
-    output_schema,
     parameter,
     result_schema,
 )
@@ -67,7 +65,8 @@ STATS_TEMPLATE = "modulelens://stats/{ref}"
 INSTRUCTIONS = (
     "modulelens captures the inputs and outputs of PyTorch modules while a script runs, stores "
     "them as versioned artifacts in a repository, and replays them. Every tool here is also a "
-    "`modulelens` CLI command with the same argument names. Each result is structured content "
+    "`modulelens` CLI command with the same argument names. A ref is name, name:v3 (a version) or "
+    "name@tag; card ids are <opset>/<index> (blk/6); candidate ids name.cardN:vM. Each result is structured content "
     "(with a one-line text summary); its fields are described by the resource "
     "modulelens://schemas/{tool}. Long lists are cut to `top`/`limit` items: the result says how "
     "many were left out and where the rest is."
@@ -110,12 +109,10 @@ def _make_handler(tool: Tool, repo_root: Path | None) -> Any:
 
 
 def _mcp_tool(tool: Tool, repo_root: Path | None) -> MCPTool:
-    """``tool`` as the SDK's tool: compacted input schema, the small output schema."""
+    """``tool`` as the SDK's tool: its summary and compacted input schema. The handler returns its
+    own CallToolResult (structured content + summary), with no output schema in ``tools/list``."""
     built = MCPTool.from_function(_make_handler(tool, repo_root), name=tool.name, description=describe(tool))
-    # The handler returns its own CallToolResult (structured content + summary), so the SDK has
-    # no output model to check against; the published schema is set here.
-    metadata = FuncMetadata(arg_model=built.fn_metadata.arg_model, output_schema=output_schema())
-    return built.model_copy(update={"parameters": compact_schema(built.parameters), "fn_metadata": metadata})
+    return built.model_copy(update={"parameters": compact_schema(built.parameters)})
 
 
 class ModuleLensServer(MCPServer):

@@ -10,7 +10,7 @@ from modulelens.repo import Repository
 
 
 class ListCandidatesRequest(BaseModel):
-    card: str | None = Field(None, description="Only the candidates for this operator card (blk/6, blk:v1/6).")
+    card: str | None = Field(None, description="Only this card's.")
 
 
 class ListCandidatesResult(BaseModel):
@@ -29,7 +29,6 @@ TOOL = register(
         request=ListCandidatesRequest,
         result=ListCandidatesResult,
         fn=list_candidates,
-        summary="List the candidate kernels in the repository: card, backend, provider and the verdict, reason "
-        "and speedup of their latest validation.",
+        summary="List candidate kernels with their latest verdict, reason and speedup.",
     )
 )

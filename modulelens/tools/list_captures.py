@@ -10,7 +10,7 @@ from modulelens.repo import Repository
 
 
 class ListCapturesRequest(BaseModel):
-    name: str | None = Field(None, description="Only this capture name (all its versions).")
+    name: str | None = Field(None, description="Only this name's versions.")
 
 
 class CaptureEntry(BaseModel):
@@ -56,6 +56,6 @@ TOOL = register(
         request=ListCapturesRequest,
         result=ListCapturesResult,
         fn=list_captures,
-        summary="List the captures in the repository with versions, tags and replay strategies.",
+        summary="List captures with versions, tags and replay strategies.",
     )
 )

@@ -10,8 +10,7 @@ from modulelens.repo import Repository
 
 
 class ListOpsetsRequest(BaseModel):
-    capture: str | None = Field(None, description="Only the opsets recorded from this capture (name, name:v3, "
-                                "name@tag).")
+    capture: str | None = Field(None, description="Only opsets of this capture.")
 
 
 class ListOpsetsResult(BaseModel):
@@ -30,7 +29,6 @@ TOOL = register(
         request=ListOpsetsRequest,
         result=ListOpsetsResult,
         fn=list_opsets,
-        summary="List the operator-card sets in the repository (one per capture-ops run): capture, number of "
-        "cards, module time.",
+        summary="List operator-card sets (one per capture_ops run).",
     )
 )

@@ -10,8 +10,7 @@ from modulelens.stats.runs import StatsRunEntry, stats_entries
 
 
 class ListStatsRunsRequest(BaseModel):
-    name: str | None = Field(None, description="Only the versions of the statistics of this name (a script's file "
-                             "name, a capture's name, or gather-stats' --name).")
+    name: str | None = Field(None, description="Only this name's versions.")
 
 
 class ListStatsRunsResult(BaseModel):
@@ -30,6 +29,6 @@ TOOL = register(
         request=ListStatsRunsRequest,
         result=ListStatsRunsResult,
         fn=list_stats_runs,
-        summary="List the statistics stored by gather-stats: script or capture, modules, sampled steps, findings.",
+        summary="List stored statistics runs.",
     )
 )

@@ -242,9 +242,13 @@ def _fail(message: str, hint: str | None, kind: str, as_json: bool) -> NoReturn:
 def _describe_validation_error(
     exc: ValidationError, specs: dict[str, _FieldSpec]
 ) -> str:
-    """One line per invalid option or argument, named as on the command line."""
-    lines = argument_errors(exc, label=lambda name: specs[name].label if name in specs else name, front="cli")
-    return "invalid " + lines[0] if len(lines) == 1 else "invalid options:\n  " + "\n  ".join(lines)
+    """One line per invalid option or argument, named as on the command line (``invalid --top:
+    got 0, expected ...``); a check across options is its own line."""
+    labels = tuple(spec.label for spec in specs.values())
+    lines = [f"invalid {line}" if line.startswith(labels) else line
+             for line in argument_errors(exc, label=lambda name: specs[name].label if name in specs else name,
+                                         front="cli")]
+    return lines[0] if len(lines) == 1 else "\n".join(lines)
 
 
 @dataclass(frozen=True)

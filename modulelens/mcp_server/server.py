@@ -73,6 +73,12 @@ INSTRUCTIONS = (
 )
 
 
+def _error_result(text: str) -> CallToolResult:
+    """A tool error whose text is exactly ``text`` (a raised ToolError would get the SDK's
+    "Error executing tool NAME:" in front)."""
+    return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
+
+
 def _make_handler(tool: Tool, repo_root: Path | None) -> Any:
     fields = dict(tool.request.model_fields)
     ctx_name = context_name(fields)
@@ -83,11 +89,11 @@ def _make_handler(tool: Tool, repo_root: Path | None) -> Any:
         try:
             request = tool.request.model_validate(kwargs)
         except ValidationError as exc:
-            raise ToolError(validation_text(exc)) from exc
+            return _error_result(validation_text(exc))
         try:
             result = await call_tool(tool, request, repo_root, ctx)
         except ModuleLensError as exc:
-            raise ToolError(error_text(exc)) from exc
+            return _error_result(error_text(exc))
         return CallToolResult(content=[TextContent(type="text", text=result_summary(tool.name, result))],
                               structured_content=result.model_dump(mode="json"))
 

@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from modulelens.errors import CaptureFailed
+from modulelens.listing import LeftOut, keep_first
 from modulelens.registry import Tool, ToolContext, register
 from modulelens.repo import Artifact, Repository, validate_name
 from modulelens.stats.collector import DEFAULT_EVERY
@@ -53,6 +54,7 @@ class GatherStatsRequest(BaseModel):
     wandb: bool = Field(False, description="Also log to Weights & Biases.")
     wandb_project: str | None = Field(None)
     timeout: float = Field(3600.0, gt=0, description="Seconds; stopped at a step boundary near the end.")
+    top: int | None = Field(20, ge=1, description="Modules, findings and tensors listed (null: all); all are stored.")
 
     @model_validator(mode="after")
     def _one_source(self) -> GatherStatsRequest:
@@ -100,14 +102,17 @@ class GatherStatsResult(BaseModel):
     script_output_tail: str = Field("", description="Last lines the script printed.")
     wandb_run: str | None = Field(None, description="With [--wandb]: the W&B run's URL, or its local folder offline.")
     seconds: float = 0.0
+    left_out: list[LeftOut] = Field(default_factory=list, description="Lists cut to `top` items.")
 
 
-def _result(art: Artifact, source: str, tail: str = "", seconds: float = 0.0) -> GatherStatsResult:
+def _result(art: Artifact, source: str, top: int | None, tail: str = "", seconds: float = 0.0) -> GatherStatsResult:
+    """The result for the stored run ``art``: order, findings and tensors cut to ``top`` (the
+    stored series and findings files have them all)."""
     summary = stats_manifest(art).summary
     found = art.read_json("findings.json")
     series = art.read_json("series.json")
     files = summary.report_files
-    return GatherStatsResult(
+    result = GatherStatsResult(
         run_id=art.ref, source=source,  # type: ignore[arg-type]
         modules=summary.modules, steps_seen=summary.steps_seen, steps_sampled=summary.steps_sampled,
         order_source=summary.order_source,
@@ -118,8 +123,11 @@ def _result(art: Artifact, source: str, tail: str = "", seconds: float = 0.0) ->
         report_png=str(art.file("report.png")) if "report.png" in files else None,
         tensors=tensor_rows(series)[:200],
         series_file=str(art.file("series.json")), path=str(art.path), notes=summary.notes,
-        script_output_tail=tail[-4000:], seconds=round(seconds, 3),
+        script_output_tail=tail[-1500:], seconds=round(seconds, 3),
     )
+    result = keep_first(result, "order", top, str(art.file("series.json")))
+    result = keep_first(result, "findings", top, str(art.file("findings.json")))
+    return keep_first(result, "tensors", top, str(art.file("series.json")))
 
 
 def gather_stats(req: GatherStatsRequest, ctx: ToolContext) -> GatherStatsResult:
@@ -133,7 +141,7 @@ def gather_stats(req: GatherStatsRequest, ctx: ToolContext) -> GatherStatsResult
         ctx.progress(0, 1, f"statistics of capture {cap.ref}")
         art, _, _ = save_capture_stats(repo, name, cap, plots=req.plots, thresholds=req.thresholds)
         ctx.progress(1, 1, f"stored {art.ref}")
-        return _result(art, "capture", seconds=time.perf_counter() - t0)
+        return _result(art, "capture", req.top, seconds=time.perf_counter() - t0)
 
     from modulelens.stats.artifact import default_stats_name
 
@@ -152,7 +160,7 @@ def gather_stats(req: GatherStatsRequest, ctx: ToolContext) -> GatherStatsResult
     result, tail = gather_script_stats(request, timeout=req.timeout, relay_to_stderr=not ctx.stdout_is_protocol)
     art = repo.open("stats", result.ref)
     ctx.progress(1, 1, f"stored {art.ref}")
-    out = _result(art, "script", tail, time.perf_counter() - t0)
+    out = _result(art, "script", req.top, tail, time.perf_counter() - t0)
     if req.wandb:
         from modulelens.stats.wandb_log import log_to_wandb
 

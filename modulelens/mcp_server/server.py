@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.exceptions import ResourceNotFoundError, ToolError
 from mcp.server.mcpserver.tools.base import Tool as MCPTool
 from mcp.types import CallToolResult, InputRequiredResult, TextContent
 from pydantic import ValidationError
@@ -66,8 +66,8 @@ INSTRUCTIONS = (
     "modulelens captures the inputs and outputs of PyTorch modules while a script runs, stores "
     "them as versioned artifacts in a repository, and replays them. Every tool here is also a "
     "`modulelens` CLI command with the same argument names. A ref is name, name:v3 (a version) or "
-    "name@tag; card ids are <opset>/<index> (blk/6); candidate ids name.cardN:vM. Each result is structured content "
-    "(with a one-line text summary); its fields are described by the resource "
+    "name@tag; card ids are <opset>/<index> (blk/6); candidate ids name.cardN:vM. Each result is "
+    "structured content (with a one-line text summary); its fields are described by the resource "
     "modulelens://schemas/{tool}. Long lists are cut to `top`/`limit` items: the result says how "
     "many were left out and where the rest is."
 )
@@ -135,14 +135,23 @@ class ModuleLensServer(MCPServer):
     ) -> CallToolResult | InputRequiredResult:
         tool = self._modulelens_tools.get(name)
         if tool is not None:
-            problem = unknown_names(tool.request, arguments)
+            problem = _argument_problem(tool, self._metadata[name].pre_parse_json(arguments))
             if problem is not None:
-                raise ToolError(f"invalid arguments for {name}: {problem}")
-            try:  # lists and objects sent as JSON text are parsed first, as the SDK does
-                tool.request.model_validate(self._metadata[name].pre_parse_json(arguments))
-            except ValidationError as exc:
-                raise ToolError(validation_text(exc)) from exc
+                raise ToolError(problem)
         return await super().call_tool(name, arguments, context)
+
+
+def _argument_problem(tool: Tool, arguments: dict[str, Any]) -> str | None:
+    """What is wrong with ``arguments`` for ``tool`` (unknown names first, then invalid values, one
+    line per field), or None. Lists and objects sent as JSON text must be parsed already."""
+    unknown = unknown_names(tool.request, arguments)
+    if unknown is not None:
+        return f"invalid arguments for {tool.name}: {unknown}"
+    try:
+        tool.request.model_validate(arguments)
+    except ValidationError as exc:
+        return validation_text(exc)
+    return None
 
 
 def _add_schema_resource(server: MCPServer, by_name: dict[str, Tool]) -> None:
@@ -154,7 +163,7 @@ def _add_schema_resource(server: MCPServer, by_name: dict[str, Tool]) -> None:
     )
     async def schema(tool: str) -> str:
         if tool not in by_name:
-            raise ValueError(f"no tool named {tool!r}; tools: {', '.join(by_name)}")
+            raise ResourceNotFoundError(f"no tool named {tool!r}; tools: {', '.join(by_name)}")
         return json.dumps(result_schema(by_name[tool]), separators=(",", ":"))
 
 

@@ -48,7 +48,8 @@ class GatherStatsRequest(BaseModel):
     plots: bool = Field(True, description="Write report plots.")
     thresholds: dict[str, float] = Field(
         default_factory=dict,
-        description="Override: dead_zero_frac, explode_gain, explode_rms, explode_abs_rms, vanish_gain, vanish_abs_rms, explode_grad_ratio, vanish_grad_ratio, saturation_frac.",
+        description="Override: dead_zero_frac, explode_gain, explode_rms, explode_abs_rms, vanish_gain, "
+        "vanish_abs_rms, explode_grad_ratio, vanish_grad_ratio, saturation_frac.",
     )
     nproc: int = Field(1, ge=1, description="Processes under torchrun.")
     wandb: bool = Field(False, description="Also log to Weights & Biases.")

@@ -54,7 +54,7 @@ def test_auto_uses_source_first_and_human_output(cli, repo, block_ref):
 def test_list_and_show(cli, repo, block_ref):
     code, data, _ = cli("list-captures", "--repo", repo, "--json")
     assert code == 0 and block_ref in [c["ref"] for c in data["captures"]]
-    code, data, _ = cli("show-capture", "blk@latest", "--repo", repo, "--json")
+    code, data, _ = cli("show-capture", "blk@latest", "--manifest", "--repo", repo, "--json")
     assert code == 0 and data["ref"] == block_ref and "latest" in data["aliases"]
     init = data["manifest"]["init"]
     assert init["cls"] == "model:Block"

@@ -27,7 +27,7 @@ def demo(tmp_path_factory, app):
     r = runner.invoke(app, ["capture-module", str(TRAIN), "--module", "blocks.1", "--name", "demo-block",
                             "--repo", str(repo), "--json", "--", "--steps", "2"])
     assert r.exit_code == 0, r.output
-    r = runner.invoke(app, ["capture-ops", "demo-block", "--repo", str(repo), "--json"])
+    r = runner.invoke(app, ["capture-ops", "demo-block", "--top", "1000", "--repo", str(repo), "--json"])
     assert r.exit_code == 0, r.output
     return repo, json.loads(r.stdout)
 
@@ -55,7 +55,7 @@ def _fits(text: str, width: int = 80) -> None:
 
 def test_card_table_at_80_columns_keeps_every_id_and_op_whole(app, demo):
     repo, cards = demo
-    r = _run(app, "list-op-cards", "demo-block", "--repo", repo, env=NARROW)
+    r = _run(app, "list-op-cards", "demo-block", "--top", "1000", "--repo", repo, env=NARROW)
     _fits(r.stdout)
     for c in cards["cards"]:
         _row(r.stdout, c["card_id"], c["op"])  # one row per line, id and op whole on it
@@ -72,7 +72,7 @@ def test_capture_list_at_80_columns_keeps_every_ref_whole(app, demo):
 
 def test_wide_shows_every_column(app, demo):
     repo, cards = demo
-    r = _run(app, "list-op-cards", "demo-block", "--repo", repo, "--wide", env=NARROW)
+    r = _run(app, "list-op-cards", "demo-block", "--top", "1000", "--repo", repo, "--wide", env=NARROW)
     header = next(line for line in r.stdout.splitlines() if line.startswith("card"))
     assert header.split() == ["card", "op", "kind", "shapes", "dtypes", "calls", "time/run", "share", "roofline"]
     norm = next(c for c in cards["cards"] if c["op"] == "aten.native_layer_norm.default")

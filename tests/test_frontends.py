@@ -344,9 +344,10 @@ def _mcp(tools: list[Tool], body, repo_root: Path | None = None) -> Any:
 
 def test_mcp_lists_flat_input_and_result_output_schemas():
     async def body(c):
-        return {t.name: t for t in (await c.list_tools()).tools}
+        schema = json.loads((await c.read_resource("modulelens://schemas/echo")).contents[0].text)
+        return {t.name: t for t in (await c.list_tools()).tools}, schema
 
-    tools = _mcp(TOOLS, body)
+    tools, echo_result_schema = _mcp(TOOLS, body)
     assert set(tools) == {
         "echo",
         "fail_always",
@@ -361,11 +362,11 @@ def test_mcp_lists_flat_input_and_result_output_schemas():
     assert props["count"]["description"] == "How many times."
     assert props["count"]["default"] == 1 and props["count"]["minimum"] == 1
     assert "cli" not in json.dumps(echo.input_schema)
-    assert set(echo.output_schema["properties"]) == set(EchoResult.model_fields)
-    assert (
-        "Echo the text back." in echo.description
-        and "max_tensor_bytes" in echo.description
-    )
+    # tools/list stays small: the result's fields are described by the schema resource, the
+    # arguments only by the input schema (not again in the description).
+    assert echo.output_schema is None
+    assert set(echo_result_schema["properties"]) == set(EchoResult.model_fields)
+    assert echo.description == "Echo the text back." and "max_tensor_bytes" in props
 
 
 def test_mcp_call_returns_structured_content(tmp_path: Path):
@@ -451,7 +452,7 @@ def test_mcp_capture_resources():
 
     listed, templates, all_, shown, missing = _mcp(TOOLS, body)
     assert listed == ["modulelens://captures"]
-    assert templates == ["modulelens://captures/{ref}"]
+    assert templates == ["modulelens://schemas/{tool}", "modulelens://captures/{ref}"]
     assert all_ == {
         "captures": [{"name": "enc0", "version": 2}, {"name": "a", "version": 1}]
     }
@@ -469,7 +470,7 @@ def test_mcp_no_resources_without_capture_tools():
         ).resource_templates
 
     resources, templates = _mcp([ECHO], body)
-    assert resources == [] and templates == []
+    assert resources == [] and [t.uri_template for t in templates] == ["modulelens://schemas/{tool}"]
 
 
 def test_mcp_tool_error_type_is_not_lost():

@@ -112,7 +112,7 @@ class LoadedCapture:
         except Exception as e:
             raise ReplayFailed(
                 f"constructing {spec.cls} from the recorded arguments failed: {type(e).__name__}: {e}",
-                "the class's constructor changed since the capture; use --strategy export",
+                "the class's constructor changed since the capture; use [--strategy export]",
             ) from e
         finally:
             if was:
@@ -127,7 +127,7 @@ class LoadedCapture:
                                f"supported: {', '.join(self.manifest.strategies) or 'none'}")
         if strategy == "source":
             if self.manifest.init is None:
-                raise ReplayFailed(f"capture {self.artifact.ref} has no recorded construction", "use --strategy export")
+                raise ReplayFailed(f"capture {self.artifact.ref} has no recorded construction", "use [--strategy export]")
             module = _materialized(self._build_nested(self.manifest.init), self.device)
             init_args.restore_plain_attributes(module, self.manifest.attributes)
             self._load_weights(module)
@@ -137,7 +137,7 @@ class LoadedCapture:
             if not trust_pickle:
                 raise ReplayFailed(
                     "the pickle strategy runs arbitrary code from the capture file",
-                    "pass --trust-pickle only for captures you made yourself",
+                    "pass [--trust-pickle] only for captures you made yourself",
                 )
             module = self._unpickle()
             self._load_weights(module)
@@ -226,7 +226,7 @@ class LoadedCapture:
         if missing and strict:
             raise ReplayFailed(
                 f"the rebuilt module has no parameter or buffer named {', '.join(missing[:5])}",
-                "the model's code changed since the capture; use --strategy export",
+                "the model's code changed since the capture; use [--strategy export]",
             )
         with torch.no_grad():
             for name, value in weights.items():
@@ -259,4 +259,4 @@ class LoadedCapture:
         except ModuleLensError:
             raise
         except Exception as e:
-            raise ReplayFailed(f"unpickling the module failed: {type(e).__name__}: {e}", "use --strategy source or export") from e
+            raise ReplayFailed(f"unpickling the module failed: {type(e).__name__}: {e}", "use [--strategy source] or [--strategy export]") from e

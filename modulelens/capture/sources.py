@@ -114,7 +114,7 @@ class Resolver:
                 raise ReplayFailed(
                     f"cannot import module {name!r}: {type(e).__name__}: {e}",
                     "run replay where the model's code is importable (same environment and working "
-                    "directory), or use --strategy export",
+                    "directory), or use [--strategy export]",
                 ) from e
         self._modules[name] = mod
         return mod
@@ -124,7 +124,7 @@ class Resolver:
         if "<locals>" in qualname:
             raise ReplayFailed(
                 f"{qualname} is defined inside a function and cannot be imported",
-                "define the class at module level, or use --strategy export",
+                "define the class at module level, or use [--strategy export]",
             )
         obj: Any = self.module(module_name)
         for part in qualname.split("."):
@@ -134,6 +134,6 @@ class Resolver:
                 raise ReplayFailed(
                     f"{module_name} has no attribute {qualname!r}",
                     "the model's code changed since the capture; check out the capture's code version "
-                    "or use --strategy export",
+                    "or use [--strategy export]",
                 ) from e
         return obj

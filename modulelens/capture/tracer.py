@@ -522,7 +522,7 @@ class Tracer:
         if self.matches and self.matches < self.options.call_index:
             return CaptureFailed(
                 f"{self.target.text!r} was called {self.matches} time(s), fewer than the call index {self.options.call_index}",
-                "lower --call, or run more steps",
+                "lower [--call], or run more steps",
             )
         if not self.seen_names:
             return CaptureFailed(

@@ -35,39 +35,34 @@ class ScriptCaptureOptions(BaseModel):
     ``script_args`` are positional arguments on the CLI."""
 
     script: str = Field(
-        description="Path of the training/inference script to run unmodified, or of a KernelBench-style file "
-        "(Model, get_inputs, get_init_inputs).",
+        description="Script to run unmodified, or a KernelBench file.",
         json_schema_extra={"cli": "argument"},
     )
     script_args: list[str] = Field(
         default_factory=list,
-        description="Arguments for the script (on the CLI, after --).",
         json_schema_extra={"cli": "argument"},
     )
     module: str = Field(
         "",
-        description="Target: a qualified name (blocks.1.attn), a glob (blocks.*.mlp) or type:ClassName. "
-        "Empty means the whole model (KernelBench files).",
+        description="blocks.1.attn, glob blocks.*.mlp or type:Class; empty: whole model.",
     )
-    name: str | None = Field(None, description="Capture name in the repository (default: from the target).")
-    call: int = Field(1, ge=1, description="Which matching call to capture: 1 is the first.")
+    name: str | None = Field(None, description="Capture name (default: from the target).")
+    call: int = Field(1, ge=1, description="Which matching call (1: the first).")
     kind: Literal["auto", "script", "kernelbench"] = Field(
-        "auto", description="How to run the file; auto detects KernelBench-style files."
+        "auto", description="auto detects KernelBench files."
     )
-    backward: bool = Field(False, description="Also capture gradients: the one arriving at the outputs, "
-                           "and the input and parameter gradients.")
-    export: bool = Field(True, description="Save a torch.export program (replay without source code).")
-    pickle: bool = Field(False, description="Also save a pickled module (replay needs --trust-pickle).")
+    backward: bool = Field(False, description="Also capture output, input and parameter gradients.")
+    export: bool = Field(True, description="Save a torch.export program.")
+    pickle: bool = Field(False, description="Also pickle the module.")
     max_tensor_bytes: int | None = Field(
-        None, ge=0, description="Tensors larger than this are stored shape-only with statistics (default: no per-tensor limit)."
+        None, ge=0, description="Larger tensors are stored shape-only."
     )
     max_capture_bytes: int = Field(
-        DEFAULT_CAPTURE_BYTES, gt=0, description="Byte budget of the call's inputs and outputs together. Above it, the "
-        "first batch rows are stored when the module treats rows independently; otherwise shape-only with statistics."
+        DEFAULT_CAPTURE_BYTES, gt=0, description="Budget for inputs+outputs; above it, first batch rows or shape-only."
     )
-    nproc: int = Field(1, ge=1, description="Run the script under torchrun with this many processes (gloo/CPU or your backend).")
-    ranks: str = Field("0", description="Which ranks capture in a distributed run: '0', '0,1' or 'all'.")
-    timeout: float = Field(900.0, gt=0, description="Seconds before the run is stopped.")
+    nproc: int = Field(1, ge=1, description="Processes under torchrun.")
+    ranks: str = Field("0", description="Capturing ranks: '0', '0,1' or 'all'.")
+    timeout: float = Field(900.0, gt=0, description="Seconds.")
 
 
 class CaptureWorkerRequest(BaseModel):
@@ -139,7 +134,7 @@ def run_capture_worker(request: CaptureWorkerRequest, *, nproc: int, timeout: fl
     worker timed out or ended without writing any result."""
     timeout_error = CaptureFailed(
         f"the script did not reach the capture within {timeout:.0f} s and was stopped",
-        "raise --timeout, or check that the target module is called early in the run",
+        "raise [--timeout], or check that the target module is called early in the run",
     )
     with tempfile.TemporaryDirectory(prefix="modulelens-capture-") as tmp:
         out_dir = Path(tmp)

@@ -36,11 +36,12 @@ from pydantic.fields import FieldInfo
 from rich.console import Console
 from rich.markup import escape
 
+from modulelens.arguments import argument_errors
 from modulelens.cli.examples import example_line
 from modulelens.cli.formats import printable, printable_value
 from modulelens.cli.progress import ProgressReporter, progress_mode
 from modulelens.cli.views import generic_view, view_for
-from modulelens.errors import ModuleLensError
+from modulelens.errors import ModuleLensError, render
 from modulelens.registry import Tool, ToolContext
 from modulelens.repo import default_repo_root
 from modulelens.tools import all_tools
@@ -195,7 +196,7 @@ def _field_parameter(
     kind = _cli_type(field.annotation)
     dashed = name.replace("_", "-")
     default, show_default = _cli_default(field, kind)
-    help_text = _help_text(field.description, rich_help) if field.description else None
+    help_text = _help_text(render(field.description, "cli"), rich_help) if field.description else None
     common: dict[str, Any] = {"help": help_text, "show_default": show_default}
     if kind.metavar is not None:
         common["metavar"] = kind.metavar
@@ -226,6 +227,9 @@ def _convert(spec: _FieldSpec, value: Any) -> Any:
 
 
 def _fail(message: str, hint: str | None, kind: str, as_json: bool) -> NoReturn:
+    """Report an error (argument markers written as flags, see :mod:`modulelens.errors`) and exit 2."""
+    message = render(message, "cli")
+    hint = None if hint is None else render(hint, "cli")
     if as_json:
         typer.echo(json.dumps({"error": message, "hint": hint, "type": kind}, indent=2))
     else:
@@ -238,17 +242,13 @@ def _fail(message: str, hint: str | None, kind: str, as_json: bool) -> NoReturn:
 def _describe_validation_error(
     exc: ValidationError, specs: dict[str, _FieldSpec]
 ) -> str:
-    parts = []
-    for err in exc.errors():
-        loc = err.get("loc") or ()
-        if loc:
-            head = str(loc[0])
-            where = specs[head].label if head in specs else head
-            rest = ".".join(str(p) for p in loc[1:])
-            parts.append(f"{where}{'.' + rest if rest else ''}: {err['msg']}")
-        else:
-            parts.append(str(err["msg"]))
-    return "invalid " + "; ".join(parts)
+    """One line per invalid option or argument, named as on the command line (``invalid --top:
+    got 0, expected ...``); a check across options is its own line."""
+    labels = tuple(spec.label for spec in specs.values())
+    lines = [f"invalid {line}" if line.startswith(labels) else line
+             for line in argument_errors(exc, label=lambda name: specs[name].label if name in specs else name,
+                                         front="cli")]
+    return lines[0] if len(lines) == 1 else "\n".join(lines)
 
 
 @dataclass(frozen=True)
@@ -413,7 +413,7 @@ def build_app(tools: list[Tool], rich_help: bool | None = None) -> typer.Typer:
         if tool.cli_name in seen:
             raise ValueError(f"two commands named {tool.cli_name!r}")
         seen.add(tool.cli_name)
-        summary = _help_text(tool.summary, rich_help)
+        summary = _help_text(render(tool.summary, "cli"), rich_help)
         app.command(
             name=tool.cli_name,
             help=summary,

@@ -193,7 +193,7 @@ def run_script(request: ScriptRunRequest, timeout: float, relay: bool) -> tuple[
             [sys.executable, "-m", "modulelens.dispatch.worker", str(req_file), str(out_file)],
             relay_to_stderr=relay, timeout=timeout,
             timeout_error=ModuleLensError(f"the script did not finish within {timeout:.0f} s and was stopped",
-                                          "raise --timeout or run fewer steps"))
+                                          "raise [--timeout] or run fewer steps"))
         code, tail = done.code, done.output_tail
         if not out_file.is_file():
             raise ModuleLensError(f"the run worker ended (exit code {code}) without a result",

@@ -18,6 +18,7 @@ from modulelens.kernels.candidates import (
     report_name,
 )
 from modulelens.kernels.report import ValidationReport
+from modulelens.listing import LeftOut
 from modulelens.ops.model import KIND as OPSETS
 from modulelens.ops.model import parse_card_id
 from modulelens.repo import Artifact, Repository
@@ -80,6 +81,17 @@ class CandidateView(BaseModel):
     params: dict[str, Any] = Field(default_factory=dict)
     provenance: dict[str, Any] = Field(default_factory=dict)
     report: ValidationReport | None = Field(None, description="The latest validation report in full.")
+    left_out: list[LeftOut] = Field(default_factory=list, description="What was cut (source lines).")
+
+
+def first_source_lines(view: CandidateView, lines: int | None) -> CandidateView:
+    """``view`` with at most ``lines`` lines of its source (None: all); a cut is recorded in
+    ``left_out`` with the source file, which has it all."""
+    all_lines = view.source.splitlines(keepends=True)
+    if lines is None or len(all_lines) <= lines:
+        return view
+    cut = LeftOut(field="source", shown=lines, total=len(all_lines), full=view.source_path)
+    return view.model_copy(update={"source": "".join(all_lines[:lines]), "left_out": [*view.left_out, cut]})
 
 
 def candidate_view(repo: Repository, candidate_id: str) -> CandidateView:

@@ -17,6 +17,7 @@ from mcp.server.mcpserver import Context
 from mcp_types import InputRequiredResult
 from pydantic import BaseModel, ValidationError
 
+from modulelens.arguments import argument_errors
 from modulelens.cancellation import cancellable
 from modulelens.errors import ModuleLensError
 from modulelens.registry import SampleFn, Tool, ToolContext
@@ -29,16 +30,16 @@ STOP_WAIT_S = 30.0  # how long a cancelled call waits for its tool to stop its w
 
 
 def error_text(exc: ModuleLensError) -> str:
-    text = f"{type(exc).__name__}: {exc.message}"
-    return f"{text}\nhint: {exc.hint}" if exc.hint else text
+    """The error as an MCP client reads it: its type and message, then its hint, with arguments
+    named as tool arguments (``target``, not ``--target``)."""
+    message, hint = exc.rendered("args")
+    text = f"{type(exc).__name__}: {message}"
+    return f"{text}\nhint: {hint}" if hint else text
 
 
 def validation_text(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err.get("loc") or ())
-        parts.append(f"{loc}: {err['msg']}" if loc else str(err["msg"]))
-    return "invalid arguments: " + "; ".join(parts)
+    """Invalid arguments as an MCP client reads them: one line per field."""
+    return "invalid arguments:\n" + "\n".join(argument_errors(exc))
 
 
 class ProgressRelay:

@@ -1,4 +1,5 @@
-"""Resources over a pair of list/show tools (captures, statistics runs), as JSON."""
+"""Resources over a pair of list/show tools (captures, statistics runs), as JSON: the whole data,
+with no ``top``/``limit`` cut (:func:`modulelens.listing.everything`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from mcp.server.mcpserver.resources.templates import ResourceSecurity
 from pydantic import ValidationError
 
 from modulelens.errors import ModuleLensError, ReferenceNotFound
+from modulelens.listing import everything
 from modulelens.mcp_server.calls import call_tool, error_text, validation_text
 from modulelens.registry import Tool
 
@@ -24,7 +26,7 @@ def add_listing_resources(
 
     async def read(tool: Tool, request_data: dict[str, Any]) -> str:
         try:
-            request = tool.request.model_validate(request_data)
+            request = tool.request.model_validate({**everything(tool.request), **request_data})
             result = await call_tool(tool, request, repo_root, None)
         except ReferenceNotFound as exc:
             raise ResourceNotFoundError(error_text(exc)) from exc

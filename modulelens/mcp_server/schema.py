@@ -1,31 +1,83 @@
-"""How a registry tool looks to an MCP client: its description and its arguments.
+"""How a registry tool looks to an MCP client: its description, its arguments and its result.
 
 The input schema is the request model's fields as flat keyword arguments (same names as the CLI
-options, with underscores), built as a handler signature that the MCP SDK reads.
+options, with underscores), built as a handler signature that the MCP SDK reads, then compacted
+(:func:`compact_schema`). ``tools/list`` must stay small for agents (every tool's schemas are read
+into the model's context), so it publishes no output schema: the result model's full schema, every
+field described, is the resource ``modulelens://schemas/{tool}`` (:func:`result_schema`), named
+once in the server's instructions.
 """
 
 from __future__ import annotations
 
 import inspect
+import json
 from typing import Annotated, Any
 
 from pydantic import Field
 from pydantic.fields import FieldInfo
 
+from modulelens.errors import render
 from modulelens.registry import Tool
+
+SCHEMA_TEMPLATE = "modulelens://schemas/{tool}"
 
 
 def describe(tool: Tool) -> str:
-    """The tool description: its summary, then one line per argument."""
-    lines = [tool.summary.strip()]
-    fields = tool.request.model_fields
-    if fields:
-        lines += ["", "Arguments:"]
-        for name, field in fields.items():
-            doc = f" {field.description}" if field.description else ""
-            required = " (required)" if field.is_required() else ""
-            lines.append(f"- {name}{required}:{doc}")
-    return "\n".join(lines)
+    """The tool description: its summary (the arguments are described in the input schema), with
+    argument markers written as argument names."""
+    return render(tool.summary.strip(), "args")
+
+
+def _without_null(alternatives: list[Any]) -> dict[str, Any] | None:
+    """The one alternative of ``[X, {"type": "null"}]`` that is not null, else None."""
+    rest = [a for a in alternatives if a != {"type": "null"}]
+    return rest[0] if len(alternatives) == 2 and len(rest) == 1 and isinstance(rest[0], dict) else None
+
+
+def _nullable(other: dict[str, Any]) -> dict[str, Any] | None:
+    """``other`` (one alternative of ``anyOf [other, null]``) with ``null`` added to its type, when
+    it has one simple type (its other keywords, e.g. ``minimum``, only constrain that type)."""
+    kind = other.get("type")
+    return {**other, "type": [kind, "null"]} if isinstance(kind, str) and "enum" not in other else None
+
+
+def compact_schema(node: Any) -> Any:
+    """A JSON schema without what restates other parts of it: ``title`` (the property's own name,
+    capitalised), ``type`` next to an ``enum`` of strings, ``default: null`` with the null
+    alternative of ``anyOf [X, null]`` (an optional argument left out is None), and
+    ``anyOf [X, null]`` written as X with ``"type": [t, "null"]``. Descriptions, defaults and
+    constraints are kept."""
+    if isinstance(node, list):
+        return [compact_schema(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key == "title" and isinstance(value, str):
+            continue
+        if key in ("properties", "$defs") and isinstance(value, dict):
+            out[key] = {name: compact_schema(sub) for name, sub in value.items()}
+        else:
+            out[key] = compact_schema(value)
+    if out.get("type") == "string" and all(isinstance(v, str) for v in out.get("enum", [None])):
+        del out["type"]
+    other = _without_null(out.get("anyOf", []))
+    if other is not None:
+        if "default" in out and out["default"] is None:
+            del out["anyOf"], out["default"]
+            out = {**other, **out}
+        elif (nullable := _nullable(other)) is not None:
+            del out["anyOf"]
+            out = {**nullable, **out}
+    return out
+
+
+def result_schema(tool: Tool) -> dict[str, Any]:
+    """The full JSON schema of ``tool``'s result, every field described (compacted), argument
+    markers in descriptions written as argument names."""
+    return json.loads(render(json.dumps(compact_schema(tool.result.model_json_schema())), "args"))
+
 
 
 def _schema_extra(field: FieldInfo) -> dict[str, Any] | None:
@@ -40,7 +92,8 @@ def _schema_extra(field: FieldInfo) -> dict[str, Any] | None:
 
 def parameter(name: str, field: FieldInfo) -> inspect.Parameter:
     """A keyword-only parameter ``name: Annotated[type, *constraints, Field(...)] = default``."""
-    field_kwargs: dict[str, Any] = {"description": field.description}
+    description = None if field.description is None else render(field.description, "args")
+    field_kwargs: dict[str, Any] = {"description": description}
     if field.title is not None:
         field_kwargs["title"] = field.title
     if field.examples is not None:

@@ -28,14 +28,14 @@ TIMER = ("time.perf_counter around each operator call (CUDA synchronised) inside
 class RecordOptions(BaseModel):
     """How to record a capture's operators (the capture-ops tool's request extends this)."""
 
-    strategy: str = Field("auto", description="Replay strategy used to rebuild the module (auto, source, export, pickle).")
-    trust_pickle: bool = Field(False, description="Allow the pickle strategy.")
-    backward: bool = Field(False, description="Also record the backward operators (forward + backward run).")
-    samples: int = Field(2, ge=1, le=16, description="Sample calls kept per card (inputs and eager outputs).")
-    repeats: int = Field(15, ge=3, description="Timed runs used to measure time shares (medians).")
-    max_tensor_bytes: int = Field(64 * 1024 * 1024, ge=0, description="Sample tensors larger than this are stored shape-only.")
-    include_views: bool = Field(False, description="Also list view/metadata operators (view, t, detach, ...).")
-    allow_synthesized: bool = Field(False, description="Record even when the capture's inputs are shape-only (synthesised).")
+    strategy: str = Field("auto")
+    trust_pickle: bool = Field(False)
+    backward: bool = Field(False, description="Also record backward operators.")
+    samples: int = Field(2, ge=1, le=16, description="Sample calls kept per card.")
+    repeats: int = Field(15, ge=3, description="Timed runs (medians).")
+    max_tensor_bytes: int = Field(64 * 1024 * 1024, ge=0, description="Larger samples are stored shape-only.")
+    include_views: bool = Field(False, description="Also list view operators.")
+    allow_synthesized: bool = Field(False, description="Allow shape-only capture inputs.")
 
 
 def _check_inputs(art: Artifact, m: CaptureManifest, allow_synthesized: bool) -> None:
@@ -48,7 +48,7 @@ def _check_inputs(art: Artifact, m: CaptureManifest, allow_synthesized: bool) ->
     if not any(s.stored for s in inputs) and not allow_synthesized:
         raise ModuleLensError(
             f"capture {art.ref} stores its inputs shape-only, so the cards would hold synthetic samples",
-            "capture again with a larger --max-tensor-bytes, or pass --allow-synthesized",
+            "capture again with a larger [--max-tensor-bytes], or pass [--allow-synthesized]",
         )
 
 

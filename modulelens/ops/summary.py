@@ -7,9 +7,11 @@ from typing import Any, Self
 
 from pydantic import BaseModel, Field
 
+from modulelens.listing import LeftOut, keep_first
 from modulelens.ops.cards import open_card, open_opset
 from modulelens.ops.model import CardSample, OpCard, OpKind, OpSetManifest, Phase
 from modulelens.repo import Repository
+from modulelens.repo.store import MANIFEST
 
 
 class CardSummary(BaseModel):
@@ -97,6 +99,7 @@ class OpSetSummary(BaseModel):
     views_time_share: float = Field(description="Share spent in view/metadata operators.")
     cards: list[CardSummary]
     notes: list[str] = Field(default_factory=list)
+    left_out: list[LeftOut] = Field(default_factory=list, description="Lists cut to `top` items.")
 
 
 class CardDetail(CardSummary):
@@ -108,7 +111,7 @@ class CardDetail(CardSummary):
 def summarize_opset(repo: Repository, ref: str, kind: str | None = None, top: int | None = None,
                     copy_bandwidth: CopyBandwidth | None = None) -> OpSetSummary:
     """The opset ``ref`` with its cards in rank order: only those of ``kind`` when given, at most
-    ``top`` of them when given. ``cards_time_share`` always covers every card of the opset. With
+    ``top`` of them when given (``left_out`` then names the manifest, which has them all). ``cards_time_share`` always covers every card of the opset. With
     ``copy_bandwidth``, memory-bound cards get their roofline fraction (a note says when the
     machine has no bandwidth for the opset's device)."""
     art, m = open_opset(repo, ref)
@@ -118,12 +121,13 @@ def summarize_opset(repo: Repository, ref: str, kind: str | None = None, top: in
         notes.append(f"no copy bandwidth for device {m.device!r} on this machine: no roofline fractions")
     cards = [CardSummary.of(c, ceiling) for c in m.cards if kind is None or c.kind == kind]
     mt = m.module_time
-    return OpSetSummary(
+    summary = OpSetSummary(
         opset=art.ref, capture=m.capture, strategy=m.strategy, device=m.device, copy_bytes_per_s=ceiling,
         module_time_s=mt.median_s, module_time_p20_s=mt.p20_s, module_time_p80_s=mt.p80_s, repeats=mt.repeats,
         cards_time_share=m.cards_time_share, views_time_share=m.views_time_share,
-        cards=cards[:top] if top else cards, notes=notes,
+        cards=cards, notes=notes,
     )
+    return keep_first(summary, "cards", top, str(art.path / MANIFEST))
 
 
 def describe_card(repo: Repository, card_id: str) -> CardDetail:

@@ -32,11 +32,11 @@ from modulelens.repo import Repository, parse_ref
 class ProfileOptions(BaseModel):
     """How to profile (the profile tool's request extends this)."""
 
-    device: str | None = Field(None, description="Device to run on (default: where it was captured).")
-    min_run_time: float = Field(0.5, gt=0, description="Seconds of timed calls to collect (CPU timer) / at least (CUDA).")
-    warmup: int = Field(3, ge=0, description="Untimed calls before timing.")
-    breakdown: bool = Field(True, description="Add a torch.profiler breakdown (top operators by self time) and peak memory.")
-    strategy: str = Field("auto", description="Replay strategy for captures (auto, source, export, pickle).")
+    device: str | None = Field(None, description="Default: the captured one.")
+    min_run_time: float = Field(0.5, gt=0, description="Seconds of timed calls.")
+    warmup: int = Field(3, ge=0, description="Untimed calls first.")
+    breakdown: bool = Field(True, description="Add a torch.profiler breakdown and peak memory.")
+    strategy: str = Field("auto")
 
 
 class ProfileResult(Timing):
@@ -100,7 +100,7 @@ def profile_target(repo: Repository, target: str, options: ProfileOptions,
 def _on(device: str | None, default: str) -> str:
     device = device or default
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ModuleLensError(f"device {device!r} is not available on this machine", "pass --device cpu")
+        raise ModuleLensError(f"device {device!r} is not available on this machine", "pass [--device cpu]")
     return device
 
 

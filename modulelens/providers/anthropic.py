@@ -56,7 +56,7 @@ PRICES: dict[str, tuple[float, float]] = {
 
 NO_KEY_HINT = (
     "export ANTHROPIC_API_KEY=... (a key from console.anthropic.com) in the environment modulelens runs in, "
-    "or use --provider template (offline) or --provider sampling (the MCP client's own model)"
+    "or use [--provider template] (offline) or [--provider sampling] (the MCP client's own model)"
 )
 
 
@@ -241,13 +241,13 @@ class AnthropicProvider:
                 if not (status == 429 or status >= 500):
                     raise ModuleLensError(
                         f"the Anthropic API refused the request ({last})",
-                        _STATUS_HINTS.get(status, "fix the request settings above, or use --provider template"),
+                        _STATUS_HINTS.get(status, "fix the request settings above, or use [--provider template]"),
                     )
             if attempt < attempts_allowed:
                 self.sleep(self._delay(attempt, resp_headers))
         raise ModuleLensError(
             f"the Anthropic API still failed after {attempts_allowed} attempt(s) ({last})",
-            "try again later, raise MODULELENS_ANTHROPIC_MAX_ATTEMPTS, or use --provider template",
+            "try again later, raise MODULELENS_ANTHROPIC_MAX_ATTEMPTS, or use [--provider template]",
         )
 
     def _delay(self, attempt: int, headers: dict[str, str]) -> float:

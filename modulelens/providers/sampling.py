@@ -33,7 +33,7 @@ UNAVAILABLE = (
     "MCP sampling is only available when modulelens runs as an MCP server for a client that supports sampling"
 )
 UNAVAILABLE_HINT = (
-    "use --provider template (offline) or --provider anthropic (needs ANTHROPIC_API_KEY), or write the kernel "
+    "use [--provider template] (offline) or [--provider anthropic] (needs ANTHROPIC_API_KEY), or write the kernel "
     "yourself and pass it to validate_kernel"
 )
 

@@ -29,7 +29,7 @@ class TemplateProvider:
         if count <= 0:
             raise ModuleLensError(
                 f"no built-in template covers {op} for the {req.backend} backend",
-                "use --provider anthropic or sampling, or write the kernel yourself and pass it to validate_kernel",
+                "use [--provider anthropic] or [--provider sampling], or write the kernel yourself and pass it to validate_kernel",
             )
         if req.parent is not None and req.parent.provider == "template":
             variant = (int(req.parent.params.get("variant", 0)) + 1) % count

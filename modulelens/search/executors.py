@@ -174,7 +174,7 @@ class RayExecutor:
             import ray
         except ImportError:
             raise ModuleLensError("the ray executor needs Ray, which is not installed",
-                                  'pip install "modulelens[ray]" (or pip install ray), or use --executor local')
+                                  'pip install "modulelens[ray]" (or pip install ray), or use [--executor local]')
         self._ray = ray
         self._started = not ray.is_initialized()
         if self._started:
@@ -187,7 +187,7 @@ class RayExecutor:
                 ray.init(**kwargs)
             except ConnectionError as e:
                 raise ModuleLensError(f"could not join the Ray cluster at {address}: {e}",
-                                      "check --address (ray status on the head node prints it)")
+                                      "check [--address] (ray status on the head node prints it)")
         self.workers = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
         self._remote = ray.remote(evaluate_shipped)
         self._files: dict[str, tuple[str, object]] = {}

@@ -292,7 +292,7 @@ def start_or_resume(repo: Repository, targets: list[SearchTarget], settings: Sea
     if existing is not None:
         if existing.key != key:
             raise ModuleLensError(f"search {existing.search_id} is over other targets or another provider/backend",
-                                  "resume it with the same targets, --provider and --backend, or start one with --new")
+                                  "resume it with the same targets, [--provider] and [--backend], or start one with [--new]")
         resumed = existing.model_copy(update={"settings": settings, "executor": executor, "runs": existing.runs + 1})
         return resumed, True
     manifest = SearchManifest(search_id=search_id or _new_search_id(repo, targets, key), key=key, settings=settings,

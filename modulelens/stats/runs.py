@@ -9,10 +9,12 @@ value is undefined (see :mod:`modulelens.stats.series`).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from modulelens.listing import LeftOut
 from modulelens.repo import Artifact, Repository
 from modulelens.stats.artifact import capture_series
 from modulelens.stats.manifest import KIND, stats_manifest
@@ -138,6 +140,37 @@ class StatsRunView(BaseModel):
     report_html: str | None = None
     report_png: str | None = None
     path: str = ""
+    left_out: list[LeftOut] = Field(default_factory=list, description="Lists cut to `top` items.")
+
+
+def _evenly(count: int, points: int) -> list[int]:
+    """At most ``points`` indices of ``range(count)``, evenly spaced, first and last included."""
+    if count <= points:
+        return list(range(count))
+    if points == 1:
+        return [count - 1]
+    return sorted({round(i * (count - 1) / (points - 1)) for i in range(points)})
+
+
+def thin_steps(view: StatsRunView, points: int | None) -> StatsRunView:
+    """``view`` with every series cut to at most ``points`` sampled steps, evenly spaced (first and
+    last kept); ``steps`` lists the steps kept. None keeps every step."""
+    if points is None or len(view.steps) <= points:
+        return view
+    keep = _evenly(len(view.steps), points)
+
+    def thin(columns: dict[str, Column]) -> dict[str, Column]:
+        return {name: [col[i] for i in keep if i < len(col)] for name, col in columns.items()}
+
+    modules = [m.model_copy(update={"activation": thin(m.activation), "gradient": thin(m.gradient)})
+               for m in view.modules]
+    types = [t.model_copy(update={"activation": thin(t.activation), "gradient": thin(t.gradient),
+                                  "update_ratio": [t.update_ratio[i] for i in keep if i < len(t.update_ratio)]})
+             for t in view.types]
+    left_out = [*view.left_out, LeftOut(field="steps", shown=len(keep), total=len(view.steps),
+                                        full=str(Path(view.path) / "series.json"))]
+    return view.model_copy(update={"steps": [view.steps[i] for i in keep], "modules": modules, "types": types,
+                                   "left_out": left_out})
 
 
 def _pick(columns: dict[str, Any], stats: Sequence[str]) -> dict[str, Column]:

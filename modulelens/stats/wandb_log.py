@@ -49,11 +49,11 @@ def log_to_wandb(art: Artifact, project: str | None = None) -> str:
     try:
         import wandb
     except ImportError:
-        raise ModuleLensError("--wandb needs the wandb package", "pip install 'modulelens[wandb]'") from None
+        raise ModuleLensError("[--wandb] needs the wandb package", "pip install 'modulelens[wandb]'") from None
     manifest = stats_manifest(art)
     if manifest.summary.kind != "run":
-        raise ModuleLensError("--wandb logs training runs, not the statistics of a capture",
-                              "drop --wandb, or run gather-stats on a training script")
+        raise ModuleLensError("[--wandb] logs training runs, not the statistics of a capture",
+                              "drop [--wandb], or run gather-stats on a training script")
     series = art.read_json("series.json")
     findings = art.read_json("findings.json")
     run = wandb.init(

@@ -74,8 +74,8 @@ def gather_script_stats(request: StatsWorkerRequest, *, timeout: float, relay_to
             worker = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={request.nproc}", *worker]
         cmd = [sys.executable, *worker]
         timeout_error = CaptureFailed(
-            f"the script ran past --timeout ({timeout:.0f} s) without reaching an optimizer step, and was "
-            "stopped", "raise --timeout, or check that the script trains (optimizer.step()) early",
+            f"the script ran past [--timeout] ({timeout:.0f} s) without reaching an optimizer step, and was "
+            "stopped", "raise [--timeout], or check that the script trains (optimizer.step()) early",
         )
         done = run_worker_process(cmd, relay_to_stderr=relay_to_stderr, timeout=timeout, timeout_error=timeout_error)
         result = read_worker_result(Path(tmp) / result_name(0 if request.nproc > 1 else None), StatsWorkerResult)
@@ -166,7 +166,7 @@ def run(request: StatsWorkerRequest) -> StatsWorkerResult:
         raise CaptureFailed(
             "the run ended before any module of the model was called on a sampled step",
             "check that the script trains a model (its forward must run with gradients enabled, or use "
-            "--step-on forward for loops without an optimizer)",
+            "[--step-on forward] for loops without an optimizer)",
         )
     if error is not None:
         where = script_error(error, script).message

@@ -16,11 +16,11 @@ from modulelens.search.store import open_search
 
 
 class AddSearchChildRequest(BaseModel):
-    search_id: str = Field(description="The search id.", json_schema_extra={"cli": "argument"})
-    parent: int = Field(0, ge=0, description="Node to add the child under (0: the root, eager).")
-    target: str = Field("0", description="The tree: a target's card id or index.")
-    source: str | None = Field(None, description="A file with the kernel source.")
-    source_text: str | None = Field(None, description="Instead of a file: the source itself (for agents).")
+    search_id: str = Field(json_schema_extra={"cli": "argument"})
+    parent: int = Field(0, ge=0, description="Node (0: the root).")
+    target: str = Field("0", description="Card id or target index.")
+    source: str | None = Field(None, description="Kernel source file.")
+    source_text: str | None = Field(None, description="Or: the source itself.")
 
 
 class AddSearchChildResult(NodeRecord):
@@ -30,8 +30,8 @@ class AddSearchChildResult(NodeRecord):
 
 def add_search_child(req: AddSearchChildRequest, ctx: ToolContext) -> AddSearchChildResult:
     if bool(req.source) == bool(req.source_text):
-        raise ModuleLensError("give exactly one of --source FILE or --source-text",
-                              "e.g. add-search-child SEARCH --parent 2 --source my_kernel.cpp")
+        raise ModuleLensError("give exactly one of [--source FILE] or [--source-text TEXT]",
+                              "e.g. [--parent 2] [--source my_kernel.cpp]")
     text = req.source_text or ""
     if req.source:
         path = Path(req.source).expanduser()
@@ -51,7 +51,6 @@ TOOL = register(
         request=AddSearchChildRequest,
         result=AddSearchChildResult,
         fn=add_search_child,
-        summary="Add your own kernel source as a child of a node in an optimize search tree; it is validated in a "
-        "sandbox like any candidate and becomes part of the tree (a later optimize run can build on it).",
+        summary="Add your own kernel under a node of an optimize search (validated).",
     )
 )

@@ -52,8 +52,6 @@ TOOL = register(
         request=CaptureModuleRequest,
         result=CaptureModuleResult,
         fn=capture_module,
-        summary="Capture one submodule call (inputs, outputs, weights, constructor arguments, RNG state) "
-        "from an unmodified script or a KernelBench-style file into the repository; the run ends right "
-        "after the capture.",
+        summary="Capture one submodule call (inputs, outputs, weights, init args, RNG) from an unmodified script or KernelBench file.",
     )
 )

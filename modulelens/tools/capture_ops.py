@@ -15,13 +15,13 @@ from modulelens.repo import Repository
 
 class CaptureOpsRequest(RecordOptions):
     ref: str = Field(
-        description="A capture reference (name, name:v3, name@tag), or a script / KernelBench file to capture "
-        "first (then --module and script arguments apply, as in capture-module).",
+        description="Capture ref, or a script to capture first.",
         json_schema_extra={"cli": "argument"},
     )
-    script_args: list[str] = Field(default_factory=list, description="Arguments for a script (on the CLI, after --).",
+    script_args: list[str] = Field(default_factory=list,
                                    json_schema_extra={"cli": "argument"})
-    module: str = Field("", description="With a script: the module to capture first (see capture-module).")
+    module: str = Field("", description="With a script: the module to capture.")
+    top: int | None = Field(10, ge=1, description="Cards listed (null: all); all are stored.")
 
 
 def _capture_first(req: CaptureOpsRequest, ctx: ToolContext) -> str:
@@ -35,7 +35,7 @@ def capture_ops(req: CaptureOpsRequest, ctx: ToolContext) -> OpSetSummary:
     repo = Repository(ctx.repo_root)
     ref = _capture_first(req, ctx) if Path(req.ref).suffix == ".py" or Path(req.ref).is_file() else req.ref
     opset = record_opset(repo, ref, req)
-    return summarize_opset(repo, opset.ref)
+    return summarize_opset(repo, opset.ref, top=req.top)
 
 
 TOOL = register(
@@ -44,8 +44,6 @@ TOOL = register(
         request=CaptureOpsRequest,
         result=OpSetSummary,
         fn=capture_ops,
-        summary="Record every aten operator a captured module runs (replayed under a TorchDispatchMode), grouped "
-        "into variants (op, shapes, dtypes, strides, args, device) stored as operator cards with sample inputs and "
-        "eager outputs, ranked by measured share of the module's run time.",
+        summary="Record a capture's aten operators as cards with samples, ranked by time share.",
     )
 )

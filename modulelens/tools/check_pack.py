@@ -11,12 +11,11 @@ from modulelens.repo import Repository
 
 
 class CheckPackRequest(BaseModel):
-    pack: str = Field(description="The pack file.", json_schema_extra={"cli": "argument"})
-    captures: list[str] = Field(default_factory=list, description="Captures to replay (default: those the pack's "
-                                "entries came from).", json_schema_extra={"cli": "argument"})
-    allow_env_mismatch: bool = Field(False, description="Load a pack made with another torch, device or compiler.")
-    mechanism: Mechanism = Field(DEFAULT_MECHANISM, description="library or mode (see run).")
-    min_run_time: float = Field(0.3, gt=0, description="Seconds of timing per module and side.")
+    pack: str = Field(json_schema_extra={"cli": "argument"})
+    captures: list[str] = Field(default_factory=list, description="Default: the pack's.", json_schema_extra={"cli": "argument"})
+    allow_env_mismatch: bool = Field(False, description="Allow another torch, device or compiler.")
+    mechanism: Mechanism = Field(DEFAULT_MECHANISM)
+    min_run_time: float = Field(0.3, gt=0, description="Timing seconds per side.")
 
 
 class CheckPackResult(BaseModel):
@@ -38,7 +37,6 @@ TOOL = register(
         request=CheckPackRequest,
         result=CheckPackResult,
         fn=check_pack,
-        summary="Prove a pack on its captures: replay each captured module with the pack applied (same RNG state), "
-        "compare with the captured outputs and an eager replay, and time the module with and without the pack.",
+        summary="Replay a pack's captures with it, vs captured outputs and eager.",
     )
 )

@@ -16,10 +16,10 @@ from modulelens.repo import Repository
 
 
 class ExportReproRequest(BaseModel):
-    ref: str = Field(description="Capture reference: name, name:v3 or name@tag.", json_schema_extra={"cli": "argument"})
-    out: str = Field("repros", description="Folder to write the repro file and its data folder into.")
-    flavor: str = Field("auto", description="auto, source (inline the module's code) or export (wrap the torch.export program).")
-    verify: bool = Field(True, description="Run the written file once in a fresh process and report its check.")
+    ref: str = Field(description="Capture ref.", json_schema_extra={"cli": "argument"})
+    out: str = Field("repros", description="Folder to write into.")
+    flavor: str = Field("auto", description="source inlines the code; export wraps the torch.export program.")
+    verify: bool = Field(True, description="Run the file once to check it.")
 
 
 class ExportReproResult(BaseModel):
@@ -42,7 +42,7 @@ def export_repro(req: ExportReproRequest, ctx: ToolContext) -> ExportReproResult
         check = check_repro(written.path)
         if not check.verified:
             raise ModuleLensError(f"the repro {written.path} ({written.flavor}) does not reproduce {art.ref}: {check.reason}",
-                                  "run the file to see its output; pass --no-verify to write it without the check")
+                                  "run the file to see its output; pass [--no-verify] to write it without the check")
         result.verified, result.max_abs_error, result.check_output = check.verified, check.max_abs_error, check.output
     return result
 
@@ -53,7 +53,6 @@ TOOL = register(
         request=ExportReproRequest,
         result=ExportReproResult,
         fn=export_repro,
-        summary="Write a standalone KernelBench-format file (Model, get_inputs, get_init_inputs) for a capture, "
-        "with its captured data; needs only torch and safetensors to run.",
+        summary="Write a standalone KernelBench-format file (+ data) for a capture.",
     )
 )

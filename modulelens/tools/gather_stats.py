@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from modulelens.errors import CaptureFailed
+from modulelens.listing import LeftOut, keep_first
 from modulelens.registry import Tool, ToolContext, register
 from modulelens.repo import Artifact, Repository, validate_name
 from modulelens.stats.collector import DEFAULT_EVERY
@@ -23,65 +24,45 @@ from modulelens.stats.worker import StatsWorkerRequest, gather_script_stats
 class GatherStatsRequest(BaseModel):
     script: str | None = Field(
         None,
-        description="Training script to run unmodified (its optimizer.step() calls mark the steps). "
-        "Leave empty with --capture.",
+        description="Training script (optimizer.step() marks steps).",
         json_schema_extra={"cli": "argument"},
     )
     script_args: list[str] = Field(
         default_factory=list,
-        description="Arguments for the script (on the CLI, after --).",
         json_schema_extra={"cli": "argument"},
     )
     capture: str | None = Field(
         None,
-        description="Instead of a script: a capture reference (name, name:vN, name@tag) whose stored inputs, "
-        "outputs and weights to describe.",
+        description="Or: a capture ref to describe.",
     )
-    every: int = Field(DEFAULT_EVERY, ge=1, description="Take statistics on every N-th step (steps 0, N, 2N, ...); the other "
-                       "steps run with no hooks at all.")
-    steps: int | None = Field(None, ge=1, description="Stop the script after this many optimizer steps "
-                              "(default: run it to the end).")
-    name: str | None = Field(None, description="Name of the statistics in the repository (default: the script's "
-                             "file name, or the capture's name).")
-    ema: float = Field(DEFAULT_EMA, ge=0.0, lt=1.0, description="EMA smoothing factor alpha of the stored smoothed series: "
-                       "ema = alpha * ema + (1 - alpha) * value, per sampled step.")
+    every: int = Field(DEFAULT_EVERY, ge=1, description="Sample every N-th step.")
+    steps: int | None = Field(None, ge=1, description="Stop after this many steps.")
+    name: str | None = Field(None, description="Default: the script or capture name.")
+    ema: float = Field(DEFAULT_EMA, ge=0.0, lt=1.0, description="Smoothing alpha.")
     step_on: Literal["optimizer", "forward"] = Field(
-        "optimizer", description="What marks a step: each optimizer.step() (training), or each top-level call of "
-        "the model (loops without an optimizer).")
-    eager: bool = Field(True, description="Run with torch.compile disabled so that every module is observed "
-                        "(module hooks do not run inside compiled code); --no-eager keeps torch.compile for the "
-                        "steps without statistics and runs the sampled steps eagerly (exact statistics, no "
-                        "recompiles).")
-    params: bool = Field(True, description="Also take parameter statistics: weights, their gradients and the "
-                         "update-to-weight ratio (keeps a copy of the weights during sampled steps).")
-    fx: bool = Field(True, description="Try torch.fx to order modules by execution; the observed call order is "
-                     "used when it cannot trace.")
-    sample: int = Field(DEFAULT_SAMPLE, ge=0, description="Estimate mean, std, skewness, kurtosis and KL of tensors "
-                        "larger than this from a strided sample of about this many elements (much cheaper sampled "
-                        "steps); zero fraction, min, max and NaN/Inf counts stay exact. 0 means every statistic exact.")
-    plots: bool = Field(True, description="Write report.png and plots in report.html (needs matplotlib).")
+        "optimizer", description="forward: for loops without an optimizer.")
+    eager: bool = Field(True, description="Disable torch.compile; false: only sampled steps eager.")
+    params: bool = Field(True, description="Also weight, gradient and update statistics.")
+    fx: bool = Field(True, description="Order modules with torch.fx.")
+    sample: int = Field(DEFAULT_SAMPLE, ge=0, description="Moments from about this many elements (0: exact).")
+    plots: bool = Field(True, description="Write report plots.")
     thresholds: dict[str, float] = Field(
         default_factory=dict,
-        description="Override finding thresholds, e.g. {\"dead_zero_frac\": 0.9}. Keys: dead_zero_frac, "
-        "explode_gain, explode_rms, explode_abs_rms, vanish_gain, vanish_abs_rms, explode_grad_ratio, "
-        "vanish_grad_ratio, saturation_frac.",
+        description="Override: dead_zero_frac, explode_gain, explode_rms, explode_abs_rms, vanish_gain, "
+        "vanish_abs_rms, explode_grad_ratio, vanish_grad_ratio, saturation_frac.",
     )
-    nproc: int = Field(1, ge=1, description="Run the script under torchrun with this many processes (gloo/CPU or "
-                       "your backend): every rank gathers statistics, rank 0 merges them exactly into one run.")
-    wandb: bool = Field(False, description="Also log the series, findings and HTML report to a Weights & Biases "
-                        "run named after the statistics (W&B settings from its environment: WANDB_MODE=offline, "
-                        "WANDB_DIR, WANDB_PROJECT; needs pip install 'modulelens[wandb]'). Training runs only.")
-    wandb_project: str | None = Field(None, description="W&B project (default: WANDB_PROJECT, else 'modulelens').")
-    timeout: float = Field(3600.0, gt=0, description="Seconds for the whole run. Near the end (the last 20%, at "
-                           "most 60 s) the script is stopped at the next step boundary and the statistics so far "
-                           "are kept; at the limit it is killed.")
+    nproc: int = Field(1, ge=1, description="Processes under torchrun.")
+    wandb: bool = Field(False, description="Also log to Weights & Biases.")
+    wandb_project: str | None = Field(None)
+    timeout: float = Field(3600.0, gt=0, description="Seconds; stopped at a step boundary near the end.")
+    top: int | None = Field(20, ge=1, description="Modules, findings and tensors listed (null: all); all are stored.")
 
     @model_validator(mode="after")
     def _one_source(self) -> GatherStatsRequest:
         if bool(self.script) == bool(self.capture):
-            raise ValueError("give either a script or --capture (exactly one)")
+            raise ValueError("give either a script or [--capture] (exactly one)")
         if self.wandb and self.capture:
-            raise ValueError("--wandb logs training runs, not the statistics of a capture")
+            raise ValueError("[--wandb] logs training runs, not the statistics of a capture")
         return self
 
 
@@ -120,16 +101,19 @@ class GatherStatsResult(BaseModel):
     path: str = Field("", description="Folder of this version in the repository.")
     notes: list[str] = Field(default_factory=list)
     script_output_tail: str = Field("", description="Last lines the script printed.")
-    wandb_run: str | None = Field(None, description="With --wandb: the W&B run's URL, or its local folder offline.")
+    wandb_run: str | None = Field(None, description="With [--wandb]: the W&B run's URL, or its local folder offline.")
     seconds: float = 0.0
+    left_out: list[LeftOut] = Field(default_factory=list, description="Lists cut to `top` items.")
 
 
-def _result(art: Artifact, source: str, tail: str = "", seconds: float = 0.0) -> GatherStatsResult:
+def _result(art: Artifact, source: str, top: int | None, tail: str = "", seconds: float = 0.0) -> GatherStatsResult:
+    """The result for the stored run ``art``: order, findings and tensors cut to ``top`` (the
+    stored series and findings files have them all)."""
     summary = stats_manifest(art).summary
     found = art.read_json("findings.json")
     series = art.read_json("series.json")
     files = summary.report_files
-    return GatherStatsResult(
+    result = GatherStatsResult(
         run_id=art.ref, source=source,  # type: ignore[arg-type]
         modules=summary.modules, steps_seen=summary.steps_seen, steps_sampled=summary.steps_sampled,
         order_source=summary.order_source,
@@ -140,8 +124,11 @@ def _result(art: Artifact, source: str, tail: str = "", seconds: float = 0.0) ->
         report_png=str(art.file("report.png")) if "report.png" in files else None,
         tensors=tensor_rows(series)[:200],
         series_file=str(art.file("series.json")), path=str(art.path), notes=summary.notes,
-        script_output_tail=tail[-4000:], seconds=round(seconds, 3),
+        script_output_tail=tail[-1500:], seconds=round(seconds, 3),
     )
+    result = keep_first(result, "order", top, str(art.file("series.json")))
+    result = keep_first(result, "findings", top, str(art.file("findings.json")))
+    return keep_first(result, "tensors", top, str(art.file("series.json")))
 
 
 def gather_stats(req: GatherStatsRequest, ctx: ToolContext) -> GatherStatsResult:
@@ -155,7 +142,7 @@ def gather_stats(req: GatherStatsRequest, ctx: ToolContext) -> GatherStatsResult
         ctx.progress(0, 1, f"statistics of capture {cap.ref}")
         art, _, _ = save_capture_stats(repo, name, cap, plots=req.plots, thresholds=req.thresholds)
         ctx.progress(1, 1, f"stored {art.ref}")
-        return _result(art, "capture", seconds=time.perf_counter() - t0)
+        return _result(art, "capture", req.top, seconds=time.perf_counter() - t0)
 
     from modulelens.stats.artifact import default_stats_name
 
@@ -174,7 +161,7 @@ def gather_stats(req: GatherStatsRequest, ctx: ToolContext) -> GatherStatsResult
     result, tail = gather_script_stats(request, timeout=req.timeout, relay_to_stderr=True)
     art = repo.open("stats", result.ref)
     ctx.progress(1, 1, f"stored {art.ref}")
-    out = _result(art, "script", tail, time.perf_counter() - t0)
+    out = _result(art, "script", req.top, tail, time.perf_counter() - t0)
     if req.wandb:
         from modulelens.stats.wandb_log import log_to_wandb
 
@@ -237,10 +224,7 @@ TOOL = register(
         request=GatherStatsRequest,
         result=GatherStatsResult,
         fn=gather_stats,
-        summary="Run a training script unmodified and take per-module activation and gradient statistics "
-        "(mean, std, skewness, kurtosis, zero fraction, min/max, NaN/Inf, KL to N(0,1), update/weight ratio) on "
-        "every N-th step, with findings (dead, exploding, vanishing, saturated, first NaN/Inf) and an HTML/PNG "
-        "report; or describe the tensors of a capture (--capture).",
+        summary="Per-module activation, gradient and weight statistics of a training script every N steps, with findings; or of a capture.",
         render=_render,
     )
 )

@@ -14,13 +14,13 @@ from modulelens.repo import Repository
 
 
 class GenerateKernelRequest(BaseModel):
-    card: str = Field(description="Operator card id (blk/6 or blk:v1/6).", json_schema_extra={"cli": "argument"})
-    backend: BackendName = Field("cpp", description="cpp (runs on any CPU), triton or cuda.")
-    provider: str = Field("template", description="template (built-in, offline), anthropic (API) or sampling (MCP client's model).")
-    parent: str | None = Field(None, description="A candidate id to repair or improve: its source and latest report go to the provider.")
+    card: str = Field(description="Card id (blk/6).", json_schema_extra={"cli": "argument"})
+    backend: BackendName = Field("cpp", description="cpp runs on any CPU.")
+    provider: str = Field("template", description="template (offline), anthropic (API) or sampling (your model).")
+    parent: str | None = Field(None, description="Candidate to repair or improve.")
     instructions: str | None = Field(None, description="Extra guidance for LLM providers.")
-    variant: int = Field(0, ge=0, description="Template parameter variant (block sizes, ...).")
-    validate_now: bool = Field(False, description="Validate the new candidate right away (same as validate-kernel).")
+    variant: int = Field(0, ge=0, description="Template variant.")
+    validate_now: bool = Field(False, description="Validate it right away.")
 
 
 class GenerateKernelResult(BaseModel):
@@ -59,8 +59,6 @@ TOOL = register(
         request=GenerateKernelRequest,
         result=GenerateKernelResult,
         fn=generate_kernel,
-        summary="Generate a candidate kernel (cpp, triton or cuda) for an operator card with a provider: template "
-        "(built-in library), anthropic (API) or sampling (the MCP client's model); a parent candidate and its report "
-        "can be passed for repair or improvement. Stores the candidate with its provenance.",
+        summary="Generate a candidate kernel for a card (or repair/improve a parent).",
     )
 )

@@ -129,12 +129,11 @@ def skill_to_mdc(text: str, name: str, source: str = "SKILL.md") -> str:
 class InstallSkillsRequest(BaseModel):
     target: str = Field(
         ".",
-        description="The project folder to install into (its root: where .claude/ and .cursor/ belong).",
+        description="Project root.",
         json_schema_extra={"cli": "argument"},
     )
-    force: bool = Field(False, description="Overwrite files that exist and differ (and a different modulelens "
-                        "server entry); other servers and keys are always kept.")
-    skills: list[str] = Field(default_factory=list, description="Only these skills (default: all).")
+    force: bool = Field(False, description="Overwrite differing files.")
+    skills: list[str] = Field(default_factory=list, description="Default: all.")
 
 
 class InstallSkillsResult(BaseModel):
@@ -142,7 +141,7 @@ class InstallSkillsResult(BaseModel):
     skills: list[str] = Field(description="The skills installed.")
     written: list[str] = Field(default_factory=list, description="Files created or changed (relative to target).")
     unchanged: list[str] = Field(default_factory=list, description="Files that already held the same content.")
-    skipped: list[str] = Field(default_factory=list, description="Files that exist and differ, left alone (use --force).")
+    skipped: list[str] = Field(default_factory=list, description="Files that exist and differ, left alone (use [--force]).")
     next_steps: str = ""
 
 
@@ -279,7 +278,6 @@ TOOL = register(
         request=InstallSkillsRequest,
         result=InstallSkillsResult,
         fn=install_skills,
-        summary="Install the modulelens agent skills and MCP server registration into a project "
-        "(.claude/, .cursor/, .mcp.json).",
+        summary="Install agent skills and the MCP server entry into a project.",
     )
 )

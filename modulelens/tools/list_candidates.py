@@ -4,23 +4,28 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from modulelens.kernels.candidates import CANDIDATES
 from modulelens.kernels.catalog import CandidateEntry, candidate_entries
+from modulelens.listing import LeftOut, keep_first
 from modulelens.registry import Tool, ToolContext, register
 from modulelens.repo import Repository
 
 
 class ListCandidatesRequest(BaseModel):
-    card: str | None = Field(None, description="Only the candidates for this operator card (blk/6, blk:v1/6).")
+    card: str | None = Field(None, description="Only this card's.")
+    limit: int | None = Field(15, ge=1, description="Entries listed (null: all).")
 
 
 class ListCandidatesResult(BaseModel):
     repo: str = Field(description="The repository folder.")
     candidates: list[CandidateEntry]
+    left_out: list[LeftOut] = Field(default_factory=list)
 
 
 def list_candidates(req: ListCandidatesRequest, ctx: ToolContext) -> ListCandidatesResult:
     repo = Repository(ctx.repo_root)
-    return ListCandidatesResult(repo=str(repo.root), candidates=candidate_entries(repo, req.card))
+    result = ListCandidatesResult(repo=str(repo.root), candidates=candidate_entries(repo, req.card))
+    return keep_first(result, "candidates", req.limit, str(repo.root / CANDIDATES))
 
 
 TOOL = register(
@@ -29,7 +34,6 @@ TOOL = register(
         request=ListCandidatesRequest,
         result=ListCandidatesResult,
         fn=list_candidates,
-        summary="List the candidate kernels in the repository: card, backend, provider and the verdict, reason "
-        "and speedup of their latest validation.",
+        summary="List candidate kernels with their latest verdict, reason and speedup.",
     )
 )

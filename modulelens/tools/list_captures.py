@@ -5,12 +5,14 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from modulelens.capture.manifest import KIND, capture_manifest
+from modulelens.listing import LeftOut, keep_first
 from modulelens.registry import Tool, ToolContext, register
 from modulelens.repo import Repository
 
 
 class ListCapturesRequest(BaseModel):
-    name: str | None = Field(None, description="Only this capture name (all its versions).")
+    name: str | None = Field(None, description="Only this name's versions.")
+    limit: int | None = Field(25, ge=1, description="Entries listed (null: all).")
 
 
 class CaptureEntry(BaseModel):
@@ -27,6 +29,7 @@ class CaptureEntry(BaseModel):
 class ListCapturesResult(BaseModel):
     repo: str = Field(description="The repository folder.")
     captures: list[CaptureEntry]
+    left_out: list[LeftOut] = Field(default_factory=list)
 
 
 def list_captures(req: ListCapturesRequest, ctx: ToolContext) -> ListCapturesResult:
@@ -47,7 +50,8 @@ def list_captures(req: ListCapturesRequest, ctx: ToolContext) -> ListCapturesRes
                     strategies=list(m.strategies), created_at=m.created_at,
                 )
             )
-    return ListCapturesResult(repo=str(repo.root), captures=out)
+    return keep_first(ListCapturesResult(repo=str(repo.root), captures=out), "captures", req.limit,
+                      "modulelens://captures")
 
 
 TOOL = register(
@@ -56,6 +60,6 @@ TOOL = register(
         request=ListCapturesRequest,
         result=ListCapturesResult,
         fn=list_captures,
-        summary="List the captures in the repository with versions, tags and replay strategies.",
+        summary="List captures with versions, tags and replay strategies.",
     )
 )

@@ -13,10 +13,10 @@ from modulelens.repo import Repository
 
 
 class ListOpCardsRequest(BaseModel):
-    ref: str = Field(description="Opset reference (the capture's name: blk, blk:v2, blk@tag).",
+    ref: str = Field(description="Opset ref (the capture's name).",
                      json_schema_extra={"cli": "argument"})
-    kind: Literal["memory", "compute", "view"] | None = Field(None, description="Only cards of this kind: memory, compute or view.")
-    top: int | None = Field(None, ge=1, description="Only the first N cards.")
+    kind: Literal["memory", "compute", "view"] | None = Field(None)
+    top: int | None = Field(10, ge=1, description="Null: all.")
 
 
 def list_op_cards(req: ListOpCardsRequest, ctx: ToolContext) -> OpSetSummary:
@@ -30,7 +30,6 @@ TOOL = register(
         request=ListOpCardsRequest,
         result=OpSetSummary,
         fn=list_op_cards,
-        summary="List the operator cards of an opset (from capture-ops), ranked by share of the module's run time, "
-        "with each memory-bound card's achieved bandwidth as a fraction of this machine's copy bandwidth.",
+        summary="List an opset's cards by time share, with roofline fractions.",
     )
 )

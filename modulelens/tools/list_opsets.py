@@ -4,24 +4,28 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from modulelens.listing import LeftOut, keep_first
+from modulelens.ops.model import KIND
 from modulelens.ops.opsets import OpsetEntry, opset_entries
 from modulelens.registry import Tool, ToolContext, register
 from modulelens.repo import Repository
 
 
 class ListOpsetsRequest(BaseModel):
-    capture: str | None = Field(None, description="Only the opsets recorded from this capture (name, name:v3, "
-                                "name@tag).")
+    capture: str | None = Field(None, description="Only opsets of this capture.")
+    limit: int | None = Field(25, ge=1, description="Entries listed (null: all).")
 
 
 class ListOpsetsResult(BaseModel):
     repo: str = Field(description="The repository folder.")
     opsets: list[OpsetEntry]
+    left_out: list[LeftOut] = Field(default_factory=list)
 
 
 def list_opsets(req: ListOpsetsRequest, ctx: ToolContext) -> ListOpsetsResult:
     repo = Repository(ctx.repo_root)
-    return ListOpsetsResult(repo=str(repo.root), opsets=opset_entries(repo, req.capture))
+    result = ListOpsetsResult(repo=str(repo.root), opsets=opset_entries(repo, req.capture))
+    return keep_first(result, "opsets", req.limit, str(repo.root / KIND))
 
 
 TOOL = register(
@@ -30,7 +34,6 @@ TOOL = register(
         request=ListOpsetsRequest,
         result=ListOpsetsResult,
         fn=list_opsets,
-        summary="List the operator-card sets in the repository (one per capture-ops run): capture, number of "
-        "cards, module time.",
+        summary="List operator-card sets (one per capture_ops run).",
     )
 )

@@ -14,22 +14,21 @@ from modulelens.search.targets import resolve_targets
 
 
 class OptimizeRequest(BaseModel):
-    targets: list[str] = Field(description="Card ids (blk/6) or captures (blk: its top cards by time share x headroom "
-                               "to the roofline).", json_schema_extra={"cli": "argument"})
-    provider: str = Field("template", description="template (its variants are the search space), anthropic or sampling.")
-    backend: BackendName = Field("cpp", description="cpp (runs on any CPU), triton or cuda.")
-    max_evals: int = Field(24, ge=1, description="Evaluations for the whole search (a rerun continues up to it).")
-    time_budget: float | None = Field(None, gt=0, description="Wall seconds for this run.")
-    max_cost: float | None = Field(None, ge=0, description="USD the provider may spend in the whole search.")
-    executor: ExecutorName = Field("local", description="local (sandbox workers here) or ray.")
-    address: str | None = Field(None, description="With --executor ray: the cluster to join (default: a local Ray).")
-    workers: int = Field(1, ge=1, description="Evaluations at once (local sandbox workers, or Ray CPUs for a local Ray).")
-    top: int = Field(3, ge=1, description="Cards taken from a capture target.")
-    roofline_target: float = Field(1.0, gt=0, description="Stop a card when its best reaches this fraction of the roofline bound (bytes / DRAM copy bandwidth; cache-resident data can pass it).")
-    patience: int = Field(2, ge=1, description="Prune a branch after this many results without improvement.")
-    compile_baseline: bool = Field(False, description="Also time torch.compile when re-measuring the winners.")
-    search_id: str | None = Field(None, description="Resume (or name) this search; default: the latest search of the same targets, provider and backend.")
-    new: bool = Field(False, description="Start a new search even when one with the same targets exists.")
+    targets: list[str] = Field(description="Card ids (blk/6) or captures (their top cards).", json_schema_extra={"cli": "argument"})
+    provider: str = Field("template", description="template, anthropic or sampling.")
+    backend: BackendName = Field("cpp")
+    max_evals: int = Field(24, ge=1, description="For the whole search.")
+    time_budget: float | None = Field(None, gt=0, description="Seconds for this run.")
+    max_cost: float | None = Field(None, ge=0, description="USD for the whole search.")
+    executor: ExecutorName = Field("local")
+    address: str | None = Field(None, description="Ray cluster (default: local).")
+    workers: int = Field(1, ge=1, description="Evaluations at once.")
+    top: int = Field(3, ge=1, description="Cards per capture target.")
+    roofline_target: float = Field(1.0, gt=0, description="Stop a card at this fraction of its roofline.")
+    patience: int = Field(2, ge=1, description="Prune after this many non-improving results.")
+    compile_baseline: bool = Field(False, description="Also time torch.compile.")
+    search_id: str | None = Field(None, description="Resume or name a search (default: latest match).")
+    new: bool = Field(False, description="Start a new search.")
 
 
 def optimize(req: OptimizeRequest, ctx: ToolContext) -> SearchResult:
@@ -54,9 +53,6 @@ TOOL = register(
         request=OptimizeRequest,
         result=SearchResult,
         fn=optimize,
-        summary="Search many candidate kernels for cards (or a capture's top cards) with a persistent tree search: "
-        "UCT with progressive widening, children from a provider given the parent, its measurements and failed "
-        "siblings; budgets in evaluations, time and money; resumable; evaluated by local sandbox workers or Ray "
-        "tasks. Returns each card's best candidate re-measured against eager.",
+        summary="Tree-search kernels for cards or a capture's top cards (resumable, budgeted, local or Ray).",
     )
 )

@@ -11,9 +11,9 @@ from modulelens.repo import Repository
 
 
 class PackRequest(BaseModel):
-    candidates: list[str] = Field(description="Validated candidate ids (blk.card2:v1, blk.module:v1, ...).",
+    candidates: list[str] = Field(description="Validated candidate ids.",
                                   json_schema_extra={"cli": "argument"})
-    out: str = Field(description="Pack file to write (e.g. model.pack).")
+    out: str = Field(description="Pack file to write.")
 
 
 class PackedEntry(BaseModel):
@@ -29,7 +29,7 @@ class PackedEntry(BaseModel):
 
 class PackResult(BaseModel):
     path: str
-    sha256: str = Field(description="sha256 of the pack's content; pass it as --expect-sha256 to refuse any other pack.")
+    sha256: str = Field(description="sha256 of the pack's content; pass it as [--expect-sha256] to refuse any other pack.")
     environment: dict = Field(description="torch version, device name and compiler the pack is tied to.")
     entries: list[PackedEntry]
 
@@ -53,8 +53,6 @@ TOOL = register(
         request=PackRequest,
         result=PackResult,
         fn=pack,
-        summary="Gather validated candidates (operator-card kernels and module-level ModelNew candidates) into one "
-        "checksummed pack file: each entry keeps the exact call pattern it was validated for, its source and build "
-        "recipe, its validation report and speedup, and the pack records torch version, device and compiler.",
+        summary="Bundle validated candidates into one checksummed pack file.",
     )
 )

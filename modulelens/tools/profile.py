@@ -10,8 +10,7 @@ from modulelens.repo import Repository
 
 
 class ProfileRequest(ProfileOptions):
-    target: str = Field(description="A capture reference (blk, blk:v2), an operator card id (blk/0) or a candidate id "
-                        "(blk.card6:v1, timed in the sandbox).",
+    target: str = Field(description="Capture ref (blk), card id (blk/0) or candidate id (blk.card6:v1).",
                         json_schema_extra={"cli": "argument"})
 
 
@@ -31,8 +30,6 @@ TOOL = register(
         request=ProfileRequest,
         result=ProfileResult,
         fn=profile,
-        summary="Time a capture or an operator card with an established timer (warm-up, median, p20/p80, runs, "
-        "threads, cache state), with a torch.profiler breakdown, peak memory and, for memory-bound cards, the "
-        "achieved fraction of this machine's copy bandwidth.",
+        summary="Time a capture, card or candidate (median, p20/p80; profiler breakdown).",
     )
 )

@@ -22,17 +22,16 @@ from modulelens.repo import Repository
 
 
 class ReplayModuleRequest(BaseModel):
-    ref: str = Field(description="Capture reference: name, name:v3 or name@tag.", json_schema_extra={"cli": "argument"})
+    ref: str = Field(description="Capture ref.", json_schema_extra={"cli": "argument"})
     strategy: Literal["auto", "source", "export", "pickle"] = Field(
-        "auto", description="How to rebuild the module; auto tries source, export, then pickle (if trusted)."
+        "auto", description="auto: source, export, then pickle."
     )
-    device: str | None = Field(None, description="Run on this device (default: where it was captured).")
-    dtype: str | None = Field(None, description="Cast floating weights and inputs to this dtype (e.g. bfloat16).")
-    backward: bool = Field(False, description="Also run backward with the captured output gradient and compare "
-                           "input and parameter gradients (needs a capture made with --backward).")
-    trust_pickle: bool = Field(False, description="Allow the pickle strategy (runs code from the capture file).")
-    rtol: float | None = Field(None, description="Relative tolerance (default: per dtype).")
-    atol: float | None = Field(None, description="Absolute tolerance (default: per dtype).")
+    device: str | None = Field(None, description="Default: the captured one.")
+    dtype: str | None = Field(None, description="Cast weights and inputs (e.g. bfloat16).")
+    backward: bool = Field(False, description="Also compare gradients (capture made with [--backward]).")
+    trust_pickle: bool = Field(False, description="Allow the pickle strategy.")
+    rtol: float | None = Field(None, description="Default: per dtype.")
+    atol: float | None = Field(None, description="Default: per dtype.")
 
 
 class TensorMatch(BaseModel):
@@ -133,7 +132,7 @@ def _backward(loaded: LoadedCapture, module: torch.nn.Module, args: list[Any], o
               dtype_cast: bool, compute: tuple[torch.dtype, ...]) -> list[TensorMatch]:
     info = loaded.manifest.backward
     if info is None:
-        raise ReplayFailed(f"capture {loaded.artifact.ref} has no gradients", "capture again with --backward")
+        raise ReplayFailed(f"capture {loaded.artifact.ref} has no gradients", "capture again with [--backward]")
     grads = loaded.grads()
     outs = [t for t in flatten(out) if isinstance(t, torch.Tensor)]
     pairs = [(o, grads[f"grad_output.{i}"].to(o.device, o.dtype))
@@ -205,7 +204,7 @@ def replay_module(req: ReplayModuleRequest, ctx: ToolContext) -> ReplayModuleRes
     dtype = parse_dtype(req.dtype) if req.dtype else None
     device = req.device or capture_manifest(art).environment.device
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ModuleLensError(f"device {device!r} is not available on this machine", "pass --device cpu")
+        raise ModuleLensError(f"device {device!r} is not available on this machine", "pass [--device cpu]")
     loaded = LoadedCapture(art, device=device, dtype=dtype)
 
     def run(module: torch.nn.Module):
@@ -276,7 +275,6 @@ TOOL = register(
         request=ReplayModuleRequest,
         result=ReplayModuleResult,
         fn=replay_module,
-        summary="Rebuild a captured module alone (source, export or pickle strategy), run it on the captured "
-        "inputs and compare with the captured outputs (max abs/rel error, allclose); optionally backward.",
+        summary="Rebuild a captured module alone, run it on its captured inputs and compare outputs (and gradients).",
     )
 )

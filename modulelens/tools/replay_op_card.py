@@ -10,8 +10,8 @@ from modulelens.repo import Repository
 
 
 class ReplayOpCardRequest(BaseModel):
-    card: str = Field(description="Card id: <opset>/<index>.", json_schema_extra={"cli": "argument"})
-    sample: int = Field(0, ge=0, description="Which stored sample call to replay.")
+    card: str = Field(description="Card id: blk/0.", json_schema_extra={"cli": "argument"})
+    sample: int = Field(0, ge=0, description="Stored sample index.")
 
 
 def replay_op_card(req: ReplayOpCardRequest, ctx: ToolContext) -> CardReplay:
@@ -24,6 +24,6 @@ TOOL = register(
         request=ReplayOpCardRequest,
         result=CardReplay,
         fn=replay_op_card,
-        summary="Run an operator card's op alone on a stored sample and compare with its stored eager output.",
+        summary="Replay a card's op on a stored sample vs its eager output.",
     )
 )

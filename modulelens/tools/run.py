@@ -12,19 +12,17 @@ from modulelens.registry import Tool, ToolContext, register
 
 
 class RunRequest(BaseModel):
-    script: str = Field(description="The script to run, unmodified.", json_schema_extra={"cli": "argument"})
-    script_args: list[str] = Field(default_factory=list, description="Arguments for the script (on the CLI, after --).",
+    script: str = Field(json_schema_extra={"cli": "argument"})
+    script_args: list[str] = Field(default_factory=list,
                                    json_schema_extra={"cli": "argument"})
-    pack: str = Field(description="The pack file to apply.")
-    compare: bool = Field(False, description="Also run without the pack; report step times of both and whether the "
-                          "outputs (losses) agree.")
-    rtol: float = Field(1e-3, ge=0, description="With --compare: relative tolerance on each output (loss).")
-    atol: float = Field(1e-4, ge=0, description="With --compare: absolute tolerance on each output (loss).")
-    allow_env_mismatch: bool = Field(False, description="Load a pack made with another torch, device or compiler.")
-    expect_sha256: str | None = Field(None, description="Refuse the pack unless its sha256 is this.")
-    mechanism: Mechanism = Field(DEFAULT_MECHANISM, description="How operator calls are intercepted: library "
-                                 "(torch.library kernels, the cheaper) or mode (a TorchDispatchMode).")
-    timeout: float = Field(1800.0, gt=0, description="Seconds before each run is stopped.")
+    pack: str = Field()
+    compare: bool = Field(False, description="Also run without the pack and compare losses.")
+    rtol: float = Field(1e-3, ge=0, description="Loss tolerance.")
+    atol: float = Field(1e-4, ge=0, description="Loss tolerance.")
+    allow_env_mismatch: bool = Field(False, description="Allow another torch, device or compiler.")
+    expect_sha256: str | None = Field(None, description="Refuse any other pack.")
+    mechanism: Mechanism = Field(DEFAULT_MECHANISM)
+    timeout: float = Field(1800.0, gt=0, description="Seconds per run.")
 
 
 class RunResult(BaseModel):
@@ -37,10 +35,10 @@ class RunResult(BaseModel):
     steps: int = Field(description="Steps recorded with the pack.")
     step_kind: str
     step_seconds_with: float | None = Field(None, description="Median step time with the pack (first step left out).")
-    step_seconds_without: float | None = Field(None, description="With --compare: the same without the pack.")
-    exit_code_without: int | None = Field(None, description="With --compare: the script's exit code without the pack.")
-    speedup: float | None = Field(None, description="With --compare: step_seconds_without / step_seconds_with.")
-    outputs_match: bool | None = Field(None, description="With --compare: every output agrees within rtol/atol.")
+    step_seconds_without: float | None = Field(None, description="With [--compare]: the same without the pack.")
+    exit_code_without: int | None = Field(None, description="With [--compare]: the script's exit code without the pack.")
+    speedup: float | None = Field(None, description="With [--compare]: step_seconds_without / step_seconds_with.")
+    outputs_match: bool | None = Field(None, description="With [--compare]: every output agrees within rtol/atol.")
     output_kind: str = ""
     outputs_with: list[float] = Field(default_factory=list)
     outputs_without: list[float] = Field(default_factory=list)
@@ -88,8 +86,6 @@ TOOL = register(
         request=RunRequest,
         result=RunResult,
         fn=run,
-        summary="Run an unmodified script with a kernel pack applied (calls go to a pack kernel only when they match "
-        "a validated pattern exactly): hits and fallbacks per entry with reasons, per-step times, and with --compare "
-        "a run without the pack, whether the losses agree, and the step-time ratio.",
+        summary="Run a script with a pack applied: hits, fallbacks, step times; with [--compare], vs no pack.",
     )
 )

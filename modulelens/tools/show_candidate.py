@@ -4,18 +4,19 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from modulelens.kernels.catalog import CandidateView, candidate_view
+from modulelens.kernels.catalog import CandidateView, candidate_view, first_source_lines
 from modulelens.registry import Tool, ToolContext, register
 from modulelens.repo import Repository
 
 
 class ShowCandidateRequest(BaseModel):
-    candidate: str = Field(description="Candidate id (blk.card6:v1, blk.card6 for the latest).",
+    candidate: str = Field(description="Candidate id (blk.card6:v1).",
                            json_schema_extra={"cli": "argument"})
+    source_lines: int | None = Field(40, ge=1, description="Source lines shown (null: all).")
 
 
 def show_candidate(req: ShowCandidateRequest, ctx: ToolContext) -> CandidateView:
-    return candidate_view(Repository(ctx.repo_root), req.candidate)
+    return first_source_lines(candidate_view(Repository(ctx.repo_root), req.candidate), req.source_lines)
 
 
 TOOL = register(
@@ -24,7 +25,6 @@ TOOL = register(
         request=ShowCandidateRequest,
         result=CandidateView,
         fn=show_candidate,
-        summary="Show one candidate kernel: its card, backend, provider, source, and its latest validation report "
-        "(verdict, reason, checks, timings, speedups).",
+        summary="Show one candidate: source and latest validation report.",
     )
 )

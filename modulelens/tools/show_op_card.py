@@ -10,7 +10,7 @@ from modulelens.repo import Repository
 
 
 class ShowOpCardRequest(BaseModel):
-    card: str = Field(description="Card id: <opset>/<index>, e.g. blk/0 or blk:v2/3.", json_schema_extra={"cli": "argument"})
+    card: str = Field(description="Card id: blk/0, blk:v2/3.", json_schema_extra={"cli": "argument"})
 
 
 def show_op_card(req: ShowOpCardRequest, ctx: ToolContext) -> CardDetail:
@@ -23,6 +23,6 @@ TOOL = register(
         request=ShowOpCardRequest,
         result=CardDetail,
         fn=show_op_card,
-        summary="Show one operator card: operator, input shapes/dtypes/strides, arguments, calls, time share, samples.",
+        summary="Show one operator card in full, with its samples.",
     )
 )

@@ -10,7 +10,7 @@ from modulelens.search.summary import SearchSummary, search_summary
 
 
 class ShowSearchRequest(BaseModel):
-    search_id: str = Field(description="The search id optimize returned.", json_schema_extra={"cli": "argument"})
+    search_id: str = Field(json_schema_extra={"cli": "argument"})
 
 
 def show_search(req: ShowSearchRequest, ctx: ToolContext) -> SearchSummary:
@@ -23,7 +23,6 @@ TOOL = register(
         request=ShowSearchRequest,
         result=SearchSummary,
         fn=show_search,
-        summary="Show an optimize search: per card, the path from eager to the best candidate and every node with "
-        "its verdict, speedup, latency, provider and cost.",
+        summary="Show an optimize search tree per card.",
     )
 )

@@ -10,8 +10,8 @@ from modulelens.repo import Repository
 
 
 class TagCaptureRequest(BaseModel):
-    ref: str = Field(description="Capture reference to tag: name, name:v3 or name@tag.", json_schema_extra={"cli": "argument"})
-    tag: str = Field(description="The tag to set (moves it if it exists); 'latest' is automatic.",
+    ref: str = Field(description="Capture ref.", json_schema_extra={"cli": "argument"})
+    tag: str = Field(description="Tag to set or move ('latest' is automatic).",
                      json_schema_extra={"cli": "argument"})
 
 
@@ -35,6 +35,6 @@ TOOL = register(
         request=TagCaptureRequest,
         result=TagCaptureResult,
         fn=tag_capture,
-        summary="Point a tag (e.g. prod) at one version of a capture, so name@tag resolves to it.",
+        summary="Point a tag at one version of a capture (name@tag).",
     )
 )

@@ -12,10 +12,10 @@ from modulelens.repo.trust import TrustReview, review, trust
 
 
 class TrustRequest(BaseModel):
-    ref: str = Field(description="Artifact reference: name, name:v3 or name@tag.", json_schema_extra={"cli": "argument"})
+    ref: str = Field(description="Artifact ref.", json_schema_extra={"cli": "argument"})
     kind: Literal["captures", "opsets", "candidates", "reports", "stats"] = Field(
-        "captures", description="What kind of artifact the reference names.")
-    yes: bool = Field(False, description="Trust it. Without this, only show what trusting it would allow to run.")
+        "captures")
+    yes: bool = Field(False, description="Trust it (else only show).")
 
 
 class TrustResult(TrustReview):
@@ -35,6 +35,6 @@ TOOL = register(
         request=TrustRequest,
         result=TrustResult,
         fn=trust_artifact,
-        summary="Show what an artifact would run (programs, scripts, imported classes) and, with --yes, trust it.",
+        summary="Show what an artifact would run; with [--yes], trust it.",
     )
 )

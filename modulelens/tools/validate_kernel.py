@@ -17,35 +17,35 @@ from modulelens.sandbox.pool import DEFAULT_MEMORY_LIMIT_MB
 
 
 class ValidateKernelRequest(BaseModel):
-    candidate: str | None = Field(None, description="Candidate id from generate_kernel (e.g. blk.card6:v1).",
+    candidate: str | None = Field(None, description="Candidate id (blk.card6:v1).",
                                   json_schema_extra={"cli": "argument"})
-    source: str | None = Field(None, description="Instead of a candidate id: a file with your own kernel source.")
-    source_text: str | None = Field(None, description="Instead of a file: the kernel source itself (for agents).")
-    target: str | None = Field(None, description="With source/source_text: the card id it implements (blk/6).")
-    backend: BackendName | None = Field(None, description="With source/source_text: cpp, cuda or triton.")
-    device: str | None = Field(None, description="Device to validate on (default: the card's; CPU when no GPU).")
-    time: bool = Field(True, description="Time against eager on the captured sample (when the backend can be timed here).")
-    compile_baseline: bool = Field(False, description="Also time torch.compile of the operator.")
-    seeds: int = Field(2, ge=1, le=10, description="Fresh-input seeds (each with normal, uniform, heavy-tailed and special values).")
-    rtol: float | None = Field(None, ge=0, description="Override the relative tolerance (default: per dtype).")
-    atol: float | None = Field(None, ge=0, description="Override the absolute tolerance (default: per dtype, scaled by the output).")
-    timeout: float = Field(DEFAULT_TIMEOUT_S, gt=0, description="Seconds before the sandbox worker is stopped (cold C++ builds take ~20-60 s).")
-    memory_limit_mb: int = Field(DEFAULT_MEMORY_LIMIT_MB, ge=256, description="Address-space limit of the sandbox worker (CPU).")
+    source: str | None = Field(None, description="Or: your kernel source file.")
+    source_text: str | None = Field(None, description="Or: the kernel source itself.")
+    target: str | None = Field(None, description="With a source: its card id.")
+    backend: BackendName | None = Field(None, description="With a source.")
+    device: str | None = Field(None, description="Default: the card's.")
+    time: bool = Field(True, description="Time against eager.")
+    compile_baseline: bool = Field(False, description="Also time torch.compile.")
+    seeds: int = Field(2, ge=1, le=10, description="Fresh adversarial input seeds.")
+    rtol: float | None = Field(None, ge=0, description="Default: per dtype.")
+    atol: float | None = Field(None, ge=0, description="Default: per dtype.")
+    timeout: float = Field(DEFAULT_TIMEOUT_S, gt=0, description="Seconds (cold C++ builds: 20-60 s).")
+    memory_limit_mb: int = Field(DEFAULT_MEMORY_LIMIT_MB, ge=256)
 
 
 def _candidate(req: ValidateKernelRequest, repo: Repository) -> tuple[Artifact, KernelSource]:
     given = [x for x in (req.candidate, req.source, req.source_text) if x]
     if len(given) != 1:
-        raise ModuleLensError("give exactly one of a candidate id, --source FILE or --source-text",
-                              "e.g. validate-kernel blk.card6:v1, or validate-kernel --source k.cpp --target blk/6 --backend cpp")
+        raise ModuleLensError("give exactly one of a candidate id, [--source FILE] or [--source-text TEXT]",
+                              "e.g. a candidate id such as blk.card6:v1, or [--source k.cpp] [--target blk/6] [--backend cpp]")
     if req.candidate:
         if req.target or req.backend:
-            raise ModuleLensError("--target and --backend go with --source, not with a candidate id",
+            raise ModuleLensError("[--target] and [--backend] go with [--source] or [--source-text], not with a candidate id",
                                   "a stored candidate already knows its card and backend")
         return load_candidate(repo, req.candidate)
     if not req.target or not req.backend:
-        raise ModuleLensError("--source needs --target CARD and --backend cpp|cuda|triton",
-                              "e.g. validate-kernel --source k.cpp --target blk/6 --backend cpp")
+        raise ModuleLensError("[--source] needs [--target CARD] and [--backend BACKEND] (cpp, cuda or triton)",
+                              "e.g. [--source k.cpp] [--target blk/6] [--backend cpp]")
     text = req.source_text
     if req.source:
         path = Path(req.source).expanduser()
@@ -73,8 +73,6 @@ TOOL = register(
         request=ValidateKernelRequest,
         result=CandidateValidation,
         fn=validate_kernel,
-        summary="Validate a candidate kernel (stored candidate, or your own source with a target card and backend) "
-        "in a sandbox worker: compiles, runs, matches the card's captured samples and fresh adversarial inputs, "
-        "does not mutate inputs or alias them, times against eager; verdict custom, wrapper or rejected with the reason.",
+        summary="Validate a kernel in a sandbox (captured and adversarial inputs, no mutation or aliasing, timed vs eager).",
     )
 )

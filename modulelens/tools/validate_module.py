@@ -25,20 +25,19 @@ from modulelens.sandbox.pool import DEFAULT_MEMORY_LIMIT_MB, pool
 
 
 class ValidateModuleRequest(BaseModel):
-    candidate: str | None = Field(None, description="A stored module candidate id (blk.module:v1) to validate again.",
+    candidate: str | None = Field(None, description="Module candidate id (blk.module:v1).",
                                   json_schema_extra={"cli": "argument"})
-    source: str | None = Field(None, description="A Python file defining `class ModelNew(nn.Module)`.")
-    source_text: str | None = Field(None, description="Instead of a file: the source itself (for agents).")
-    target: str | None = Field(None, description="With source/source_text: the capture it replaces (blk, blk:v2).")
-    class_name: str = Field("ModelNew", description="The class the source defines.")
-    claims_training: bool = Field(False, description="The candidate is correct in training mode too (dropout with the "
-                                  "same RNG state, gradients): checked, and then dispatched in training.")
-    time: bool = Field(True, description="Time the candidate against the original module.")
-    seeds: int = Field(2, ge=1, le=10, description="Fresh-input seeds (each with normal, uniform, heavy-tailed and special values).")
-    rtol: float | None = Field(None, ge=0, description="Override the relative tolerance (default: per dtype).")
-    atol: float | None = Field(None, ge=0, description="Override the absolute tolerance.")
-    timeout: float = Field(900.0, gt=0, description="Seconds before the sandbox worker is stopped (C++ builds take a while).")
-    memory_limit_mb: int = Field(DEFAULT_MEMORY_LIMIT_MB, ge=256, description="Address-space limit of the sandbox worker (CPU).")
+    source: str | None = Field(None, description="Or: a file defining ModelNew.")
+    source_text: str | None = Field(None, description="Or: the source itself.")
+    target: str | None = Field(None, description="With a source: the capture it replaces.")
+    class_name: str = Field("ModelNew")
+    claims_training: bool = Field(False, description="Correct in training mode too (checked, then dispatched in training).")
+    time: bool = Field(True, description="Time against the original.")
+    seeds: int = Field(2, ge=1, le=10, description="Fresh adversarial input seeds.")
+    rtol: float | None = Field(None, ge=0, description="Default: per dtype.")
+    atol: float | None = Field(None, ge=0, description="Default: per dtype.")
+    timeout: float = Field(900.0, gt=0, description="Seconds.")
+    memory_limit_mb: int = Field(DEFAULT_MEMORY_LIMIT_MB, ge=256)
 
 
 class ValidateModuleResult(ValidationReport):
@@ -50,12 +49,12 @@ class ValidateModuleResult(ValidationReport):
 def _candidate(req: ValidateModuleRequest, repo: Repository):
     given = [x for x in (req.candidate, req.source, req.source_text) if x]
     if len(given) != 1:
-        raise ModuleLensError("give exactly one of a module candidate id, --source FILE or --source-text",
-                              "e.g. validate-module --source fused_block.py --target blk --claims-training")
+        raise ModuleLensError("give exactly one of a module candidate id, [--source FILE] or [--source-text TEXT]",
+                              "e.g. [--source fused_block.py] [--target blk] [--claims-training]")
     if req.candidate:
         return load_module_candidate(repo, req.candidate)
     if not req.target:
-        raise ModuleLensError("--source needs --target CAPTURE", "the capture of the module it replaces, e.g. --target blk")
+        raise ModuleLensError("[--source] needs [--target CAPTURE]", "the capture of the module it replaces, e.g. [--target blk]")
     text = req.source_text
     if req.source:
         path = Path(req.source).expanduser()
@@ -98,9 +97,6 @@ TOOL = register(
         request=ValidateModuleRequest,
         result=ValidateModuleResult,
         fn=validate_module,
-        summary="Validate a module-level candidate (KernelBench ModelNew: same constructor arguments, loads the captured "
-        "weights, same forward) in a sandbox against its capture: captured and fresh inputs, inputs unchanged, no "
-        "aliasing; in training mode with the same RNG state and against captured gradients when it claims training "
-        "support; timed against the original module. The stored candidate can then be packed.",
+        summary="Validate a module-level ModelNew against its capture in a sandbox.",
     )
 )

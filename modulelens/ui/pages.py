@@ -27,7 +27,7 @@ def captures_page(request: Request) -> HTMLResponse:
 
 def capture_page(request: Request) -> HTMLResponse:
     ui = ui_state(request)
-    summary = ui.call("show_capture", ref=request.path_params["ref"], tensors=True)
+    summary = ui.call("show_capture", ref=request.path_params["ref"], tensors=True, top=None)
     opsets = ui.call("list_opsets", capture=summary.ref).opsets
     weights = [ParamLeaf(t.key, t.shape, t.dtype) for t in summary.tensors if t.group == "weight"]
     groups = {g: [t for t in summary.tensors if t.group == g] for g in TENSOR_GROUPS}
@@ -43,7 +43,7 @@ def opsets_page(request: Request) -> HTMLResponse:
 
 def opset_page(request: Request) -> HTMLResponse:
     ui = ui_state(request)
-    cards = ui.call("list_op_cards", ref=request.path_params["ref"])
+    cards = ui.call("list_op_cards", ref=request.path_params["ref"], top=None)
     candidates = ui.call("list_candidates").candidates
     candidates_of: dict[str, list[Any]] = {}
     for c in candidates:
@@ -60,7 +60,7 @@ def candidates_page(request: Request) -> HTMLResponse:
 
 def candidate_page(request: Request) -> HTMLResponse:
     ui = ui_state(request)
-    view = ui.call("show_candidate", candidate=request.path_params["ref"])
+    view = ui.call("show_candidate", candidate=request.path_params["ref"], source_lines=None)
     return ui.page("candidate.html", "candidates", title=view.entry.candidate_id, view=view,
                    source_url=repo_file(view.source_path, ui.settings.repo_root))
 
@@ -72,7 +72,8 @@ def stats_runs_page(request: Request) -> HTMLResponse:
 
 def stats_run_page(request: Request) -> HTMLResponse:
     ui = ui_state(request)
-    view = ui.call("show_stats_run", run=request.path_params["ref"], stats=PLOTTED_STATS)
+    view = ui.call("show_stats_run", run=request.path_params["ref"], stats=PLOTTED_STATS, top=None, points=None,
+                   definitions=True)
     root = ui.settings.repo_root
     return ui.page("stats_run.html", "stats", title=view.entry.run_id, view=view,
                    plot_data=view.model_dump(mode="json", include={"steps", "modules", "types", "findings"}),

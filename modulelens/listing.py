@@ -1,0 +1,51 @@
+"""Long lists in results, cut to a size an agent can read: the first ``top`` items are kept, and
+the result says how many were left out and where the full data is (a file, a resource)."""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError
+from pydantic.fields import FieldInfo
+
+__all__ = ["LeftOut", "everything", "keep_first"]
+
+
+class LeftOut(BaseModel):
+    """One list a result cut short."""
+
+    field: str = Field(description="The result field that was cut.")
+    shown: int
+    total: int
+    full: str = Field(description="Where the whole list is: a file path or a modulelens:// resource.")
+
+
+M = TypeVar("M", bound=BaseModel)
+
+# Request fields that cut a reply short, and their values for the whole data (what resources give).
+_WHOLE = {"top": None, "limit": None, "points": None, "source_lines": None, "manifest": True, "definitions": True}
+
+
+def _accepts(field: FieldInfo, value: object) -> bool:
+    try:
+        TypeAdapter(field.annotation).validate_python(value)
+    except ValidationError:
+        return False
+    return True
+
+
+def everything(request: type[BaseModel]) -> dict[str, object]:
+    """The request fields of ``request`` that cut a reply short (``top``, ``limit``, detail flags),
+    set so that nothing is left out (only those that take that setting)."""
+    fields = request.model_fields
+    return {name: value for name, value in _WHOLE.items() if name in fields and _accepts(fields[name], value)}
+
+
+def keep_first(result: M, field: str, top: int | None, full: str) -> M:
+    """``result`` with at most ``top`` items (None: all) of its list ``field``; when items are
+    dropped, a :class:`LeftOut` naming ``full`` is appended to ``result.left_out``."""
+    items = getattr(result, field)
+    if top is None or len(items) <= top:
+        return result
+    left_out = [*result.left_out, LeftOut(field=field, shown=top, total=len(items), full=full)]
+    return result.model_copy(update={field: items[:top], "left_out": left_out})

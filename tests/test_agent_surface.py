@@ -1,0 +1,308 @@
+"""What an agent sees, in-process: strict arguments (unknown names, types and values refused one
+line per field), hints phrased per front end (tool arguments over MCP, flags in the CLI), a
+``tools/list`` within budget, one-line text summaries, and long lists cut with a pointer to the
+full data. The stdio run of the whole loop is tests/test_mcp_agent_e2e.py."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+import anyio
+import pytest
+from mcp import Client
+from pydantic import BaseModel, Field, ValidationError, model_validator
+from typer.testing import CliRunner
+
+from modulelens.arguments import argument_errors, did_you_mean, unknown_names
+from modulelens.cli.app import build_app
+from modulelens.errors import ModuleLensError, arg, render
+from modulelens.listing import LeftOut, everything, keep_first
+from modulelens.mcp_server.schema import compact_schema
+from modulelens.mcp_server.server import build_server
+from modulelens.registry import Tool, ToolContext
+from modulelens.stats.runs import ModuleSeries, StatsRunEntry, StatsRunView, thin_steps
+
+# --------------------------------------------------------------------------------------------
+# A fake tool with the kinds of arguments that go wrong
+# --------------------------------------------------------------------------------------------
+
+
+class BuildRequest(BaseModel):
+    card: str | None = Field(None, description="Card id.")
+    source: str | None = Field(None, description="Kernel source file.")
+    target: str | None = Field(None, description="With a source: its card id.")
+    backend: Literal["cpp", "cuda", "triton"] | None = None
+    seeds: int = Field(2, ge=1, le=10)
+    top: int | None = Field(3, ge=1, description="Items listed (null: all).")
+
+    @model_validator(mode="after")
+    def _one_input(self) -> BuildRequest:
+        if self.card and self.source:
+            raise ValueError(f"give {arg('card')} or {arg('source', 'FILE')}, not both")
+        return self
+
+
+class BuildResult(BaseModel):
+    card: str
+    seeds: int
+    items: list[int]
+    left_out: list[LeftOut] = Field(default_factory=list)
+
+
+def _build(req: BuildRequest, ctx: ToolContext) -> BuildResult:
+    if req.source and not (req.target and req.backend):
+        raise ModuleLensError("[--source] needs [--target CARD] and [--backend]",
+                              "e.g. [--source k.cpp] [--target blk/6] [--backend cpp]")
+    result = BuildResult(card=req.card or "blk/0", seeds=req.seeds, items=list(range(12)))
+    return keep_first(result, "items", req.top, "modulelens://items")
+
+
+BUILD = Tool("build", BuildRequest, BuildResult, _build, "Build a kernel for a card.")
+
+
+def _mcp(tools: list[Tool], body) -> Any:
+    async def main():
+        async with Client(build_server(tools)) as client:
+            return await body(client)
+
+    return anyio.run(main)
+
+
+def _call(arguments: dict) -> Any:
+    async def body(c):
+        return await c.call_tool("build", arguments)
+
+    return _mcp([BUILD], body)
+
+
+@pytest.fixture
+def cli():
+    app = build_app([BUILD], rich_help=False)
+    runner = CliRunner()
+    return lambda *args: runner.invoke(app, list(args))
+
+
+# --------------------------------------------------------------------------------------------
+# Argument markers
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("marker,cli_text,args_text", [
+    (arg("target"), "--target", "target"),
+    (arg("target", "CARD"), "--target CARD", "target"),
+    (arg("strategy", "export"), "--strategy export", "strategy=export"),
+    (arg("eager", False), "--no-eager", "eager=false"),
+    (arg("trust_pickle", True), "--trust-pickle", "trust_pickle"),
+    (arg("script_args", "ARGS..."), "--script-args ARGS...", "script_args"),
+])
+def test_markers_render_per_front_end(marker, cli_text, args_text):
+    assert render(f"use {marker} here", "cli") == f"use {cli_text} here"
+    assert render(f"use {marker} here", "args") == f"use {args_text} here"
+
+
+def test_text_without_markers_is_unchanged():
+    text = "pip install 'modulelens[wandb]' -- see [notes] and `modulelens list-captures`"
+    assert render(text, "cli") == render(text, "args") == text
+
+
+def test_error_keeps_markers_and_renders_them_on_demand():
+    e = ModuleLensError("[--source] needs [--target CARD]", "pass [--device cpu]")
+    assert e.message == "[--source] needs [--target CARD]"  # raw: crosses process boundaries as is
+    assert e.rendered("cli") == ("--source needs --target CARD", "pass --device cpu")
+    assert e.rendered("args") == ("source needs target", "pass device=cpu")
+    assert str(e) == "source needs target (pass device=cpu)"
+
+
+# --------------------------------------------------------------------------------------------
+# Strict arguments, unit level
+# --------------------------------------------------------------------------------------------
+
+
+def test_unknown_names_list_the_valid_ones_with_a_did_you_mean():
+    line = unknown_names(BuildRequest, ["card", "sedes"])
+    assert line == ("unknown argument 'sedes' (did you mean seeds?); valid: card, source, target, backend, seeds, "
+                    "top")
+    assert unknown_names(BuildRequest, ["card", "seeds"]) is None
+    assert "--seeds" in unknown_names(BuildRequest, ["sedes"], label=lambda n: "--" + n)
+    assert did_you_mean("zzz", ["card", "seeds"]) is None
+
+
+def _errors(data: dict, **kwargs) -> list[str]:
+    with pytest.raises(ValidationError) as e:
+        BuildRequest.model_validate(data)
+    return argument_errors(e.value, **kwargs)
+
+
+def test_type_enum_and_range_errors_are_one_line_per_field():
+    lines = _errors({"seeds": "ten", "backend": "cpu", "top": 0})
+    assert len(lines) == 3
+    by_field = {line.split(":")[0]: line for line in lines}
+    assert by_field["seeds"] == "seeds: got 'ten', expected a valid integer, unable to parse string as an integer"
+    assert by_field["backend"].startswith("backend: got 'cpu', expected one of 'cpp', 'cuda' or 'triton'")
+    assert by_field["backend"].endswith("(did you mean 'cpp'?)")
+    assert by_field["top"] == "top: got 0, expected greater than or equal to 1"
+    assert not any("pydantic" in line or "http" in line for line in lines)
+
+
+def test_checks_across_fields_render_their_markers():
+    assert _errors({"card": "blk/0", "source": "k.cpp"}) == ["give card or source, not both"]
+    assert _errors({"card": "blk/0", "source": "k.cpp"}, front="cli") == ["give --card or --source FILE, not both"]
+
+
+def test_missing_fields_say_required():
+    class Needs(BaseModel):
+        ref: str
+
+    with pytest.raises(ValidationError) as e:
+        Needs.model_validate({})
+    assert argument_errors(e.value) == ["ref: required"]
+
+
+# --------------------------------------------------------------------------------------------
+# Strict arguments and hints over MCP
+# --------------------------------------------------------------------------------------------
+
+
+def test_mcp_refuses_a_misspelt_argument():
+    r = _call({"card": "blk/0", "sedes": 3})
+    assert r.is_error
+    text = r.content[0].text
+    assert "'sedes'" in text and "did you mean seeds?" in text and "valid: card, source, target" in text
+    assert "\n" not in text
+
+
+def test_mcp_type_and_enum_errors_name_the_field():
+    r = _call({"seeds": "ten", "backend": "cpu"})
+    assert r.is_error
+    lines = r.content[0].text.splitlines()
+    assert lines[0] == "invalid arguments:" and len(lines) == 3
+    assert any(line.startswith("seeds: got 'ten'") for line in lines)
+    assert any(line.startswith("backend: got 'cpu', expected one of") for line in lines)
+    assert "pydantic" not in r.content[0].text and "Error executing tool" not in r.content[0].text
+
+
+def test_mcp_lists_and_objects_sent_as_json_text_are_still_accepted():
+    r = _call({"card": "blk/1", "seeds": "3", "top": "null"})
+    assert not r.is_error, r.content
+    assert r.structured_content["seeds"] == 3 and len(r.structured_content["items"]) == 12
+
+
+def test_mcp_hints_name_tool_arguments():
+    r = _call({"source": "k.cpp"})
+    assert r.is_error
+    assert r.content[0].text == ("ModuleLensError: source needs target and backend\n"
+                                 "hint: e.g. source=k.cpp target=blk/6 backend=cpp")
+
+
+def test_mcp_check_across_fields_names_arguments():
+    r = _call({"card": "blk/0", "source": "k.cpp"})
+    assert r.is_error and "give card or source, not both" in r.content[0].text
+
+
+# --------------------------------------------------------------------------------------------
+# The same in the CLI
+# --------------------------------------------------------------------------------------------
+
+
+def test_cli_hints_name_flags(cli):
+    r = cli("build", "--source", "k.cpp")
+    assert r.exit_code == 2
+    assert "error: --source needs --target CARD and --backend" in r.stderr
+    assert "hint: e.g. --source k.cpp --target blk/6 --backend cpp" in r.stderr
+
+
+def test_cli_validation_names_flags_one_line_each(cli):
+    r = cli("build", "--seeds", "11", "--top", "0")
+    assert r.exit_code == 2
+    lines = [line.removeprefix("error: ") for line in r.stderr.splitlines() if "invalid" in line]
+    assert lines == ["invalid --seeds: got 11, expected less than or equal to 10",
+                     "invalid --top: got 0, expected greater than or equal to 1"]
+    r = cli("build", "--card", "blk/0", "--source", "k.cpp", "--json")
+    assert r.exit_code == 2 and json.loads(r.stdout)["error"] == "give --card or --source FILE, not both"
+
+
+def test_cli_refuses_a_misspelt_option_with_a_suggestion(cli):
+    r = cli("build", "--sedes", "3")
+    assert r.exit_code == 2 and "--sedes" in r.output and "--seeds" in r.output
+
+
+def test_cli_top_is_an_option_and_the_output_keeps_its_shape(cli):
+    r = cli("build", "--top", "5", "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["items"] == [0, 1, 2, 3, 4]
+    assert out["left_out"] == [{"field": "items", "shown": 5, "total": 12, "full": "modulelens://items"}]
+
+
+# --------------------------------------------------------------------------------------------
+# Compact listing, replies, long lists
+# --------------------------------------------------------------------------------------------
+
+
+def test_mcp_reply_text_is_a_one_line_summary_not_the_json_again():
+    r = _call({"card": "blk/2"})
+    assert not r.is_error
+    (block,) = r.content
+    assert block.text.startswith("build: card=blk/2, seeds=2, items: 3 items") and "\n" not in block.text
+    assert r.structured_content["left_out"] == [{"field": "items", "shown": 3, "total": 12,
+                                                 "full": "modulelens://items"}]
+
+
+def test_every_real_tool_lists_within_budget_and_documents_its_result():
+    from modulelens.tools import all_tools
+
+    tools = all_tools()
+
+    async def body(c):
+        listed = await c.list_tools()
+        schemas = {t.name: json.loads((await c.read_resource(f"modulelens://schemas/{t.name}")).contents[0].text)
+                   for t in tools}
+        return listed, schemas
+
+    listed, schemas = _mcp(tools, body)
+    assert len(listed.model_dump_json(by_alias=True, exclude_none=True)) <= 20_000
+    for tool in listed.tools:
+        assert "Arguments:" not in tool.description and "[--" not in tool.description
+        assert "title" not in tool.input_schema["properties"].get(next(iter(tool.input_schema["properties"]), ""), {})
+        assert "[--" not in json.dumps(tool.input_schema)  # argument markers are written as names
+    for tool in tools:
+        assert set(schemas[tool.name]["properties"]) == set(tool.result.model_fields)
+
+
+def test_compact_schema_keeps_meaning():
+    schema = {"title": "X", "type": "object", "properties": {
+        "title": {"title": "Title", "type": "string"},
+        "device": {"anyOf": [{"type": "string"}, {"type": "null"}], "default": None, "title": "Device"},
+        "top": {"anyOf": [{"minimum": 1, "type": "integer"}, {"type": "null"}], "default": 10},
+        "mode": {"enum": ["a", "b"], "type": "string", "default": "a"},
+    }}
+    assert compact_schema(schema) == {"type": "object", "properties": {
+        "title": {"type": "string"},
+        "device": {"type": "string"},
+        "top": {"minimum": 1, "type": ["integer", "null"], "default": 10},
+        "mode": {"enum": ["a", "b"], "default": "a"},
+    }}
+
+
+def test_everything_lifts_every_cut_the_request_allows():
+    assert everything(BuildRequest) == {"top": None}
+
+    class Fixed(BaseModel):
+        limit: int = 10
+        manifest: bool = False
+
+    assert everything(Fixed) == {"manifest": True}
+
+
+def test_keep_first_and_thin_steps():
+    view = StatsRunView(
+        entry=StatsRunEntry.model_construct(), steps=list(range(0, 100, 10)), path="/runs/r/v1",
+        modules=[ModuleSeries(name=f"m{i}", index=i, activation={"std": [float(s) for s in range(10)]})
+                 for i in range(5)],
+    )
+    cut = thin_steps(keep_first(view, "modules", 2, "/runs/r/v1/series.json"), 4)
+    assert [m.name for m in cut.modules] == ["m0", "m1"]
+    assert cut.steps == [0, 30, 60, 90] and cut.modules[0].activation["std"] == [0.0, 3.0, 6.0, 9.0]
+    assert [(c.field, c.shown, c.total) for c in cut.left_out] == [("modules", 2, 5), ("steps", 4, 10)]
+    assert keep_first(view, "modules", None, "x") is view and thin_steps(view, None) is view

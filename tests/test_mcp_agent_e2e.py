@@ -1,0 +1,133 @@
+"""The whole loop as an agent drives it: the MCP server as a stdio subprocess, driven by the Python
+SDK's stdio client on the example training script (capture, replay, export_repro, capture_ops,
+generate_kernel, validate_kernel, gather_stats), every reply within the size an agent can read
+(text + structured content <= 8k characters) and ``tools/list`` within 20k characters.
+
+One server session runs every step in order (each step uses what the one before made).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAIN = ROOT / "examples" / "tinyformer" / "train.py"
+MAX_REPLY = 8_000
+MAX_TOOLS_LIST = 20_000
+
+
+def reply_size(result) -> int:
+    """Characters an agent reads: every text block plus the structured content as JSON."""
+    text = sum(len(block.text) for block in result.content if getattr(block, "text", None) is not None)
+    structured = json.dumps(result.structured_content, separators=(",", ":")) if result.structured_content else ""
+    return text + len(structured)
+
+
+class Agent:
+    """One stdio session; ``call`` checks that a reply is a success of readable size."""
+
+    def __init__(self, session: ClientSession):
+        self.session = session
+        self.sizes: dict[str, int] = {}
+
+    async def call(self, tool: str, arguments: dict) -> dict:
+        result = await self.session.call_tool(tool, arguments)
+        assert not result.is_error, f"{tool}: {result.content}"
+        size = reply_size(result)
+        self.sizes[tool] = size
+        assert size <= MAX_REPLY, f"{tool} replied {size} characters"
+        text = result.content[0].text
+        assert text.startswith(f"{tool}: ") and "\n" not in text, text  # a one-line summary, not the JSON again
+        assert isinstance(result.structured_content, dict)
+        return result.structured_content
+
+
+async def _run_loop(repo: Path, out: Path) -> dict:
+    params = StdioServerParameters(command=sys.executable, args=["-m", "modulelens", "mcp", "--repo", str(repo)],
+                                   cwd=str(ROOT))
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        listed = await session.list_tools()
+        tools_list_chars = len(listed.model_dump_json(by_alias=True, exclude_none=True))
+        agent = Agent(session)
+        seen: dict = {"tools_list_chars": tools_list_chars, "tools": {t.name for t in listed.tools}}
+
+        cap = await agent.call("capture_module", {"script": str(TRAIN), "module": "blocks.1", "name": "blk",
+                                                  "script_args": ["--steps", "2"]})
+        seen["capture"] = cap
+        seen["replay"] = await agent.call("replay_module", {"ref": "blk", "strategy": "source"})
+        seen["repro"] = await agent.call("export_repro", {"ref": "blk", "out": str(out)})
+        ops = await agent.call("capture_ops", {"ref": "blk"})
+        seen["ops"] = ops
+        card = next(c["card_id"] for c in ops["cards"] if "softmax" in c["op"])
+        gen = await agent.call("generate_kernel", {"card": card, "backend": "cpp", "provider": "template"})
+        seen["generated"] = gen
+        seen["validated"] = await agent.call("validate_kernel", {"candidate": gen["candidate_id"], "seeds": 1})
+        seen["stats"] = await agent.call("gather_stats", {"script": str(TRAIN), "script_args": ["--steps", "3"],
+                                                          "every": 1})
+        seen["stats_shown"] = await agent.call("show_stats_run", {"run": seen["stats"]["run_id"]})
+        seen["capture_shown"] = await agent.call("show_capture", {"ref": "blk", "tensors": True})
+        misspelt = await session.call_tool("replay_module", {"ref": "blk", "strategi": "export"})
+        seen["misspelt"] = (misspelt.is_error, misspelt.content[0].text)
+        seen["sizes"] = agent.sizes
+        return seen
+
+
+@pytest.fixture(scope="module")
+def loop(tmp_path_factory) -> dict:
+    repo = tmp_path_factory.mktemp("repo")
+    return anyio.run(_run_loop, repo, tmp_path_factory.mktemp("repros"))
+
+
+def test_tools_list_fits_the_budget(loop):
+    assert loop["tools_list_chars"] <= MAX_TOOLS_LIST, loop["tools_list_chars"]
+    assert {"capture_module", "replay_module", "export_repro", "capture_ops", "generate_kernel",
+            "validate_kernel", "gather_stats"} <= loop["tools"]
+
+
+def test_capture_and_replay(loop):
+    assert loop["capture"]["ref"] == "blk:v1" and loop["capture"]["module_path"] == "blocks.1"
+    assert loop["replay"]["strategy"] == "source" and loop["replay"]["match"] is True
+    assert Path(loop["repro"]["path"]).is_file()
+
+
+def test_cards_are_cut_to_top_with_a_pointer_to_the_rest(loop):
+    ops = loop["ops"]
+    assert 0 < len(ops["cards"]) <= 10
+    for cut in ops["left_out"]:
+        assert cut["field"] == "cards" and cut["total"] > cut["shown"] == len(ops["cards"])
+        assert Path(cut["full"]).is_file()
+
+
+def test_generated_kernel_validates(loop):
+    assert loop["generated"]["candidate_id"]
+    validated = loop["validated"]
+    assert validated["candidate_id"] == loop["generated"]["candidate_id"]
+    assert validated["verdict"] == "custom" and validated["correct"] is True, validated["reason"]
+
+
+def test_stats_reply_and_views_fit(loop):
+    stats, shown = loop["stats"], loop["stats_shown"]
+    assert stats["source"] == "script" and stats["steps_sampled"] >= 1 and shown["entry"]["kind"] == "run"
+    assert len(shown["modules"]) <= 3 and all(Path(c["full"]).is_file() for c in shown["left_out"])
+    assert loop["capture_shown"]["tensors"]
+
+
+def test_every_reply_fits(loop):
+    assert set(loop["sizes"]) >= {"capture_module", "replay_module", "export_repro", "capture_ops",
+                                  "generate_kernel", "validate_kernel", "gather_stats"}
+    assert max(loop["sizes"].values()) <= MAX_REPLY, loop["sizes"]
+
+
+def test_misspelt_argument_is_refused_with_did_you_mean(loop):
+    is_error, text = loop["misspelt"]
+    assert is_error and "'strategi'" in text and "did you mean strategy?" in text and "valid: ref, strategy" in text

@@ -19,8 +19,7 @@ the same repository can report on it or cancel it. A job's files are removed a w
 is no request to carry it): generate with the ``sampling`` provider by a direct call.
 """
 
-# No ``from __future__ import annotations``: the MCP tools below are closures whose annotations
-# (argument descriptions naming the tools) must be evaluated where they are defined.
+from __future__ import annotations
 
 import datetime as _dt
 import json
@@ -31,15 +30,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from mcp.server.mcpserver import MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel, Field, ValidationError
 
+from modulelens.arguments import unknown_names
 from modulelens.errors import ModuleLensError
-from modulelens.mcp_server.calls import error_text, validation_text
-from modulelens.registry import Tool
+from modulelens.mcp_server.calls import validation_text
+from modulelens.registry import Tool, ToolContext
 from modulelens.repo import default_repo_root
 from modulelens.repo.owners import owner_alive
 
@@ -185,55 +183,63 @@ def _signal(pid: int, sig: signal.Signals, *, group: bool = False) -> None:
         pass
 
 
-def add_job_tools(server: MCPServer, tools: dict[str, Tool], repo_root: Path | None) -> JobTable | None:
-    """Add ``start_job``, ``job_status`` and ``cancel_job`` to ``server``, for those of ``tools``
-    named in ``LONG_TOOLS``; nothing when there is none of them."""
-    tools = {name: tool for name, tool in tools.items() if name in LONG_TOOLS}
-    if not tools:
-        return None
-    table = JobTable(repo_root)
+class StartJobRequest(BaseModel):
+    tool: str = Field(description="The long tool to run (capture_module, validate_kernel, ...).")
+    arguments: dict[str, Any] = Field(default_factory=dict, description="Its arguments.")
 
-    def start_job(tool: Annotated[str, Field(description=f"Tool to run: {', '.join(tools)}.")],
-                  arguments: Annotated[dict[str, Any], Field(description="That tool's arguments, as an object.")],
-                  ) -> JobStatus:
-        """Start a long tool call in the background and return at once with its job id (for calls
-        that may outlast your client's request timeout, such as validate_kernel with a cold C++
-        build). Poll with job_status; stop with cancel_job."""
-        chosen = tools.get(tool)
+
+class JobStatusRequest(BaseModel):
+    job: str = Field(description="Job id from start_job.")
+    wait: float = Field(0.0, ge=0, description=f"Seconds to wait for it to end (at most {MAX_WAIT_S:.0f}).")
+
+
+class CancelJobRequest(BaseModel):
+    job: str = Field(description="Job id from start_job.")
+
+
+def job_tools(tools: dict[str, Tool]) -> list[Tool]:
+    """``start_job``, ``job_status`` and ``cancel_job`` as tools (served like the registry's, on
+    the repository of the call's context), for those of ``tools`` named in ``LONG_TOOLS``; none
+    when there is none of them."""
+    long_tools = {name: tool for name, tool in tools.items() if name in LONG_TOOLS}
+    if not long_tools:
+        return []
+
+    def start_job(request: StartJobRequest, ctx: ToolContext) -> JobStatus:
+        chosen = long_tools.get(request.tool)
         if chosen is None:
-            raise ToolError(f"start_job cannot run {tool!r}; it runs: {', '.join(sorted(tools))}")
+            raise ModuleLensError(f"start_job cannot run {request.tool!r}",
+                                  f"it runs: {', '.join(sorted(long_tools))}")
+        unknown = unknown_names(chosen.request, request.arguments)
+        if unknown is not None:
+            raise ModuleLensError(f"invalid arguments for {chosen.name}: {unknown}", None)
         try:
-            request = chosen.request.model_validate(arguments)
+            checked = chosen.request.model_validate(request.arguments)
         except ValidationError as exc:
-            raise ToolError(validation_text(exc)) from exc
-        return table.start(chosen, request.model_dump(mode="json", exclude_unset=True))
+            raise ModuleLensError(validation_text(exc), None) from None
+        return JobTable(ctx.repo_root).start(chosen, checked.model_dump(mode="json", exclude_unset=True))
 
-    async def job_status(job: Annotated[str, Field(description="Job id from start_job.")],
-                         wait: Annotated[float, Field(ge=0, description="Seconds to wait for the job to finish "
-                                                      f"(at most {MAX_WAIT_S:.0f}).")] = 0.0) -> JobStatus:
-        """How a background job stands; once finished, the tool's result or its error."""
-        import anyio.to_thread
+    def job_status(request: JobStatusRequest, ctx: ToolContext) -> JobStatus:
+        return _answer(JobTable(ctx.repo_root).wait, request.job, min(request.wait, MAX_WAIT_S))
 
-        return await anyio.to_thread.run_sync(_answer, table.wait, job, min(wait, MAX_WAIT_S))
+    def cancel_job(request: CancelJobRequest, ctx: ToolContext) -> JobStatus:
+        return _answer(lambda job_id, _: JobTable(ctx.repo_root).cancel(job_id), request.job, 0.0)
 
-    async def cancel_job(job: Annotated[str, Field(description="Job id from start_job.")]) -> JobStatus:
-        """Stop a background job and its worker processes."""
-        import anyio.to_thread
-
-        return await anyio.to_thread.run_sync(_answer, lambda job_id, _: table.cancel(job_id), job, 0.0)
-
-    for fn in (start_job, job_status, cancel_job):
-        server.add_tool(fn, name=fn.__name__, description=fn.__doc__, structured_output=True)
-    return table
+    return [
+        Tool("start_job", StartJobRequest, JobStatus, start_job,
+             "Run a long tool call in the background; returns a job id at once (poll job_status)."),
+        Tool("job_status", JobStatusRequest, JobStatus, job_status,
+             "How a background job stands; once ended, the tool's result or error."),
+        Tool("cancel_job", CancelJobRequest, JobStatus, cancel_job,
+             "Stop a background job and its worker processes."),
+    ]
 
 
 def _answer(ask: Any, job_id: str, seconds: float) -> JobStatus:
     try:
         return ask(job_id, seconds)
-    except ModuleLensError as exc:
-        raise ToolError(error_text(exc)) from exc
     except (OSError, ValueError) as exc:
-        raise ToolError(f"cannot read job {job_id!r}: {exc}") from exc
+        raise ModuleLensError(f"cannot read job {job_id!r}: {exc}", None) from exc
 
 
 def load_request(base: Path) -> JobRequest:

@@ -46,8 +46,8 @@ def compact_schema(node: Any) -> Any:
     """A JSON schema without what restates other parts of it: ``title`` (the property's own name,
     capitalised), ``type`` next to an ``enum`` of strings, ``default: null`` with the null
     alternative of ``anyOf [X, null]`` (an optional argument left out is None), and
-    ``anyOf [X, null]`` written as X with ``"type": [t, "null"]``. Descriptions, defaults and
-    constraints are kept."""
+    ``anyOf [X, null]`` written as X with ``"type": [t, "null"]``, and ``default: false`` of a
+    boolean (a flag left out is off). Descriptions, other defaults and constraints are kept."""
     if isinstance(node, list):
         return [compact_schema(item) for item in node]
     if not isinstance(node, dict):
@@ -60,6 +60,8 @@ def compact_schema(node: Any) -> Any:
             out[key] = {name: compact_schema(sub) for name, sub in value.items()}
         else:
             out[key] = compact_schema(value)
+    if out.get("type") == "boolean" and out.get("default") is False:
+        del out["default"]  # a flag left out is off (the server instructions say so)
     if out.get("type") == "string" and all(isinstance(v, str) for v in out.get("enum", [None])):
         del out["type"]
     other = _without_null(out.get("anyOf", []))
@@ -71,6 +73,43 @@ def compact_schema(node: Any) -> Any:
             del out["anyOf"]
             out = {**nullable, **out}
     return out
+
+
+# Arguments that mean the same in every tool that has them: their description is said once, in
+# the server's instructions (``shared_arguments_text``), instead of in every input schema.
+SHARED_ARGUMENTS: dict[str, str] = {
+    "ref": "Capture ref.",
+    "candidate": "Candidate id (blk.card6:v1).",
+    "job": "Job id from start_job.",
+    "limit": "Entries listed (null: all).",
+    "rtol": "Default: per dtype.",
+    "atol": "Default: per dtype.",
+    "timeout": "Seconds.",
+    "device": "Default: the captured one.",
+    "nproc": "Processes under torchrun.",
+    "seeds": "Fresh adversarial input seeds.",
+    "compile_baseline": "Also time torch.compile.",
+    "source_text": "Or: the source itself.",
+    "allow_env_mismatch": "Allow another torch, device or compiler.",
+    "name": "Only this name's versions.",
+}
+
+
+def shared_arguments_text() -> str:
+    """The instructions' sentence on the shared arguments."""
+    items = "; ".join(f"{name}: {text.rstrip('.')}" for name, text in SHARED_ARGUMENTS.items())
+    return f"Arguments shown without a description mean the same in every tool: {items}."
+
+
+def without_shared_descriptions(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` (a tool's input schema) without the descriptions of shared arguments whose text
+    is exactly the shared one (a tool that means something else by the name keeps its own)."""
+    properties = {}
+    for name, prop in schema.get("properties", {}).items():
+        if isinstance(prop, dict) and prop.get("description") == SHARED_ARGUMENTS.get(name):
+            prop = {k: v for k, v in prop.items() if k != "description"}
+        properties[name] = prop
+    return {**schema, "properties": properties} if "properties" in schema else schema
 
 
 def result_schema(tool: Tool) -> dict[str, Any]:

@@ -39,7 +39,7 @@ from pydantic import ValidationError
 from modulelens.arguments import unknown_names
 from modulelens.errors import ModuleLensError
 from modulelens.mcp_server.calls import call_tool, error_text, validation_text
-from modulelens.mcp_server.jobs import add_job_tools
+from modulelens.mcp_server.jobs import job_tools
 from modulelens.mcp_server.resources import add_listing_resources
 from modulelens.mcp_server.schema import (
     SCHEMA_TEMPLATE,
@@ -48,6 +48,8 @@ from modulelens.mcp_server.schema import (
     describe,
     parameter,
     result_schema,
+    shared_arguments_text,
+    without_shared_descriptions,
 )
 from modulelens.mcp_server.summary import result_summary
 from modulelens.registry import Tool
@@ -69,8 +71,10 @@ INSTRUCTIONS = (
     "`modulelens` CLI command with the same argument names. A ref is name, name:v3 (a version) or "
     "name@tag; card ids are <opset>/<index> (blk/6); candidate ids name.cardN:vM. Each result is "
     "structured content (with a one-line text summary); its fields are described by the resource "
-    "modulelens://schemas/{tool}. Long lists are cut to `top`/`limit` items: the result says how "
-    "many were left out and where the rest is."
+    "modulelens://schemas/{tool}. A boolean argument without a default is off when left out. Long "
+    "lists are cut to `top`/`limit` items: the result says how many were left out and where the "
+    "rest is. Calls that may outlast your request timeout can run through start_job. "
+    + shared_arguments_text()
 )
 
 
@@ -121,7 +125,7 @@ def _mcp_tool(tool: Tool, repo_root: Path | None) -> MCPTool:
     """``tool`` as the SDK's tool: its summary and compacted input schema. The handler returns its
     own CallToolResult (structured content + summary), with no output schema in ``tools/list``."""
     built = MCPTool.from_function(_make_handler(tool, repo_root), name=tool.name, description=describe(tool))
-    return built.model_copy(update={"parameters": compact_schema(built.parameters)})
+    return built.model_copy(update={"parameters": without_shared_descriptions(compact_schema(built.parameters))})
 
 
 class ModuleLensServer(MCPServer):
@@ -181,10 +185,11 @@ def build_server(tools: list[Tool], repo_root: Path | None = None) -> MCPServer:
         if tool.name in by_name:
             raise ValueError(f"tool {tool.name!r} given twice")
         by_name[tool.name] = tool
-    server = ModuleLensServer(by_name, [_mcp_tool(tool, repo_root) for tool in tools], name="modulelens",
+    for tool in job_tools(by_name):
+        by_name[tool.name] = tool
+    server = ModuleLensServer(by_name, [_mcp_tool(tool, repo_root) for tool in by_name.values()], name="modulelens",
                               instructions=INSTRUCTIONS, version=package_version())
     _add_schema_resource(server, by_name)
-    add_job_tools(server, by_name, repo_root)
     if "list_captures" in by_name and "show_capture" in by_name:
         add_listing_resources(
             server, by_name["list_captures"], by_name["show_capture"], repo_root,

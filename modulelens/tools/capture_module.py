@@ -17,8 +17,7 @@ from modulelens.team.handover import check_push_target, push
 
 class CaptureModuleRequest(ScriptCaptureOptions):
     # the other fields are the capture package's options; no docstring, so none in the JSON schema
-    push: str | None = Field(None, description="After the capture, push it to this team repository "
-                             "(wandb://ENTITY/PROJECT), so another machine can pull it.")
+    push: str | None = Field(None, description="Then push it to wandb://ENTITY/PROJECT.")
 
 
 class CaptureModuleResult(CaptureSummary):

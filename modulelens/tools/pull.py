@@ -11,8 +11,8 @@ from modulelens.team.model import PulledArtifact
 
 
 class PullRequest(BaseModel):
-    address: str = Field(description="wandb://ENTITY/PROJECT/NAME:ALIAS, as push printed it (alias: latest, a tag, "
-                         "local-vN or the W&B version vN).", json_schema_extra={"cli": "argument"})
+    address: str = Field(description="wandb://ENTITY/PROJECT/NAME:ALIAS from push (ALIAS: latest, a tag, local-vN, vN).",
+                         json_schema_extra={"cli": "argument"})
 
 
 class PullResult(PulledArtifact):
@@ -30,8 +30,6 @@ TOOL = register(
         request=PullRequest,
         result=PullResult,
         fn=pull,
-        summary="Pull an artifact pushed with `push` from W&B: every file is checked against the remote's digests and "
-        "the manifest's sha256, then stored as a new local version that stays untrusted (no replay, no validation) "
-        "until `trust REF --yes`.",
+        summary="Pull a pushed artifact from W&B, verified, as a local version untrusted until `trust`.",
     )
 )

@@ -11,10 +11,9 @@ from modulelens.team.model import PushKind, PushOutcome
 
 
 class PushRequest(BaseModel):
-    ref: str = Field(description="Reference to push: name, name:v3 or name@tag.", json_schema_extra={"cli": "argument"})
-    to: str = Field(description="Team repository: wandb://ENTITY/PROJECT. Credentials come from WANDB_API_KEY or "
-                    "`wandb login`; WANDB_MODE=offline logs the run locally for `wandb sync`.")
-    kind: PushKind = Field("captures", description="What kind of artifact the reference names.")
+    ref: str = Field(description="Ref to push.", json_schema_extra={"cli": "argument"})
+    to: str = Field(description="wandb://ENTITY/PROJECT (login: WANDB_API_KEY or `wandb login`).")
+    kind: PushKind = Field("captures", description="Kind of artifact ref names.")
 
 
 class PushResult(PushOutcome):
@@ -32,8 +31,7 @@ TOOL = register(
         request=PushRequest,
         result=PushResult,
         fn=push,
-        summary="Push a capture, opset, candidate (with its latest report), report or stats run to a W&B project as "
-        "an artifact: every file with its checksums, the manifest as metadata, local tags as aliases, and the "
-        "artifacts it was made from as lineage. Pull it elsewhere with the address it prints.",
+        summary="Push a stored version to W&B as an artifact (files, checksums, tags, lineage); pull it "
+        "elsewhere by the returned address.",
     )
 )

@@ -3,12 +3,13 @@ the result says how many were left out and where the full data is (a file, a res
 
 from __future__ import annotations
 
-from typing import TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 
-__all__ = ["LeftOut", "everything", "keep_first"]
+__all__ = ["LeftOut", "everything", "keep_first", "keep_first_each"]
 
 
 class LeftOut(BaseModel):
@@ -49,3 +50,22 @@ def keep_first(result: M, field: str, top: int | None, full: str) -> M:
         return result
     left_out = [*result.left_out, LeftOut(field=field, shown=top, total=len(items), full=full)]
     return result.model_copy(update={field: items[:top], "left_out": left_out})
+
+
+def keep_first_each(result: M, field: str, inner: str, limit: int | None, full: Callable[[int, Any], str]) -> M:
+    """``result`` with about ``limit`` items (None: all) of the lists ``inner`` of the records in
+    its list ``field``, shared among them: each record keeps its first ``max(1, limit // records)``.
+    Each cut list is appended to ``result.left_out`` as ``{field}.{i}.{inner}``, its whole data
+    being ``full(i, record)``."""
+    records = getattr(result, field)
+    if limit is None or not records:
+        return result
+    each = max(1, limit // len(records))
+    kept, left_out = [], list(result.left_out)
+    for i, record in enumerate(records):
+        items = getattr(record, inner)
+        if len(items) > each:
+            left_out.append(LeftOut(field=f"{field}.{i}.{inner}", shown=each, total=len(items), full=full(i, record)))
+            record = record.model_copy(update={inner: items[:each]})
+        kept.append(record)
+    return result.model_copy(update={field: kept, "left_out": left_out})

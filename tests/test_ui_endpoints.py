@@ -381,6 +381,57 @@ def test_a_registered_list_tool_fills_its_section(client, monkeypatch):
     assert "&lt;b&gt;softmax&lt;/b&gt;" in r.text and ">12<" in r.text
 
 
+def _fake_list_tool(monkeypatch, packs):
+    """Register a list_packs tool listing ``packs()`` (which may raise) and cutting them to its
+    ``limit`` (2 by default) like the real list tools."""
+    from pydantic import BaseModel, Field
+
+    from modulelens.listing import LeftOut, keep_first
+    from modulelens.registry import Tool
+    from modulelens.ui import state
+
+    class ListPacksRequest(BaseModel):
+        limit: int | None = Field(2, ge=1)
+
+    class ListPacksResult(BaseModel):
+        packs: list[str]
+        left_out: list[LeftOut] = Field(default_factory=list)
+
+    def list_packs(req: ListPacksRequest, ctx) -> ListPacksResult:
+        return keep_first(ListPacksResult(packs=packs()), "packs", req.limit, "packs/")
+
+    fake = Tool(name="list_packs", request=ListPacksRequest, result=ListPacksResult, summary="", fn=list_packs)
+    real = state.get_tool
+    monkeypatch.setattr(state, "get_tool", lambda name: fake if name == "list_packs" else real(name))
+
+
+def test_pages_show_whole_lists_whatever_a_tool_lists_by_default(client, monkeypatch):
+    _fake_list_tool(monkeypatch, lambda: [f"pack-{i}" for i in range(5)])
+    r = client.get("/packs")
+    assert r.status_code == 200 and all(f"pack-{i}" in r.text for i in range(5))
+
+
+def test_error_text_names_form_fields_not_cli_flags(client, monkeypatch):
+    def failing():
+        raise ModuleLensError("the script ran past [--timeout] (900 s)", "raise [--timeout], or use [--strategy export]")
+
+    _fake_list_tool(monkeypatch, failing)
+    r = client.get("/packs")
+    assert r.status_code == 400 and "[--" not in r.text
+    assert "ran past timeout (900 s)" in r.text and "raise timeout, or use strategy=export" in r.text
+    r = _post(client, "/api/jobs", {"action": "gather_stats", "params": {"script": "loop.py", "capture": "evil"}})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error.startswith("invalid gather_stats request: ") and "[--" not in error and "capture" in error
+
+
+def test_a_validation_job_asks_for_whole_lists(client):
+    r = _post(client, "/api/jobs", {"action": "validate", "params": {"candidate": "nothing.card0:v1"}})
+    assert r.status_code == 202, r.text
+    assert r.json()["request"]["limit"] is None
+    _wait(client, r.json()["id"], {"done", "failed", "stopped"})
+
+
 # --------------------------------------------------------------------------------------------
 # Pure logic
 # --------------------------------------------------------------------------------------------

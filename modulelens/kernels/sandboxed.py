@@ -13,6 +13,7 @@ from modulelens.kernels.build_cache import default_build_dir
 from modulelens.kernels.candidates import candidate_manifest, save_report
 from modulelens.kernels.report import ValidationReport, ValidationSettings
 from modulelens.kernels.source import KernelSource
+from modulelens.listing import LeftOut
 from modulelens.ops.cards import open_card
 from modulelens.profiling.timing import Timing
 from modulelens.registry import ProgressFn
@@ -41,6 +42,8 @@ class CandidateValidation(ValidationReport):
     candidate_id: str
     target: str = Field(description="The card validated against.")
     report: str = Field(description="Reference of the stored report.")
+    left_out: list[LeftOut] = Field(default_factory=list, description="Lists cut to `limit` items (the stored "
+                                    "report has them all).")
 
 
 def _no_progress(done: float, total: float | None = None, message: str | None = None) -> None:

@@ -18,8 +18,9 @@ class OpTime(BaseModel):
     share: float = Field(description="Fraction of all self time.")
 
 
-def profile_breakdown(fn: Callable[[], Any], device: str, runs: int = 5, top: int = 10) -> tuple[list[OpTime], int, str]:
-    """Top operators by self time over ``runs`` calls (after one warm-up) and the peak memory
+def profile_breakdown(fn: Callable[[], Any], device: str, runs: int = 5,
+                      top: int | None = None) -> tuple[list[OpTime], int, str]:
+    """Operators by self time (the first ``top``, None: all) over ``runs`` calls (after one warm-up) and the peak memory
     allocated during one call: CUDA allocator peak on GPU; on CPU, the largest running total of
     allocations minus frees seen by the profiler. Returns (ops, peak_bytes, how_peak_was_measured)."""
     from torch.profiler import ProfilerActivity, profile

@@ -20,6 +20,7 @@ from modulelens.capture.replay import LoadedCapture
 from modulelens.errors import InvalidName, ModuleLensError
 from modulelens.kernels.candidates import candidate_manifest, load_candidate
 from modulelens.kernels.sandboxed import time_candidate
+from modulelens.listing import LeftOut
 from modulelens.ops.cards import open_card, require_tensor_inputs, run_card, sample_call
 from modulelens.ops.model import OpCard, is_card_id
 from modulelens.profiling.bandwidth import copy_bandwidth
@@ -52,6 +53,7 @@ class ProfileResult(Timing):
     copy_bytes_per_s: float | None = Field(None, description="This machine's measured copy bandwidth (cached per machine).")
     roofline_fraction: float | None = Field(None, description="achieved / copy bandwidth; above 1 means the data sat in cache.")
     notes: list[str] = Field(default_factory=list)
+    left_out: list[LeftOut] = Field(default_factory=list, description="Lists cut to `limit` items.")
 
 
 @dataclass

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from modulelens.listing import LeftOut, keep_first_each
 from modulelens.repo import Repository
-from modulelens.search.model import NodeRecord, SearchSettings, TargetOutcome
-from modulelens.search.store import load_tree, open_search
+from modulelens.search.model import NODES, NodeRecord, SearchSettings, TargetOutcome
+from modulelens.search.store import journal_name, load_tree, open_search
 from modulelens.search.tree import ROOT
 
 
@@ -43,6 +44,7 @@ class SearchSummary(BaseModel):
     runs: int
     stopped_because: str | None = None
     targets: list[TargetTree]
+    left_out: list[LeftOut] = Field(default_factory=list, description="Node lists cut short (`limit` nodes in all).")
 
 
 def _line(n: NodeRecord, on_path: set[int]) -> NodeLine:
@@ -52,8 +54,10 @@ def _line(n: NodeRecord, on_path: set[int]) -> NodeLine:
                     reason=n.reason, best=n.node in on_path)
 
 
-def search_summary(repo: Repository, search_id: str) -> SearchSummary:
-    """The stored state of the search ``search_id`` (a clear error when there is none)."""
+def search_summary(repo: Repository, search_id: str, limit: int | None = None) -> SearchSummary:
+    """The stored state of the search ``search_id`` (a clear error when there is none), with at
+    most about ``limit`` node lines in all, shared among its targets (None: every node); each
+    target keeps the first of its nodes in depth-first order (the root and the top of the tree)."""
     search = open_search(repo, search_id)
     outcomes = {o.target: o for o in search.outcome}
     targets = []
@@ -63,8 +67,10 @@ def search_summary(repo: Repository, search_id: str) -> SearchSummary:
         lines = [_line(n, set(path)) for n in _depth_first(tree)]
         targets.append(TargetTree(target=spec.card_id, op=spec.op, nodes=lines, best_path=path,
                                   outcome=outcomes.get(spec.card_id)))
-    return SearchSummary(search_id=search.search_id, settings=search.settings, executor=search.executor,
-                         runs=search.runs, stopped_because=search.stopped_because, targets=targets)
+    summary = SearchSummary(search_id=search.search_id, settings=search.settings, executor=search.executor,
+                            runs=search.runs, stopped_because=search.stopped_because, targets=targets)
+    journals = {spec.card_id: str(repo.root / NODES / journal_name(search_id, spec.index)) for spec in search.targets}
+    return keep_first_each(summary, "targets", "nodes", limit, lambda _, tree: journals[tree.target])
 
 
 def _depth_first(tree) -> list[NodeRecord]:

@@ -6,6 +6,7 @@ from pydantic import BaseModel, Field
 
 from modulelens.dispatch.check import CaptureCheck
 from modulelens.dispatch.runtime import DEFAULT_MECHANISM, Mechanism
+from modulelens.listing import LeftOut, keep_first, keep_first_each
 from modulelens.registry import Tool, ToolContext, register
 from modulelens.repo import Repository
 
@@ -16,11 +17,14 @@ class CheckPackRequest(BaseModel):
     allow_env_mismatch: bool = Field(False, description="Allow another torch, device or compiler.")
     mechanism: Mechanism = Field(DEFAULT_MECHANISM)
     min_run_time: float = Field(0.3, gt=0, description="Timing seconds per side.")
+    limit: int | None = Field(8, ge=1, description="Entries listed (null: all).")
 
 
 class CheckPackResult(BaseModel):
     ok: bool = Field(description="Every replay with the pack matches the captured outputs.")
     checks: list[CaptureCheck]
+    left_out: list[LeftOut] = Field(default_factory=list, description="Lists cut short: `limit` captures, and "
+                                    "`limit` pack entries shared among them.")
 
 
 def check_pack(req: CheckPackRequest, ctx: ToolContext) -> CheckPackResult:
@@ -28,7 +32,15 @@ def check_pack(req: CheckPackRequest, ctx: ToolContext) -> CheckPackResult:
 
     checks = check(Repository(ctx.repo_root), req.pack, req.captures, allow_env_mismatch=req.allow_env_mismatch,
                    mechanism=req.mechanism, min_run_time=req.min_run_time)
-    return CheckPackResult(ok=all(c.matches_captured for c in checks), checks=checks)
+    return keep_check_lists(CheckPackResult(ok=all(c.matches_captured for c in checks), checks=checks), req.limit)
+
+
+def keep_check_lists(result: CheckPackResult, limit: int | None) -> CheckPackResult:
+    """``result`` with at most ``limit`` captures (None: all) and ``limit`` pack entries shared
+    among them (``ok`` still covers every capture)."""
+    again = "check_pack again with a larger limit"
+    result = keep_first(result, "checks", limit, again)
+    return keep_first_each(result, "checks", "entries", limit, lambda i, check: again)
 
 
 TOOL = register(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from modulelens.listing import keep_first
 from modulelens.profiling.targets import ProfileOptions, ProfileResult, profile_target
 from modulelens.registry import Tool, ToolContext, register
 from modulelens.repo import Repository
@@ -12,10 +13,19 @@ from modulelens.repo import Repository
 class ProfileRequest(ProfileOptions):
     target: str = Field(description="Capture ref (blk), card id (blk/0) or candidate id (blk.card6:v1).",
                         json_schema_extra={"cli": "argument"})
+    limit: int | None = Field(10, ge=1, description="Entries listed (null: all).")
 
 
 def profile(req: ProfileRequest, ctx: ToolContext) -> ProfileResult:
-    return profile_target(Repository(ctx.repo_root), req.target, req, ctx.progress)
+    result = profile_target(Repository(ctx.repo_root), req.target, req, ctx.progress)
+    return keep_breakdown(result, req.limit)
+
+
+def keep_breakdown(result: ProfileResult, limit: int | None) -> ProfileResult:
+    """``result`` with the ``limit`` operators of its breakdown that took the most time (None: all)."""
+    if result.breakdown is None:
+        return result
+    return keep_first(result, "breakdown", limit, f"profile {result.target} with a larger limit")
 
 
 def _fmt_s(s: float | None) -> str:

@@ -8,7 +8,10 @@ from pydantic import BaseModel, Field
 
 from modulelens.dispatch.runtime import DEFAULT_MECHANISM, EntryReport, Mechanism
 from modulelens.errors import ModuleLensError
+from modulelens.listing import LeftOut, keep_first
 from modulelens.registry import Tool, ToolContext, register
+
+OUTPUT_TAIL_CHARS = 2000  # of the script's output, in the result (all of it went to stderr)
 
 
 class RunRequest(BaseModel):
@@ -23,6 +26,7 @@ class RunRequest(BaseModel):
     expect_sha256: str | None = Field(None, description="Refuse any other pack.")
     mechanism: Mechanism = Field(DEFAULT_MECHANISM)
     timeout: float = Field(1800.0, gt=0, description="Seconds per run.")
+    limit: int | None = Field(10, ge=1, description="Entries listed (null: all).")
 
 
 class RunResult(BaseModel):
@@ -44,7 +48,8 @@ class RunResult(BaseModel):
     outputs_without: list[float] = Field(default_factory=list)
     max_output_difference: float | None = None
     environment_notes: list[str] = Field(default_factory=list)
-    script_output_tail: str = ""
+    script_output_tail: str = Field("", description="The last lines the script printed (at most 2000 characters).")
+    left_out: list[LeftOut] = Field(default_factory=list, description="Lists cut to `limit` items.")
 
 
 def run(req: RunRequest, ctx: ToolContext) -> RunResult:
@@ -65,7 +70,7 @@ def run(req: RunRequest, ctx: ToolContext) -> RunResult:
                        entries=with_pack.report.entries, steps=len(with_pack.step_seconds),
                        step_kind=with_pack.step_kind, step_seconds_with=typical_step(with_pack.step_seconds),
                        output_kind=with_pack.output_kind, outputs_with=with_pack.outputs,
-                       environment_notes=with_pack.report.environment_notes, script_output_tail=tail[-4000:])
+                       environment_notes=with_pack.report.environment_notes, script_output_tail=tail[-OUTPUT_TAIL_CHARS:])
     if req.compare:
         ctx.progress(1, 2, f"running {script.name} without the pack")
         without, _ = run_script(base, req.timeout, relay=True)
@@ -77,6 +82,14 @@ def run(req: RunRequest, ctx: ToolContext) -> RunResult:
         if result.step_seconds_with and result.step_seconds_without:
             result.speedup = result.step_seconds_without / result.step_seconds_with
     ctx.progress(2 if req.compare else 1, 2 if req.compare else 1, "done")
+    return keep_run_lists(result, req.limit)
+
+
+def keep_run_lists(result: RunResult, limit: int | None) -> RunResult:
+    """``result`` with at most ``limit`` (None: all) pack entries and outputs of each run."""
+    again = "run again with a larger limit"
+    for field in ("entries", "outputs_with", "outputs_without"):
+        result = keep_first(result, field, limit, again)
     return result
 
 

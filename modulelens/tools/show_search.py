@@ -11,10 +11,11 @@ from modulelens.search.summary import SearchSummary, search_summary
 
 class ShowSearchRequest(BaseModel):
     search_id: str = Field(json_schema_extra={"cli": "argument"})
+    limit: int | None = Field(12, ge=1, description="Entries listed (null: all).")
 
 
 def show_search(req: ShowSearchRequest, ctx: ToolContext) -> SearchSummary:
-    return search_summary(Repository(ctx.repo_root), req.search_id)
+    return search_summary(Repository(ctx.repo_root), req.search_id, req.limit)
 
 
 TOOL = register(

@@ -7,10 +7,17 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from modulelens.errors import ModuleLensError
-from modulelens.kernels.candidates import candidate_manifest, load_candidate, save_agent_candidate
+from modulelens.kernels.candidates import (
+    REPORT_FILE,
+    REPORTS,
+    candidate_manifest,
+    load_candidate,
+    save_agent_candidate,
+)
 from modulelens.kernels.report import ValidationSettings
 from modulelens.kernels.sandboxed import DEFAULT_TIMEOUT_S, CandidateValidation, validate_candidate
 from modulelens.kernels.source import BackendName, KernelSource, read_source_file
+from modulelens.listing import keep_first
 from modulelens.registry import Tool, ToolContext, register
 from modulelens.repo import Artifact, Repository
 from modulelens.sandbox.pool import DEFAULT_MEMORY_LIMIT_MB
@@ -31,6 +38,7 @@ class ValidateKernelRequest(BaseModel):
     atol: float | None = Field(None, ge=0, description="Default: per dtype.")
     timeout: float = Field(DEFAULT_TIMEOUT_S, gt=0, description="Seconds (cold C++ builds: 20-60 s).")
     memory_limit_mb: int = Field(DEFAULT_MEMORY_LIMIT_MB, ge=256)
+    limit: int | None = Field(20, ge=1, description="Entries listed (null: all).")
 
 
 def _candidate(req: ValidateKernelRequest, repo: Repository) -> tuple[Artifact, KernelSource]:
@@ -63,8 +71,9 @@ def validate_kernel(req: ValidateKernelRequest, ctx: ToolContext) -> CandidateVa
     settings = ValidationSettings(card_id=candidate_manifest(art).target.card_id, device=req.device, time=req.time,
                                   compile_baseline=req.compile_baseline, seeds=list(range(req.seeds)),
                                   rtol=req.rtol, atol=req.atol)
-    return validate_candidate(repo, art, src, settings, timeout=req.timeout, memory_limit_mb=req.memory_limit_mb,
-                              progress=ctx.progress)
+    result = validate_candidate(repo, art, src, settings, timeout=req.timeout, memory_limit_mb=req.memory_limit_mb,
+                                progress=ctx.progress)
+    return keep_first(result, "checks", req.limit, str(repo.open(REPORTS, result.report).file(REPORT_FILE)))
 
 
 TOOL = register(

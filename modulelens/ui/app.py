@@ -15,7 +15,7 @@ from starlette.staticfiles import StaticFiles
 
 from modulelens.errors import InvalidName, ModuleLensError, ReferenceNotFound
 from modulelens.ui import api, pages
-from modulelens.ui.jobs import JobRunner
+from modulelens.ui.jobs import UI_FRONT, JobRunner
 from modulelens.ui.render import STATIC, make_environment
 from modulelens.ui.sections import tool_backed
 from modulelens.ui.security import Guard
@@ -36,7 +36,7 @@ def _error(request: Request, status: int, message: str, hint: str | None) -> Res
 async def _modulelens_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ModuleLensError)
     status = 404 if isinstance(exc, (ReferenceNotFound, InvalidName)) else 400
-    return _error(request, status, exc.message, exc.hint)
+    return _error(request, status, *exc.rendered(UI_FRONT))
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

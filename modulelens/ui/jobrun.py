@@ -39,9 +39,10 @@ def main() -> int:
         wire.write(event.model_dump_json() + "\n")
         wire.flush()
 
-    from modulelens.errors import ModuleLensError
+    from modulelens.errors import ModuleLensError, render
     from modulelens.registry import ToolContext
     from modulelens.tools import get_tool
+    from modulelens.ui.jobs import UI_FRONT
 
     ctx = ToolContext(
         repo_root=Path(spec.repo_root), stdout_is_protocol=True,
@@ -52,11 +53,12 @@ def main() -> int:
         tool = get_tool(spec.tool)
         result = tool(tool.request.model_validate(spec.request), ctx)
     except ModuleLensError as exc:
-        emit(JobEvent(kind="error", error=exc.message, hint=exc.hint))
+        message, hint = exc.rendered(UI_FRONT)
+        emit(JobEvent(kind="error", error=message, hint=hint))
         return 1
     except Exception as exc:  # noqa: BLE001  (the page must always get a result)
         traceback.print_exc()
-        emit(JobEvent(kind="error", error=f"{type(exc).__name__}: {exc}", hint="see the job's log"))
+        emit(JobEvent(kind="error", error=render(f"{type(exc).__name__}: {exc}", UI_FRONT), hint="see the job's log"))
         return 1
     emit(JobEvent(kind="result", result=result.model_dump(mode="json")))
     return 0

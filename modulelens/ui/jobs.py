@@ -31,11 +31,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
-from modulelens.errors import ModuleLensError, ReferenceNotFound
+from modulelens.arguments import argument_errors
+from modulelens.errors import Front, ModuleLensError, ReferenceNotFound
+from modulelens.listing import everything
 from modulelens.tools import get_tool
 
 STOP_GRACE_S = 5.0
 LOG_LINES = 40
+UI_FRONT: Front = "args"
+"""How argument markers in errors read in the UI: as argument names, which are the names of the
+pages' form fields (``strategy``, ``script_args``, ``every``)."""
 
 JobStateName = Literal["running", "done", "failed", "stopped"]
 
@@ -120,7 +125,7 @@ ACTIONS: dict[str, Action] = {a.name: a for a in (
 
 
 def _describe(exc: ValidationError) -> str:
-    return "; ".join(f"{'.'.join(str(x) for x in e['loc']) or 'request'}: {e['msg']}" for e in exc.errors())
+    return "; ".join(argument_errors(exc, front=UI_FRONT))
 
 
 class _Running:
@@ -174,8 +179,8 @@ class JobRunner:
         if action.prepare is not None:
             values = action.prepare(values, self.project_root)
         tool = get_tool(action.tool)
-        try:
-            request = tool.request.model_validate(values)
+        try:  # the page shows whole results: nothing cut to a reply's size
+            request = tool.request.model_validate({**everything(tool.request), **values})
         except ValidationError as exc:
             raise ModuleLensError(f"invalid {action_name} request: {_describe(exc)}", "check the form's values")
         data = request.model_dump(mode="json", exclude_unset=True)

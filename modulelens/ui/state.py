@@ -13,6 +13,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse
 
 from modulelens.errors import ModuleLensError
+from modulelens.listing import everything
 from modulelens.registry import ToolContext
 from modulelens.tools import get_tool
 from modulelens.ui.jobs import JobRunner
@@ -31,9 +32,12 @@ class UiState:
     env: Environment
 
     def call(self, tool_name: str, **fields: Any) -> Any:
-        """The result of the registered tool ``tool_name`` for a request built from ``fields``."""
+        """The result of the registered tool ``tool_name`` for a request built from ``fields``, with
+        nothing cut (``top``, ``limit`` and detail levels lifted, unless ``fields`` sets them): the
+        pages show whole results."""
         tool = get_tool(tool_name)
-        return tool(tool.request.model_validate(fields), ToolContext(repo_root=self.settings.repo_root))
+        request = tool.request.model_validate({**everything(tool.request), **fields})
+        return tool(request, ToolContext(repo_root=self.settings.repo_root))
 
     def has_tool(self, tool_name: str) -> bool:
         try:

@@ -133,3 +133,37 @@ def test_check_pack_lists_some_captures_and_shares_entries_among_them():
     assert [c.field for c in cut.left_out[1:]] == [f"checks.{i}.entries" for i in range(8)]
     single = keep_check_lists(CheckPackResult(ok=True, checks=checks[:1]), 8)
     assert len(single.checks[0].entries) == 8
+
+
+# -- the CLI says what it left out ----------------------------------------------------------
+
+
+def test_cli_views_say_what_a_result_left_out(softmax_card):
+    from typer.testing import CliRunner
+
+    from modulelens.cli.app import build_app
+    from modulelens.tools import all_tools
+
+    repo, _ = softmax_card
+    runner = CliRunner()
+    app = build_app(all_tools())
+    r = runner.invoke(app, ["show-capture", "sm", "--tensors", "--top", "1", "--repo", str(repo)])
+    assert r.exit_code == 0, r.output
+    (line,) = [x for x in r.stdout.splitlines() if "not shown" in x]
+    assert line.startswith("1 more tensors not shown (--top N to see more; full data: show_capture sm:v1")
+    whole = runner.invoke(app, ["show-capture", "sm", "--tensors", "--repo", str(repo)])
+    assert whole.exit_code == 0 and "not shown" not in whole.stdout
+
+
+def test_left_out_notes_name_the_option_that_shows_more():
+    from modulelens.cli.views import left_out_notes
+    from modulelens.listing import LeftOut
+    from modulelens.tools.show_stats_run import ShowStatsRunRequest
+
+    cut = CheckPackResult(ok=True, checks=[], left_out=[LeftOut(field="checks", shown=8, total=30, full="again")])
+    (note,) = left_out_notes(cut, CheckPackRequest)
+    assert note.plain == "22 more checks not shown (--limit N to see more; full data: again)"
+    view = SearchSummary.model_construct(left_out=[
+        LeftOut(field="steps", shown=5, total=9, full="/s.json"), LeftOut(field="modules", shown=3, total=4, full="/s.json")])
+    assert [n.plain.split("(")[1].split(" N")[0] for n in left_out_notes(view, ShowStatsRunRequest)] == ["--points",
+                                                                                                       "--top"]

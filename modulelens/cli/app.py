@@ -33,14 +33,14 @@ from typing import Annotated, Any, Literal, NoReturn, Union, get_args, get_origi
 import typer
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
-from rich.console import Console
+from rich.console import Console, Group
 from rich.markup import escape
 
 from modulelens.arguments import argument_errors
 from modulelens.cli.examples import example_line
 from modulelens.cli.formats import printable, printable_value
 from modulelens.cli.progress import ProgressReporter, progress_mode
-from modulelens.cli.views import generic_view, view_for
+from modulelens.cli.views import generic_view, left_out_notes, view_for
 from modulelens.errors import ModuleLensError, render
 from modulelens.registry import Tool, ToolContext
 from modulelens.repo import default_repo_root
@@ -288,8 +288,9 @@ def _run_tool(tool: Tool, data: dict[str, Any], specs: dict[str, _FieldSpec], co
 def _show(tool: Tool, result: BaseModel, wide: bool) -> None:
     """Print the result for a person: the CLI's view of its model, else the tool's own renderer,
     else one row per field. ``crop=False``: a table whose ids do not fit is wider than the terminal,
-    never cut (see :mod:`modulelens.cli.tables`). Control characters in any text of the result
-    are shown as escapes, never sent to the terminal."""
+    never cut (see :mod:`modulelens.cli.tables`). Lists the result cut short get one line each
+    under it. Control characters in any text of the result are shown as escapes, never sent to
+    the terminal."""
     result = printable_value(result)
     view = view_for(type(result))
     if view is not None:
@@ -298,7 +299,7 @@ def _show(tool: Tool, result: BaseModel, wide: bool) -> None:
         renderable = tool.render(result)
     else:
         renderable = generic_view(result, wide)
-    Console().print(renderable, crop=False)
+    Console().print(Group(renderable, *left_out_notes(result, tool.request)), crop=False)
 
 
 # --------------------------------------------------------------------------------------------

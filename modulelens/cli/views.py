@@ -50,7 +50,7 @@ from modulelens.tools.tag_capture import TagCaptureResult
 from modulelens.tools.trust_artifact import TrustResult
 from modulelens.tools.validate_module import ValidateModuleResult
 
-__all__ = ["View", "generic_view", "view_for"]
+__all__ = ["View", "generic_view", "left_out_notes", "view_for"]
 
 View = Callable[[Any, bool], RenderableType]  # (result, wide) -> what to print
 
@@ -701,6 +701,29 @@ def view_for(result_type: type[BaseModel]) -> View | None:
     return None
 
 
+# Result fields cut by a request field of their own; any other list is cut by ``top`` or ``limit``.
+_CUT_BY = {"steps": "points", "source": "source_lines"}
+
+
+def _cut_option(field: str, request: type[BaseModel]) -> str | None:
+    """The option of ``request`` that decides how much of the result list ``field`` is shown."""
+    names = [_CUT_BY.get(field.rsplit(".", 1)[-1], ""), "top", "limit"]
+    name = next((n for n in names if n in request.model_fields), None)
+    return None if name is None else "--" + name.replace("_", "-")
+
+
+def left_out_notes(result: BaseModel, request: type[BaseModel]) -> list[RenderableType]:
+    """One line under the tables for each list ``result`` cut short (its ``left_out``): how many
+    items were not shown, the option of ``request`` that shows more, and where the full data is."""
+    notes: list[RenderableType] = []
+    for cut in getattr(result, "left_out", None) or []:
+        option = _cut_option(cut.field, request)
+        more = f"{option} N to see more; " if option else ""
+        notes.append(Text(f"{cut.total - cut.shown} more {cut.field} not shown ({more}full data: {cut.full})",
+                          style="dim"))
+    return notes
+
+
 def _value_cell(value: Any) -> str:
     if value is None:
         return "-"
@@ -722,10 +745,11 @@ def _records_table(name: str, records: list[dict[str, Any]], wide: bool) -> Fitt
 
 
 def generic_view(result: BaseModel, wide: bool) -> RenderableType:
-    """One row per field; lists of records as their own tables below."""
+    """One row per field; lists of records as their own tables below (``left_out`` is said by
+    :func:`left_out_notes`)."""
     rows: list[tuple[str, str | Cell]] = []
     tables: list[RenderableType] = []
-    for name, value in result.model_dump(mode="json").items():
+    for name, value in result.model_dump(mode="json", exclude={"left_out"}).items():
         if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
             tables.append(_records_table(name, value, wide))
         else:

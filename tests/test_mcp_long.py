@@ -147,6 +147,14 @@ def test_cancelling_capture_module_stops_its_worker(tmp_path, marker):
     assert not list((repo / ".tmp").glob("*"))  # nothing half-written left behind
 
 
+class CancelledSandbox:
+    """A sandbox whose call is cancelled while the candidate compiles."""
+
+    def run(self, task, timeout, memory_limit_mb=None, on_stage=None):
+        on_stage("compile")
+        raise CallCancelled("the sandbox worker (during compile)")
+
+
 def test_a_cancelled_validation_leaves_an_interrupted_report(softmax_card):
     """A validation cancelled in the sandbox still gets a report, saying it was interrupted."""
     from modulelens.kernels.candidates import latest_report, load_candidate
@@ -157,11 +165,6 @@ def test_a_cancelled_validation_leaves_an_interrupted_report(softmax_card):
     gen = get_tool("generate_kernel")
     cand = gen(gen.request(card=card, backend="cpp", provider="template"), ToolContext(repo_root=repo))
 
-    class CancelledSandbox:
-        def run(self, task, timeout, memory_limit_mb=None, on_stage=None):
-            on_stage("compile")
-            raise CallCancelled("the sandbox worker (during compile)")
-
     store = Repository(repo)
     art, src = load_candidate(store, cand.candidate_id)
     with pytest.raises(CallCancelled):
@@ -170,6 +173,78 @@ def test_a_cancelled_validation_leaves_an_interrupted_report(softmax_card):
     report = latest_report(store, art)
     assert report is not None and "interrupted" in report.flags and report.stage == "compile"
     assert report.reason.startswith("interrupted")
+
+
+MODEL_NEW = """
+import torch
+
+class ModelNew(torch.nn.Module):
+    def forward(self, x):
+        return torch.softmax(x, dim=-1)
+"""
+
+
+def test_a_cancelled_module_validation_leaves_an_interrupted_report(tmp_path, monkeypatch):
+    import torch
+
+    import modulelens
+    from modulelens.kernels import sandboxed
+    from modulelens.kernels.candidates import latest_report
+
+    with modulelens.capture("", name="sm", repo=tmp_path, export=False):
+        torch.nn.Softmax(dim=-1)(torch.randn(4, 6))
+    monkeypatch.setattr(sandboxed, "pool", lambda: CancelledSandbox())
+    tool = get_tool("validate_module")
+    with pytest.raises(CallCancelled):
+        tool(tool.request(source_text=MODEL_NEW, target="sm"), ToolContext(repo_root=tmp_path))
+    store = Repository(tmp_path)
+    (name,) = store.names("candidates")
+    report = latest_report(store, store.open("candidates", name))
+    assert report is not None and "interrupted" in report.flags and report.stage == "compile"
+    assert report.backend == "module" and report.reason.startswith("interrupted")
+
+
+@pytest.fixture
+def sandbox_marker(monkeypatch):
+    """A unique marker in an environment variable the sandbox lets through to its workers."""
+    value = f"modulelens-test-{uuid.uuid4().hex}"
+    monkeypatch.setenv("TORCH_MODULELENS_TEST_MARKER", value)
+    yield value
+    for pid in _marked(value):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def test_cancelling_optimize_stops_its_sandbox_workers(tmp_path, sandbox_marker):
+    import torch
+
+    import modulelens
+    from modulelens.tools.capture_ops import CaptureOpsRequest, capture_ops
+
+    repo = tmp_path / "repo"
+    with modulelens.capture("", name="sm", repo=repo, export=False):
+        torch.nn.Softmax(dim=-1)(torch.randn(8, 12))
+    ops = capture_ops(CaptureOpsRequest(ref="sm", repeats=3), ToolContext(repo_root=repo))
+    card = next(c.card_id for c in ops.cards if "softmax" in c.op)
+
+    async def main():
+        async with mcp.Client(build_server(all_tools(), repo_root=repo)) as c:
+            async with anyio.create_task_group() as tg:
+                async def call():
+                    await c.call_tool("optimize", {"targets": [card], "max_evals": 24, "workers": 2})
+
+                tg.start_soon(call)
+                await anyio.to_thread.run_sync(_wait_until, lambda: len(_marked(sandbox_marker)) >= 2, 120,
+                                               "the search's sandbox workers to start")
+                await anyio.sleep(1.0)
+                tg.cancel_scope.cancel()
+
+    started = time.monotonic()
+    anyio.run(main)
+    _wait_until(lambda: not _marked(sandbox_marker), 15, "the sandbox workers to end")
+    assert time.monotonic() - started < 25  # stopped at once, not after the call's 30 s grace
 
 
 # -- jobs ------------------------------------------------------------------------------------
@@ -207,6 +282,39 @@ def test_start_job_then_poll_and_cancel(tmp_path, marker):
     anyio.run(main)
     _wait_until(lambda: not _marked(marker), 15, "the job's worker processes to end")
     assert Repository(repo).versions("captures", "0") == [1]
+
+
+def test_validate_kernel_through_start_job_then_poll(softmax_card):
+    """The long-running path a client with a short request timeout takes: start_job, then
+    job_status until the job is done; the verdict comes back and the report is stored."""
+    from modulelens.kernels.candidates import REPORTS, latest_report, load_candidate, report_name
+
+    repo, card = softmax_card
+    gen = get_tool("generate_kernel")
+    cand = gen(gen.request(card=card, backend="cpp", provider="template"), ToolContext(repo_root=repo))
+
+    async def main():
+        async with mcp.Client(build_server(all_tools(), repo_root=repo)) as c:
+            started = await c.call_tool("start_job", {"tool": "validate_kernel",
+                                                      "arguments": {"candidate": cand.candidate_id, "seeds": 1}})
+            assert not started.is_error, started.content
+            job = started.structured_content["job"]
+            deadline = time.monotonic() + 480
+            while True:
+                status = await c.call_tool("job_status", {"job": job, "wait": 20})
+                assert not status.is_error, status.content
+                if status.structured_content["state"] != "running" or time.monotonic() > deadline:
+                    return status.structured_content
+
+    status = anyio.run(main)
+    assert status["state"] == "done", status
+    result = status["result"]
+    assert result["candidate_id"] == cand.candidate_id and result["verdict"] == "custom", result
+    store = Repository(repo)
+    art, _ = load_candidate(store, cand.candidate_id)
+    report = latest_report(store, art)
+    assert report is not None and report.verdict == "custom" and "interrupted" not in report.flags
+    assert result["report"] == f"{report_name(art)}:v{store.versions(REPORTS, report_name(art))[-1]}"
 
 
 # -- sampling --------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from modulelens.cancellation import CallCancelled
 from modulelens.errors import ModuleLensError
 from modulelens.kernels.build_cache import default_build_dir
 from modulelens.kernels.candidates import candidate_manifest, save_report
-from modulelens.kernels.report import ValidationReport, ValidationSettings
+from modulelens.kernels.report import ModuleValidationSettings, ValidationReport, ValidationSettings
 from modulelens.kernels.source import KernelSource
 from modulelens.listing import LeftOut
 from modulelens.ops.cards import open_card
@@ -24,6 +24,7 @@ from modulelens.sandbox.messages import (
     InternalErrorResult,
     RefusedResult,
     SandboxResult,
+    SandboxTask,
     TimeCandidateTask,
     TimedResult,
     ValidateCardTask,
@@ -58,14 +59,30 @@ def validate_candidate(repo: Repository, candidate: Artifact, src: KernelSource,
     that crashes or outlives ``timeout`` seconds makes a ``rejected`` report. ``sandbox`` picks the
     worker pool (default: the process's shared one); a search gives each of its workers its own.
     A cancelled call stores an interrupted report (see :func:`interrupted_report`) before
-    CallCancelled goes on up, so the candidate never lacks a report for its last validation."""
+    CallCancelled goes on up (:func:`validate_in_sandbox`)."""
     card_artifact, _ = open_card(repo, settings.card_id)  # a clear error if the card is gone
     require_trusted(card_artifact, "validate against its cards")  # decoding samples resolves class paths
     task = ValidateCardTask(repo=str(repo.root), candidate=src, build_dir=str(default_build_dir()),
                             memory_limit_mb=memory_limit_mb, call_timeout=timeout, build_timeout=timeout,
                             **settings.model_dump())
-    progress(0, len(VALIDATION_STAGES), f"validating {candidate.ref} in a sandbox")
+    # the candidate process has ``timeout`` per request; the checker a little more for its own work
+    report, stored = validate_in_sandbox(repo, candidate, task, settings, backend=src.backend,
+                                         timeout=timeout + CHECKER_SLACK_S, progress=progress, sandbox=sandbox)
+    return CandidateValidation(**report.model_dump(), candidate_id=candidate.ref, target=settings.card_id,
+                               report=stored.ref)
 
+
+def validate_in_sandbox(repo: Repository, candidate: Artifact, task: SandboxTask,
+                        settings: ValidationSettings | ModuleValidationSettings, *, backend: str, timeout: float,
+                        memory_limit_mb: int | None = None, progress: ProgressFn = _no_progress,
+                        sandbox: SandboxPool | None = None) -> tuple[ValidationReport, Artifact]:
+    """Run the validation ``task`` of the stored ``candidate`` in a sandbox worker (``timeout``
+    seconds; ``memory_limit_mb`` for the worker, default the pool's), reporting each stage as
+    progress, and store its report (made with ``settings``) as a new version of the candidate's
+    report. Returns (report, stored report). A cancelled call stores an interrupted report (see
+    :func:`interrupted_report`) before CallCancelled goes on up, so the candidate never lacks a
+    report for its last validation."""
+    progress(0, len(VALIDATION_STAGES), f"validating {candidate.ref} in a sandbox")
     reached = ["starting"]
 
     def on_stage(stage: str) -> None:
@@ -73,17 +90,15 @@ def validate_candidate(repo: Repository, candidate: Artifact, src: KernelSource,
         done = VALIDATION_STAGES.index(stage) + 1 if stage in VALIDATION_STAGES else 0
         progress(done, len(VALIDATION_STAGES), stage)
 
-    # the candidate process has ``timeout`` per request; the checker a little more for its own work
     try:
-        result = (sandbox or pool()).run(task, timeout + CHECKER_SLACK_S, on_stage=on_stage)
+        result = (sandbox or pool()).run(task, timeout, memory_limit_mb, on_stage=on_stage)
     except CallCancelled:
-        save_report(repo, candidate, interrupted_report(reached[-1], src.backend), settings)
+        save_report(repo, candidate, interrupted_report(reached[-1], backend), settings)
         raise
-    report = validation_report(result, src.backend)
+    report = validation_report(result, backend)
     stored = save_report(repo, candidate, report, settings)
     progress(len(VALIDATION_STAGES), len(VALIDATION_STAGES), report.verdict)
-    return CandidateValidation(**report.model_dump(), candidate_id=candidate.ref, target=settings.card_id,
-                               report=stored.ref)
+    return report, stored
 
 
 def interrupted_report(stage: str, backend: str) -> ValidationReport:

@@ -7,7 +7,9 @@ result's speedup is against a baseline measured by the same worker, and results 
 workers (or machines) are compared only through those ratios.
 
 * :class:`LocalExecutor`: N threads, each with its own sandbox pool (its own worker process);
-  reports are stored by the validation itself.
+  reports are stored by the validation itself. Each evaluation runs in its submitter's context, so
+  cancelling the call that runs the search stops the sandbox workers (an interrupted report is
+  stored for each candidate stopped).
 * :class:`RayExecutor`: each evaluation is a Ray task (one CPU, or one GPU for CUDA cards) that
   receives the card's opset files and the candidate source, rebuilds them in a scratch repository
   on its node, runs the same validation there and sends the report back; the caller stores it
@@ -18,6 +20,7 @@ workers (or machines) are compared only through those ratios.
 from __future__ import annotations
 
 import concurrent.futures
+import contextvars
 import os
 import socket
 import threading
@@ -106,7 +109,9 @@ class LocalExecutor:
         return evaluate_in_repo(task, sandbox, name)
 
     def submit(self, task: EvalTask) -> concurrent.futures.Future[EvalResult]:
-        return self._pool.submit(self._run, task)
+        """Evaluate ``task`` on one of the threads, in the caller's context: a call cancelled
+        (:mod:`modulelens.cancellation`) stops the sandbox worker evaluating it."""
+        return self._pool.submit(contextvars.copy_context().run, self._run, task)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

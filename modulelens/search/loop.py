@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from modulelens.cancellation import CallCancelled
 from modulelens.errors import ModuleLensError
 from modulelens.kernels.candidates import candidate_name, load_candidate, save_candidate
 from modulelens.kernels.report import ValidationSettings
@@ -140,6 +141,8 @@ def _complete(run: _Run, future: concurrent.futures.Future) -> None:
     target, node, task = run.in_flight.pop(future)
     try:
         result: EvalResult = store_result(run.repo, task, future.result())
+    except CallCancelled:  # the whole call was cancelled: the node stays pending (a rerun evaluates it)
+        raise
     except Exception as e:  # noqa: BLE001 - an executor failure is this node's failure, not the search's
         _save(run, target, node.model_copy(update={"status": "failed", "seq": target.tree.next_seq(),
                                                    "reason": f"evaluation failed: {e}"}))

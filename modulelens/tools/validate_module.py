@@ -8,7 +8,6 @@ from pydantic import BaseModel, Field
 
 from modulelens.errors import ModuleLensError
 from modulelens.kernels.backends.base import default_build_dir
-from modulelens.kernels.candidates import save_report
 from modulelens.kernels.module_candidates import (
     ModuleCandidate,
     ModuleTarget,
@@ -16,12 +15,12 @@ from modulelens.kernels.module_candidates import (
     save_module_candidate,
 )
 from modulelens.kernels.report import ValidationReport
-from modulelens.kernels.sandboxed import validation_report
+from modulelens.kernels.sandboxed import validate_in_sandbox
 from modulelens.kernels.source import read_source_file
 from modulelens.registry import Tool, ToolContext, register
 from modulelens.repo import Repository
 from modulelens.sandbox.messages import ModuleSource, ValidateModuleTask
-from modulelens.sandbox.pool import DEFAULT_MEMORY_LIMIT_MB, pool
+from modulelens.sandbox.pool import DEFAULT_MEMORY_LIMIT_MB
 
 
 class ValidateModuleRequest(BaseModel):
@@ -81,13 +80,8 @@ def validate_module(req: ValidateModuleRequest, ctx: ToolContext) -> ValidateMod
         time=req.time, seeds=list(range(req.seeds)), rtol=req.rtol, atol=req.atol,
         memory_limit_mb=req.memory_limit_mb, call_timeout=req.timeout, build_timeout=req.timeout,
     )
-    stages = ["compile", "check", "time", "recheck", "done"]
-    ctx.progress(0, 5, f"validating {art.ref} in a sandbox")
-    result = pool().run(task, req.timeout, req.memory_limit_mb,
-                        on_stage=lambda s: ctx.progress(stages.index(s) + 1 if s in stages else 0, 5, s))
-    report = validation_report(result, "module")
-    rep = save_report(repo, art, report, task.settings)
-    ctx.progress(5, 5, report.verdict)
+    report, rep = validate_in_sandbox(repo, art, task, task.settings, backend="module", timeout=req.timeout,
+                                      memory_limit_mb=req.memory_limit_mb, progress=ctx.progress)
     return ValidateModuleResult(**report.model_dump(), candidate_id=art.ref, target=target.capture, report=rep.ref)
 
 

@@ -3,7 +3,10 @@ artifact (read back from the run's own record file, not from a mock of the clien
 with W&B's digest, the local tags as aliases and the manifest as metadata, and holds no API key. A
 simulated download (the same files copied into a folder) is imported verified and untrusted:
 replay is refused until `trust`, then exact; one changed byte is a checksum error. Every W&B failure
-is one line. Pulling from a real server runs only with credentials and a test project."""
+is one line. Pulling from a real server runs only with credentials and a test project. A kernel
+pack file is pushed the same way (stored as a version of kind packs, its candidates as inputs); a
+pulled pack (W&B's API answered from local files) carries the remote's tags as local tags and is
+refused by check-pack and use_pack until `trust`."""
 
 from __future__ import annotations
 
@@ -73,6 +76,20 @@ def wandb_records(run_file: Path) -> list:
     return out
 
 
+def artifact_records(wandb_dir: Path, timeout: float = 30.0) -> list:
+    """The artifact records of the one run under ``wandb_dir``. W&B's service may still be writing
+    the run file when ``finish`` returns, so its records are read until the artifacts are there."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        [run_file] = wandb_dir.rglob("run-*.wandb")
+        records = [x.artifact for x in wandb_records(run_file) if x.WhichOneof("record_type") == "artifact"]
+        if records or time.monotonic() > deadline:
+            return records
+        time.sleep(0.2)
+
+
 def md5_b64(path: Path) -> str:
     return base64.b64encode(hashlib.md5(path.read_bytes()).digest()).decode()
 
@@ -92,8 +109,8 @@ def pushed(app, tmp_path_factory):
                                      "--repo", str(tmp / "repo"), "--json"])
         assert r.exit_code == 0, r.output
         result = json.loads(r.stdout)
+        [record] = artifact_records(tmp / "wandb-dir")
         [run_file] = (tmp / "wandb-dir").rglob("run-*.wandb")
-        [record] = [x.artifact for x in wandb_records(run_file) if x.WhichOneof("record_type") == "artifact"]
         yield {"tmp": tmp, "repo": tmp / "repo", "result": result, "record": record, "run_dir": run_file.parent}
 
 
@@ -270,3 +287,155 @@ def test_mcp_push_returns_the_address_and_prints_nothing(pushed, tmp_path, monke
     assert not res.is_error, res.content
     assert res.structured_content["pushed"][0]["address"] == f"{PROJECT}/capture-lin:local-v1"
     assert capfd.readouterr().out == ""  # stdout may be the MCP wire
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernel packs: a pack file is stored as a version of kind packs, pushed with its candidates as
+# inputs, pulled as an untrusted version whose pack.json loads only after `trust`.
+
+SOFTMAX_KERNEL = """
+import torch
+def forward(x, dim, half_to_float):
+    e = torch.exp(x - x.amax(dim, keepdim=True))
+    return e / e.sum(dim, keepdim=True)
+"""
+
+
+def _softmax_pack(path: Path, speedup: float = 2.0) -> str:
+    """A pack of one Python kernel for the softmax call of the session's `sm` capture; its sha256."""
+    import torch
+
+    from modulelens.dispatch.pack import PackContent, PackEntry, current_environment, write_pack
+    from modulelens.dispatch.patterns import describe_call
+    from modulelens.kernels.report import ValidationReport
+
+    report = ValidationReport(verdict="custom", correct=True, reason="test entry", stage="done", backend="triton",
+                              speedup_vs_eager=speedup)
+    entry = PackEntry(candidate_id="sm.card0:v1", kind="op", target="sm:v1/0", capture="sm:v1",
+                      op="aten._softmax.default", backend="triton", source=SOFTMAX_KERNEL, source_sha256="test",
+                      pattern=describe_call([torch.randn(16, 24), -1, False], {}, grad_enabled=True),
+                      report=report, speedup_vs_eager=speedup)
+    return write_pack(path, PackContent(environment=current_environment({"triton"}), entries=[entry]))
+
+
+@pytest.fixture(scope="module")
+def pushed_pack(app, tmp_path_factory):
+    """A pack file of the candidate sm.card0:v1, stored and tagged `prod`, pushed to an offline run by
+    its path; the artifact record read back from that run's file."""
+    from modulelens.kernels.candidates import CandidateManifest, CandidateTarget
+    from modulelens.team.packs import store_pack
+
+    tmp = tmp_path_factory.mktemp("team-pack")
+    repo = Repository(tmp / "cluster")
+
+    def candidate(folder: Path) -> CandidateManifest:
+        (folder / "kernel.py").write_text(SOFTMAX_KERNEL)
+        return CandidateManifest(target=CandidateTarget(card_id="sm:v1/0", op="aten._softmax.default"),
+                                 backend="triton", source_file="kernel.py")
+
+    repo.create("candidates", "sm.card0", candidate)
+    sha = _softmax_pack(tmp / "softmax.pack")
+    repo.tag("packs", store_pack(repo, tmp / "softmax.pack").ref, "prod")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("WANDB_MODE", "offline")
+        mp.setenv("WANDB_DIR", str(tmp / "wandb-dir"))
+        (tmp / "wandb-dir").mkdir()
+        r = CliRunner().invoke(app, ["push", str(tmp / "softmax.pack"), "--kind", "packs", "--to", PROJECT,
+                                     "--repo", str(repo.root), "--json"])
+        assert r.exit_code == 0, r.output
+    [record] = artifact_records(tmp / "wandb-dir")
+    return {"tmp": tmp, "repo": repo, "sha": sha, "result": json.loads(r.stdout), "record": record}
+
+
+def test_a_pack_file_is_pushed_as_a_stored_version_with_its_sha256_environment_entries_and_candidates(pushed_pack):
+    record, repo = pushed_pack["record"], pushed_pack["repo"]
+    [pushed_one] = pushed_pack["result"]["pushed"]
+    assert repo.versions("packs", "softmax") == [1]  # the push found the stored version by its sha256
+    assert (pushed_one["ref"], pushed_one["type"]) == ("softmax:v1", "modulelens-pack")
+    assert pushed_one["address"] == f"{PROJECT}/pack-softmax:local-v1"
+    assert pushed_one["unresolved_uses"] == [f"{PROJECT}/candidate-sm.card0:local-v1"]  # offline: metadata only
+    assert (record.name, record.type) == ("pack-softmax", "modulelens-pack")
+    assert set(record.aliases) >= {"latest", "local-v1", "prod"}
+    stored = repo.open("packs", "softmax").path
+    contents = {entry.path: entry.digest for entry in record.manifest.contents}
+    assert set(contents) == {"manifest.json", "pack.json"}
+    for rel, digest in contents.items():
+        assert digest == md5_b64(stored / rel), rel
+    assert md5_b64(pushed_pack["tmp"] / "softmax.pack") == contents["pack.json"]  # the file as written
+    metadata = json.loads(record.metadata)
+    assert metadata["sha256"] == pushed_pack["sha"] and metadata["candidates"] == ["sm.card0:v1"]
+    assert metadata["environment"]["torch"] and metadata["entries"][0]["dispatched"] is True
+    assert metadata["modulelens"]["uses"] == ["sm.card0:v1"]
+
+
+class _FakeApi:
+    """W&B's public API answering one pushed artifact from local files (no network): what a pull
+    downloads, with W&B's digests, its version and its aliases."""
+
+    def __init__(self, record, folder: Path):
+        from types import SimpleNamespace
+
+        self.artifact_ = SimpleNamespace(
+            type=record.type, name=f"{record.name}:v0", version="v0", aliases=[*record.aliases, "v0"],
+            manifest=SimpleNamespace(entries={e.path: SimpleNamespace(digest=e.digest) for e in record.manifest.contents}),
+            download=lambda root: shutil.copytree(folder, root, dirs_exist_ok=True,
+                                                  ignore=shutil.ignore_patterns("manifest.sig")))
+
+    def __call__(self):
+        return self
+
+    def artifact(self, path: str):
+        return self.artifact_
+
+
+def _serve(pushed_pack, monkeypatch) -> None:
+    import wandb
+
+    monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.setenv("WANDB_API_KEY", KEY)
+    monkeypatch.setattr(wandb, "Api", _FakeApi(pushed_pack["record"], pushed_pack["repo"].open("packs", "softmax").path))
+
+
+def test_a_pulled_pack_is_refused_until_trusted_then_check_pack_uses_it(cli, pushed_pack, softmax_card, tmp_path,
+                                                                        monkeypatch):
+    import modulelens
+    from modulelens.repo.trust import UntrustedArtifact
+
+    _serve(pushed_pack, monkeypatch)
+    laptop, captures = tmp_path / "laptop", softmax_card[0]
+    code, pulled, r = cli("pull", f"{PROJECT}/pack-softmax:prod", "--repo", laptop, "--json")
+    assert code == 0, r.output
+    assert (pulled["ref"], pulled["origin_ref"], pulled["trusted"], pulled["tags"]) == ("softmax:v1", "softmax:v1",
+                                                                                        False, ["prod"])
+    path = pulled["path"]
+    assert path == str(laptop / "packs" / "softmax" / "v1" / "pack.json") and f"--pack {path}" in pulled["next_step"]
+    code, _, r = cli("check-pack", path, "--repo", captures)
+    assert code != 0 and "not trusted" in r.output and "Traceback" not in r.output, r.output
+    with pytest.raises(UntrustedArtifact, match="modulelens trust softmax:v1 --kind packs"):
+        modulelens.use_pack(path)
+    code, data, r = cli("trust", "softmax", "--kind", "packs", "--yes", "--repo", laptop, "--json")
+    assert code == 0 and data["signed"] is True, r.output
+    code, data, r = cli("check-pack", path, "--repo", captures, "--min-run-time", "0.01", "--json")
+    assert code == 0 and data["ok"] is True and data["checks"][0]["hits"] > 0, r.output
+    code, again, r = cli("pull", f"{PROJECT}/pack-softmax:latest", "--repo", laptop, "--json")
+    assert code == 0 and again["already_present"] and again["trusted"] and again["tags"] == ["prod"], r.output
+
+
+def test_a_copied_pack_file_is_refused_and_pull_keeps_a_local_tag_that_points_elsewhere(cli, pushed_pack, tmp_path,
+                                                                                         monkeypatch):
+    from modulelens.dispatch.pack import read_pack
+    from modulelens.repo.trust import UntrustedArtifact
+    from modulelens.team.packs import store_pack
+
+    (tmp_path / "copy").mkdir()
+    shutil.copyfile(pushed_pack["tmp"] / "softmax.pack", tmp_path / "copy" / "softmax.pack")  # not its .sig
+    with pytest.raises(UntrustedArtifact, match="not trusted here"):
+        read_pack(tmp_path / "copy" / "softmax.pack")
+    laptop = Repository(tmp_path / "laptop")
+    _softmax_pack(tmp_path / "softmax.pack", speedup=3.0)  # another pack of the same name, tagged prod here
+    laptop.tag("packs", store_pack(laptop, tmp_path / "softmax.pack").ref, "prod")
+    _serve(pushed_pack, monkeypatch)
+    code, pulled, r = cli("pull", f"{PROJECT}/pack-softmax:prod", "--repo", laptop.root, "--json")
+    assert code == 0 and pulled["ref"] == "softmax:v2", r.output
+    assert pulled["tags"] == [] and pulled["tags_not_set"] == ["prod: already points at softmax:v1 here"]
+    assert laptop.aliases("packs", "softmax")["prod"] == 1

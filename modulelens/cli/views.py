@@ -412,6 +412,9 @@ def pull_view(r: PullResult, wide: bool) -> RenderableType:
     rows: list[tuple[str, str | Cell]] = [("stored as", r.ref + (" (already present)" if r.already_present else "")),
                                           ("from", r.origin), ("origin ref", r.origin_ref), ("files", str(r.files)),
                                           ("state", Cell((state,), style=_GOOD if r.trusted else _WARN))]
+    rows += [("path", r.path)] if r.path else []
+    rows += [("tags", ", ".join(r.tags))] if r.tags else []
+    rows += [("tags not set", "; ".join(r.tags_not_set))] if r.tags_not_set else []
     if r.next_step:
         rows.append(("next", r.next_step))
     return kv_table(rows, title=f"pulled {r.ref}")

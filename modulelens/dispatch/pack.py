@@ -12,12 +12,19 @@ sha256 you were given (``expect_sha256``) to refuse a pack rewritten as a whole.
 version, device name, compiler) and the entries (:class:`PackEntry`): the call pattern, the
 source with its build recipe, the validation report and the measured speedup. A pack refuses to
 load where the environment differs, saying what differs, unless ``allow_env_mismatch`` is set.
+
+A pack carries code that is compiled and run, so it loads only when **trusted** here (see
+:mod:`modulelens.repo.trust`): :func:`write_pack` signs the file's sha256 with this machine's key in
+``FILE.sig`` next to it; a pack stored in the repository (``packs/NAME/vN/pack.json``, how a
+pulled pack arrives) is trusted when its version is (``modulelens trust NAME:vN --kind packs --yes``)
+and the file still has the sha256 its manifest lists. A pack copied from elsewhere is refused.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import hashlib
+import hmac
 import json
 import platform
 from functools import cache
@@ -29,10 +36,14 @@ from pydantic import BaseModel, Field, ValidationError
 from modulelens.dispatch.patterns import CallPattern
 from modulelens.errors import ModuleLensError
 from modulelens.kernels.report import ValidationReport
+from modulelens.repo.store import MANIFEST, sha256_file
+from modulelens.repo.trust import UntrustedArtifact, is_trusted, signature_of
 
 PACK_FORMAT = "modulelens-pack"
 PACK_FORMAT_VERSION = 1
 EntryKind = Literal["op", "module"]
+STORED_PACK_FILE = "pack.json"  # the pack file inside a repository version of kind packs
+SIGNATURE_SUFFIX = ".sig"
 
 
 class PackLoadError(ModuleLensError):
@@ -162,13 +173,62 @@ def write_pack(path: Path, content: PackContent) -> str:
     tmp.write_text(json.dumps({"format": PACK_FORMAT, "format_version": PACK_FORMAT_VERSION, "sha256": digest,
                                "content": data}, indent=1))
     tmp.replace(path)
+    sign_pack_file(path, digest)  # written here, so trusted here
     return digest
 
 
-def read_pack(path: str | Path, *, allow_env_mismatch: bool = False, expect_sha256: str | None = None) -> LoadedPackFile:
-    """Read and verify a pack file. Raises :class:`PackLoadError` saying why it cannot be loaded:
-    not a pack, tampered (checksum), another sha256 than expected, or another environment
-    (unless ``allow_env_mismatch``: then the differences are in ``environment_notes``)."""
+def _signature_path(path: Path) -> Path:
+    return path.with_name(path.name + SIGNATURE_SUFFIX)
+
+
+def sign_pack_file(path: Path, sha256: str) -> None:
+    """Sign the pack file ``path`` of content ``sha256`` with this machine's key (``FILE.sig``: HMAC
+    over that sha256, which covers every byte of the content)."""
+    _signature_path(path).write_text(signature_of(sha256.encode()))
+
+
+def stored_version(path: Path) -> Path | None:
+    """The repository version folder holding the pack file ``path``, or None for a file elsewhere."""
+    return path.parent if path.name == STORED_PACK_FILE and (path.parent / MANIFEST).is_file() else None
+
+
+def pack_is_trusted(path: Path, sha256: str) -> bool:
+    """Whether the pack file ``path``, whose content has (verified) ``sha256``, may be loaded here
+    (see the module docstring)."""
+    version = stored_version(path)
+    if version is not None:
+        try:
+            listed = json.loads((version / MANIFEST).read_text()).get("files", {}).get(STORED_PACK_FILE)
+        except (OSError, ValueError, AttributeError):
+            return False
+        return is_trusted(version) and listed == sha256_file(path)
+    try:
+        stored = _signature_path(path).read_text().strip()
+    except OSError:
+        return False
+    return hmac.compare_digest(stored, signature_of(sha256.encode()))
+
+
+def require_trusted_pack(path: Path, sha256: str) -> None:
+    """Raise :class:`UntrustedArtifact` unless the pack file ``path`` is trusted here."""
+    if pack_is_trusted(path, sha256):
+        return
+    version = stored_version(path)
+    if version is not None:
+        ref, root = f"{version.parent.name}:{version.name}", version.parent.parent.parent
+        hint = (f"review it with `modulelens trust {ref} --kind packs --repo {root}`, then trust it with "
+                f"`modulelens trust {ref} --kind packs --yes --repo {root}`")
+    else:
+        hint = ("build the pack here with `modulelens pack`, or get it with `modulelens pull` and trust it "
+                "with `modulelens trust NAME --kind packs --yes`")
+    raise UntrustedArtifact(f"{path} is not trusted here (not written on this machine, or changed since), so modulelens "
+                            "will not load it: a pack's kernels are compiled and run", hint)
+
+
+def verify_pack_file(path: str | Path, *, expect_sha256: str | None = None) -> tuple[Path, str, PackContent]:
+    """Read a pack file and check it is one, untampered (and of sha256 ``expect_sha256`` when
+    given): (path, sha256, content), or :class:`PackLoadError` saying why not. Trust and the
+    environment are not checked (:func:`read_pack` does): this is what a push may send."""
     p = Path(path).expanduser()
     if not p.is_file():
         raise PackLoadError(f"pack file {str(path)!r} does not exist", "create one with `modulelens pack CANDIDATE_ID... --out FILE`")
@@ -192,6 +252,16 @@ def read_pack(path: str | Path, *, allow_env_mismatch: bool = False, expect_sha2
         content = PackContent.model_validate(raw["content"])
     except ValidationError as e:
         raise PackLoadError(f"{p} has a malformed entry: {str(e).splitlines()[0]}", "rebuild the pack") from None
+    return p, digest, content
+
+
+def read_pack(path: str | Path, *, allow_env_mismatch: bool = False, expect_sha256: str | None = None) -> LoadedPackFile:
+    """Read and verify a pack file for loading. Raises :class:`PackLoadError` saying why it cannot be
+    loaded: not a pack, tampered (checksum), another sha256 than expected, or another environment
+    (unless ``allow_env_mismatch``: then the differences are in ``environment_notes``); and
+    :class:`~modulelens.repo.trust.UntrustedArtifact` when it is not trusted here."""
+    p, digest, content = verify_pack_file(path, expect_sha256=expect_sha256)
+    require_trusted_pack(p, digest)
     here = current_environment({e.backend for e in content.entries})
     mismatches = environment_mismatches(content.environment, here)
     if mismatches and not allow_env_mismatch:

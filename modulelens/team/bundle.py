@@ -3,7 +3,7 @@ tags, its manifest, the versions it was made from), read from the local reposito
 
 Inputs, by kind: an opset was recorded from a capture; an operator-card candidate implements a
 card of an opset, a module candidate targets a capture; a report validates a candidate; a stats
-run may come from a capture. A candidate is pushed with its latest report (when it has one), so
+run may come from a capture; a pack uses its candidates. A candidate is pushed with its latest report (when it has one), so
 whoever pulls it sees how it validated.
 """
 
@@ -19,6 +19,7 @@ from modulelens.repo.store import MANIFEST, sha256_file
 from modulelens.stats.manifest import KIND as STATS
 from modulelens.stats.manifest import StatsManifest
 from modulelens.team.model import REMOTE_KINDS, LocalRef, PushItem, origin_alias
+from modulelens.team.packs import PACKS, PackManifest, open_pack
 
 CAPTURES = "captures"
 
@@ -37,6 +38,8 @@ def input_refs(art: Artifact) -> list[tuple[str, str]]:
     if art.kind == STATS:
         capture = art.manifest_as(StatsManifest).source.capture
         return [(CAPTURES, capture)] if capture else []
+    if art.kind == PACKS:
+        return [(CANDIDATES, candidate) for candidate in art.manifest_as(PackManifest).candidates]
     return []
 
 
@@ -69,10 +72,11 @@ def push_item(repo: Repository, art: Artifact) -> PushItem:
 
 
 def push_items(repo: Repository, kind: str, ref: str) -> list[PushItem]:
-    """What ``push REF`` sends: the version ``ref`` resolves to, then (for a candidate) its latest report."""
+    """What ``push REF`` sends: the version ``ref`` resolves to (for packs, ``ref`` may be a pack file:
+    :func:`~modulelens.team.packs.open_pack`), then (for a candidate) its latest report."""
     if kind not in REMOTE_KINDS:
         raise ModuleLensError(f"cannot push {kind}", f"push one of: {', '.join(REMOTE_KINDS)}")
-    art = repo.open(kind, ref)
+    art = open_pack(repo, ref) if kind == PACKS else repo.open(kind, ref)
     items = [push_item(repo, art)]
     if kind == CANDIDATES and repo.versions(REPORTS, report_name(art)):
         items.append(push_item(repo, repo.open(REPORTS, report_name(art))))

@@ -1,4 +1,4 @@
-"""Push stored versions to a team repository and pull them back: the one call each tool makes.
+"""Push stored versions (or a pack file) to a team repository and pull them back: the one call each tool makes.
 
 The remote is chosen by the address's scheme (:func:`remote_for`); a new kind of remote is one
 more small module implementing :class:`~modulelens.team.model.Remote` and one line here.
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from modulelens.repo import Repository
 from modulelens.team.bundle import push_items
-from modulelens.team.importer import import_folder
+from modulelens.team.importer import import_folder, restore_tags
 from modulelens.team.model import PulledArtifact, PushOutcome, Remote, RemoteAddress, parse_artifact, parse_project
 
 
@@ -31,19 +31,22 @@ def check_push_target(to: str) -> None:
 
 
 def push(repo: Repository, kind: str, ref: str, to: str) -> PushOutcome:
-    """Push the version ``ref`` of ``kind`` (a candidate with its latest report) to the project ``to``."""
+    """Push the version ``ref`` of ``kind`` (a candidate with its latest report; for packs, ``ref``
+    may be a pack file, stored first) to the project ``to``."""
     project = parse_project(to)
     items = push_items(repo, kind, ref)
     return remote_for(project).push(items)
 
 
 def pull(repo: Repository, address: str) -> PulledArtifact:
-    """Fetch the artifact at ``address`` and store it, verified, as an untrusted local version."""
+    """Fetch the artifact at ``address`` and store it, verified, as an untrusted local version with
+    the remote's aliases that were tags where it was pushed as local tags."""
     source = parse_artifact(address)
     remote = remote_for(source)
     tmp_root = repo.root / ".tmp"
     tmp_root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="pull-", dir=tmp_root) as tmp:
         fetched = remote.download(source, tmp)
-        return import_folder(repo, Path(fetched.folder), kind=fetched.kind, origin=fetched.address,
-                             digests=fetched.digests)
+        pulled = import_folder(repo, Path(fetched.folder), kind=fetched.kind, origin=fetched.address,
+                               digests=fetched.digests)
+    return restore_tags(repo, pulled, fetched.aliases)

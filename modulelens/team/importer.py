@@ -12,7 +12,8 @@ The folder holds one pushed version: ``manifest.json`` and the files it lists. :
    pushing machine's version numbers.
 
 When a version with the same content is already stored, nothing is added and that version is
-returned. Pure: no network, so it is tested on a local copy of the files.
+returned. :func:`restore_tags` then sets the remote's aliases that were local tags where they were
+pushed as local tags again. Pure: no network, so it is tested on a local copy of the files.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from modulelens.errors import ChecksumMismatch, ModuleLensError
 from modulelens.repo import ManifestBase, Repository, validate_name
 from modulelens.repo.store import MANIFEST, sha256_file, validation_problem
 from modulelens.repo.trust import is_confined, is_trusted
-from modulelens.team.model import PulledArtifact
+from modulelens.team.model import PulledArtifact, is_local_tag
+from modulelens.team.packs import PACKS, usable_path
 
 PULLED_FROM = "pulled_from"
 _BOOKKEEPING = set(ManifestBase.model_fields) | {PULLED_FROM}
@@ -131,7 +133,29 @@ def import_folder(repo: Repository, folder: Path, *, kind: str, origin: str,
 
 def _pulled(ref: str, path: Path, kind: str, origin: str, manifest: ManifestBase, *, already_present: bool) -> PulledArtifact:
     trusted = is_trusted(path)
+    usable = usable_path(kind, path)
+    use = f"using it with `--pack {usable}`" if kind == PACKS else "replaying or validating it"
     step = "" if trusted else (f"review it with `modulelens trust {ref} --kind {kind}`, then trust it with "
-                               f"`modulelens trust {ref} --kind {kind} --yes` before replaying or validating it")
-    return PulledArtifact(ref=ref, kind=kind, origin=origin, origin_ref=manifest.ref, files=len(manifest.files),
-                          trusted=trusted, already_present=already_present, next_step=step)
+                               f"`modulelens trust {ref} --kind {kind} --yes` before {use}")
+    return PulledArtifact(ref=ref, kind=kind, origin=origin, origin_ref=manifest.ref, path=str(usable),
+                          files=len(manifest.files), trusted=trusted, already_present=already_present, next_step=step)
+
+
+def restore_tags(repo: Repository, pulled: PulledArtifact, aliases: list[str]) -> PulledArtifact:
+    """Set each of the remote ``aliases`` that was a local tag (:func:`~modulelens.team.model.is_local_tag`)
+    as a local tag of the pulled version, unless a tag of that name already points at another
+    version here (left alone, and said in ``tags_not_set``)."""
+    name, _, version = pulled.ref.rpartition(":v")
+    here = repo.aliases(pulled.kind, name)
+    tags, not_set = [], []
+    for tag in sorted(a for a in set(aliases) if is_local_tag(a)):
+        if here.get(tag, int(version)) != int(version):
+            not_set.append(f"{tag}: already points at {name}:v{here[tag]} here")
+            continue
+        try:
+            repo.tag(pulled.kind, pulled.ref, tag)
+        except ModuleLensError as e:
+            not_set.append(f"{tag}: {e.message}")
+            continue
+        tags.append(tag)
+    return pulled.model_copy(update={"tags": tags, "tags_not_set": not_set})

@@ -9,7 +9,7 @@ tested on its own.
 * Each repository kind is pushed as its own remote type and name (:data:`REMOTE_KINDS`):
   capture ``blk`` is ``capture-blk`` of type ``modulelens-capture``, its opset ``opset-blk``, the
   candidate ``blk.card6`` is ``candidate-blk.card6``, its report ``report-blk.card6.v1``, the stats
-  run ``train`` is ``stats-train`` (a capture and its opset share a local name, so the kind is part
+  run ``train`` is ``stats-train``, the pack ``model`` is ``pack-model`` (a capture and its opset share a local name, so the kind is part
   of the remote name).
 * A pushed version also carries the alias ``local-vN`` (N: its version on the machine that pushed
   it), which is how a later push finds the remote artifact a new one was made from (lineage).
@@ -25,10 +25,10 @@ from pydantic import BaseModel, Field
 from modulelens.errors import InvalidName
 
 SCHEMES = ("wandb",)
-PushKind = Literal["captures", "opsets", "candidates", "reports", "stats"]
+PushKind = Literal["captures", "opsets", "candidates", "reports", "stats", "packs"]
 # repository kind -> the singular used in remote names and types
 REMOTE_KINDS: dict[str, str] = {"captures": "capture", "opsets": "opset", "candidates": "candidate",
-                                "reports": "report", "stats": "stats"}
+                                "reports": "report", "stats": "stats", "packs": "pack"}
 TYPE_PREFIX = "modulelens-"
 ORIGIN_ALIAS_PREFIX = "local-v"
 _PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
@@ -111,6 +111,11 @@ def kind_of_type(remote: str) -> str | None:
     return next((kind for kind, s in REMOTE_KINDS.items() if s == singular), None)
 
 
+def is_local_tag(alias: str) -> bool:
+    """Whether a remote alias was a local tag when pushed (not ``latest``, ``local-vN`` or W&B's ``vN``)."""
+    return alias != "latest" and not re.fullmatch(rf"(?:{re.escape(ORIGIN_ALIAS_PREFIX)}|v)\d+", alias)
+
+
 def origin_alias(version: int) -> str:
     """The alias a pushed version carries to name its version on the pushing machine."""
     return f"{ORIGIN_ALIAS_PREFIX}{version}"
@@ -178,9 +183,12 @@ class PulledArtifact(BaseModel):
     kind: str
     origin: str = Field(description="The remote address it came from.")
     origin_ref: str = Field(description="Its reference on the machine that pushed it.")
+    path: str = Field("", description="Its folder; for a pack, the file for --pack.")
     files: int
     trusted: bool = Field(False, description="Pulled artifacts are untrusted until `modulelens trust REF --yes`.")
     already_present: bool = Field(False, description="An identical version was already stored; nothing was added.")
+    tags: list[str] = Field(default_factory=list, description="Remote aliases set as local tags.")
+    tags_not_set: list[str] = Field(default_factory=list, description="Tags left alone here, and why.")
     next_step: str = ""
 
 

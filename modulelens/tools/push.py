@@ -1,4 +1,5 @@
-"""push: send one stored version (a candidate with its latest report) to a team repository (W&B)."""
+"""push: send one stored version (a candidate with its latest report; a pack file, stored first) to a
+team repository (W&B)."""
 
 from __future__ import annotations
 

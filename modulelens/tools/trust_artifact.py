@@ -13,7 +13,7 @@ from modulelens.repo.trust import TrustReview, review, trust
 
 class TrustRequest(BaseModel):
     ref: str = Field(description="Artifact ref.", json_schema_extra={"cli": "argument"})
-    kind: Literal["captures", "opsets", "candidates", "reports", "stats"] = Field(
+    kind: Literal["captures", "opsets", "candidates", "reports", "stats", "packs"] = Field(
         "captures")
     yes: bool = Field(False, description="Trust it (else only show).")
 

@@ -2,7 +2,7 @@
 
 Started by :class:`modulelens.sandbox.candidate_process.CandidateProcess` (inside new namespaces
 where the kernel allows), it applies the remaining containment layers to itself *before* any
-candidate code exists in it (private /tmp, rlimits, Landlock), then serves requests: load
+candidate code exists in it (private /tmp, rlimits, Landlock, seccomp), then serves requests: load
 (compile) the candidate, call it on inputs the checker wrote into the shared arena and copy its
 outputs there, or call it again N times for the checker's clock. It holds no reference output,
 no checker and no verdict: the worst a candidate can do here is lie about itself, and the checker
@@ -22,6 +22,7 @@ def _contain(scratch: Path, memory_mb: int, read_only: list[str]) -> Any:
     import torch
 
     from modulelens.sandbox.containment import Isolation, apply_landlock, apply_rlimits, private_tmp, readable_roots
+    from modulelens.sandbox.seccomp import apply_seccomp
 
     iso = Isolation()
     described = os.environ.pop("MODULELENS_NAMESPACES", "")
@@ -31,7 +32,7 @@ def _contain(scratch: Path, memory_mb: int, read_only: list[str]) -> Any:
     iso.layers.append(private_tmp(readable))
     iso.layers.append(apply_rlimits(memory_mb, limit_address_space=not torch.cuda.is_available()))
     iso.layers.append(apply_landlock([str(scratch)], readable))
-    iso.add("seccomp", False, "no system-call filter is installed")
+    iso.layers.append(apply_seccomp())  # last: the layers above need mount and prctl
     return iso
 
 

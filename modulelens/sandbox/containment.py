@@ -16,7 +16,9 @@ Layers, outermost first:
   its scratch folder (and ``/dev`` for device files), read only system and Python install folders
   plus its scratch and the read-only build cache, open no TCP connection and bind no TCP port
   (ABI 4+), and signal no process outside itself (ABI 6+).
-* **seccomp** is not applied (no filter is installed): the verdict says so.
+* **seccomp** (:func:`modulelens.sandbox.seccomp.apply_seccomp`, installed last): a deny list of
+  system calls a kernel candidate never needs (ptrace, mount, namespaces, keyring, BPF, module
+  loading, TCP/UDP sockets, ...) answers EPERM; x86_64 and aarch64 only, else reported absent.
 
 :class:`Isolation` is what a candidate process reports about itself after applying the layers;
 the checker adds what it observed from outside. Nothing here claims a layer it did not check.

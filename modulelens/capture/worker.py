@@ -128,8 +128,9 @@ def _worker_command(nproc: int, request_file: Path, out_dir: Path) -> list[str]:
     return [sys.executable, "-m", "modulelens.capture.worker", *worker]
 
 
-def run_capture_worker(request: CaptureWorkerRequest, *, nproc: int, timeout: float, relay_to_stderr: bool) -> CaptureRun:
-    """Run the capture in a worker process (under torchrun when ``nproc`` > 1) and read what each
+def run_capture_worker(request: CaptureWorkerRequest, *, nproc: int, timeout: float) -> CaptureRun:
+    """Run the capture in a worker process (under torchrun when ``nproc`` > 1; its output relayed to
+    stderr) and read what each
     rank wrote. Raises the first failure a rank reported, or :class:`CaptureFailed` when the
     worker timed out or ended without writing any result."""
     timeout_error = CaptureFailed(
@@ -141,7 +142,7 @@ def run_capture_worker(request: CaptureWorkerRequest, *, nproc: int, timeout: fl
         request_file = out_dir / REQUEST_FILE
         request_file.write_text(request.model_dump_json())
         cmd = _worker_command(nproc, request_file, out_dir)
-        done = run_worker_process(cmd, relay_to_stderr=relay_to_stderr, timeout=timeout, timeout_error=timeout_error)
+        done = run_worker_process(cmd, relay_to_stderr=True, timeout=timeout, timeout_error=timeout_error)
         files = sorted(out_dir.glob(RESULT_GLOB))
         if not files:
             raise CaptureFailed(
@@ -153,7 +154,7 @@ def run_capture_worker(request: CaptureWorkerRequest, *, nproc: int, timeout: fl
     return CaptureRun(results=[r for r in results if r is not None], output_tail=done.output_tail)
 
 
-def capture_script(options: ScriptCaptureOptions, repo: Repository, *, relay_to_stderr: bool) -> ScriptCapture:
+def capture_script(options: ScriptCaptureOptions, repo: Repository) -> ScriptCapture:
     """Capture from an unmodified script or KernelBench file into ``repo``, in a worker process
     (see :func:`run_capture_worker`). Raises :class:`CaptureFailed` when the script does not exist
     or no rank captured."""
@@ -171,7 +172,7 @@ def capture_script(options: ScriptCaptureOptions, repo: Repository, *, relay_to_
         repo=str(repo.root),
     )
     try:
-        run = run_capture_worker(request, nproc=options.nproc, timeout=options.timeout, relay_to_stderr=relay_to_stderr)
+        run = run_capture_worker(request, nproc=options.nproc, timeout=options.timeout)
     finally:
         repo.remove_stale_tmp()  # a worker killed while it wrote (timeout, cancelled call) left its folder
     written = sorted((r for r in run.results if r.ref), key=lambda r: r.rank)

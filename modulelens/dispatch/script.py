@@ -184,14 +184,14 @@ def run_in_worker(request: ScriptRunRequest) -> ScriptRunOutcome:
 # Parent side
 
 
-def run_script(request: ScriptRunRequest, timeout: float, relay: bool) -> tuple[ScriptRunOutcome, str]:
-    """Run the script in a worker process; returns its outcome and the last lines it printed."""
+def run_script(request: ScriptRunRequest, timeout: float) -> tuple[ScriptRunOutcome, str]:
+    """Run the script in a worker process (its output relayed to stderr); returns its outcome and the last lines it printed."""
     with tempfile.TemporaryDirectory(prefix="modulelens-run-") as tmp:
         req_file, out_file = Path(tmp) / "request.json", Path(tmp) / "result.json"
         req_file.write_text(request.model_dump_json())
         done = run_worker_process(
             [sys.executable, "-m", "modulelens.dispatch.worker", str(req_file), str(out_file)],
-            relay_to_stderr=relay, timeout=timeout,
+            relay_to_stderr=True, timeout=timeout,
             timeout_error=ModuleLensError(f"the script did not finish within {timeout:.0f} s and was stopped",
                                           "raise [--timeout] or run fewer steps"))
         code, tail = done.code, done.output_tail

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ValidationError
 from modulelens.arguments import argument_errors
 from modulelens.cancellation import cancellable
 from modulelens.errors import ModuleLensError
-from modulelens.registry import SampleFn, Tool, ToolContext
+from modulelens.registry import Tool, ToolContext
 from modulelens.repo import default_repo_root
 
 logger = logging.getLogger(__name__)
@@ -102,14 +102,6 @@ class ProgressRelay:
                     logger.debug("could not send a heartbeat", exc_info=True)
 
 
-def sampler(ctx: Context) -> SampleFn:
-    """The ToolContext's ``sample`` for a call whose MCP context is ``ctx`` (both protocol
-    generations: see :mod:`modulelens.providers.sampling`)."""
-    from modulelens.providers.sampling import thread_sampler
-
-    return thread_sampler(ctx)
-
-
 async def call_tool(
     tool: Tool, request: BaseModel, repo_root: Path | None, ctx: Context | None
 ) -> BaseModel | InputRequiredResult:
@@ -121,7 +113,7 @@ async def call_tool(
     call waits up to ``STOP_WAIT_S`` seconds for the tool to leave the repository consistent before
     it ends. A tool that needs a sample the client has not given yet (protocol 2026-07-28) ends
     the call with an ``InputRequiredResult``; the client retries with the reply."""
-    from modulelens.providers.sampling import SamplingInputRequired
+    from modulelens.providers.sampling import SamplingInputRequired, thread_sampler
 
     token = anyio.lowlevel.current_token()
     relay = ProgressRelay(ctx, time.monotonic()) if ctx is not None else None
@@ -139,7 +131,7 @@ async def call_tool(
         repo_root=repo_root if repo_root is not None else default_repo_root(),
         progress=progress,
         stdout_is_protocol=True,
-        sample=sampler(ctx) if ctx is not None else None,
+        sample=thread_sampler(ctx) if ctx is not None else None,
     )
     try:
         return await run_cancellable(tool, request, tool_ctx, relay)

@@ -61,10 +61,9 @@ class StatsWorkerResult(WorkerResult):
 
 RANK_WAIT_S = 300.0  # how long rank 0 waits for the other ranks' statistics after its own run ended
 
-def gather_script_stats(request: StatsWorkerRequest, *, timeout: float, relay_to_stderr: bool,
-                        ) -> tuple[StatsWorkerResult, str]:
-    """Caller side: run the statistics worker on ``request`` (its output relayed to stderr when
-    ``relay_to_stderr``); returns its result and the last lines the script printed. A failed run
+def gather_script_stats(request: StatsWorkerRequest, *, timeout: float) -> tuple[StatsWorkerResult, str]:
+    """Caller side: run the statistics worker on ``request`` (its output relayed to stderr, never
+    to stdout, which may be the MCP wire); returns its result and the last lines the script printed. A failed run
     raises its ModuleLensError."""
     with tempfile.TemporaryDirectory(prefix="modulelens-stats-") as tmp:
         req_file = Path(tmp) / "request.json"
@@ -77,7 +76,7 @@ def gather_script_stats(request: StatsWorkerRequest, *, timeout: float, relay_to
             f"the script ran past [--timeout] ({timeout:.0f} s) without reaching an optimizer step, and was "
             "stopped", "raise [--timeout], or check that the script trains (optimizer.step()) early",
         )
-        done = run_worker_process(cmd, relay_to_stderr=relay_to_stderr, timeout=timeout, timeout_error=timeout_error)
+        done = run_worker_process(cmd, relay_to_stderr=True, timeout=timeout, timeout_error=timeout_error)
         result = read_worker_result(Path(tmp) / result_name(0 if request.nproc > 1 else None), StatsWorkerResult)
     if result is None:
         raise CaptureFailed(

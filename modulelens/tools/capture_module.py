@@ -33,7 +33,7 @@ def capture_module(req: CaptureModuleRequest, ctx: ToolContext) -> CaptureModule
         check_push_target(req.push)  # before the run: a bad address or missing login fails fast
     ctx.progress(0, 1, f"running {Path(req.script).name} until {req.module or 'the model'} is called")
     t0 = time.perf_counter()
-    done = capture_script(req, repo, relay_to_stderr=True)
+    done = capture_script(req, repo)
     seconds = time.perf_counter() - t0
     summary = summarize(repo.open(KIND, done.ref))
     summary.notes = summary.notes + done.notes

@@ -28,7 +28,7 @@ def _capture_first(req: CaptureOpsRequest, ctx: ToolContext) -> str:
     """Capture the module from the script named by ``req.ref`` first; returns the capture's ref."""
     options = ScriptCaptureOptions(script=req.ref, script_args=req.script_args, module=req.module,
                                    max_tensor_bytes=req.max_tensor_bytes, backward=req.backward)
-    return capture_script(options, Repository(ctx.repo_root), relay_to_stderr=True).ref
+    return capture_script(options, Repository(ctx.repo_root)).ref
 
 
 def capture_ops(req: CaptureOpsRequest, ctx: ToolContext) -> OpSetSummary:

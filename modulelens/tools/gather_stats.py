@@ -158,7 +158,7 @@ def gather_stats(req: GatherStatsRequest, ctx: ToolContext) -> GatherStatsResult
         stop_at=time.time() + req.timeout - min(60.0, 0.2 * req.timeout),
     )
     ctx.progress(0, 1, f"running {script.name} with statistics every {req.every} step(s)")
-    result, tail = gather_script_stats(request, timeout=req.timeout, relay_to_stderr=True)
+    result, tail = gather_script_stats(request, timeout=req.timeout)
     art = repo.open("stats", result.ref)
     ctx.progress(1, 1, f"stored {art.ref}")
     out = _result(art, "script", req.top, tail, time.perf_counter() - t0)

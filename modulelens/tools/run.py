@@ -63,7 +63,7 @@ def run(req: RunRequest, ctx: ToolContext) -> RunResult:
                             mechanism=req.mechanism)
     ctx.progress(0, 2 if req.compare else 1, f"running {script.name} with {req.pack}")
     with_pack, tail = run_script(base.model_copy(update={"pack": str(Path(req.pack).expanduser().resolve())}),
-                                 req.timeout, relay=True)
+                                 req.timeout)
     assert with_pack.report is not None
     result = RunResult(exit_code=with_pack.exit_code, script_error=with_pack.script_error, hits=with_pack.report.hits,
                        fallbacks=with_pack.report.fallbacks, mechanism=with_pack.report.mechanism,
@@ -73,7 +73,7 @@ def run(req: RunRequest, ctx: ToolContext) -> RunResult:
                        environment_notes=with_pack.report.environment_notes, script_output_tail=tail[-OUTPUT_TAIL_CHARS:])
     if req.compare:
         ctx.progress(1, 2, f"running {script.name} without the pack")
-        without, _ = run_script(base, req.timeout, relay=True)
+        without, _ = run_script(base, req.timeout)
         result.step_seconds_without = typical_step(without.step_seconds)
         result.exit_code_without = without.exit_code
         result.outputs_without = without.outputs

@@ -4,7 +4,7 @@ numbers are fabricated here, so each rule is checked without timing anything."""
 from __future__ import annotations
 
 from modulelens.kernels.plausibility import speedup_flags
-from modulelens.profiling.timing import Timing
+from modulelens.timing import Timing
 
 
 def _timing(median_s: float) -> Timing:

@@ -10,7 +10,7 @@ import pytest
 
 from modulelens.kernels.report import ValidationReport, ValidationSettings
 from modulelens.kernels.source import KernelSource
-from modulelens.profiling.timing import Timing
+from modulelens.timing import Timing
 from modulelens.sandbox import protocol
 from modulelens.sandbox.messages import (
     TASKS,

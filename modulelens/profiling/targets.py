@@ -25,7 +25,7 @@ from modulelens.ops.cards import open_card, require_tensor_inputs, run_card, sam
 from modulelens.ops.model import OpCard, is_card_id
 from modulelens.profiling.bandwidth import copy_bandwidth
 from modulelens.profiling.breakdown import OpTime, profile_breakdown
-from modulelens.profiling.timing import Timing, time_callable
+from modulelens.timing import Timing, time_callable
 from modulelens.registry import ProgressFn
 from modulelens.repo import Repository, parse_ref
 

@@ -43,8 +43,6 @@ def main() -> None:
 
     from modulelens.kernels import templates
     from modulelens.kernels.candidates import load_candidate, save_candidate
-    from modulelens.kernels.report import ValidationSettings
-    from modulelens.kernels.sandboxed import validate_candidate
     from modulelens.ops.cards import open_card, open_opset
     from modulelens.registry import ToolContext
     from modulelens.repo import Repository
@@ -56,6 +54,8 @@ def main() -> None:
     from modulelens.search.targets import resolve_targets
     from modulelens.tools.capture_module import CaptureModuleRequest, capture_module
     from modulelens.tools.capture_ops import CaptureOpsRequest, capture_ops
+    from modulelens.validation.report import ValidationSettings
+    from modulelens.validation.sandboxed import validate_candidate
 
     ctx = ToolContext(repo_root=Path(tempfile.mkdtemp(prefix="ml-bench-opt-")))
     repo = Repository(ctx.repo_root)

@@ -86,9 +86,9 @@ def _per_call(samples: int) -> dict:
     import torch
 
     from modulelens.kernels.source import KernelSource
-    from modulelens.sandbox.candidate_messages import CallRequest, LoadRequest
     from modulelens.sandbox.candidate_process import CandidateProcess
     from modulelens.sandbox.shm import aligned, encode_value
+    from modulelens.validation.candidate_messages import CallRequest, LoadRequest
 
     x = torch.randn(64, 96)
     fn = lambda a, d, h: torch.softmax(a, d)  # noqa: E731

@@ -1,4 +1,4 @@
-"""What crosses the sandbox's pipes (modulelens.sandbox.messages, .protocol): every task and result
+"""What crosses the sandbox's pipes (modulelens.validation.messages, .protocol): every task and result
 kind round-trips as model JSON and comes back as its own type; a real worker answers a ping."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import os
 
 import pytest
 
-from modulelens.kernels.report import ValidationReport, ValidationSettings
+from modulelens.validation.report import ValidationReport, ValidationSettings
 from modulelens.kernels.source import KernelSource
 from modulelens.timing import Timing
 from modulelens.sandbox import protocol
-from modulelens.sandbox.messages import (
+from modulelens.validation.messages import (
     TASKS,
     WORKER_MESSAGES,
     CrashedResult,

@@ -2,7 +2,7 @@
 with the checker's own clock, and kill everything it started.
 
 One candidate, one process: a process that ran a candidate is never given another. It is
-started as ``unshare ... python -m modulelens.sandbox.candidate`` where namespaces are available
+started as ``unshare ... python -m modulelens.validation.harness`` where namespaces are available
 (:func:`modulelens.sandbox.containment.namespace_prefix`), in a new session, with a scrubbed
 environment, its stdout and stderr in files of its scratch folder (the only place it may write),
 and three inherited descriptors: requests, replies and the shared arena. :meth:`close` kills its
@@ -22,15 +22,15 @@ import time
 from pathlib import Path
 
 from modulelens.sandbox import protocol
-from modulelens.sandbox.candidate_messages import (
+from modulelens.sandbox.containment import namespace_prefix
+from modulelens.sandbox.shm import SharedArena
+from modulelens.validation.candidate_messages import (
     CANDIDATE_REPLIES,
     CandidateReply,
     CandidateRequest,
     Repeated,
     RepeatRequest,
 )
-from modulelens.sandbox.containment import namespace_prefix
-from modulelens.sandbox.shm import SharedArena
 
 
 class CandidateDied(Exception):
@@ -123,7 +123,7 @@ class CandidateProcess:
             env["MODULELENS_NAMESPACES"] = described
         self.namespaces = described if prefix else ""
         self.namespaces_missing = "" if prefix else described
-        cmd = [*prefix, sys.executable, "-m", "modulelens.sandbox.candidate", str(req_r), str(reply_w),
+        cmd = [*prefix, sys.executable, "-m", "modulelens.validation.harness", str(req_r), str(reply_w),
                str(self.arena.fd), str(self.scratch), str(memory_limit_mb), *map(str, read_only)]
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
             self.proc = subprocess.Popen(cmd, pass_fds=(req_r, reply_w, self.arena.fd), stdin=subprocess.DEVNULL,

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from modulelens.cancellation import CallCancelled, cancel_requested
 from modulelens.sandbox import protocol
-from modulelens.sandbox.messages import WORKER_MESSAGES, CrashedResult, SandboxResult, SandboxTask, StageReport
+from modulelens.validation.messages import WORKER_MESSAGES, CrashedResult, SandboxResult, SandboxTask, StageReport
 
 _ALLOW = re.compile(
     r"^(PATH|LANG|LC_\w+|TZ|TERM|CUDA_\w+|NVIDIA_\w+|LD_LIBRARY_PATH|OMP_\w+|MKL_\w+|OPENBLAS_\w+|KMP_\w+|"

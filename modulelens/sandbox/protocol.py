@@ -1,6 +1,6 @@
 """Length-prefixed model JSON over a pipe (never over stdout, which candidates may write to).
 
-The messages themselves are in :mod:`modulelens.sandbox.messages`."""
+The messages themselves are in :mod:`modulelens.validation.messages`."""
 
 from __future__ import annotations
 

@@ -26,9 +26,9 @@ def main(argv: list[str]) -> int:
     if not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")  # read when triton kernels are defined
         _limit_memory(memory_mb)  # address-space limits break CUDA; GPU runs rely on the device's memory
-    from modulelens.kernels import validate
     from modulelens.sandbox import protocol
-    from modulelens.sandbox.messages import TASKS, InternalErrorResult, StageReport, TaskDone, ValidateModuleTask
+    from modulelens.validation import card as validate
+    from modulelens.validation.messages import TASKS, InternalErrorResult, StageReport, TaskDone, ValidateModuleTask
 
     def stage(name: str) -> None:
         protocol.send(result_fd, StageReport(stage=name))
@@ -39,7 +39,9 @@ def main(argv: list[str]) -> int:
             if task is None:
                 return 0
             if isinstance(task, ValidateModuleTask):
-                from modulelens.kernels import module_validate  # only workers that validate modules need it
+                from modulelens.validation import (
+                    module as module_validate,  # only workers that validate modules need it
+                )
 
                 run = module_validate.run_task
             else:

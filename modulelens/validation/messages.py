@@ -20,9 +20,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from modulelens.kernels.report import ModuleValidationSettings, ValidationReport, ValidationSettings
 from modulelens.kernels.source import KernelSource
-from modulelens.profiling.timing import Timing
+from modulelens.timing import Timing
+from modulelens.validation.report import ModuleValidationSettings, ValidationReport, ValidationSettings
 
 
 class _Message(BaseModel):

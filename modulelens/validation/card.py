@@ -26,19 +26,17 @@ from modulelens.capture.values import flatten
 from modulelens.errors import ModuleLensError
 from modulelens.kernels import build_cache
 from modulelens.kernels.backends import get_backend
-from modulelens.kernels.plausibility import speedup_flags
-from modulelens.kernels.report import ValidationReport
-from modulelens.kernels.verdict_keeping import ReportKeeper
 from modulelens.numerics import tolerances
 from modulelens.ops.cards import open_card, sample_call
 from modulelens.ops.model import OpCard
 from modulelens.ops.recorder import classify, resolve_op
-from modulelens.profiling.timing import Timing, time_callable
 from modulelens.repo import Repository
-from modulelens.sandbox.candidate_messages import Called, CallRequest, Loaded, LoadRequest, Ready, ReadyRequest
 from modulelens.sandbox.candidate_process import CandidateDied, CandidateProcess
 from modulelens.sandbox.containment import Isolation, foreign_in, secrets_layer
-from modulelens.sandbox.messages import (
+from modulelens.sandbox.shm import TensorSlot, aligned, encode_value, span_bytes
+from modulelens.timing import Timing, time_callable
+from modulelens.validation.candidate_messages import Called, CallRequest, Loaded, LoadRequest, Ready, ReadyRequest
+from modulelens.validation.messages import (
     PongResult,
     RefusedResult,
     SandboxResult,
@@ -48,7 +46,9 @@ from modulelens.sandbox.messages import (
     ValidateCardTask,
     ValidatedResult,
 )
-from modulelens.sandbox.shm import TensorSlot, aligned, encode_value, span_bytes
+from modulelens.validation.plausibility import speedup_flags
+from modulelens.validation.report import ValidationReport
+from modulelens.validation.verdict_keeping import ReportKeeper
 
 # Operators a custom kernel may call: allocation, copies, views and metadata.
 _ALLOWED = {

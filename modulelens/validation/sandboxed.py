@@ -10,16 +10,16 @@ from pydantic import Field
 from modulelens.cancellation import CallCancelled
 from modulelens.errors import ModuleLensError
 from modulelens.kernels.build_cache import default_build_dir
-from modulelens.kernels.candidates import candidate_manifest, save_report
-from modulelens.kernels.report import ModuleValidationSettings, ValidationReport, ValidationSettings
+from modulelens.kernels.candidates import candidate_manifest
 from modulelens.kernels.source import KernelSource
 from modulelens.listing import LeftOut
 from modulelens.ops.cards import open_card
-from modulelens.profiling.timing import Timing
 from modulelens.registry import ProgressFn
 from modulelens.repo import Artifact, Repository
 from modulelens.repo.trust import require_trusted
-from modulelens.sandbox.messages import (
+from modulelens.sandbox.pool import DEFAULT_MEMORY_LIMIT_MB, SandboxPool, pool
+from modulelens.timing import Timing
+from modulelens.validation.messages import (
     CrashedResult,
     InternalErrorResult,
     RefusedResult,
@@ -30,7 +30,8 @@ from modulelens.sandbox.messages import (
     ValidateCardTask,
     ValidatedResult,
 )
-from modulelens.sandbox.pool import DEFAULT_MEMORY_LIMIT_MB, SandboxPool, pool
+from modulelens.validation.report import ModuleValidationSettings, ValidationReport, ValidationSettings
+from modulelens.validation.stored_reports import save_report
 
 VALIDATION_STAGES = ("compile", "check", "time", "recheck", "done")
 CHECKER_SLACK_S = 120.0  # seconds the checker may take beyond the candidate's own time limit

@@ -1,7 +1,7 @@
 """Validate a module-level candidate (``ModelNew``) against its capture. Runs inside a sandbox worker
 (the checker); the candidate's code runs in its own contained candidate process.
 
-The same checks as card candidates (:mod:`modulelens.kernels.validate`), on the whole module:
+The same checks as card candidates (:mod:`modulelens.validation.card`), on the whole module:
 loads (its source runs, and may compile C++); is built with the captured constructor arguments and
 takes the captured weights by name (``load_state_dict(strict=True)``); then, in eval mode without
 grad, outputs on the captured inputs and on fresh inputs (seeds x normal, uniform, heavy-tailed,
@@ -20,7 +20,7 @@ training support is checked in eval mode only, and the verdict says so.
 Containment: like card candidates. The checker (this worker) holds the capture, the original
 module, the reference outputs, the clock and the verdict; it writes the original's state dict and
 the constructor's tensors into the candidate's scratch folder, and the candidate process
-(:mod:`modulelens.sandbox.candidate`: namespaces, private /tmp, rlimits, Landlock where the kernel
+(:mod:`modulelens.validation.harness`: namespaces, private /tmp, rlimits, Landlock where the kernel
 allows) builds ``ModelNew`` from them and is called through the shared arena. It may read only
 system and Python folders, its scratch, the build cache and the capture's ``sys_path`` folders that
 hold neither the repository nor the signing key (the constructor's argument classes import from
@@ -42,8 +42,9 @@ from typing import Any
 
 import torch
 
-from modulelens.kernels.report import ValidationReport
-from modulelens.kernels.validate import (
+from modulelens.sandbox.candidate_process import CandidateProcess
+from modulelens.validation.candidate_messages import Loaded, LoadModuleRequest
+from modulelens.validation.card import (
     FOREIGN_EVIDENCE,
     NOT_SEEN,
     CandidateChecker,
@@ -55,9 +56,8 @@ from modulelens.kernels.validate import (
     compare_output,
     fresh_inputs,
 )
-from modulelens.sandbox.candidate_messages import Loaded, LoadModuleRequest
-from modulelens.sandbox.candidate_process import CandidateProcess
-from modulelens.sandbox.messages import ValidatedResult, ValidateModuleTask
+from modulelens.validation.messages import ValidatedResult, ValidateModuleTask
+from modulelens.validation.report import ValidationReport
 
 EVAL_ONLY = "checked in eval mode only (dropout off, no gradients): not dispatched in training"
 SAME_RNG = ("training mode checked with the same RNG state before the original and the candidate "

@@ -44,18 +44,10 @@ import torch
 
 from modulelens.sandbox.candidate_process import CandidateProcess
 from modulelens.validation.candidate_messages import Loaded, LoadModuleRequest
-from modulelens.validation.card import (
-    FOREIGN_EVIDENCE,
-    NOT_SEEN,
-    CandidateChecker,
-    ModuleCall,
-    _CandidateFailed,
-    _computing_ops,
-    _same_bits,
-    _tensors,
-    compare_output,
-    fresh_inputs,
-)
+from modulelens.validation.checker import CandidateChecker, CandidateFailed, ModuleCall
+from modulelens.validation.compare import compare_output, same_bits
+from modulelens.validation.evidence import FOREIGN_EVIDENCE, NOT_SEEN, computing_ops
+from modulelens.validation.inputs import fresh_inputs, tensors
 from modulelens.validation.messages import ValidatedResult, ValidateModuleTask
 from modulelens.validation.report import ValidationReport
 
@@ -110,7 +102,7 @@ class _ModuleValidator(CandidateChecker):
         self.proc = CandidateProcess(self.task.memory_limit_mb, read_only=read_only)
         try:
             return self._run(art, manifest, loaded, device)
-        except _CandidateFailed as e:
+        except CandidateFailed as e:
             return self.reject(str(e))
         finally:
             self.report.stdout_bytes = self.proc.stdout_bytes()
@@ -216,7 +208,7 @@ class _ModuleValidator(CandidateChecker):
             return reference(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args], **dict(kwargs))
 
     def compare(self, got: Any, want: Any, label: str, rtol: float | None = None) -> str | None:
-        g, w = _tensors(got), _tensors(want)
+        g, w = tensors(got), tensors(want)
         if not self.check(f"output structure ({label})", len(g) == len(w), f"{len(g)} tensors, {len(w)} expected"):
             return f"returns {len(g)} tensor(s) where the module returns {len(w)} ({label})"
         for i, (x, y) in enumerate(zip(g, w)):
@@ -228,15 +220,15 @@ class _ModuleValidator(CandidateChecker):
 
     def check_case(self, reference: torch.nn.Module, args: list, kwargs: dict, label: str, training: bool,
                    rng: dict | None) -> str | None:
-        want = _tensors(self._reference(reference, args, kwargs, training, rng))
+        want = tensors(self._reference(reference, args, kwargs, training, rng))
         result = self.call(args, kwargs, want, trace=True, label=label, module_call=ModuleCall(training, rng))
-        self.ops.update(_computing_ops(result.ops or []))
+        self.ops.update(computing_ops(result.ops or []))
         for i, j in enumerate(result.aliases):
             if j is not None and j < len(result.inputs):
                 self.check(f"no aliasing ({label})", False, f"output {i} shares memory with input {j}")
                 return f"output {i} is (a view of) input {j} ({label})"
         for i, (slot, before) in enumerate(result.inputs):
-            if not _same_bits(self.proc.arena.read(slot), before):
+            if not same_bits(self.proc.arena.read(slot), before):
                 self.check(f"inputs unchanged ({label})", False, f"input {i} modified")
                 return f"mutates input {i} ({label})"
         return self.compare(result.outputs, want, label)
@@ -251,7 +243,7 @@ class _ModuleValidator(CandidateChecker):
             if problem:
                 return problem
         args, kwargs = cases[0][1], cases[0][2]
-        want = _tensors(expected)
+        want = tensors(expected)
         got = self.call(args, kwargs, want, trace=False, label="training, captured RNG state",
                         module_call=ModuleCall(True, captured_rng))
         problem = self.compare(got.outputs, expected, "training, captured RNG state, against the captured output")
@@ -274,7 +266,7 @@ class _ModuleValidator(CandidateChecker):
             want_inputs = {i: g for i, g in enumerate(ref_inputs) if g is not None}
         room = sum(p.numel() * p.element_size() + 64 for p in reference.parameters())
         room += sum(a.numel() * a.element_size() + 64 for a in args if isinstance(a, torch.Tensor))
-        want = _tensors(self._reference(reference, args, kwargs, True, rng))
+        want = tensors(self._reference(reference, args, kwargs, True, rng))
         got = self.call(args, kwargs, want, trace=False, label=label,
                         module_call=ModuleCall(True, rng, [g.detach() for g in grad_out], grad_room=room))
         inputs, params = got.input_grads, got.param_grads
@@ -296,7 +288,7 @@ class _ModuleValidator(CandidateChecker):
         """The original timed here while the candidate process is stopped; the candidate by this
         process's clock around batches of its calls (see :meth:`CandidateChecker.time_rounds`)."""
         reference.train(training)
-        want = _tensors(self._reference(reference, args, kwargs, training, None))
+        want = tensors(self._reference(reference, args, kwargs, training, None))
         self.call(args, kwargs, want, trace=False, label="timing inputs", module_call=ModuleCall(training))
 
         def eager() -> Any:
@@ -322,7 +314,7 @@ def _reference_backward(module: torch.nn.Module, args: list, kwargs: dict, rng: 
     module.zero_grad(set_to_none=True)
     set_rng_states(rng)
     with torch.enable_grad():
-        outs = [o for o in _tensors(module(*a, **dict(kwargs))) if o.requires_grad]
+        outs = [o for o in tensors(module(*a, **dict(kwargs))) if o.requires_grad]
     gen = torch.Generator().manual_seed(0)
     grad_out = [torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.dtype) for o in outs]
     torch.autograd.backward(outs, [g.to(o.device, o.dtype) for g, o in zip(grad_out, outs)])

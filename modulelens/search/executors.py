@@ -35,7 +35,7 @@ from modulelens.kernels.source import KernelSource
 from modulelens.repo import Repository
 from modulelens.sandbox.pool import SandboxPool
 from modulelens.validation.report import ValidationReport, ValidationSettings
-from modulelens.validation.sandboxed import validate_candidate
+from modulelens.validation.sandboxed import new_pool, validate_candidate
 from modulelens.validation.stored_reports import save_report
 
 
@@ -100,7 +100,7 @@ class LocalExecutor:
     def _sandbox(self) -> tuple[SandboxPool, str]:
         if not hasattr(self._local, "sandbox"):
             with self._lock:
-                self._local.sandbox = SandboxPool()
+                self._local.sandbox = new_pool()
                 self._local.name = f"local-{len(self._sandboxes)}"
                 self._sandboxes.append(self._local.sandbox)
         return self._local.sandbox, self._local.name
@@ -160,7 +160,7 @@ def evaluate_shipped(task_json: str, opset_dir: str, files: dict[str, bytes]) ->
         _, card = open_card(repo, task.settings.card_id)
         art = save_candidate(repo, card, task.source)
         local = task.model_copy(update={"repo": str(scratch), "candidate_id": art.ref})
-        sandbox = SandboxPool()
+        sandbox = new_pool()
         try:
             result = evaluate_in_repo(local, sandbox, f"ray:{socket.gethostname()}:{os.getpid()}")
         finally:

@@ -24,10 +24,9 @@ from modulelens.ops.cards import open_card, sample_call
 from modulelens.ops.model import OpCard
 from modulelens.ops.recorder import resolve_op
 from modulelens.repo import Repository
-from modulelens.sandbox.candidate_process import CandidateProcess
 from modulelens.timing import Timing, time_callable
 from modulelens.validation.candidate_messages import Loaded, LoadRequest
-from modulelens.validation.checker import CandidateChecker, CandidateFailed, checker_timing
+from modulelens.validation.checker import CandidateChecker, CandidateFailed, checker_timing, start_candidate
 from modulelens.validation.compare import compare_output, eager_noise, same_bits
 from modulelens.validation.evidence import FOREIGN_EVIDENCE, NOT_SEEN, computing_ops, library_symbols
 from modulelens.validation.inputs import fresh_inputs, tensors
@@ -64,7 +63,7 @@ class _Validator(CandidateChecker):
 
     def run(self) -> ValidationReport:
         shared = Path(self.task.build_dir)
-        self.proc = CandidateProcess(self.task.memory_limit_mb, read_only=[shared])
+        self.proc = start_candidate(self.task.memory_limit_mb, read_only=[shared])
         try:
             return self._run(shared)
         except CandidateFailed as e:
@@ -271,7 +270,7 @@ def time_candidate(task: TimeCandidateTask) -> Timing:
     settings = ValidateCardTask(repo=task.repo, candidate=cand, build_dir=task.build_dir, card_id=task.card_id,
                                 device=device, time=False)
     checker = _Validator(settings, lambda _: None)
-    checker.proc = CandidateProcess(settings.memory_limit_mb, read_only=[Path(task.build_dir)])
+    checker.proc = start_candidate(settings.memory_limit_mb, read_only=[Path(task.build_dir)])
     try:
         loaded = checker._request(LoadRequest(candidate=cand, build_dir=str(checker.proc.scratch / "build"),
                                               shared_build_dir=task.build_dir), timeout=settings.build_timeout)

@@ -6,6 +6,7 @@ numerical libraries the candidate's process mapped."""
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,13 +14,47 @@ from typing import Any
 import torch
 
 from modulelens.errors import ModuleLensError
-from modulelens.sandbox.candidate_process import CandidateDied, CandidateProcess
+from modulelens.kernels.build_cache import default_build_dir
+from modulelens.sandbox.candidate_process import CandidateDied, CandidateProcess, scratch_parent
 from modulelens.sandbox.containment import Isolation, foreign_in, secrets_layer
 from modulelens.sandbox.shm import TensorSlot, aligned, encode_value, span_bytes
 from modulelens.timing import Timing, time_callable
-from modulelens.validation.candidate_messages import Called, CallRequest, Loaded, Ready, ReadyRequest
+from modulelens.validation.candidate_messages import (
+    CANDIDATE_REPLIES,
+    Called,
+    CallRequest,
+    Loaded,
+    Ready,
+    ReadyRequest,
+    Repeated,
+    RepeatRequest,
+)
 from modulelens.validation.inputs import tensors
 from modulelens.validation.verdict_keeping import ReportKeeper
+
+HARNESS = "modulelens.validation.harness"  # what runs in a candidate process
+
+
+def start_candidate(memory_limit_mb: int, read_only: list[Path]) -> CandidateProcess:
+    """A fresh contained candidate process running :data:`HARNESS`, its scratch folder next to the
+    build cache (not under /tmp, which its mount namespace replaces). ``read_only``: folders it may
+    read (the shared build cache, ...)."""
+    return CandidateProcess(HARNESS, CANDIDATE_REPLIES, memory_limit_mb=memory_limit_mb, read_only=read_only,
+                            parent=scratch_parent(default_build_dir().parent / "candidates"))
+
+
+def time_calls(proc: CandidateProcess, calls: int, timeout: float) -> float:
+    """Seconds per call of ``calls`` calls on the last inputs, measured here between sending the
+    request and reading its answer (the candidate cannot reach this clock). Raises
+    :class:`CandidateDied`; a candidate error raises RuntimeError."""
+    t0 = time.perf_counter()
+    reply = proc.request(RepeatRequest(calls=calls), timeout)
+    elapsed = time.perf_counter() - t0
+    if not isinstance(reply, Repeated):
+        raise CandidateDied(f"answered a timing request with {reply.kind}")
+    if reply.error:
+        raise RuntimeError(reply.error)
+    return elapsed / calls
 
 
 class _Call:
@@ -198,13 +233,13 @@ def checker_timing(proc: CandidateProcess, device: str, min_run_time: float, tim
                    warmup: int = 3) -> Timing:
     """Per-call seconds of the candidate's last call, measured by this process's clock around
     batches of calls (each batch >= 20 ms, so the pipe round trip is a small part of it)."""
-    proc.time_calls(warmup, timeout)
-    one = proc.time_calls(1, timeout)
+    time_calls(proc, warmup, timeout)
+    one = time_calls(proc, 1, timeout)
     batch = max(1, min(100_000, int(0.02 / max(one, 1e-9))))
     samples: list[float] = []
     spent = 0.0
     while spent < min_run_time or len(samples) < 5:
-        per_call = proc.time_calls(batch, timeout)
+        per_call = time_calls(proc, batch, timeout)
         samples.append(per_call)
         spent += per_call * batch
         if len(samples) >= 200:

@@ -42,9 +42,8 @@ from typing import Any
 
 import torch
 
-from modulelens.sandbox.candidate_process import CandidateProcess
 from modulelens.validation.candidate_messages import Loaded, LoadModuleRequest
-from modulelens.validation.checker import CandidateChecker, CandidateFailed, ModuleCall
+from modulelens.validation.checker import CandidateChecker, CandidateFailed, ModuleCall, start_candidate
 from modulelens.validation.compare import compare_output, same_bits
 from modulelens.validation.evidence import FOREIGN_EVIDENCE, NOT_SEEN, computing_ops
 from modulelens.validation.inputs import fresh_inputs, tensors
@@ -99,7 +98,7 @@ class _ModuleValidator(CandidateChecker):
         device = manifest.environment.device if torch.cuda.is_available() else "cpu"
         loaded = LoadedCapture(art, device=device)
         read_only = [Path(self.task.build_dir), *readable_sys_path(manifest.sys_path, repo.root)]
-        self.proc = CandidateProcess(self.task.memory_limit_mb, read_only=read_only)
+        self.proc = start_candidate(self.task.memory_limit_mb, read_only=read_only)
         try:
             return self._run(art, manifest, loaded, device)
         except CandidateFailed as e:

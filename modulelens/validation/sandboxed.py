@@ -17,9 +17,10 @@ from modulelens.ops.cards import open_card
 from modulelens.registry import ProgressFn
 from modulelens.repo import Artifact, Repository
 from modulelens.repo.trust import require_trusted
-from modulelens.sandbox.pool import DEFAULT_MEMORY_LIMIT_MB, SandboxPool, pool
+from modulelens.sandbox.pool import DEFAULT_MEMORY_LIMIT_MB, SandboxPool, shared_pool
 from modulelens.timing import Timing
 from modulelens.validation.messages import (
+    VALIDATION_WORKER,
     CrashedResult,
     InternalErrorResult,
     RefusedResult,
@@ -46,6 +47,16 @@ class CandidateValidation(ValidationReport):
     report: str = Field(description="Reference of the stored report.")
     left_out: list[LeftOut] = Field(default_factory=list, description="Lists cut to `limit` items (the stored "
                                     "report has them all).")
+
+
+def pool() -> SandboxPool:
+    """The process's shared pool of validation workers."""
+    return shared_pool(VALIDATION_WORKER)
+
+
+def new_pool() -> SandboxPool:
+    """A pool of validation workers of its own (a search gives each of its workers one)."""
+    return SandboxPool(VALIDATION_WORKER)
 
 
 def _no_progress(done: float, total: float | None = None, message: str | None = None) -> None:

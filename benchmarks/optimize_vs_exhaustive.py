@@ -46,7 +46,6 @@ def main() -> None:
     from modulelens.ops.cards import open_card, open_opset
     from modulelens.registry import ToolContext
     from modulelens.repo import Repository
-
     from modulelens.search.executors import LocalExecutor
     from modulelens.search.loop import run_search, start_or_resume
     from modulelens.search.model import SearchSettings

@@ -6,11 +6,15 @@ candidate code, so the checker can note what the process has mapped), load the
 candidate (:class:`LoadRequest` -> :class:`Loaded`; a module-level candidate with
 :class:`LoadModuleRequest`: its source runs, it is built with the captured constructor arguments
 and loads the captured weights), call it once on inputs in the shared arena
-(:class:`CallRequest` -> :class:`Called`), or call it again N times on the same inputs for
-timing (:class:`RepeatRequest` -> :class:`Repeated`). Everything a candidate process reports is
+(:class:`CallRequest` -> :class:`Called`), copy the last call's outputs into the arena again
+(:class:`FetchRequest` -> :class:`Called`: after the checker rewrote the inputs, an output that
+changed shares their memory), load other parameters and buffers into a module candidate
+(:class:`StateRequest` -> :class:`StateLoaded`), deny the reference library before any candidate
+code loads (:class:`DenyRequest` -> :class:`Denied`), or call it again N times on the same inputs
+for timing (:class:`RepeatRequest` -> :class:`Repeated`). Everything a candidate process reports is
 a *claim* (its code may have rewritten the harness): the checker trusts only the bytes it reads
-back from the arena and what it measures itself; ``ops`` and ``aliases`` are evidence, labelled
-as coming from the candidate's side.
+back from the arena and what it measures itself; ``ops`` is evidence, labelled as coming from the
+candidate's side.
 """
 
 from __future__ import annotations
@@ -68,13 +72,40 @@ class CallRequest(BaseModel):
         None, description="Encoded output gradients: backward after the call, gradients returned (module calls).")
 
 
+class FetchRequest(BaseModel):
+    """Copy the outputs of the last call into the arena again (same slots), without calling."""
+
+    kind: Literal["fetch"] = "fetch"
+    output_offset: int
+
+
+class StateRequest(BaseModel):
+    """Load these parameters and buffers (encoded tensors in the arena) into the module candidate by
+    name (``load_state_dict``, strict)."""
+
+    kind: Literal["state"] = "state"
+    arena_size: int
+    state: dict[str, Any]
+
+
+class DenyRequest(BaseModel):
+    """Deny the reference library in this process, before any candidate code loads: every computing
+    aten operator (and those of torch's other operator namespaces) raises; numpy's code is made
+    unusable (``numpy="memory"``: its executable pages unmapped from use, its files unreadable, no
+    page made executable again), or, for Triton's CPU interpreter which computes with numpy,
+    denied to code outside torch, Triton and numpy itself (``numpy="python"``)."""
+
+    kind: Literal["deny"] = "deny"
+    numpy: Literal["memory", "python"] = "memory"
+
+
 class RepeatRequest(BaseModel):
     kind: Literal["repeat"] = "repeat"
     calls: int = Field(ge=1)
 
 
-CandidateRequest = Annotated[ReadyRequest | LoadRequest | LoadModuleRequest | CallRequest | RepeatRequest,
-                             Field(discriminator="kind")]
+CandidateRequest = Annotated[ReadyRequest | LoadRequest | LoadModuleRequest | CallRequest | RepeatRequest
+                             | FetchRequest | StateRequest | DenyRequest, Field(discriminator="kind")]
 CANDIDATE_REQUESTS: TypeAdapter[CandidateRequest] = TypeAdapter(CandidateRequest)
 
 
@@ -99,7 +130,6 @@ class Loaded(BaseModel):
 class Called(BaseModel):
     kind: Literal["called"] = "called"
     outputs: list[TensorSlot] = Field(default_factory=list)
-    aliases: list[int | None] = Field(default_factory=list, description="Input index each output views (claimed).")
     ops: list[str] | None = Field(None, description="aten ops the process ran during the call (claimed).")
     numpy_bridges: list[str] = Field(default_factory=list,
                                      description="torch<->numpy crossings made during the call (claimed).")
@@ -109,10 +139,24 @@ class Called(BaseModel):
     out_of_memory: bool = False
 
 
+class StateLoaded(BaseModel):
+    kind: Literal["state_loaded"] = "state_loaded"
+    error: str = ""
+
+
+class Denied(BaseModel):
+    kind: Literal["denied"] = "denied"
+    operators: int = Field(description="Operator kernels replaced by one that raises (claimed).")
+    numpy: str = Field(description="What was done to numpy and the other numerical libraries (claimed; the "
+                       "checker reads the memory map itself).")
+    layers: list[str] = Field(default_factory=list, description="Kernel-enforced layers added (claimed).")
+    error: str = ""
+
+
 class Repeated(BaseModel):
     kind: Literal["repeated"] = "repeated"
     error: str = ""
 
 
-CandidateReply = Annotated[Ready | Loaded | Called | Repeated, Field(discriminator="kind")]
+CandidateReply = Annotated[Ready | Loaded | Called | Repeated | StateLoaded | Denied, Field(discriminator="kind")]
 CANDIDATE_REPLIES: TypeAdapter[CandidateReply] = TypeAdapter(CandidateReply)

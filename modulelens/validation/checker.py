@@ -1,7 +1,8 @@
 """The checker's side of one candidate process, shared by card and module validation: requests
 (a death becomes :class:`CandidateFailed`), inputs written into the shared arena and outputs read
-back, the candidate timed by the checker's own clock, the isolation in force, and the foreign
-numerical libraries the candidate's process mapped."""
+back, outputs sharing the inputs' memory found from the arena, parameters loaded into a module
+candidate, the candidate timed by the checker's own clock, the isolation in force, and the
+libraries the candidate's process mapped."""
 
 from __future__ import annotations
 
@@ -23,12 +24,17 @@ from modulelens.validation.candidate_messages import (
     CANDIDATE_REPLIES,
     Called,
     CallRequest,
+    FetchRequest,
     Loaded,
     Ready,
     ReadyRequest,
     Repeated,
     RepeatRequest,
+    StateLoaded,
+    StateRequest,
 )
+from modulelens.validation.compare import same_bits
+from modulelens.validation.evidence import built_library_symbols, mapped_libraries
 from modulelens.validation.inputs import tensors
 from modulelens.validation.verdict_keeping import ReportKeeper
 
@@ -58,14 +64,16 @@ def time_calls(proc: CandidateProcess, calls: int, timeout: float) -> float:
 
 
 class _Call:
-    """One call of the candidate as the checker saw it: outputs read back from the arena, the input
-    slots as written, and the ops the candidate process claims it ran."""
+    """One call of the candidate as the checker saw it: outputs read back from the arena (and where
+    they lay: from ``output_offset``), the input slots as written, and the ops the candidate
+    process claims it ran."""
 
     def __init__(self, outputs: list[torch.Tensor], inputs: list[tuple[TensorSlot, torch.Tensor]],
-                 output_slots: list[TensorSlot], aliases: list[int | None], ops: list[str] | None,
+                 output_slots: list[TensorSlot], output_offset: int, ops: list[str] | None,
                  input_grads: list[torch.Tensor | None] | None = None,
                  param_grads: dict[str, torch.Tensor] | None = None):
-        self.outputs, self.inputs, self.output_slots, self.aliases, self.ops = outputs, inputs, output_slots, aliases, ops
+        self.outputs, self.inputs, self.output_slots, self.ops = outputs, inputs, output_slots, ops
+        self.output_offset = output_offset
         self.input_grads, self.param_grads = input_grads or [], param_grads or {}
 
 
@@ -193,8 +201,41 @@ class CandidateChecker(ReportKeeper):
         except ValueError as e:
             raise CandidateFailed(f"returned an output the checker cannot read ({e}) on {label}") from None
         self.numpy_bridges.update(reply.numpy_bridges)
-        return _Call(outputs, written[:len(tensors(values))], reply.outputs, reply.aliases, reply.ops,
-                     input_grads, param_grads)
+        return _Call(outputs, written[:len(tensors(values))], reply.outputs, end, reply.ops, input_grads, param_grads)
+
+    def outputs_sharing_inputs(self, result: _Call, allowed: frozenset[int] = frozenset()) -> list[int]:
+        """The outputs of ``result`` that share memory with its inputs, however the candidate mapped
+        it (a view, a second mapping of the arena): this process inverts every byte of the input
+        regions in the arena, has the candidate copy its last outputs out again without calling it,
+        and sees which outputs changed. ``allowed``: outputs that may (an in-place operator's first).
+        The inputs are left inverted. Raises CandidateFailed."""
+        if not result.inputs or not any(t.numel() for t in result.outputs):
+            return []
+        arena = self.proc.arena
+        for slot, _ in result.inputs:
+            raw = arena.view(TensorSlot(offset=slot.offset, nbytes=slot.nbytes, dtype="torch.uint8",
+                                        shape=[slot.nbytes], stride=[1]))
+            for start in range(0, slot.nbytes, 1 << 26):
+                chunk = raw[start:start + (1 << 26)]
+                torch.bitwise_not(chunk, out=chunk)
+        reply = self._request(FetchRequest(output_offset=result.output_offset))
+        if not isinstance(reply, Called) or reply.error or len(reply.outputs) != len(result.outputs):
+            raise CandidateFailed("could not copy its outputs out again after the call "
+                                  f"({getattr(reply, 'error', '') or 'another number of outputs'})")
+        try:
+            return [i for i, (slot, before) in enumerate(zip(reply.outputs, result.outputs))
+                    if i not in allowed and before.numel() and not same_bits(arena.view(slot), before)]
+        except ValueError as e:
+            raise CandidateFailed(f"copied its outputs out again where the checker cannot read them ({e})") from None
+
+    def load_state(self, state: dict[str, torch.Tensor]) -> str:
+        """Load ``state`` (parameters and buffers by name) into the module candidate through the
+        arena: '' when it took them, else its error."""
+        encoded, _, _ = self._write_inputs(list(state.values()))
+        reply = self._request(StateRequest(arena_size=self.proc.arena.size, state=dict(zip(state, encoded))))
+        if not isinstance(reply, StateLoaded):
+            raise CandidateFailed(f"the candidate process answered a state request with {reply.kind}")
+        return reply.error
 
     def time_rounds(self, eager_call: Callable[[], Any], device: str, min_run_time: float) -> tuple[Timing, Timing]:
         """(eager, candidate): eager timed here while the candidate process is stopped, the
@@ -219,6 +260,20 @@ class CandidateChecker(ReportKeeper):
             raise CandidateFailed(f"raised while being timed: {e}") from None
         except CandidateDied as e:
             raise CandidateFailed(f"the candidate process {e.reason} while being timed") from None
+
+    def mapped_since_ready(self) -> set[str]:
+        """Files the candidate's process mapped since :meth:`get_ready` (its memory map, read here)."""
+        return self.proc.mapped_files() - getattr(self, "baseline_maps", set())
+
+    def built_symbols(self) -> list[str]:
+        """Vendor and past-the-dispatcher ATen symbols imported by the libraries the candidate built
+        and loaded (shared objects under its scratch folder or the build cache in its memory map,
+        which the kernel writes), as ``symbol (library)``; see :func:`built_library_symbols`."""
+        try:
+            text = Path(f"/proc/{self.proc.candidate_pid()}/maps").read_text()
+        except OSError:
+            return []
+        return built_library_symbols(mapped_libraries(text, [self.proc.scratch, default_build_dir()]))
 
     def foreign_evidence(self) -> list[str]:
         """Wrapper evidence the checker holds beyond aten ops: foreign libraries newly mapped,

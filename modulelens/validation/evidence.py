@@ -1,9 +1,11 @@
 """Wrapper evidence: which aten ops a candidate ran that compute (rather than allocate, copy or
-view), which vendor-library or past-the-dispatcher ATen symbols its extension imports (read with
-``nm`` by the checker), and what the foreign-library evidence is based on and cannot see."""
+view), which vendor-library or past-the-dispatcher ATen symbols the libraries it built and loaded
+import (found in its memory map and read with ``nm`` by the checker), and what the
+foreign-library evidence is based on and cannot see."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -30,8 +32,11 @@ FOREIGN_EVIDENCE = ("foreign numerical libraries (scipy, numba, jax, tensorflow,
                     "checker from /proc/PID/maps (the kernel writes it; the candidate cannot forge it); crossings "
                     "between torch and numpy during the calls (Tensor.numpy, __array__, from_numpy, "
                     "as_tensor/tensor of an ndarray), counted in the candidate's process (a claim)")
-NOT_SEEN = ("not seen: numpy's core (torch maps it at import, so its use shows only through the crossings), "
-            "and symbols resolved at run time (dlsym)")
+NOT_SEEN = ("not seen: numpy's core (torch maps it at import, so its use shows only through the crossings and the "
+            "denial run), and symbols resolved at run time (dlsym: the BLAS inside torch's own library included)")
+LIBRARY_EVIDENCE = ("the libraries the candidate built and loaded (its process's memory map, read by the checker: "
+                    "shared objects in its scratch folder or the build cache), their imported symbols read by the "
+                    "checker with nm from the very file mapped (same inode)")
 
 
 def computing_ops(names: list[str]) -> list[str]:
@@ -40,26 +45,29 @@ def computing_ops(names: list[str]) -> list[str]:
     for name in names:
         if not name.startswith("aten::"):
             continue
-        base = name.split("::", 1)[1].split(".")[0]
+        base, _, overload_name = name.split("::", 1)[1].partition(".")
         if base in _ALLOWED:
             continue
         packet = getattr(torch.ops.aten, base, None)
-        overload = getattr(packet, "default", None) if packet is not None else None
-        if overload is not None and classify(overload) == "view":
-            continue
+        names = [overload_name or "default"] if packet is None or overload_name else packet.overloads()
+        overloads = [getattr(packet, n, None) for n in names] if packet is not None else []
+        if any(o is not None and classify(o) == "view" for o in overloads):
+            continue  # the profiler names ops without their overload: a view under any overload is a view
         out.append(name)
     return out
 
 
-def library_symbols(library: Path) -> list[str]:
+def library_symbols(library: Path, fd: int | None = None) -> list[str]:
     """Vendor-library and past-the-dispatcher ATen symbols the extension file imports (read with
-    ``nm`` by the checker, not reported by the candidate)."""
+    ``nm`` by the checker, not reported by the candidate); with ``fd``, read from that open file
+    (``library`` then only names it)."""
     nm = shutil.which("nm")
     if not nm:
         return []
+    path = f"/proc/self/fd/{fd}" if fd is not None else str(library)
     try:
-        text = subprocess.run([nm, "-D", "--undefined-only", "-C", str(library)], capture_output=True, text=True,
-                              timeout=60).stdout
+        text = subprocess.run([nm, "-D", "--undefined-only", "-C", path], capture_output=True, text=True,
+                              timeout=60, pass_fds=(fd,) if fd is not None else ()).stdout
     except (OSError, subprocess.SubprocessError):
         return []
     found = set()
@@ -69,3 +77,40 @@ def library_symbols(library: Path) -> list[str]:
         if m:
             found.add(m.group(0))
     return sorted(found)
+
+
+def mapped_libraries(maps_text: str, roots: list[Path]) -> dict[str, int]:
+    """``{file: inode}`` of the shared objects mapped in ``maps_text`` (a ``/proc/PID/maps``, which
+    the kernel writes) that lie under ``roots``; a file deleted since it was mapped keeps the
+    kernel's `` (deleted)`` mark."""
+    prefixes = [str(Path(os.path.realpath(r))).rstrip("/") + "/" for r in roots]
+    found: dict[str, int] = {}
+    for line in maps_text.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) == 6 and parts[5].startswith(tuple(prefixes)) and ".so" in os.path.basename(parts[5]):
+            found[parts[5].strip()] = int(parts[4])
+    return found
+
+
+def built_library_symbols(libraries: dict[str, int]) -> list[str]:
+    """For each library (``{file: inode}``, :func:`mapped_libraries`), the vendor and ATen symbols
+    it imports as ``symbol (file name)``, read from the file opened without following links and
+    only when it is still the inode mapped; a library that was deleted or replaced on disk after
+    it was loaded is named as such (its symbols cannot be checked)."""
+    found = []
+    for path, inode in sorted(libraries.items()):
+        name = os.path.basename(path.removesuffix(" (deleted)"))
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            found.append(f"{name} was deleted or replaced after it was loaded (its symbols cannot be checked)")
+            continue
+        try:
+            st = os.fstat(fd)
+            if st.st_ino != inode or not (st.st_mode & 0o170000 == 0o100000):
+                found.append(f"{name} was replaced on disk after it was loaded (its symbols cannot be checked)")
+                continue
+            found += [f"{sym} ({name})" for sym in library_symbols(Path(path), fd=fd)]
+        finally:
+            os.close(fd)
+    return found

@@ -4,7 +4,9 @@ Started by :class:`modulelens.sandbox.candidate_process.CandidateProcess` (insid
 where the kernel allows), it applies the remaining containment layers to itself *before* any
 candidate code exists in it (private /tmp, rlimits, Landlock, seccomp), then serves requests: load
 (compile) the candidate, call it on inputs the checker wrote into the shared arena and copy its
-outputs there, or call it again N times for the checker's clock. It holds no reference output,
+outputs there (and again on request, after the checker rewrote the inputs), load other parameters
+into a module candidate, deny the reference library before any candidate code loads (a denial
+process, :mod:`modulelens.validation.poison`), or call it again N times for the checker's clock. It holds no reference output,
 no checker and no verdict: the worst a candidate can do here is lie about itself, and the checker
 treats what this process says as claims.
 """
@@ -18,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 
-def _contain(scratch: Path, memory_mb: int, read_only: list[str]) -> Any:
+def _contain(scratch: Path, memory_mb: int, read_only: list[str]) -> tuple[Any, list[str]]:
     import torch
 
     from modulelens.sandbox.containment import Isolation, apply_landlock, apply_rlimits, private_tmp, readable_roots
@@ -33,7 +35,7 @@ def _contain(scratch: Path, memory_mb: int, read_only: list[str]) -> Any:
     iso.layers.append(apply_rlimits(memory_mb, limit_address_space=not torch.cuda.is_available()))
     iso.layers.append(apply_landlock([str(scratch)], readable))
     iso.layers.append(apply_seccomp())  # last: the layers above need mount and prctl
-    return iso
+    return iso, readable
 
 
 def _tensors(value: Any) -> list:
@@ -46,25 +48,16 @@ def _tensors(value: Any) -> list:
     return []
 
 
-def _overlaps(a, b) -> bool:
-    try:
-        sa, sb = a.untyped_storage(), b.untyped_storage()
-    except (RuntimeError, NotImplementedError):
-        return False
-    if a.device != b.device or sa.nbytes() == 0 or sb.nbytes() == 0:
-        return False
-    pa, pb = sa.data_ptr(), sb.data_ptr()
-    return pa < pb + sb.nbytes() and pb < pa + sa.nbytes()
-
-
 class _Harness:
-    def __init__(self, arena_fd: int, isolation: Any):
+    def __init__(self, arena_fd: int, isolation: Any, readable: list[str]):
         from modulelens.sandbox.shm import SharedArena
 
         self.arena = SharedArena(size=1 << 16, fd=arena_fd)
         self.isolation = isolation
+        self.readable = readable
         self.entry: Any = None
         self.again: Any = None  # the last call, repeated for the checker's clock
+        self.last_outputs: list = []  # the last call's output tensors, copied out again on request
 
     def ready(self, req) -> Any:
         """Import what the harness itself needs for this backend (its runtime, numpy through torch)
@@ -135,17 +128,19 @@ class _Harness:
     def call(self, req) -> Any:
         import torch
 
-        from modulelens.sandbox.shm import aligned, decode_value
+        from modulelens.sandbox.shm import decode_value
         from modulelens.validation.candidate_messages import Called
 
         self.arena.remap(req.arena_size)
         inputs: list = []
+        self.device_inputs = []  # (slot, device copy): refreshed from the arena before a fetch
 
         def get(slot):
             t = self.arena.view(slot)
             if slot.device != "cpu":
                 dev = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=slot.device)
                 dev.copy_(t)
+                self.device_inputs.append((slot, dev))
                 t = dev
             inputs.append(t)
             return t
@@ -178,23 +173,75 @@ class _Harness:
             oom = isinstance(e, RuntimeError) and ("allocate" in text or "memory" in text.lower())
             return Called(error=f"{type(e).__name__}: {text[:500]}", out_of_memory=oom)
         self.again = invoke
-        outs = _tensors(out)
-        slots, aliases = [], []
-        offset = req.output_offset
-        for o in outs:
-            aliases.append(next((i for i, a in enumerate(inputs) if _overlaps(o, a)), None))
-            try:
-                slots.append(self.arena.put(o, offset))
-            except ValueError as e:
-                return Called(error=f"output too large: {e}")
-            offset = aligned(offset + slots[-1].nbytes)
-        reply = Called(outputs=slots, aliases=aliases, ops=ops, numpy_bridges=bridges.names)
+        self.last_outputs = _tensors(out)
+        try:
+            slots, offset = self._put_outputs(req.output_offset)
+        except ValueError as e:
+            return Called(error=f"output too large: {e}")
+        reply = Called(outputs=slots, ops=ops, numpy_bridges=bridges.names)
         if grads is not None:
             try:
                 self._put_grads(reply, grads, offset)
             except ValueError as e:
                 return Called(error=f"gradients too large: {e}")
         return reply
+
+    def _put_outputs(self, offset: int) -> tuple[list, int]:
+        """Copy the last call's outputs into the arena from ``offset``: (slots, offset after them)."""
+        from modulelens.sandbox.shm import aligned
+
+        slots = []
+        for o in self.last_outputs:
+            slots.append(self.arena.put(o, offset))
+            offset = aligned(offset + slots[-1].nbytes)
+        return slots, offset
+
+    def fetch(self, req) -> Any:
+        """The last call's outputs copied into the arena again, without calling: the checker rewrote
+        the inputs in between, so an output sharing their memory (however it was mapped) changed."""
+        from modulelens.validation.candidate_messages import Called
+
+        for slot, dev in getattr(self, "device_inputs", []):  # inputs on a device are copies: rewrite them too
+            dev.copy_(self.arena.view(slot))
+        try:
+            slots, _ = self._put_outputs(req.output_offset)
+        except ValueError as e:
+            return Called(error=f"output too large: {e}")
+        return Called(outputs=slots)
+
+    def state(self, req) -> Any:
+        """Load the parameters and buffers the checker wrote into the arena into the module
+        candidate (strict, by name)."""
+        import torch
+
+        from modulelens.sandbox.shm import decode_value
+        from modulelens.validation.candidate_messages import StateLoaded
+
+        self.arena.remap(req.arena_size)
+        try:
+            values = {k: decode_value(v, self.arena.read) for k, v in req.state.items()}
+            with torch.no_grad():
+                self.entry.load_state_dict(values, strict=True)
+        except BaseException as e:  # noqa: BLE001 - a module that cannot take the state is the candidate's answer
+            text = str(e).strip().splitlines()
+            return StateLoaded(error=f"{type(e).__name__}: {text[0][:300] if text else ''}")
+        return StateLoaded()
+
+    def deny(self, req) -> Any:
+        """Make the reference library unusable here (:mod:`modulelens.validation.poison`), before any
+        candidate code exists in this process."""
+        from modulelens.validation import poison
+        from modulelens.validation.candidate_messages import Denied
+
+        if self.entry is not None:
+            return Denied(operators=0, numpy="", error="a candidate is already loaded")
+        operators = poison.poison_operators()
+        if req.numpy == "memory":
+            numpy, layers = poison.unusable_numpy(self.readable)
+        else:
+            numpy, layers = poison.python_numpy_denial(), []
+        self.isolation.layers.extend(layers)
+        return Denied(operators=operators, numpy=numpy, layers=[x.name for x in layers if x.in_force])
 
     def _invocation(self, args: list, kwargs: dict, training: bool | None, rng: dict | None, grad: bool) -> Any:
         """The call itself: a card candidate on its arguments; a module in train (with grad) or eval
@@ -262,7 +309,7 @@ class _Harness:
 def _load_error(e: BaseException) -> str:
     """Short text of a load failure: the first compiler errors of a failed C++ build, else the
     exception's first line."""
-    from modulelens.kernels.backends.cpp import summarize_errors
+    from modulelens.kernels.backends.compiler import summarize_errors
 
     text = str(e)
     if "error:" in text:
@@ -343,32 +390,19 @@ def main(argv: list[str]) -> int:
 
     if not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    isolation = _contain(scratch, memory_mb, read_only)
+    isolation, readable = _contain(scratch, memory_mb, read_only)
     from modulelens.sandbox import protocol
-    from modulelens.validation.candidate_messages import (
-        CANDIDATE_REQUESTS,
-        CallRequest,
-        LoadModuleRequest,
-        LoadRequest,
-        ReadyRequest,
-    )
+    from modulelens.validation.candidate_messages import CANDIDATE_REQUESTS
 
-    harness = _Harness(arena_fd, isolation)
+    harness = _Harness(arena_fd, isolation, readable)
+    handlers = {"ready": harness.ready, "load": harness.load, "load_module": harness.load_module, "call": harness.call,
+                "fetch": harness.fetch, "state": harness.state, "deny": harness.deny, "repeat": harness.repeat}
     while True:
         req = protocol.receive(req_fd, CANDIDATE_REQUESTS)
         if req is None:
             return 0
         try:
-            if isinstance(req, ReadyRequest):
-                reply = harness.ready(req)
-            elif isinstance(req, LoadRequest):
-                reply = harness.load(req)
-            elif isinstance(req, LoadModuleRequest):
-                reply = harness.load_module(req)
-            elif isinstance(req, CallRequest):
-                reply = harness.call(req)
-            else:
-                reply = harness.repeat(req)
+            reply = handlers[req.kind](req)
         except BaseException:  # noqa: BLE001 - a broken harness ends the process; the checker sees it die
             traceback.print_exc()
             return 70

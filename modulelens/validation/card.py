@@ -2,11 +2,17 @@
 
 Checks, in order: compiles; runs; output count, shape, dtype, device, layout; values on every
 captured sample and on fresh inputs (several seeds and distributions: normal, uniform,
-heavy-tailed, special values) with per-dtype tolerances plus a check relative to the output's own
-scale; inputs not mutated; outputs not aliasing inputs and not stale memory (reference outputs are
-kept alive and the allocator is poisoned with NaN before each call); timers untouched; then timing
-against eager (and torch.compile when asked) and the checks again after timing. The candidate is a
-*wrapper* when it calls torch operators or vendor libraries for the computation.
+heavy-tailed, special values; every floating tensor argument is redrawn, weights and biases
+included, and the report's ``varied`` names them) with per-dtype tolerances plus a check relative
+to the output's own scale, eager's own rounding sensitivity, and a float64 oracle (an output as
+close to the float64 result as eager's, within :data:`~modulelens.validation.compare.ORACLE_MULTIPLE`
+times, passes); inputs not mutated; outputs not sharing the inputs' memory (decided by the checker
+from the arena) and not stale memory (reference outputs are kept alive and the allocator is
+poisoned with NaN before each call); timers untouched; then timing against eager (and
+torch.compile when asked) and the checks again after timing. The candidate is a *wrapper* when it
+calls torch operators or vendor libraries for the computation; with no sign of that, it is run once
+more where the reference library is denied (:mod:`modulelens.validation.denial`) and is *custom*
+only when it stays correct there.
 """
 
 from __future__ import annotations
@@ -27,9 +33,12 @@ from modulelens.repo import Repository
 from modulelens.timing import Timing, time_callable
 from modulelens.validation.candidate_messages import Loaded, LoadRequest
 from modulelens.validation.checker import CandidateChecker, CandidateFailed, checker_timing, start_candidate
-from modulelens.validation.compare import compare_output, eager_noise, same_bits
-from modulelens.validation.evidence import FOREIGN_EVIDENCE, NOT_SEEN, computing_ops, library_symbols
-from modulelens.validation.inputs import fresh_inputs, tensors
+from modulelens.validation.compare import ORACLE_MULTIPLE, compare_output, eager_noise, float64_args, same_bits, \
+    within_oracle
+from modulelens.validation.denial import DENIAL_EVIDENCE, check_by_denial, numpy_mode
+from modulelens.validation.denial import verdict as denial_verdict
+from modulelens.validation.evidence import FOREIGN_EVIDENCE, LIBRARY_EVIDENCE, NOT_SEEN, computing_ops, library_symbols
+from modulelens.validation.inputs import floating_names, fresh_inputs, tensors
 from modulelens.validation.messages import (
     PongResult,
     RefusedResult,
@@ -39,9 +48,11 @@ from modulelens.validation.messages import (
     TimedResult,
     ValidateCardTask,
     ValidatedResult,
+    memory_refusal,
+    out_of_memory,
 )
 from modulelens.validation.plausibility import speedup_flags
-from modulelens.validation.report import ValidationReport
+from modulelens.validation.report import Accuracy, ValidationReport
 
 DELAY_S = 0.2  # outputs are read again this long after a call returned (late writers)
 
@@ -107,6 +118,9 @@ class _Validator(CandidateChecker):
         samples = [sample_call(art, card, i, device=device) for i in range(len(card.samples))]
         cases: list[tuple[str, list, dict]] = [(f"captured sample {i}", a, k) for i, (a, k, _, _) in enumerate(samples)]
         base_args, base_kwargs = samples[0][0], samples[0][1]
+        self.report.varied = floating_names(base_args, base_kwargs, [a.name for a in op._schema.arguments])
+        self.report.varied_how = ("redrawn in every fresh-input case (seeds x distributions: normal, uniform, "
+                                  "heavy-tailed, special values), weights and biases like the other arguments")
         for seed in self.task.seeds:
             for dist in self.task.distributions:
                 a, k = fresh_inputs(base_args, base_kwargs, seed, dist)
@@ -134,6 +148,7 @@ class _Validator(CandidateChecker):
                 if problem:
                     return self.reject(problem)
         self.report.stage = "done"
+        symbols = symbols or self.built_symbols()
         foreign = self.foreign_evidence()
         self.report.backend_calls = sorted(self.ops) + symbols
         self.report.wrapper_evidence = self._evidence(library is not None)
@@ -146,9 +161,45 @@ class _Validator(CandidateChecker):
             self.report.reason = ("correct, but it calls back into " + ", ".join(self.report.backend_calls[:5])
                                   + " for the computation")
         else:
-            self.report.verdict = "custom"
-            self.report.reason = "correct on every captured and fresh input; computes the result itself"
+            self._deny(op, inplace, cases[0], shared)
         return self.report
+
+    def _deny(self, op, inplace: bool, first: tuple[str, list, dict], shared: Path) -> None:
+        """Run the candidate where the reference library is denied (:mod:`.denial`) and decide custom
+        or wrapper from that; on the first captured sample and one fresh draw."""
+        self.stage("denial")
+        cand = self.task.candidate
+        label, args, kwargs = first
+        fresh = fresh_inputs(args, kwargs, self.task.seeds[0] if self.task.seeds else 0, "normal")
+        calls, inputs = [], {}
+        for what, a, k in ((label, args, kwargs), ("normal inputs", *fresh)):
+            want = tensors(op(*[x.clone() if isinstance(x, torch.Tensor) else x for x in a], **k))
+            calls.append((f"denial, {what}", a, k, want, None))
+            inputs[f"denial, {what}"] = (a, k)
+
+        def load(checker: CandidateChecker) -> Loaded:
+            return checker._request(LoadRequest(candidate=cand, build_dir=str(checker.proc.scratch / "build"),
+                                                shared_build_dir=str(shared)), timeout=self.task.build_timeout)
+
+        def compare(got: list, want: list, what: str) -> str | None:
+            a, k = inputs[what]
+            return self._compare(op, a, k, inplace, [g.to(w.device) for g, w in zip(got, want)], want, what)
+
+        denial, more = check_by_denial(backend=cand.backend, memory_limit_mb=self.task.memory_limit_mb,
+                                       read_only=[shared], call_timeout=self.call_timeout,
+                                       numpy=numpy_mode(cand.backend, self.mapped_since_ready()), load=load,
+                                       cases=calls, compare=compare)
+        self.report.denial = denial
+        self.check("correct where the reference library is denied", denial.outcome == "computes itself",
+                   denial.detail)
+        self.report.stage = "done"
+        if more:
+            self.report.backend_calls += more
+            self.report.verdict = "wrapper"
+            self.report.reason = ("correct, but a library it loaded where the reference library is denied calls into "
+                                  + ", ".join(more[:5]))
+            return
+        self.report.verdict, self.report.reason = denial_verdict(denial)
 
     def _publish(self, loaded: Loaded, shared: Path) -> Path | None:
         """The candidate's extension file -- a fresh build in its scratch folder (then published to
@@ -169,8 +220,7 @@ class _Validator(CandidateChecker):
         if scanned:
             parts.append("the extension's imported library symbols, read by the checker (vendor libraries and "
                          "ATen kernels called past the dispatcher)")
-        parts.append(FOREIGN_EVIDENCE)
-        parts.append(NOT_SEEN)
+        parts += [LIBRARY_EVIDENCE, FOREIGN_EVIDENCE, DENIAL_EVIDENCE, NOT_SEEN]
         return "; ".join(parts)
 
     def check_case(self, op, args: list, kwargs: dict, inplace: bool, label: str, settle: bool = False) -> str | None:
@@ -189,19 +239,20 @@ class _Validator(CandidateChecker):
         if not self.check(f"output structure ({label})", len(got) == len(want),
                           f"{len(got)} tensors returned, {len(want)} expected"):
             return f"returns {len(got)} tensor(s) where the operator returns {len(want)} ({label})"
-        for i, j in enumerate(result.aliases):
-            if j is not None and not (inplace and j == 0):
-                self.check(f"no aliasing ({label})", False, f"output {i} shares memory with input {j}")
-                return f"output {i} is (a view of) input {j}: kernels must write their own output ({label})"
         arena = self.proc.arena
         tensor_inputs = [a for a in [*args, *kwargs.values()] if isinstance(a, torch.Tensor)]
         for i, (slot, before) in enumerate(result.inputs):
-            if not (inplace and i == 0) and not same_bits(arena.read(slot), before):
+            if not (inplace and i == 0) and not same_bits(arena.view(slot), before):
                 self.check(f"inputs unchanged ({label})", False, f"input {i} modified")
                 return f"mutates input {i} ({label}); kernels must not modify their inputs"
         if inplace and result.inputs and tensor_inputs:  # the operator's contract is to update its first argument
             got = [arena.read(result.inputs[0][0]).to(want[0].device)] + got[1:]
             want = [ref_args[0]] + want[1:]
+        shared = self.outputs_sharing_inputs(result, frozenset({0}) if inplace else frozenset())
+        if shared:
+            self.check(f"no aliasing ({label})", False, f"output {shared[0]} changed when the checker rewrote the inputs")
+            return (f"output {shared[0]} shares memory with the inputs (it changed when the checker rewrote them after "
+                    f"the call): kernels must write their own output ({label})")
         problem = self._compare(op, args, kwargs, inplace, got, want, label)
         if problem:
             return problem
@@ -215,18 +266,32 @@ class _Validator(CandidateChecker):
         return None
 
     def _compare(self, op, args, kwargs, inplace, got, want, label) -> str | None:
-        noise = None
+        noise = oracle = None
         for i, (g, w) in enumerate(zip(got, want)):
             ok, detail = compare_output(g, w, self.rtol, self.atol)
-            if not ok and g.shape == w.shape and g.dtype == w.dtype and w.is_floating_point():
+            if not ok and g.shape == w.shape and g.dtype == w.dtype and w.is_floating_point() and args:
                 # Eager is not exact either: allow what eager itself moves under rounding-sized input changes.
                 noise = noise if noise is not None else eager_noise(op, args, kwargs, inplace)
                 if noise is not None and i < len(noise) and noise[i].shape == w.shape:
                     ok, detail2 = compare_output(g, w, self.rtol, self.atol, noise=noise[i])
                     detail = detail if ok else f"{detail2} (with eager's own rounding sensitivity allowed)"
+                if not ok and not inplace:  # and as close to the float64 result as eager is
+                    oracle = oracle if oracle is not None else _oracle(op, args, kwargs)
+                    if i < len(oracle) and oracle[i].shape == w.shape:
+                        ok, detail = self._judge_by_oracle(g, w, oracle[i], label, i, detail)
             if not self.check(f"output {i} values ({label})", ok, detail):
                 return f"output {i} is wrong on {label}: {detail}"
         return None
+
+    def _judge_by_oracle(self, got: torch.Tensor, eager: torch.Tensor, oracle: torch.Tensor, label: str, i: int,
+                         detail: str) -> tuple[bool, str]:
+        ok, mine, eagers = within_oracle(got, eager, oracle)
+        self.report.accuracy.append(Accuracy(
+            case=label, output=i, candidate_max_abs=mine.max_abs, eager_max_abs=eagers.max_abs,
+            candidate_rel_l2=mine.rel_l2, eager_rel_l2=eagers.rel_l2, allowed_multiple=ORACLE_MULTIPLE, accepted=ok))
+        return ok, (f"{detail}; against the float64 oracle its max abs error is {mine.max_abs:.3g} (eager's "
+                    f"{eagers.max_abs:.3g}), rel L2 {mine.rel_l2:.3g} (eager's {eagers.rel_l2:.3g}): "
+                    f"{'accepted' if ok else 'still rejected'} (at most {ORACLE_MULTIPLE:g}x eager's)")
 
     def time_it(self, op, args: list, kwargs: dict, card: OpCard, device: str) -> None:
         """Eager timed here while the candidate process is stopped; the candidate timed by this
@@ -254,6 +319,16 @@ class _Validator(CandidateChecker):
                 self.report.flags.append(
                     f"suspicious: {cand.median_s * 1e6:.1f} us is under half the {floor * 1e6:.1f} us this machine "
                     f"needs to move {card.bytes_per_call} bytes")
+
+
+def _oracle(op, args: list, kwargs: dict) -> list[torch.Tensor]:
+    """The operator's outputs on float64 copies of its floating inputs ([] when it cannot run so or
+    gives no float64 output)."""
+    try:
+        out = tensors(op(*float64_args(list(args)), **dict(zip(kwargs, float64_args(list(kwargs.values()))))))
+    except Exception:  # noqa: BLE001 - an operator that cannot run in float64 has no oracle
+        return []
+    return [] if any(o.is_floating_point() and o.dtype != torch.float64 for o in out) else out
 
 
 def time_candidate(task: TimeCandidateTask) -> Timing:
@@ -306,5 +381,10 @@ def run_task(task: SandboxTask, stage: Callable[[str], None]) -> SandboxResult:
         except ModuleLensError as e:
             return RefusedResult(message=e.message, hint=e.hint, healthy=False)
     if isinstance(task, ValidateCardTask):
-        return ValidatedResult(report=validate_card(task, stage))
+        try:
+            return ValidatedResult(report=validate_card(task, stage))
+        except (MemoryError, RuntimeError, OSError) as e:
+            if not out_of_memory(e):
+                raise
+            return memory_refusal(task, f"a candidate against card {task.card_id}", None)
     return PongResult()

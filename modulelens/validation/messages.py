@@ -18,6 +18,8 @@ model, told apart by ``kind``, so a caller matches on the type instead of probin
 
 from __future__ import annotations
 
+import errno
+
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, TypeAdapter
@@ -119,6 +121,22 @@ class RefusedResult(WorkerResult):
     kind: Literal["refused"] = "refused"
     message: str
     hint: str | None = None
+
+
+def out_of_memory(e: BaseException) -> bool:
+    """``e`` is the checker running out of memory (Python's or torch's allocator, or a mapping)."""
+    return (isinstance(e, MemoryError) or (isinstance(e, RuntimeError) and "can't allocate memory" in str(e))
+            or (isinstance(e, OSError) and e.errno == errno.ENOMEM))
+
+
+def memory_refusal(task: CandidateLimits, what: str, data_bytes: int | None) -> RefusedResult:
+    """The answer when the checker ran out of memory validating ``what``: which limit, how big the
+    data compared is (when known), and how to raise the limit."""
+    size = f"its inputs and outputs take {data_bytes / 2**20:.0f} MiB; " if data_bytes else ""
+    return RefusedResult(
+        message=f"validating {what} needs more memory than the limit of {task.memory_limit_mb} MB ({size}the checker "
+                "holds the original's outputs, the candidate's and their comparison)",
+        hint=f"raise it with [--memory-limit-mb {2 * task.memory_limit_mb}]", healthy=False)
 
 
 class PongResult(WorkerResult):

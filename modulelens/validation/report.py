@@ -45,13 +45,39 @@ class Check(BaseModel):
     detail: str = ""
 
 
+class Accuracy(BaseModel):
+    """One output's errors against the float64 oracle (the reference run in float64), the
+    candidate's beside eager's own: reported when the plain tolerance was not enough."""
+
+    case: str = Field(description="The check (inputs and parameters) the output belongs to.")
+    output: int
+    candidate_max_abs: float = Field(description="Largest absolute error of the candidate against the oracle.")
+    eager_max_abs: float = Field(description="Largest absolute error of eager (captured dtype) against the oracle.")
+    candidate_rel_l2: float
+    eager_rel_l2: float
+    allowed_multiple: float = Field(description="Accepted when the candidate's errors are at most this multiple of "
+                                    "eager's (plus one unit of rounding).")
+    accepted: bool
+
+
+class Denial(BaseModel):
+    """The candidate run once more in a fresh contained process where the reference library is
+    denied before any of its code loads: a candidate that stays correct there computes by itself."""
+
+    outcome: Literal["computes itself", "fails", "inconclusive"] = Field(
+        description="computes itself: correct there; fails: raised, died or was wrong there (a wrapper of what was "
+        "denied); inconclusive: it could not be built there, so nothing is confirmed.")
+    detail: str = Field(description="What happened there, in one sentence.")
+    denied: str = Field(description="What was denied, and how (which parts the candidate could not undo).")
+
+
 class ValidationReport(BaseModel):
     verdict: Literal["custom", "wrapper", "rejected"] = Field(
         description="custom: correct and computes itself; wrapper: correct but calls back into torch or vendor "
         "libraries for the computation; rejected: see reason.")
     correct: bool = Field(description="Every correctness check passed (captured and fresh inputs, after timing too).")
     reason: str = Field(description="Why this verdict, in one sentence.")
-    stage: str = Field(description="Last stage reached: compile, load, check, time, recheck, done.")
+    stage: str = Field(description="Last stage reached: compile, load, check, time, recheck, denial, done.")
     backend: str
     compiled: bool = False
     ran: bool = Field(False, description="The candidate ran here (False for CUDA without a GPU: compile-checked only).")
@@ -69,4 +95,11 @@ class ValidationReport(BaseModel):
     stderr_tail: str = ""
     isolation: Isolation | None = Field(None, description="Containment layers that were in force around the candidate.")
     wrapper_evidence: str = Field("", description="What the custom/wrapper decision was based on, and what it cannot see.")
+    denial: Denial | None = Field(None, description="The run where the reference library was denied (only for a "
+                                  "candidate with no other wrapper evidence).")
+    varied: list[str] = Field(default_factory=list, description="Tensor arguments (card) or parameters and buffers "
+                              "(module) drawn afresh in the checks beside the captured ones.")
+    varied_how: str = Field("", description="How they were drawn.")
+    accuracy: list[Accuracy] = Field(default_factory=list, description="Errors against the float64 oracle, where "
+                                     "the plain tolerance was not enough.")
     seconds: float = 0.0

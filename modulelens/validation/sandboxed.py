@@ -34,7 +34,7 @@ from modulelens.validation.messages import (
 from modulelens.validation.report import ModuleValidationSettings, ValidationReport, ValidationSettings
 from modulelens.validation.stored_reports import save_report
 
-VALIDATION_STAGES = ("compile", "check", "time", "recheck", "done")
+VALIDATION_STAGES = ("compile", "check", "time", "recheck", "denial", "done")
 CHECKER_SLACK_S = 120.0  # seconds the checker may take beyond the candidate's own time limit
 DEFAULT_TIMEOUT_S = 900.0  # seconds a task may take (cold C++ builds take ~20-60 s)
 
@@ -125,8 +125,11 @@ def interrupted_report(stage: str, backend: str) -> ValidationReport:
 
 def validation_report(result: SandboxResult, backend: str) -> ValidationReport:
     """The report a validation task's result amounts to: the worker's own report (rejected when the
-    candidate wrote to stdout), or a rejection when the worker died. An internal error is raised."""
+    candidate wrote to stdout), or a rejection when the worker died. A refusal (the validation
+    could not be done here: too little memory, ...) and an internal error are raised."""
     match result:
+        case RefusedResult():  # the validation could not be done here (not enough memory, ...): no verdict
+            raise ModuleLensError(result.message, result.hint)
         case ValidatedResult():
             # bytes the candidate process wrote (counted by the checker) plus any the checker's own worker wrote
             report = result.report.model_copy(update={"stdout_bytes": result.report.stdout_bytes + result.stdout_bytes})

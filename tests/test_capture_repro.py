@@ -54,7 +54,7 @@ def test_container_kinds_added_later_render_to_what_the_decoder_gives(tmp_path):
     from modulelens.capture.values import Encoder, TensorSink
 
     value = {"set": {3, 1}, "frozen": frozenset({"a"}), "range": range(1, 9, 4), "path": pathlib.PurePosixPath("/x/y"),
-             "when": datetime.datetime(2024, 3, 1, 8, 0, tzinfo=datetime.timezone.utc), "day": datetime.date(2024, 3, 1),
+             "when": datetime.datetime(2024, 3, 1, 8, 0, tzinfo=datetime.UTC), "day": datetime.date(2024, 3, 1),
              "every": datetime.timedelta(hours=3), "groups": collections.defaultdict(set, {"k": {1}})}
     spec = json.loads(json.dumps(Encoder(TensorSink()).encode(value, "v")))
     renderer = ReproRenderer(set())

@@ -120,7 +120,7 @@ def _one_of_each() -> dict[ValueKind, Any]:
         ValueKind.SET: frozenset({"b", "a", 3}),
         ValueKind.RANGE: range(2, 11, 3),
         ValueKind.PATH: pathlib.PurePosixPath("/data/shard-0"),
-        ValueKind.DATETIME: datetime.datetime(2024, 5, 1, 12, 30, 5, 123, tzinfo=datetime.timezone.utc),
+        ValueKind.DATETIME: datetime.datetime(2024, 5, 1, 12, 30, 5, 123, tzinfo=datetime.UTC),
         ValueKind.TIMEDELTA: datetime.timedelta(days=2, seconds=7, microseconds=9),
         ValueKind.NAMEDTUPLE: urllib.parse.SplitResult("http", "h", "/p", "", ""),
         ValueKind.DATACLASS: Point(3),

@@ -28,6 +28,7 @@ from safetensors.torch import load_file, save_file
 
 from modulelens.capture.manifest import (
     KIND,
+    SCHEMA,
     BackwardInfo,
     CallInputs,
     CaptureEnvironment,
@@ -247,4 +248,4 @@ def save_capture(
             input_tensors=len(inputs.tensor_leaves()),
         )
 
-    return repo.create(KIND, name, write)
+    return repo.create(KIND, name, write, schema_version=SCHEMA)

@@ -90,6 +90,7 @@ class CapturedCall:
     weights_storage: WeightStorage | None = None
     autocast: dict[str, str] = field(default_factory=dict)  # device type -> dtype of enabled autocast
     notes: list[str] = field(default_factory=list)
+    gradients_by_rerun: bool = False  # input and parameter gradients come from running the module again
 
     @property
     def weights_shape_only(self) -> set[str]:

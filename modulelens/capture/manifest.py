@@ -20,6 +20,9 @@ from modulelens.capture.spec import ModuleSpec, TensorSpec, ValueKind, tensor_le
 from modulelens.repo import Artifact, ManifestBase
 
 KIND = "captures"
+SCHEMA = 2
+"""The schema captures are written with: 2 since export programs are stored without their weights
+(``export.weights == "separate"``), which a reader of schema 1 would load as empty parameters."""
 
 
 def _unset(value: Any) -> bool:

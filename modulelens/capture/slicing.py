@@ -133,12 +133,16 @@ class RowSlicer:
                 out[name] = t.detach().to(device).requires_grad_(live[name].requires_grad)
         return out
 
-    def _sliced_inputs(self, sink: TensorSink, args_spec: Any, kwargs_spec: Any, batch: BatchDim, rows: int,
+    def _sliced_inputs(self, sink: TensorSink, args_spec: Any, kwargs_spec: Any, batch: BatchDim | None, rows: int,
                        leaves: dict[int, torch.Tensor] | None = None) -> tuple[list[Any], dict[str, Any]]:
-        batched = sink.sliced if isinstance(sink, SliceSink) else {k for k, t in sink.tensors.items() if batch.holds(t)}
+        """The call's arguments rebuilt from the snapshot, cut to their first ``rows`` rows along
+        ``batch`` (whole when None), each input given as it was in the run."""
+        tensors = sink.tensors
+        if batch is not None:
+            batched = sink.sliced if isinstance(sink, SliceSink) else {k for k, t in tensors.items() if batch.holds(t)}
+            tensors = first_rows(tensors, batched, batch, rows)
         specs = {s.key: s for s in tensor_leaves(args_spec) + tensor_leaves(kwargs_spec)}
-        given = {key: call_input(specs[key], t, leaves=leaves)
-                 for key, t in first_rows(sink.tensors, batched, batch, rows).items()}
+        given = {key: call_input(specs[key], t, leaves=leaves) for key, t in tensors.items()}
         decoder = Decoder(LeafSource(given), Resolver())
         return list(decoder.decode(args_spec)), dict(decoder.decode(kwargs_spec))
 
@@ -190,6 +194,28 @@ class RowSlicer:
             set_rng_states(rng_after)
 
     # -- backward -----------------------------------------------------------------------------
+    def rerun_gradients(self) -> None:
+        """Input and parameter gradients of a module whose backward hook could not be used: run it
+        again on the captured inputs (the stored rows, when batch-sliced) with the gradient that
+        reached its outputs (cut to those rows)."""
+        c = self.captured
+        if c.grad_output is None:
+            return
+        act = c.activations
+        batch, rows = None, 0
+        if act is not None and act.mode == "batch_slice" and act.rows is not None:
+            batch, rows = BatchDim(act.batch_dim, act.batch_rows or 0), act.rows
+            c.grad_output = [batch.first(g, rows) if g is not None and batch.holds(g) else g for g in c.grad_output]
+        why = self._recompute(batch, rows, c.grad_output, []) if not c.weights_shape_only else \
+            "the weights were stored shape-only"
+        if why is not None:
+            c.grad_output = None
+            c.backward_notes.append(f"gradients were not kept: {why}")
+            return
+        c.backward_notes.append("the module changes an input in place, which its backward hook forbids: input and "
+                                "parameter gradients were computed by running it again on the captured inputs with "
+                                "the gradient that reached its outputs")
+
     def slice_gradients(self) -> None:
         """Make the captured gradients those of the stored slice (see the module docstring)."""
         c = self.captured
@@ -212,8 +238,12 @@ class RowSlicer:
             c.param_grads = {}
             c.backward_notes.append(f"gradients were not kept: {why}")
 
-    def _recompute(self, batch: BatchDim, rows: int, grad_output: list[torch.Tensor | None],
+    def _recompute(self, batch: BatchDim | None, rows: int, grad_output: list[torch.Tensor | None],
                    real_inputs: list[torch.Tensor | None]) -> str | None:
+        """Run the module forward and backward on the captured inputs (their first ``rows`` rows
+        along ``batch``; all of them when None) from the captured weights and RNG state, with
+        ``grad_output``; keep the gradients it gives. Input gradients must match the same rows of
+        ``real_inputs`` (when given). Returns why not, or None."""
         c = self.captured
         leaves: dict[int, torch.Tensor] = {}
         args, kwargs = self._sliced_inputs(c.inputs_sink, c.args_spec, c.kwargs_spec, batch, rows, leaves)
@@ -244,7 +274,7 @@ class RowSlicer:
         for i, (got, real) in enumerate(zip(sliced_inputs, real_inputs)):
             if got is None or real is None:
                 continue
-            want = batch.first(real, rows) if batch.holds(real) else real
+            want = batch.first(real, rows) if batch is not None and batch.holds(real) else real
             d = diff(got.detach(), want, *tolerances(got.dtype))
             if not d.allclose:
                 return (f"the gradient of input {i} on the first {rows} rows differs from those rows of the real one "

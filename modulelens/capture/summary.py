@@ -36,7 +36,7 @@ class CaptureSummary(BaseModel):
     weights: int = Field(description="Number of parameter and buffer tensors.")
     shape_only: list[str] = Field(default_factory=list)
     backward: bool = Field(False, description="Whether gradients were captured.")
-    unrecorded: list[str] = Field(default_factory=list, description="Values that could not be recorded.")
+    unrecorded: list[str] = Field(default_factory=list, description="Values not recorded: type, why, what it blocks.")
     notes: list[str] = Field(default_factory=list)
     activations: ActivationStorage | None = Field(
         None, description="How inputs and outputs were stored against the byte budget (full, batch_slice, "

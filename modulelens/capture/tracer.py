@@ -38,6 +38,7 @@ from modulelens.capture.call import (  # noqa: F401 - rng and autocast helpers a
     autocast_regions,
     autocast_state,
     call_input,
+    load_buffers,
     rng_states,
     set_rng_states,
 )
@@ -263,7 +264,12 @@ class Tracer:
         if opts.backward:
             self._install_backward_hooks(module, captured)
         t0 = time.perf_counter()
-        out = self._watched_forward(module, args, kwargs, init_enc.found, captured)
+        try:
+            out = self._watched_forward(module, args, kwargs, init_enc.found, captured)
+        except RuntimeError as e:
+            if not (opts.backward and _HOOKED_INPUT_CHANGED in str(e)):
+                raise
+            out = self._forward_without_module_hook(module, args, kwargs, init_enc.found, captured)
         captured.forward_seconds = time.perf_counter() - t0
         _, out_tensors = keyed_tensors(out, "output")
         total = in_bytes + tensors_bytes(list(out_tensors.values()))
@@ -387,10 +393,43 @@ class Tracer:
                     captured.param_grads[pname] = g.detach().clone()
                 self._hooks.append(p.register_hook(on_param))
 
+    def _forward_without_module_hook(self, module: nn.Module, args: tuple, kwargs: dict,
+                                     init_found: list[Unrecorded], captured: CapturedCall) -> Any:
+        """The module changes an input in place, which its full backward hook forbids (the hook
+        hands it views of its inputs): the call runs again without the hook, from the RNG and buffer
+        state it started with (the refused operation changed nothing). The gradient reaching the
+        outputs is read from the output tensors; input and parameter gradients are computed at the
+        end by running the module again on the captured inputs (:mod:`modulelens.capture.slicing`)."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+        set_rng_states(captured.rng)
+        load_buffers(module, captured.weights)
+        captured.gradients_by_rerun = True
+        out = self._watched_forward(module, args, kwargs, init_found, captured)
+        outputs = _tensors(out)
+
+        def on_output(g: torch.Tensor, i: int) -> None:
+            if captured.grad_output is None:
+                captured.grad_output = [None] * len(outputs)
+            captured.grad_output[i] = g.detach().clone()
+            self._backward_seen = True
+
+        for i, t in enumerate(outputs):
+            if t.requires_grad:
+                self._hooks.append(t.register_hook(lambda g, i=i: on_output(g, i)))
+        return out
+
     def _finish_backward(self) -> None:
         c = self.captured
         assert c is not None
-        if c.activations is not None and c.activations.mode == "batch_slice":
+        if c.gradients_by_rerun:
+            self.busy = True
+            try:
+                self._slicer(c.module, c).rerun_gradients()
+            finally:
+                self.busy = False
+        elif c.activations is not None and c.activations.mode == "batch_slice":
             self.busy = True
             try:  # the gradients of the stored rows (parameter gradients recomputed on the slice)
                 self._slicer(c.module, c).slice_gradients()
@@ -448,3 +487,7 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 
 def _same(t: torch.Tensor) -> torch.Tensor:
     return t
+
+
+_HOOKED_INPUT_CHANGED = "of BackwardHookFunction is a view and is being modified inplace"
+"""What autograd says when a module changes in place an input its full backward hook wrapped."""

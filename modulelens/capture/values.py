@@ -59,7 +59,7 @@ def _finite(x: torch.Tensor) -> torch.Tensor:
     return x if bool(mask.all()) else x[mask]
 
 
-def tensor_stats(t: torch.Tensor, chunk: int = 1 << 22) -> TensorStats:
+def tensor_stats(t: torch.Tensor, chunk: int = 1 << 20) -> TensorStats:
     """Summary statistics kept for shape-only tensors (enough to synthesise similar data),
     computed chunk by chunk: a multi-GiB tensor never gets a whole float64 copy."""
     if t.numel() == 0:
@@ -223,10 +223,11 @@ def synthesize(shape: list[int], dtype: torch.dtype, stats: TensorStats, gen: to
     if not (dtype.is_floating_point or dtype.is_complex):
         return torch.randint(int(lo), int(hi) + 1, shape, generator=gen).to(dtype)
     std = stats.std if stats.std is not None else 1.0
-    x = torch.randn(shape, generator=gen, dtype=torch.float64) * std + (stats.mean or 0.0)
-    x = x.clamp(lo, hi)
+    # drawn in float32 (float64 for float64), in place: a multi-GiB weight needs one buffer, not several
+    work = torch.float64 if dtype in (torch.float64, torch.complex128) else torch.float32
+    x = torch.randn(shape, generator=gen, dtype=work).mul_(std).add_(stats.mean or 0.0).clamp_(lo, hi)
     if zero > 0:
-        x = x.masked_fill(torch.rand(shape, generator=gen, dtype=torch.float64) < zero, 0.0)
+        x.masked_fill_(torch.rand(shape, generator=gen) < zero, 0.0)
     return x.to(dtype)
 
 

@@ -58,7 +58,7 @@ class ScriptCaptureOptions(BaseModel):
         None, ge=0, description="Larger tensors are stored shape-only."
     )
     max_capture_bytes: int = Field(
-        DEFAULT_CAPTURE_BYTES, gt=0, description="Budget for inputs+outputs; above it, first batch rows or shape-only."
+        DEFAULT_CAPTURE_BYTES, gt=0, description="Weights+inputs+outputs budget; above it, first rows or shape-only."
     )
     nproc: int = Field(1, ge=1, description="Processes under torchrun.")
     ranks: str = Field("0", description="Capturing ranks: '0', '0,1' or 'all'.")

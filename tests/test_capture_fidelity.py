@@ -165,7 +165,7 @@ def test_a_batch_slice_along_dimension_1_replays_exactly_with_its_gradients(tmp_
     torch.manual_seed(0)
     x = torch.randn(12, 10, 16, requires_grad=True)  # 12 positions, 10 sequences
     weight_bytes = sum(t.numel() * t.element_size() for t in SeqFirstEncoder().state_dict().values())
-    with modulelens.capture("", name="seqfirst", repo=tmp_path, backward=True, export=False,
+    with modulelens.capture("", name="seqfirst", repo=tmp_path, backward=True,
                             max_capture_bytes=weight_bytes + 8_000):  # the activations take 15 KiB
         model = SeqFirstEncoder()
         model(x).pow(2).sum().backward()
@@ -173,9 +173,28 @@ def test_a_batch_slice_along_dimension_1_replays_exactly_with_its_gradients(tmp_
     man = capture_manifest(Repository(tmp_path).open("captures", "seqfirst"))
     act = man.activations
     assert act.mode == "batch_slice" and act.batch_dim == 1 and act.batch_rows == 10 and act.rows < 10, act.reason
-    assert "dimension 1" in act.reason
+    assert "along dimension 1" in act.reason and "tried first along dimension 0" in act.reason
     assert man.inputs.tensor_leaves()[0].shape == [12, act.rows, 16]
+    assert modulelens.replay_module("seqfirst", strategy="export", repo=str(tmp_path)).exact
     rep = modulelens.replay_module("seqfirst", strategy="source", backward=True, repo=str(tmp_path))
     assert rep.exact and rep.max_abs_error == 0.0
     assert rep.backward_match and {b.name for b in rep.backward} >= {"grad_input.0", "param.layer.linear1.weight"}
     assert all(b.max_abs_error == 0.0 for b in rep.backward)
+
+
+def test_inputs_alone_over_the_budget_keep_their_first_rows_as_activations_with_gradients(tmp_path):
+    """The inputs are sliced before the call (they alone exceed the budget); they stay activations
+    that require grad, the in-place gate reruns without the module hook, and the gradients are the
+    slice's."""
+    torch.manual_seed(0)
+    with modulelens.capture("block", name="rows", repo=tmp_path, backward=True, export=False, max_capture_bytes=1200):
+        net = Net(GateConfig())
+        net(torch.randn(64, 8)).backward()
+        net(torch.randn(64, 8))
+    man = capture_manifest(Repository(tmp_path).open("captures", "rows"))
+    (spec,) = man.inputs.tensor_leaves()
+    assert man.activations.mode == "batch_slice" and spec.shape == [man.activations.rows, 8]
+    assert spec.requires_grad and not spec.leaf and man.backward.grad_input == [True]
+    assert any("computed by running it again" in n for n in man.notes)
+    rep = modulelens.replay_module("rows", strategy="source", backward=True, repo=str(tmp_path))
+    assert rep.exact and rep.backward_match and all(b.max_abs_error == 0.0 for b in rep.backward)

@@ -43,8 +43,12 @@ def tensors_bytes(tensors: list[torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def _mib(n: int) -> str:
-    return f"{n / 2**20:.1f} MiB"
+def human_bytes(n: int) -> str:
+    """``n`` bytes in KiB, MiB or GiB, one decimal."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n / 2**10:.1f} KiB"
 
 
 # -- weights ----------------------------------------------------------------------------------
@@ -82,7 +86,7 @@ def snapshot_weights(module: nn.Module, budget: int, max_tensor_bytes: int | Non
     else:
         storage = WeightStorage(
             mode="shape_only", total_bytes=total, budget_bytes=budget,
-            reason=f"the parameters and buffers total {_mib(total)}, over the budget of {_mib(budget)}: they are "
+            reason=f"the parameters and buffers total {human_bytes(total)}, over the budget of {human_bytes(budget)}: they are "
             "stored shape-only with statistics, replay makes up values of that distribution and cannot compare "
             "outputs (raise max_capture_bytes to store them)")
     return WeightSnapshot(sink=sink, storage=storage, inside_call=inside, stored_bytes=total if fits else 0)
@@ -133,11 +137,11 @@ class SliceSink(TensorSink):
         self.rows, self.batch = rows, batch
         self.sliced: set[str] = set()
 
-    def add(self, key: str, t: torch.Tensor) -> dict[str, Any]:
+    def add(self, key: str, t: torch.Tensor, part_of: torch.Tensor | None = None) -> dict[str, Any]:
         if self.batch.holds(t):
             self.sliced.add(self.prefix + key)
-            t = self.batch.first(t.detach(), self.rows)
-        return super().add(key, t)
+            return super().add(key, self.batch.first(t.detach(), self.rows), part_of=t)
+        return super().add(key, t, part_of)
 
 
 def first_rows(tensors: dict[str, torch.Tensor], batched: set[str], batch: BatchDim, rows: int) -> dict[str, torch.Tensor]:

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from modulelens.capture.budget import BatchDim, SliceSink, batch_candidates, first_rows, rows_within
+from modulelens.capture.budget import BatchDim, SliceSink, batch_candidates, first_rows, human_bytes, rows_within
 from modulelens.capture.call import (
     CapturedCall,
     autocast_regions,
@@ -62,10 +62,6 @@ def preslice(args: tuple, kwargs: dict, candidates: list[BatchDim], in_bytes: in
     return out
 
 
-def _mib(n: int) -> str:
-    return f"{n / 2**20:.1f} MiB"
-
-
 class RowSlicer:
     """Stores a call that is over the budget (see the module docstring). ``forward(module, args,
     kwargs)`` runs the module without the tracer; ``store_outputs(out, captured, sink)`` encodes an
@@ -85,7 +81,7 @@ class RowSlicer:
         found from the run, else store shape-only with statistics. Says which and why."""
         c = self.captured
         _, out_tensors = keyed_tensors(out, "output")
-        over = f"the activations total {_mib(total)}, over what the budget leaves for them ({_mib(budget)})"
+        over = f"the activations total {human_bytes(total)}, over what the budget leaves for them ({human_bytes(budget)})"
         candidates = batch_candidates(inputs, list(out_tensors.values()))
         tried: list[str] = []
         worst = None
@@ -101,12 +97,13 @@ class RowSlicer:
             rows = pre.sink.rows if pre is not None else rows_within(batch.size, total, budget)
             why, worst = self._capture_rows(out_tensors, batch, rows, pre)
             if why is None:
+                after = f" (tried first {'; '.join(tried)})" if tried else ""
                 c.activations = ActivationStorage(
                     mode="batch_slice", budget_bytes=budget, total_bytes=total, rows=rows, batch_rows=batch.size,
                     batch_dim=batch.dim, check_max_abs_error=worst,
                     reason=f"{over}; the module treats batch rows independently along dimension {batch.dim} (its "
                     f"output on the first {rows} rows matched those rows of the real output), so the first {rows} of "
-                    f"{batch.size} rows are stored and replay is exact on them")
+                    f"{batch.size} rows are stored and replay is exact on them{after}")
                 return
             tried.append(f"along dimension {batch.dim}: {why}")
         if presliced or isinstance(c.inputs_sink, SliceSink):
@@ -131,6 +128,12 @@ class RowSlicer:
                 out[name] = t.to(device, copy=True)
             elif params or is_sharded(live[name]):
                 out[name] = t.detach().to(device).requires_grad_(live[name].requires_grad)
+        # a tensor registered under several names (tied weights) is stored under its first one
+        first = {id(t): n for n, t in [*self.module.named_parameters(), *self.module.named_buffers()]}
+        for name, t in [*self.module.named_parameters(remove_duplicate=False),
+                        *self.module.named_buffers(remove_duplicate=False)]:
+            if name not in out and first.get(id(t)) in out:
+                out[name] = out[first[id(t)]]
         return out
 
     def _sliced_inputs(self, sink: TensorSink, args_spec: Any, kwargs_spec: Any, batch: BatchDim | None, rows: int,
@@ -261,9 +264,13 @@ class RowSlicer:
         pairs = [(o, g) for o, g in zip(outs, grad_output) if g is not None and o.requires_grad]
         positional = [leaves.get(id(a), a) for a in args if isinstance(a, torch.Tensor)]
         wanted = [a for a in positional if a.requires_grad]
-        params = {n: w for n, w in weights.items() if w.requires_grad}
+        own = dict(self.module.named_parameters())  # first names only, as the gradient hooks see them
+        params = {n: w for n, w in weights.items() if w.requires_grad and n in own}
         if not pairs:
             return "no output of the sliced run requires grad"
+        if not wanted and not params:
+            c.grad_output, c.grad_input, c.param_grads = grad_output, [None] * len(positional), {}
+            return None
         grads = torch.autograd.grad([o for o, _ in pairs], wanted + list(params.values()),
                                     [g.to(o.device, o.dtype) for o, g in pairs], allow_unused=True)
         got_inputs, got_params = grads[:len(wanted)], grads[len(wanted):]

@@ -111,10 +111,13 @@ class TensorSink:
         self.specs: dict[str, dict[str, Any]] = {}
         self.shape_only: list[str] = []
 
-    def add(self, key: str, t: torch.Tensor) -> dict[str, Any]:
-        """Keep ``t`` (under ``prefix + key``) and return its spec."""
+    def add(self, key: str, t: torch.Tensor, part_of: torch.Tensor | None = None) -> dict[str, Any]:
+        """Keep ``t`` (under ``prefix + key``) and return its spec. ``part_of``: the tensor ``t`` was
+        cut from, whose autograd role (requires grad, leaf) the spec keeps."""
         key = self.prefix + key
         spec = tensor_spec(key, t)
+        if part_of is not None:
+            spec.requires_grad, spec.leaf = bool(part_of.requires_grad), bool(part_of.is_leaf)
         t = t.detach()
         if self.max_bytes is not None and t.numel() * t.element_size() > self.max_bytes:
             spec.stored = False

@@ -22,7 +22,6 @@ from typing import Any
 from modulelens.cancellation import CallCancelled
 from modulelens.errors import ModuleLensError
 from modulelens.kernels.candidates import candidate_name, load_candidate, save_candidate
-from modulelens.kernels.report import ValidationSettings
 from modulelens.kernels.source import KernelSource
 from modulelens.ops.cards import open_card
 from modulelens.ops.model import OpCard
@@ -41,6 +40,7 @@ from modulelens.search.model import (
 )
 from modulelens.search.store import find_search, load_tree, open_search, save_search, search_key, write_node
 from modulelens.search.tree import ROOT, SearchTree
+from modulelens.validation.report import ValidationSettings
 
 
 def _no_progress(done: float, total: float | None = None, message: str | None = None) -> None:

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from modulelens.kernels.candidates import CANDIDATES
-from modulelens.kernels.catalog import CandidateEntry, candidate_entries
 from modulelens.listing import LeftOut, keep_first
 from modulelens.registry import Tool, ToolContext, register
 from modulelens.repo import Repository
+from modulelens.validation.catalog import CandidateEntry, candidate_entries
 
 
 class ListCandidatesRequest(BaseModel):

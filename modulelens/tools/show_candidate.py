@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from modulelens.kernels.catalog import CandidateView, candidate_view, first_source_lines
 from modulelens.registry import Tool, ToolContext, register
 from modulelens.repo import Repository
+from modulelens.validation.catalog import CandidateView, candidate_view, first_source_lines
 
 
 class ShowCandidateRequest(BaseModel):

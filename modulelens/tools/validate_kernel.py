@@ -7,20 +7,15 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from modulelens.errors import ModuleLensError
-from modulelens.kernels.candidates import (
-    REPORT_FILE,
-    REPORTS,
-    candidate_manifest,
-    load_candidate,
-    save_agent_candidate,
-)
-from modulelens.kernels.report import ValidationSettings
-from modulelens.kernels.sandboxed import DEFAULT_TIMEOUT_S, CandidateValidation, validate_candidate
+from modulelens.kernels.candidates import candidate_manifest, load_candidate, save_agent_candidate
 from modulelens.kernels.source import BackendName, KernelSource, read_source_file
 from modulelens.listing import keep_first
 from modulelens.registry import Tool, ToolContext, register
 from modulelens.repo import Artifact, Repository
 from modulelens.sandbox.pool import DEFAULT_MEMORY_LIMIT_MB
+from modulelens.validation.report import ValidationSettings
+from modulelens.validation.sandboxed import DEFAULT_TIMEOUT_S, CandidateValidation, validate_candidate
+from modulelens.validation.stored_reports import REPORT_FILE, REPORTS
 
 
 class ValidateKernelRequest(BaseModel):

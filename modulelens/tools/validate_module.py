@@ -14,13 +14,13 @@ from modulelens.kernels.module_candidates import (
     load_module_candidate,
     save_module_candidate,
 )
-from modulelens.kernels.report import ValidationReport
-from modulelens.kernels.sandboxed import validate_in_sandbox
 from modulelens.kernels.source import read_source_file
 from modulelens.registry import Tool, ToolContext, register
 from modulelens.repo import Repository
-from modulelens.sandbox.messages import ModuleSource, ValidateModuleTask
 from modulelens.sandbox.pool import DEFAULT_MEMORY_LIMIT_MB
+from modulelens.validation.messages import ModuleSource, ValidateModuleTask
+from modulelens.validation.report import ValidationReport
+from modulelens.validation.sandboxed import validate_in_sandbox
 
 
 class ValidateModuleRequest(BaseModel):

@@ -9,19 +9,13 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from modulelens.kernels.candidates import (
-    CANDIDATES,
-    REPORTS,
-    candidate_manifest,
-    latest_report,
-    load_candidate,
-    report_name,
-)
-from modulelens.kernels.report import ValidationReport
+from modulelens.kernels.candidates import CANDIDATES, candidate_manifest, load_candidate
 from modulelens.listing import LeftOut
 from modulelens.ops.model import KIND as OPSETS
 from modulelens.ops.model import parse_card_id
 from modulelens.repo import Artifact, Repository
+from modulelens.validation.report import ValidationReport
+from modulelens.validation.stored_reports import REPORTS, latest_report, report_name
 
 
 class CandidateEntry(BaseModel):

@@ -74,8 +74,8 @@ async def _run_loop(repo: Path, out: Path) -> dict:
         seen["validated"] = await agent.call("validate_kernel", {"candidate": gen["candidate_id"], "seeds": 1})
         seen["stats"] = await agent.call("gather_stats", {"script": str(TRAIN), "script_args": ["--steps", "3"],
                                                           "every": 1})
-        seen["stats_shown"] = await agent.call("show_stats_run", {"run": seen["stats"]["run_id"]})
-        seen["capture_shown"] = await agent.call("show_capture", {"ref": "blk", "tensors": True})
+        seen["stats_shown"] = await agent.call("show", {"kind": "stats", "ref": seen["stats"]["run_id"]})
+        seen["capture_shown"] = await agent.call("show", {"kind": "capture", "ref": "blk", "tensors": True})
         misspelt = await session.call_tool("replay_module", {"ref": "blk", "strategi": "export"})
         seen["misspelt"] = (misspelt.is_error, misspelt.content[0].text)
         seen["sizes"] = agent.sizes

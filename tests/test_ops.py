@@ -21,7 +21,7 @@ def block_cards(repo, app):
 
     from typer.testing import CliRunner
 
-    r = CliRunner().invoke(app, ["capture-ops", str(TRAIN), "--module", "blocks.1", "--top", "1000", "--repo", str(repo), "--json",
+    r = CliRunner().invoke(app, ["capture-ops", str(TRAIN), "--module", "blocks.1", "--top", "100", "--repo", str(repo), "--json",
                                  "--", "--steps", "2"])
     assert r.exit_code == 0, r.output
     return json.loads(r.stdout)
@@ -97,7 +97,7 @@ def test_cards_from_kernelbench_file(cli, repo):
 
 
 def test_backward_cards(cli, repo, block_cards):
-    code, data, r = cli("capture-ops", block_cards["capture"], "--backward", "--top", "1000", "--repo", repo, "--json")
+    code, data, r = cli("capture-ops", block_cards["capture"], "--backward", "--top", "100", "--repo", repo, "--json")
     assert code == 0, r.output
     phases = {c["phase"] for c in data["cards"]}
     assert phases == {"forward", "backward"}

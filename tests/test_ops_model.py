@@ -151,4 +151,4 @@ def test_opset_summary_carries_the_share_warning(tmp_path):
     repo = Repository(tmp_path)
     repo.create("opsets", "blk", lambda folder: _profile([2.0, 1.19]))
     summary = summarize_opset(repo, "blk")
-    assert any("319%" in n for n in summary.notes)
+    assert any("319%" in w for w in summary.warnings)  # a warning the agent reads first, not a note

@@ -33,7 +33,7 @@ def tiny_pack(tmp_path_factory, app):
         assert r.exit_code == 0, r.output
         return json.loads(r.stdout)
 
-    ops = cli("capture-ops", TRAIN, "--module", "blocks.1", "--backward", "--top", "1000", "--", "--steps", "2")
+    ops = cli("capture-ops", TRAIN, "--module", "blocks.1", "--backward", "--top", "100", "--", "--steps", "2")
     cards = {c["op"]: c["card_id"] for c in ops["cards"] if c["phase"] == "forward"}
     candidates = []
     for op in OPS:

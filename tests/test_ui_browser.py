@@ -49,7 +49,7 @@ def demo(tmp_path_factory, app) -> DemoRepo:
         assert r.exit_code == 0, r.output
         return json.loads(r.stdout)
 
-    ops = run("capture-ops", TRAIN, "--module", "blocks.1", "--top", "1000", "--repo", root, "--json", "--", "--steps", "2")
+    ops = run("capture-ops", TRAIN, "--module", "blocks.1", "--top", "100", "--repo", root, "--json", "--", "--steps", "2")
     softmax = next(c["card_id"] for c in ops["cards"] if c["op"] == "aten._safe_softmax.default")
     gen = run("generate-kernel", softmax, "--backend", "cpp", "--repo", root, "--json")
     report = run("validate-kernel", gen["candidate_id"], "--repo", root, "--json")

@@ -41,7 +41,8 @@ def tiny_pack(tmp_path_factory, app):
         rep = cli("validate-kernel", gen["candidate_id"])
         assert rep["verdict"] == "custom" and rep["correct"], rep["reason"]
         candidates.append(gen["candidate_id"])
-    module = cli("validate-kernel", "--source", FUSED_BLOCK, "--target", ops["capture"], "--claims-training")
+    module = cli("validate-kernel", "--source", FUSED_BLOCK, "--target", ops["capture"], "--claims-training",
+                 "--limit", "100")
     assert module["correct"] and module["verdict"] == "wrapper", module["reason"]
     assert "same RNG state" in module["reason"]
     assert any("against the captured gradients" in c["name"] for c in module["checks"])

@@ -39,7 +39,7 @@ from modulelens.kernels.sandboxed import (
     validate_in_sandbox,
 )
 from modulelens.kernels.source import BackendName, KernelSource, read_source_file
-from modulelens.listing import MAX_ITEMS, keep_first
+from modulelens.listing import MAX_ITEMS, LeftOut, keep_first
 from modulelens.registry import ToolContext, tool
 from modulelens.replies import ToolReply, call
 from modulelens.repo import Artifact, Repository
@@ -119,6 +119,8 @@ class ValidateModuleResult(ValidationReport, ToolReply):
     candidate_id: str
     target: str = Field(description="The capture validated against.")
     report: str = Field(description="Reference of the stored report.")
+    left_out: list[LeftOut] = Field(default_factory=list, description="Checks cut to `limit` items (the stored "
+                                    "report has them all).")
 
 
 def _validate_module(req: ValidateKernelRequest, repo: Repository, ctx: ToolContext) -> ValidateModuleResult:

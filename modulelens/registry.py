@@ -51,7 +51,7 @@ class ToolContext:
     stdout_is_protocol: bool = False
     # Set by the MCP server when the connected client can sample: asks the client's own model.
     sample: SampleFn | None = None
-    # Set by a front end that cancels the call (MCP cancellation, cancel_job). Worker processes
+    # Set by a front end that cancels the call (MCP cancellation, a cancelled job). Worker processes
     # see it through modulelens.cancellation (the front end runs the tool inside ``cancellable``).
     cancelled: threading.Event = field(default_factory=threading.Event)
 

@@ -1,5 +1,5 @@
 """The read-only tools the web UI shares with the CLI, on a small hand-written repository: a
-capture's tensor statistics through show_capture, stored statistics runs filtered by name, and
+capture's tensor statistics through show (kind capture), stored statistics runs filtered by name, and
 their human views at 80 columns with every reference whole."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Replies that stay within an agent's budget however large the input: show_search, validate_kernel,
+"""Replies that stay within an agent's budget however large the input: show (search), validate_kernel,
 profile, run and check_pack cut their long lists by default (``limit``), say in ``left_out`` what
 they cut and where the whole data is, and give more up to the schema's maximum. Each is fed a
 fabricated large result at the level of the function that cuts it (or the tool, its domain call
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from modulelens.dispatch.check import CaptureCheck
 from modulelens.dispatch.runtime import EntryReport
-from modulelens.kernels.report import Check
+from modulelens.validation.report import Check
 from modulelens.listing import everything
 from modulelens.profiling.breakdown import OpTime
 from modulelens.profiling.targets import ProfileResult
@@ -58,7 +58,7 @@ def test_show_search_cuts_nodes_shared_among_targets():
 
 def test_validate_kernel_lists_its_first_checks_and_names_the_stored_report(softmax_card, monkeypatch):
     """Many seeds make many checks: the reply lists the first ones; the stored report has all."""
-    from modulelens.kernels.sandboxed import CandidateValidation
+    from modulelens.validation.sandboxed import CandidateValidation
     from modulelens.tools import validate_kernel as tool_module
 
     repo, card = softmax_card
@@ -70,8 +70,8 @@ def test_validate_kernel_lists_its_first_checks_and_names_the_stored_report(soft
     stored = {}
 
     def fake_validation(repo_, art, src, settings, **kwargs):
-        from modulelens.kernels.candidates import save_report
-        from modulelens.kernels.report import ValidationReport
+        from modulelens.validation.stored_reports import save_report
+        from modulelens.validation.report import ValidationReport
 
         report = ValidationReport(verdict="custom", correct=True, reason="fine", stage="done", backend="cpp",
                                   checks=checks)

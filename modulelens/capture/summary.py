@@ -1,4 +1,4 @@
-"""What a capture holds, in a few lines: the record ``show_capture`` and ``capture_module`` return,
+"""What a capture holds, in a few lines: the record ``show`` (kind capture) and ``capture_module`` return,
 built from the typed manifest (the CLI's view of it is in :mod:`modulelens.cli.views`)."""
 
 from __future__ import annotations

@@ -22,8 +22,6 @@ from modulelens.cli.formats import dtypes_cell, list_cell, number, percent, seco
 from modulelens.cli.repo_views import REPO_VIEWS
 from modulelens.cli.tables import Cell, Column, FittedTable, kv_table
 from modulelens.dispatch.runtime import EntryReport
-from modulelens.kernels.catalog import CandidateView
-from modulelens.kernels.sandboxed import CandidateValidation
 from modulelens.ops.replay import CardReplay
 from modulelens.ops.summary import CardDetail, OpSetSummary
 from modulelens.profiling.targets import ProfileResult
@@ -47,6 +45,8 @@ from modulelens.tools.show import ShowCaptureResult
 from modulelens.tools.tag_capture import TagCaptureResult
 from modulelens.tools.trust_artifact import TrustResult
 from modulelens.tools.validate_kernel import ValidateModuleResult
+from modulelens.validation.catalog import CandidateView
+from modulelens.validation.sandboxed import CandidateValidation
 
 __all__ = ["View", "generic_view", "left_out_notes", "view_for"]
 

@@ -16,7 +16,7 @@ from modulelens.repo.store import MANIFEST
 
 
 class CardSummary(BaseModel):
-    card_id: str = Field(description="Use with show-op-card, replay-op-card, profile.")
+    card_id: str = Field(description="Use with show (kind card), replay_module, profile.")
     op: str = Field(description="aten operator overload.")
     kind: OpKind = Field(description="memory (bandwidth-bound), compute (matmul/conv/attention) or view.")
     phase: Phase = Field(description="forward or backward.")

@@ -74,8 +74,8 @@ class StatsFinding(BaseModel):
 
 
 class TensorStatsRow(BaseModel):
-    """The statistics of one tensor of a capture (what gather_stats, show_capture and
-    show_stats_run return for it)."""
+    """The statistics of one tensor of a capture (what gather_stats and show, of a capture
+    or a statistics run, return for it)."""
 
     key: str = Field(description="args.0, output, a parameter name, grad.<key>.")
     group: Literal["input", "output", "weight", "gradient"]

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from modulelens.kernels.advice import report_next, report_warnings
-from modulelens.kernels.candidates import candidate_manifest
+from modulelens.kernels.candidates import candidate_manifest, load_candidate
 from modulelens.kernels.generation import generate_candidate
-from modulelens.kernels.report import ValidationSettings
-from modulelens.kernels.sandboxed import DEFAULT_TIMEOUT_S, CandidateValidation, validate_candidate
 from modulelens.kernels.source import BackendName
 from modulelens.registry import ToolContext, tool
 from modulelens.replies import ToolReply, call
 from modulelens.repo import Repository
+from modulelens.validation.advice import report_next, report_warnings
+from modulelens.validation.report import ValidationSettings
+from modulelens.validation.sandboxed import DEFAULT_TIMEOUT_S, CandidateValidation, validate_candidate
+from modulelens.validation.stored_reports import latest_report
 
 
 class GenerateKernelRequest(BaseModel):
@@ -42,8 +43,12 @@ class GenerateKernelResult(ToolReply):
 def generate_kernel(req: GenerateKernelRequest, ctx: ToolContext) -> GenerateKernelResult:
     """Generate a candidate kernel for a card (or repair/improve a parent)."""
     repo = Repository(ctx.repo_root)
+    parent_report = None
+    if req.parent:
+        report = latest_report(repo, load_candidate(repo, req.parent)[0])
+        parent_report = report.model_dump(mode="json") if report else None
     cand, src = generate_candidate(repo, req.card, req.backend, req.provider, ctx, parent=req.parent,
-                                   instructions=req.instructions, variant=req.variant, progress=ctx.progress)
+                                   parent_report=parent_report, instructions=req.instructions, variant=req.variant, progress=ctx.progress)
     m = candidate_manifest(cand)
     result = GenerateKernelResult(
         candidate_id=cand.ref, card=m.target.card_id, backend=src.backend, provider=src.provider, family=src.family,

@@ -13,7 +13,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from modulelens.capture.summary import CaptureEntry, capture_entries
-from modulelens.kernels.catalog import CandidateEntry, ReportEntry, candidate_entries, report_entries
 from modulelens.listing import MAX_ITEMS, LeftOut, keep_first
 from modulelens.ops.opsets import OpsetEntry, opset_entries
 from modulelens.ops.summary import OpSetSummary, summarize_opset
@@ -24,6 +23,7 @@ from modulelens.repo import Repository
 from modulelens.search.summary import SearchEntry, search_entries
 from modulelens.stats.runs import StatsRunEntry, stats_entries
 from modulelens.team.packs import PackListEntry, pack_entries
+from modulelens.validation.catalog import CandidateEntry, ReportEntry, candidate_entries, report_entries
 
 ListKind = Literal["captures", "opsets", "cards", "candidates", "searches", "packs", "stats", "reports"]
 DEFAULT_LIMIT = 20

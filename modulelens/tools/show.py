@@ -16,9 +16,6 @@ from modulelens.capture.manifest import KIND as CAPTURES
 from modulelens.capture.manifest import capture_manifest
 from modulelens.capture.summary import CaptureSummary, capture_warnings, summarize
 from modulelens.dispatch.pack import STORED_PACK_FILE, PackEnvironment
-from modulelens.kernels.advice import report_next, report_warnings
-from modulelens.kernels.catalog import CandidateView, candidate_view, first_source_lines, stored_report
-from modulelens.kernels.report import ValidationReport
 from modulelens.listing import MAX_ITEMS, LeftOut, keep_first
 from modulelens.ops.summary import CardDetail, describe_card
 from modulelens.registry import ToolContext, tool
@@ -28,6 +25,9 @@ from modulelens.repo.trust import is_trusted
 from modulelens.search.summary import SearchSummary, search_summary
 from modulelens.stats.runs import StatsRunView, TensorStatsRow, capture_tensor_rows, stats_view, thin_steps
 from modulelens.team.packs import PACKS, PackEntrySummary, PackManifest
+from modulelens.validation.advice import report_next, report_warnings
+from modulelens.validation.catalog import CandidateView, candidate_view, first_source_lines, stored_report
+from modulelens.validation.report import ValidationReport
 
 ShowKind = Literal["capture", "card", "candidate", "search", "stats", "pack", "report"]
 MAX_POINTS = 2000

@@ -14,16 +14,8 @@ from pydantic import BaseModel, Field
 from modulelens.capture.manifest import KIND as CAPTURES
 from modulelens.capture.manifest import capture_manifest
 from modulelens.errors import ModuleLensError
-from modulelens.kernels.advice import report_next, report_warnings
 from modulelens.kernels.backends.base import default_build_dir
-from modulelens.kernels.candidates import (
-    CANDIDATES,
-    REPORT_FILE,
-    REPORTS,
-    candidate_manifest,
-    load_candidate,
-    save_agent_candidate,
-)
+from modulelens.kernels.candidates import CANDIDATES, candidate_manifest, load_candidate, save_agent_candidate
 from modulelens.kernels.module_candidates import (
     ModuleCandidate,
     ModuleTarget,
@@ -31,20 +23,22 @@ from modulelens.kernels.module_candidates import (
     load_module_candidate,
     save_module_candidate,
 )
-from modulelens.kernels.report import ValidationReport, ValidationSettings
-from modulelens.kernels.sandboxed import (
-    DEFAULT_TIMEOUT_S,
-    CandidateValidation,
-    validate_candidate,
-    validate_in_sandbox,
-)
 from modulelens.kernels.source import BackendName, KernelSource, read_source_file
 from modulelens.listing import MAX_ITEMS, LeftOut, keep_first
 from modulelens.registry import ToolContext, tool
 from modulelens.replies import ToolReply, call
 from modulelens.repo import Artifact, Repository
-from modulelens.sandbox.messages import ModuleSource, ValidateModuleTask
 from modulelens.sandbox.pool import DEFAULT_MEMORY_LIMIT_MB
+from modulelens.validation.advice import report_next, report_warnings
+from modulelens.validation.messages import ModuleSource, ValidateModuleTask
+from modulelens.validation.report import ValidationReport, ValidationSettings
+from modulelens.validation.sandboxed import (
+    DEFAULT_TIMEOUT_S,
+    CandidateValidation,
+    validate_candidate,
+    validate_in_sandbox,
+)
+from modulelens.validation.stored_reports import REPORT_FILE, REPORTS
 
 
 class ValidateKernelRequest(BaseModel):

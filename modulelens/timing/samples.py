@@ -30,7 +30,8 @@ class Timing(BaseModel):
     cache: str = Field(description="Cache state during timing.")
 
 
-def _percentile(xs: list[float], q: float) -> float:
+def percentile(xs: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``xs``, linearly interpolated between neighbouring samples."""
     xs = sorted(xs)
     if len(xs) == 1:
         return xs[0]
@@ -69,7 +70,7 @@ def time_callable(fn: Callable[[], Any], device: str = "cpu", *, min_run_time: f
         times.append(t)
         spent += t * number
     return Timing(
-        median_s=statistics.median(times), p20_s=_percentile(times, 0.2), p80_s=_percentile(times, 0.8),
+        median_s=statistics.median(times), p20_s=percentile(times, 0.2), p80_s=percentile(times, 0.8),
         runs=len(times) * number, samples=len(times), warmup=warmup,
         timer=f"torch.utils.benchmark.Timer.timeit, {number} call(s) per sample",
         device=device, threads=threads, cache="warm (CPU caches are not flushed between calls)",
@@ -94,7 +95,7 @@ def _time_cuda(fn, device, min_run_time, warmup, max_samples, threads) -> Timing
         times.append(t)
         total += t
     return Timing(
-        median_s=statistics.median(times), p20_s=_percentile(times, 0.2), p80_s=_percentile(times, 0.8),
+        median_s=statistics.median(times), p20_s=percentile(times, 0.2), p80_s=percentile(times, 0.8),
         runs=len(times), samples=len(times), warmup=warmup, timer="CUDA events, synchronised, one call per sample",
         device=device, threads=threads, cache="cold L2 (flushed before every call)",
     )

@@ -1,4 +1,4 @@
-"""The candidate process: ``python -m modulelens.sandbox.candidate REQ_FD REPLY_FD ARENA_FD SCRATCH MEMORY_MB [READ_ONLY_DIR]``.
+"""The candidate process: ``python -m modulelens.validation.harness REQ_FD REPLY_FD ARENA_FD SCRATCH MEMORY_MB [READ_ONLY_DIR]``.
 
 Started by :class:`modulelens.sandbox.candidate_process.CandidateProcess` (inside new namespaces
 where the kernel allows), it applies the remaining containment layers to itself *before* any
@@ -69,7 +69,7 @@ class _Harness:
     def ready(self, req) -> Any:
         """Import what the harness itself needs for this backend (its runtime, numpy through torch)
         and start counting torch<->numpy crossings, before any candidate code exists here."""
-        from modulelens.sandbox.candidate_messages import Ready
+        from modulelens.validation.candidate_messages import Ready
 
         if req.backend == "module":
             import safetensors.torch  # noqa: F401
@@ -91,7 +91,7 @@ class _Harness:
     def load(self, req) -> Any:
         from modulelens.kernels import build_cache
         from modulelens.kernels.backends import CompileError, get_backend
-        from modulelens.sandbox.candidate_messages import Loaded
+        from modulelens.validation.candidate_messages import Loaded
 
         if req.shared_build_dir:
             build_cache.use_shared_builds(Path(req.shared_build_dir))
@@ -115,7 +115,7 @@ class _Harness:
         from safetensors.torch import load_file
 
         from modulelens.kernels.module_candidates import construct, load_class
-        from modulelens.sandbox.candidate_messages import Loaded
+        from modulelens.validation.candidate_messages import Loaded
 
         try:
             cls = load_class(req.source, req.class_name)
@@ -135,8 +135,8 @@ class _Harness:
     def call(self, req) -> Any:
         import torch
 
-        from modulelens.sandbox.candidate_messages import Called
         from modulelens.sandbox.shm import aligned, decode_value
+        from modulelens.validation.candidate_messages import Called
 
         self.arena.remap(req.arena_size)
         inputs: list = []
@@ -247,7 +247,7 @@ class _Harness:
     def repeat(self, req) -> Any:
         import torch
 
-        from modulelens.sandbox.candidate_messages import Repeated
+        from modulelens.validation.candidate_messages import Repeated
 
         try:
             for _ in range(req.calls):
@@ -345,7 +345,7 @@ def main(argv: list[str]) -> int:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     isolation = _contain(scratch, memory_mb, read_only)
     from modulelens.sandbox import protocol
-    from modulelens.sandbox.candidate_messages import (
+    from modulelens.validation.candidate_messages import (
         CANDIDATE_REQUESTS,
         CallRequest,
         LoadModuleRequest,

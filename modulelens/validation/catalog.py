@@ -9,21 +9,13 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from modulelens.kernels.candidates import (
-    CANDIDATES,
-    REPORT_FILE,
-    REPORTS,
-    ReportManifest,
-    candidate_manifest,
-    latest_report,
-    load_candidate,
-    report_name,
-)
-from modulelens.kernels.report import ValidationReport
+from modulelens.kernels.candidates import CANDIDATES, candidate_manifest, load_candidate
 from modulelens.listing import LeftOut
 from modulelens.ops.cards import resolved_card_id
 from modulelens.replies import ToolReply
 from modulelens.repo import Artifact, Repository
+from modulelens.validation.report import ValidationReport
+from modulelens.validation.stored_reports import REPORT_FILE, REPORTS, ReportManifest, latest_report, report_name
 
 
 class CandidateEntry(BaseModel):

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from modulelens.profiling.timing import Timing, _percentile
+from modulelens.timing.samples import Timing, percentile
 
 _perf_counter = time.perf_counter  # taken at import, before any candidate code runs
 
@@ -50,7 +50,7 @@ def paired_timing(a: Callable[[], Any], b: Callable[[], Any], device: str = "cpu
     timer = "time.perf_counter around single calls, the two sides alternating in back-to-back pairs"
 
     def summary(xs: list[float]) -> Timing:
-        return Timing(median_s=statistics.median(xs), p20_s=_percentile(xs, 0.2), p80_s=_percentile(xs, 0.8),
+        return Timing(median_s=statistics.median(xs), p20_s=percentile(xs, 0.2), p80_s=percentile(xs, 0.8),
                       runs=len(xs), samples=len(xs), warmup=warmup, timer=timer, device=device, threads=threads,
                       cache="warm (CPU caches are not flushed between calls)")
 

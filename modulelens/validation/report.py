@@ -6,8 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from modulelens.profiling.timing import Timing
 from modulelens.sandbox.containment import Isolation
+from modulelens.timing import Timing
 
 DISTRIBUTIONS = ("normal", "uniform", "heavy", "special")
 

@@ -1,7 +1,7 @@
 """Validate a module-level candidate (``ModelNew``) against its capture. Runs inside a sandbox worker
 (the checker); the candidate's code runs in its own contained candidate process.
 
-The same checks as card candidates (:mod:`modulelens.kernels.validate`), on the whole module:
+The same checks as card candidates (:mod:`modulelens.validation.card`), on the whole module:
 loads (its source runs, and may compile C++); is built with the captured constructor arguments and
 takes the captured weights by name (``load_state_dict(strict=True)``); then, in eval mode without
 grad, outputs on the captured inputs and on fresh inputs (seeds x normal, uniform, heavy-tailed,
@@ -20,7 +20,7 @@ training support is checked in eval mode only, and the verdict says so.
 Containment: like card candidates. The checker (this worker) holds the capture, the original
 module, the reference outputs, the clock and the verdict; it writes the original's state dict and
 the constructor's tensors into the candidate's scratch folder, and the candidate process
-(:mod:`modulelens.sandbox.candidate`: namespaces, private /tmp, rlimits, Landlock where the kernel
+(:mod:`modulelens.validation.harness`: namespaces, private /tmp, rlimits, Landlock where the kernel
 allows) builds ``ModelNew`` from them and is called through the shared arena. It may read only
 system and Python folders, its scratch, the build cache and the capture's ``sys_path`` folders that
 hold neither the repository nor the signing key (the constructor's argument classes import from
@@ -42,22 +42,13 @@ from typing import Any
 
 import torch
 
-from modulelens.kernels.report import ValidationReport
-from modulelens.kernels.validate import (
-    FOREIGN_EVIDENCE,
-    NOT_SEEN,
-    CandidateChecker,
-    ModuleCall,
-    _CandidateFailed,
-    _computing_ops,
-    _same_bits,
-    _tensors,
-    compare_output,
-    fresh_inputs,
-)
-from modulelens.sandbox.candidate_messages import Loaded, LoadModuleRequest
-from modulelens.sandbox.candidate_process import CandidateProcess
-from modulelens.sandbox.messages import ValidatedResult, ValidateModuleTask
+from modulelens.validation.candidate_messages import Loaded, LoadModuleRequest
+from modulelens.validation.checker import CandidateChecker, CandidateFailed, ModuleCall, start_candidate
+from modulelens.validation.compare import compare_output, same_bits
+from modulelens.validation.evidence import FOREIGN_EVIDENCE, NOT_SEEN, computing_ops
+from modulelens.validation.inputs import fresh_inputs, tensors
+from modulelens.validation.messages import ValidatedResult, ValidateModuleTask
+from modulelens.validation.report import ValidationReport
 
 EVAL_ONLY = "checked in eval mode only (dropout off, no gradients): not dispatched in training"
 SAME_RNG = ("training mode checked with the same RNG state before the original and the candidate "
@@ -107,10 +98,10 @@ class _ModuleValidator(CandidateChecker):
         device = manifest.environment.device if torch.cuda.is_available() else "cpu"
         loaded = LoadedCapture(art, device=device)
         read_only = [Path(self.task.build_dir), *readable_sys_path(manifest.sys_path, repo.root)]
-        self.proc = CandidateProcess(self.task.memory_limit_mb, read_only=read_only)
+        self.proc = start_candidate(self.task.memory_limit_mb, read_only=read_only)
         try:
             return self._run(art, manifest, loaded, device)
-        except _CandidateFailed as e:
+        except CandidateFailed as e:
             return self.reject(str(e))
         finally:
             self.report.stdout_bytes = self.proc.stdout_bytes()
@@ -216,7 +207,7 @@ class _ModuleValidator(CandidateChecker):
             return reference(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args], **dict(kwargs))
 
     def compare(self, got: Any, want: Any, label: str, rtol: float | None = None) -> str | None:
-        g, w = _tensors(got), _tensors(want)
+        g, w = tensors(got), tensors(want)
         if not self.check(f"output structure ({label})", len(g) == len(w), f"{len(g)} tensors, {len(w)} expected"):
             return f"returns {len(g)} tensor(s) where the module returns {len(w)} ({label})"
         for i, (x, y) in enumerate(zip(g, w)):
@@ -228,15 +219,15 @@ class _ModuleValidator(CandidateChecker):
 
     def check_case(self, reference: torch.nn.Module, args: list, kwargs: dict, label: str, training: bool,
                    rng: dict | None) -> str | None:
-        want = _tensors(self._reference(reference, args, kwargs, training, rng))
+        want = tensors(self._reference(reference, args, kwargs, training, rng))
         result = self.call(args, kwargs, want, trace=True, label=label, module_call=ModuleCall(training, rng))
-        self.ops.update(_computing_ops(result.ops or []))
+        self.ops.update(computing_ops(result.ops or []))
         for i, j in enumerate(result.aliases):
             if j is not None and j < len(result.inputs):
                 self.check(f"no aliasing ({label})", False, f"output {i} shares memory with input {j}")
                 return f"output {i} is (a view of) input {j} ({label})"
         for i, (slot, before) in enumerate(result.inputs):
-            if not _same_bits(self.proc.arena.read(slot), before):
+            if not same_bits(self.proc.arena.read(slot), before):
                 self.check(f"inputs unchanged ({label})", False, f"input {i} modified")
                 return f"mutates input {i} ({label})"
         return self.compare(result.outputs, want, label)
@@ -251,7 +242,7 @@ class _ModuleValidator(CandidateChecker):
             if problem:
                 return problem
         args, kwargs = cases[0][1], cases[0][2]
-        want = _tensors(expected)
+        want = tensors(expected)
         got = self.call(args, kwargs, want, trace=False, label="training, captured RNG state",
                         module_call=ModuleCall(True, captured_rng))
         problem = self.compare(got.outputs, expected, "training, captured RNG state, against the captured output")
@@ -274,7 +265,7 @@ class _ModuleValidator(CandidateChecker):
             want_inputs = {i: g for i, g in enumerate(ref_inputs) if g is not None}
         room = sum(p.numel() * p.element_size() + 64 for p in reference.parameters())
         room += sum(a.numel() * a.element_size() + 64 for a in args if isinstance(a, torch.Tensor))
-        want = _tensors(self._reference(reference, args, kwargs, True, rng))
+        want = tensors(self._reference(reference, args, kwargs, True, rng))
         got = self.call(args, kwargs, want, trace=False, label=label,
                         module_call=ModuleCall(True, rng, [g.detach() for g in grad_out], grad_room=room))
         inputs, params = got.input_grads, got.param_grads
@@ -296,7 +287,7 @@ class _ModuleValidator(CandidateChecker):
         """The original timed here while the candidate process is stopped; the candidate by this
         process's clock around batches of its calls (see :meth:`CandidateChecker.time_rounds`)."""
         reference.train(training)
-        want = _tensors(self._reference(reference, args, kwargs, training, None))
+        want = tensors(self._reference(reference, args, kwargs, training, None))
         self.call(args, kwargs, want, trace=False, label="timing inputs", module_call=ModuleCall(training))
 
         def eager() -> Any:
@@ -322,7 +313,7 @@ def _reference_backward(module: torch.nn.Module, args: list, kwargs: dict, rng: 
     module.zero_grad(set_to_none=True)
     set_rng_states(rng)
     with torch.enable_grad():
-        outs = [o for o in _tensors(module(*a, **dict(kwargs))) if o.requires_grad]
+        outs = [o for o in tensors(module(*a, **dict(kwargs))) if o.requires_grad]
     gen = torch.Generator().manual_seed(0)
     grad_out = [torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.dtype) for o in outs]
     torch.autograd.backward(outs, [g.to(o.device, o.dtype) for g, o in zip(grad_out, outs)])

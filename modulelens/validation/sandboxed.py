@@ -10,16 +10,17 @@ from pydantic import Field
 from modulelens.cancellation import CallCancelled
 from modulelens.errors import ModuleLensError
 from modulelens.kernels.build_cache import default_build_dir
-from modulelens.kernels.candidates import candidate_manifest, save_report
-from modulelens.kernels.report import ModuleValidationSettings, ValidationReport, ValidationSettings
+from modulelens.kernels.candidates import candidate_manifest
 from modulelens.kernels.source import KernelSource
 from modulelens.listing import LeftOut
 from modulelens.ops.cards import open_card
-from modulelens.profiling.timing import Timing
 from modulelens.registry import ProgressFn
 from modulelens.repo import Artifact, Repository
 from modulelens.repo.trust import require_trusted
-from modulelens.sandbox.messages import (
+from modulelens.sandbox.pool import DEFAULT_MEMORY_LIMIT_MB, SandboxPool, shared_pool
+from modulelens.timing import Timing
+from modulelens.validation.messages import (
+    VALIDATION_WORKER,
     CrashedResult,
     InternalErrorResult,
     RefusedResult,
@@ -30,7 +31,8 @@ from modulelens.sandbox.messages import (
     ValidateCardTask,
     ValidatedResult,
 )
-from modulelens.sandbox.pool import DEFAULT_MEMORY_LIMIT_MB, SandboxPool, pool
+from modulelens.validation.report import ModuleValidationSettings, ValidationReport, ValidationSettings
+from modulelens.validation.stored_reports import save_report
 
 VALIDATION_STAGES = ("compile", "check", "time", "recheck", "done")
 CHECKER_SLACK_S = 120.0  # seconds the checker may take beyond the candidate's own time limit
@@ -45,6 +47,16 @@ class CandidateValidation(ValidationReport):
     report: str = Field(description="Reference of the stored report.")
     left_out: list[LeftOut] = Field(default_factory=list, description="Lists cut to `limit` items (the stored "
                                     "report has them all).")
+
+
+def pool() -> SandboxPool:
+    """The process's shared pool of validation workers."""
+    return shared_pool(VALIDATION_WORKER)
+
+
+def new_pool() -> SandboxPool:
+    """A pool of validation workers of its own (a search gives each of its workers one)."""
+    return SandboxPool(VALIDATION_WORKER)
 
 
 def _no_progress(done: float, total: float | None = None, message: str | None = None) -> None:

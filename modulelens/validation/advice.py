@@ -4,8 +4,8 @@ slowdown) and the calls that usually follow (repair, pack)."""
 
 from __future__ import annotations
 
-from modulelens.kernels.report import ValidationReport
 from modulelens.replies import NextCall, call
+from modulelens.validation.report import ValidationReport
 
 
 def report_warnings(report: ValidationReport) -> list[str]:

@@ -1,38 +1,42 @@
-"""What crosses the sandbox's pipes: tasks to a worker, and the worker's stage reports and results.
+"""What crosses a validation worker's pipes: tasks to the worker, and its stage reports and results.
 
 Both sides live here: the caller sends a :data:`SandboxTask` and reads :data:`WorkerMessage`
-frames (read with :data:`WORKER_MESSAGES`) until a :class:`TaskDone`; the worker reads tasks with
-:data:`TASKS` and answers with :class:`StageReport` frames, then one :class:`TaskDone`. Frames
-travel as model JSON over :mod:`modulelens.sandbox.protocol`. Every result kind is its own model, told apart by
-``kind``, so a caller matches on the type instead of probing keys:
+frames (read with :data:`WORKER_MESSAGES`) until a result; the worker (:data:`VALIDATION_WORKER`,
+whose runner is :data:`modulelens.validation.tasks.RUNNER`) reads tasks with :data:`TASKS` and
+answers with :class:`~modulelens.sandbox.worker_messages.StageReport` frames, then one result.
+Frames travel as model JSON over :mod:`modulelens.sandbox.protocol`. Every result kind is its own
+model, told apart by ``kind``, so a caller matches on the type instead of probing keys:
 
 * :class:`ValidatedResult`: a validation ran to a verdict (a rejection is a verdict too);
 * :class:`TimedResult`: a candidate was timed;
 * :class:`RefusedResult`: the task could not be done here (a ``ModuleLensError``: message and hint);
 * :class:`PongResult`: answer to a :class:`PingTask`;
-* :class:`InternalErrorResult`: modulelens itself failed inside the worker (a bug);
-* :class:`CrashedResult`: the worker died or timed out; never sent by a worker, the pool makes it.
+* :class:`InternalErrorResult` (the sandbox's): modulelens itself failed inside the worker (a bug);
+* :class:`CrashedResult` (the sandbox's): the worker died or timed out; never sent by a worker, the
+  pool makes it.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, Field, TypeAdapter
 
-from modulelens.kernels.report import ModuleValidationSettings, ValidationReport, ValidationSettings
 from modulelens.kernels.source import KernelSource
-from modulelens.profiling.timing import Timing
-
-
-class _Message(BaseModel):
-    # Floats JSON has no literal for travel as json.dumps writes them (Infinity, NaN), not as null.
-    model_config = ConfigDict(ser_json_inf_nan="constants")
-
+from modulelens.sandbox.worker_messages import (
+    CrashedResult,
+    InternalErrorResult,
+    Message,
+    StageReport,
+    WorkerKind,
+    WorkerResult,
+)
+from modulelens.timing import Timing
+from modulelens.validation.report import ModuleValidationSettings, ValidationReport, ValidationSettings
 
 # -- tasks -------------------------------------------------------------------------------------
 
-class CandidateTask(_Message):
+class CandidateTask(Message):
     """A candidate to run against a card of the repository at ``repo``."""
 
     repo: str = Field(description="Root of the repository holding the card.")
@@ -67,7 +71,7 @@ class TimeCandidateTask(CandidateTask):
     warmup: int = Field(3, ge=0)
 
 
-class ModuleSource(_Message):
+class ModuleSource(Message):
     """A module-level candidate: Python source defining ``class_name`` (the KernelBench ModelNew contract)."""
 
     backend: Literal["module"] = "module"
@@ -76,7 +80,7 @@ class ModuleSource(_Message):
     claims_training: bool = False
 
 
-class ValidateModuleTask(_Message, ModuleValidationSettings, CandidateLimits):
+class ValidateModuleTask(Message, ModuleValidationSettings, CandidateLimits):
     """Validate a module-level candidate against the capture ``capture`` of the repository at ``repo``."""
 
     kind: Literal["validate_module"] = "validate_module"
@@ -90,7 +94,7 @@ class ValidateModuleTask(_Message, ModuleValidationSettings, CandidateLimits):
         return ModuleValidationSettings.model_validate(self.model_dump(include=set(ModuleValidationSettings.model_fields)))
 
 
-class PingTask(_Message):
+class PingTask(Message):
     kind: Literal["ping"] = "ping"
 
 
@@ -101,44 +105,24 @@ TASKS: TypeAdapter[SandboxTask] = TypeAdapter(SandboxTask)
 
 # -- results -----------------------------------------------------------------------------------
 
-class _Result(_Message):
-    healthy: bool = Field(True, description="The worker's state is intact: it may take the next task.")
-    stdout_bytes: int = Field(0, description="Bytes the worker wrote to its stdout during the task (set by the pool).")
-
-
-class ValidatedResult(_Result):
+class ValidatedResult(WorkerResult):
     kind: Literal["validated"] = "validated"
     report: ValidationReport
 
 
-class TimedResult(_Result):
+class TimedResult(WorkerResult):
     kind: Literal["timed"] = "timed"
     timing: Timing
 
 
-class RefusedResult(_Result):
+class RefusedResult(WorkerResult):
     kind: Literal["refused"] = "refused"
     message: str
     hint: str | None = None
 
 
-class PongResult(_Result):
+class PongResult(WorkerResult):
     kind: Literal["pong"] = "pong"
-
-
-class InternalErrorResult(_Result):
-    kind: Literal["internal_error"] = "internal_error"
-    healthy: bool = False
-    error: str = Field(description="Exception type and message.")
-    traceback: str = ""
-
-
-class CrashedResult(_Result):
-    kind: Literal["crashed"] = "crashed"
-    healthy: bool = False
-    reason: str = Field(description="What happened to the worker: 'crashed with SIGSEGV', 'timed out after 20 s', ...")
-    stage: str | None = Field(None, description="The last stage the worker reported.")
-    stderr_tail: str = ""
 
 
 SandboxResult = Annotated[
@@ -149,15 +133,11 @@ SandboxResult = Annotated[
 
 # -- frames on the result pipe -----------------------------------------------------------------
 
-class StageReport(_Message):
-    kind: Literal["stage"] = "stage"
-    stage: str
-
-
-class TaskDone(_Message):
-    kind: Literal["done"] = "done"
-    result: SandboxResult
-
-
-WorkerMessage = Annotated[StageReport | TaskDone, Field(discriminator="kind")]
+WorkerMessage = Annotated[
+    StageReport | ValidatedResult | TimedResult | RefusedResult | PongResult | InternalErrorResult,
+    Field(discriminator="kind"),
+]
 WORKER_MESSAGES: TypeAdapter[WorkerMessage] = TypeAdapter(WorkerMessage)
+
+VALIDATION_WORKER = WorkerKind(runner="modulelens.validation.tasks:RUNNER", replies=WORKER_MESSAGES)
+"""The sandbox worker that validates and times candidates."""

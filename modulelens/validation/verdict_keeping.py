@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from modulelens.kernels.report import Check, ValidationReport
+from modulelens.validation.report import Check, ValidationReport
 
 
 class ReportKeeper:

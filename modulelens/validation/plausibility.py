@@ -8,7 +8,7 @@ These rules are pure functions of the measured medians, so they can be checked o
 
 from __future__ import annotations
 
-from modulelens.profiling.timing import Timing
+from modulelens.timing import Timing
 
 MAX_BELIEVABLE_SPEEDUP = 10.0  # candidate vs eager or vs torch.compile
 MAX_COMPILE_SLOWDOWN = 3.0  # torch.compile median / eager median beyond which the baseline is broken

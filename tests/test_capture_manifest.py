@@ -75,7 +75,7 @@ def test_show_capture_returns_the_manifest_as_stored(tmp_path):
         nn.Linear(3, 2)(torch.randn(4, 3))
     assert cap.artifact is not None
     stored = json.loads((cap.artifact.path / "manifest.json").read_text())
-    shown = modulelens.show_capture("lin", repo=str(tmp_path), manifest=True)
+    shown = modulelens.show_capture("lin", repo=str(tmp_path), full=True)
     assert shown.manifest == stored and shown.inputs[0].shape == [4, 3] and shown.weights == 2
     m = capture_manifest(cap.artifact)
     assert m.source.kind == "api" and m.init is not None and m.init.kwargs == {"in_features": 3, "out_features": 2}

@@ -26,7 +26,7 @@ def test_torchrun_rank0_by_default_and_all_ranks(cli, tmp_path):
     assert data["captures"] == ["dist-rank0:v1", "dist-rank1:v1"]
     inputs = []
     for rank, ref in enumerate(data["captures"]):
-        code, show, _ = cli("show-capture", ref, "--manifest", "--repo", tmp_path, "--json")
+        code, show, _ = cli("show", "capture", ref, "--full", "--repo", tmp_path, "--json")
         assert show["manifest"]["distributed"]["rank"] == rank
         assert show["manifest"]["distributed"]["world_size"] == 2
         inputs.append(load_file(f"{show['path']}/inputs.safetensors")["args.0"])

@@ -19,7 +19,7 @@ from modulelens.capture.values import Decoder, TensorSource
 from modulelens.errors import ChecksumMismatch
 from modulelens.registry import ToolContext
 from modulelens.repo import Repository
-from modulelens.tools.trust_artifact import TrustRequest, trust_artifact
+from modulelens.tools.trust_artifact import TrustRequest, trust
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MODEL_PY = Path(__file__).resolve().parent.parent / "examples" / "tinyformer" / "model.py"
@@ -99,7 +99,7 @@ def test_a_capture_written_by_the_previous_version_replays_by_source_and_export(
     folder = tmp_path / "captures" / "seq"
     shutil.copytree(FIXTURES / "capture_v1_seq", folder / "v1")
     (folder / "aliases.json").write_text(json.dumps({"latest": 1}))
-    trust_artifact(TrustRequest(ref="seq", yes=True), ToolContext(repo_root=tmp_path))
+    trust(TrustRequest(ref="seq", yes=True), ToolContext(repo_root=tmp_path))
     m = capture_manifest(Repository(tmp_path).open("captures", "seq"))
     assert m.schema_version == 1 and m.export.weights == "embedded" and m.export.custom_ops == {}
     for strategy in ("source", "export"):

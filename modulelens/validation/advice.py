@@ -17,9 +17,18 @@ def report_warnings(report: ValidationReport) -> list[str]:
         out.append(f"speed undetermined: {report.timing_note or 'not timed'}; a pack will not use it until timed")
     elif report.correct and report.speedup_vs_eager is not None and report.speedup_vs_eager <= 1.0:
         out.append(f"slower than eager ({report.speedup_vs_eager:.2f}x): a pack will not use it")
-    if report.verdict == "wrapper":
-        calls = ", ".join(report.backend_calls[:3]) or "torch"
-        out.append(f"a wrapper: it calls back into {calls} for the computation")
+    if report.verdict == "wrapper" and report.backend_calls:
+        out.append(f"a wrapper: it calls back into {', '.join(report.backend_calls[:3])} for the computation")
+    elif report.verdict == "wrapper" and report.denial is not None:
+        what = "not confirmed to compute by itself" if report.denial.outcome == "inconclusive" else "a wrapper"
+        out.append(f"{what}: {report.denial.detail}")
+    elif report.verdict == "wrapper":
+        out.append("a wrapper: it calls back into torch for the computation")
+    accepted = [a for a in report.accuracy if a.accepted]
+    if accepted:
+        a = max(accepted, key=lambda x: x.eager_max_abs)
+        out.append(f"accepted against the float64 oracle: eager itself is off by up to {a.eager_max_abs:.3g} here "
+                   f"(the candidate by {a.candidate_max_abs:.3g}; {a.case})")
     if report.isolation is not None:
         missing = [layer.name for layer in report.isolation.layers if not layer.in_force]
         if missing:

@@ -16,12 +16,14 @@ import torch
 from modulelens.ops.recorder import classify
 
 # Operators a custom kernel may call: allocation, copies, views and metadata.
-_ALLOWED = {
+ALLOWED_OPS = frozenset({
     "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros", "zeros_like", "new_zeros",
     "full", "full_like", "new_full", "fill_", "zero_", "copy_", "clone", "contiguous", "_to_copy", "to", "resize_",
-    "set_", "lift_fresh_copy", "_local_scalar_dense", "sym_size", "sym_stride", "sym_numel", "is_same_size",
-    "equal", "detach", "alias", "item", "size", "stride", "numel", "dim", "is_contiguous", "data_ptr",
-}
+    "set_", "lift_fresh_copy", "lift_fresh", "lift", "_local_scalar_dense", "sym_size", "sym_stride", "sym_numel",
+    "is_same_size", "equal", "detach", "detach_", "alias", "item", "size", "stride", "numel", "dim", "is_contiguous",
+    "data_ptr", "_unsafe_view", "_reshape_alias", "_copy_from", "_copy_from_and_resize",
+    "_has_compatible_shallow_copy_type", "_version", "record_stream",
+})
 # Library symbols a compiled candidate must not import: vendor libraries and ATen's kernels called
 # past the dispatcher (at::cpu::gelu, at::native::...), which no dispatcher trace can see.
 _LIBRARY_SYMBOL = re.compile(r"^(cublas\w*|cublasLt\w*|cudnn\w*|mkl_\w+|cblas_\w+|dnnl\w*|"
@@ -46,7 +48,7 @@ def computing_ops(names: list[str]) -> list[str]:
         if not name.startswith("aten::"):
             continue
         base, _, overload_name = name.split("::", 1)[1].partition(".")
-        if base in _ALLOWED:
+        if base in ALLOWED_OPS:
             continue
         packet = getattr(torch.ops.aten, base, None)
         names = [overload_name or "default"] if packet is None or overload_name else packet.overloads()

@@ -248,11 +248,16 @@ class _ModuleValidator(CandidateChecker):
             cases.append((f"normal inputs, seed {self.task.seeds[0]}", a, k))
         calls = [(f"denial, {label}", a, k, tensors(self._reference(reference, a, k, False, None)), ModuleCall(False))
                  for label, a, k in cases]
+        inputs = {label: (a, k) for label, a, k, _, _ in calls}
+
+        def compare(got: list[torch.Tensor], want: list[torch.Tensor], label: str) -> str | None:
+            a, k = inputs[label]
+            return self.values_problem(got, want, label, oracle=lambda: self._oracle(reference, a, k))
+
         denial, more = check_by_denial(
             backend="module", memory_limit_mb=self.task.memory_limit_mb, read_only=self.proc.read_only,
             call_timeout=self.call_timeout, numpy=numpy_mode("module", self.mapped_since_ready()), load=load,
-            cases=calls, compare=lambda got, want, label: self.values_problem(got, want, label),
-            prior_build=self.proc.scratch / "torch_extensions")
+            cases=calls, compare=compare, prior_build=self.proc.scratch / "torch_extensions")
         self.report.denial = denial
         self.check("correct where the reference library is denied", denial.outcome == "computes itself",
                    denial.detail)

@@ -34,16 +34,11 @@ import warnings
 from typing import Any
 
 from modulelens.sandbox.containment import FOREIGN_LIBRARIES, Layer, restrict_reading
+from modulelens.validation.evidence import ALLOWED_OPS
 
 # Operators a candidate may run in a denial process: allocation, copies, views, metadata, random fills.
-ALLOWED = frozenset({
-    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros", "zeros_like", "new_zeros",
-    "full", "full_like", "new_full", "fill_", "zero_", "copy_", "clone", "contiguous", "_to_copy", "to", "resize_",
-    "set_", "lift_fresh_copy", "lift_fresh", "lift", "_local_scalar_dense", "is_same_size", "equal", "detach",
-    "detach_", "alias", "item", "_unsafe_view", "_reshape_alias", "_copy_from", "_copy_from_and_resize",
-    "_has_compatible_shallow_copy_type", "uniform_", "normal_", "random_", "exponential_", "cauchy_", "log_normal_",
-    "geometric_", "bernoulli_", "_version", "record_stream", "_nested_tensor_size",
-})
+ALLOWED = ALLOWED_OPS | {"uniform_", "normal_", "random_", "exponential_", "cauchy_", "log_normal_", "geometric_",
+                         "bernoulli_", "_nested_tensor_size"}
 CPU_KEYS = ("CPU", "QuantizedCPU", "SparseCPU", "SparseCsrCPU", "MkldnnCPU", "NestedTensorCPU")
 CUDA_KEYS = ("CUDA", "QuantizedCUDA", "SparseCUDA", "SparseCsrCUDA", "NestedTensorCUDA")
 PROC_FILES = ("/proc/cpuinfo", "/proc/meminfo", "/proc/stat", "/proc/sys", "/proc/filesystems", "/proc/version",

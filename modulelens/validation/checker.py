@@ -273,7 +273,8 @@ class CandidateChecker(ReportKeeper):
             text = Path(f"/proc/{self.proc.candidate_pid()}/maps").read_text()
         except OSError:
             return []
-        return built_library_symbols(mapped_libraries(text, [self.proc.scratch, default_build_dir()]))
+        return built_library_symbols(mapped_libraries(text, [self.proc.scratch, default_build_dir()]),
+                                     runtime=[self.proc.scratch / "triton"])
 
     def foreign_evidence(self) -> list[str]:
         """Wrapper evidence the checker holds beyond aten ops: foreign libraries newly mapped,

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
@@ -30,7 +29,6 @@ from modulelens.validation.report import Denial, ValidationReport
 DENIAL_EVIDENCE = ("a run in a fresh contained process where every computing operator of torch's dispatcher raises "
                    "and numpy's code is unusable before any candidate code loads (decided by the checker from "
                    "the outputs' bytes, the process's death and its memory map)")
-_COPY_LIMIT = 512 << 20  # bytes of a module candidate's first build copied into its denial process
 _DENIED_OP = re.compile(r"modulelens denial: (\S+) is denied here")
 
 Case = tuple[str, list, dict, list[torch.Tensor], ModuleCall | None]
@@ -62,37 +60,15 @@ def numpy_mode(backend: str, mapped_since_ready: set[str]) -> Literal["memory", 
     return "memory"
 
 
-def copy_build(src: Path, dst: Path, limit: int = _COPY_LIMIT) -> bool:
-    """Copy the regular files under ``src`` (a module candidate's extension builds from its first
-    run; symbolic links and anything else skipped, nothing followed) to ``dst``, keeping their
-    times so the build tool finds them up to date; False (nothing copied) beyond ``limit`` bytes."""
-    files = []
-    total = 0
-    for root, dirs, names in os.walk(src, followlinks=False):
-        for name in names:
-            path = Path(root) / name
-            if path.is_symlink() or not path.is_file():
-                continue
-            total += path.lstat().st_size
-            if total > limit:
-                return False
-            files.append(path)
-    for path in files:
-        target = dst / path.relative_to(src)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(path, target, follow_symlinks=False)
-    return True
-
-
 def check_by_denial(*, backend: str, memory_limit_mb: int, read_only: list[Path], call_timeout: float,
                     numpy: Literal["memory", "python"], load: Callable[[CandidateChecker], Loaded],
                     cases: list[Case], compare: Callable[[list[torch.Tensor], list[torch.Tensor], str], str | None],
-                    prior_build: Path | None = None) -> tuple[Denial, list[str]]:
+                    ) -> tuple[Denial, list[str]]:
     """Run the candidate in a denial process (see the module docstring): ``load`` builds it there,
-    each case is called and its outputs checked with ``compare`` (a problem, or None);
-    ``prior_build``: a module candidate's extension builds from its first run, copied in so they
-    need not be compiled again. Returns the :class:`Denial` and the vendor/ATen symbols of the
-    libraries it built and loaded there."""
+    each case is called and its outputs checked with ``compare`` (a problem, or None). Returns the
+    :class:`Denial` and the vendor/ATen symbols of the libraries it built and loaded there (a
+    module candidate compiles its extensions again there: its first run's build folder is not
+    trusted, and the build tool would not reuse it from another folder anyway)."""
     run = _DenialRun(call_timeout)
     run.proc = start_candidate(memory_limit_mb, read_only=read_only)
     found: list[str] = []
@@ -102,8 +78,6 @@ def check_by_denial(*, backend: str, memory_limit_mb: int, read_only: list[Path]
         return Denial(outcome=outcome, detail=detail, denied=denied), found
 
     try:
-        if prior_build is not None and prior_build.is_dir():
-            copy_build(prior_build, run.proc.scratch / prior_build.name)
         run.get_ready(backend)
         reply = run._request(DenyRequest(numpy=numpy))
         if not isinstance(reply, Denied) or reply.error:

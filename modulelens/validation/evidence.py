@@ -26,7 +26,8 @@ ALLOWED_OPS = frozenset({
 })
 # Library symbols a compiled candidate must not import: vendor libraries and ATen's kernels called
 # past the dispatcher (at::cpu::gelu, at::native::...), which no dispatcher trace can see.
-_LIBRARY_SYMBOL = re.compile(r"^(cublas\w*|cublasLt\w*|cudnn\w*|mkl_\w+|cblas_\w+|dnnl\w*|"
+# dlsym and friends too: a library that looks its calls up at run time hides them from this list.
+_LIBRARY_SYMBOL = re.compile(r"^(cublas\w*|cublasLt\w*|cudnn\w*|mkl_\w+|cblas_\w+|dnnl\w*|dlv?sym|dlm?open|"
                              r"at::(?:cpu|cuda|native|compositeexplicitautograd|compositeimplicitautograd)::\w+)")
 
 FOREIGN_EVIDENCE = ("foreign numerical libraries (scipy, numba, jax, tensorflow, cupy, numpy's lazily loaded "
@@ -34,8 +35,9 @@ FOREIGN_EVIDENCE = ("foreign numerical libraries (scipy, numba, jax, tensorflow,
                     "checker from /proc/PID/maps (the kernel writes it; the candidate cannot forge it); crossings "
                     "between torch and numpy during the calls (Tensor.numpy, __array__, from_numpy, "
                     "as_tensor/tensor of an ndarray), counted in the candidate's process (a claim)")
-NOT_SEEN = ("not seen: numpy's core (torch maps it at import, so its use shows only through the crossings and the "
-            "denial run), and symbols resolved at run time (dlsym: the BLAS inside torch's own library included)")
+NOT_SEEN = ("not seen: functions a library finds at run time without importing dlsym (which is itself flagged), "
+            "and Python code reaching the BLAS inside torch's own library through ctypes; numpy's core shows only "
+            "through the crossings and the denial run (torch maps it at import)")
 LIBRARY_EVIDENCE = ("the libraries the candidate built and loaded (its process's memory map, read by the checker: "
                     "shared objects in its scratch folder or the build cache), their imported symbols read by the "
                     "checker with nm from the very file mapped (same inode)")
@@ -94,12 +96,14 @@ def mapped_libraries(maps_text: str, roots: list[Path]) -> dict[str, int]:
     return found
 
 
-def built_library_symbols(libraries: dict[str, int]) -> list[str]:
+def built_library_symbols(libraries: dict[str, int], runtime: list[Path] = ()) -> list[str]:
     """For each library (``{file: inode}``, :func:`mapped_libraries`), the vendor and ATen symbols
     it imports as ``symbol (file name)``, read from the file opened without following links and
     only when it is still the inode mapped; a library that was deleted or replaced on disk after
-    it was loaded is named as such (its symbols cannot be checked)."""
+    it was loaded is named as such (its symbols cannot be checked). Libraries under ``runtime``
+    (Triton's generated launchers, which load the GPU driver with dlopen) may import ``dl*``."""
     found = []
+    runtime_prefixes = tuple(str(r).rstrip("/") + "/" for r in runtime)
     for path, inode in sorted(libraries.items()):
         name = os.path.basename(path.removesuffix(" (deleted)"))
         try:
@@ -112,7 +116,10 @@ def built_library_symbols(libraries: dict[str, int]) -> list[str]:
             if st.st_ino != inode or not (st.st_mode & 0o170000 == 0o100000):
                 found.append(f"{name} was replaced on disk after it was loaded (its symbols cannot be checked)")
                 continue
-            found += [f"{sym} ({name})" for sym in library_symbols(Path(path), fd=fd)]
+            symbols = library_symbols(Path(path), fd=fd)
+            if path.startswith(runtime_prefixes):
+                symbols = [sym for sym in symbols if not sym.startswith("dl")]
+            found += [f"{sym} ({name})" for sym in symbols]
         finally:
             os.close(fd)
     return found

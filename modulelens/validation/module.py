@@ -257,7 +257,7 @@ class _ModuleValidator(CandidateChecker):
         denial, more = check_by_denial(
             backend="module", memory_limit_mb=self.task.memory_limit_mb, read_only=self.proc.read_only,
             call_timeout=self.call_timeout, numpy=numpy_mode("module", self.mapped_since_ready()), load=load,
-            cases=calls, compare=compare, prior_build=self.proc.scratch / "torch_extensions")
+            cases=calls, compare=compare)
         self.report.denial = denial
         self.check("correct where the reference library is denied", denial.outcome == "computes itself",
                    denial.detail)

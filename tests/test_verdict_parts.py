@@ -82,6 +82,16 @@ def test_fresh_inputs_are_deterministic_and_drawn_in_chunks(monkeypatch):
         assert torch.equal(x[0], y[0]) and x[0].stride() == t.t().stride() and bool(torch.isfinite(x[0]).all())
 
 
+def test_the_varied_arguments_of_a_card_are_named_as_the_operator_names_them():
+    from modulelens.validation.inputs import floating_names
+
+    schema = torch.ops.aten.native_layer_norm.default._schema
+    x, w, b = torch.zeros(2, 4), torch.ones(4), torch.zeros(4)
+    names = [a.name for a in schema.arguments]
+    assert floating_names([x, [4], w, b, 1e-5], {}, names) == ["input", "weight", "bias"]
+    assert floating_names([x, torch.arange(3)], {"scale": w}) == ["argument 0", "scale"]
+
+
 def test_fresh_parameters_break_the_symmetries_of_a_fresh_module():
     ln = torch.nn.LayerNorm(64)
     bn = torch.nn.BatchNorm1d(8)

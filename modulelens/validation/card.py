@@ -33,8 +33,14 @@ from modulelens.repo import Repository
 from modulelens.timing import Timing, time_callable
 from modulelens.validation.candidate_messages import Loaded, LoadRequest
 from modulelens.validation.checker import CandidateChecker, CandidateFailed, checker_timing, start_candidate
-from modulelens.validation.compare import ORACLE_MULTIPLE, compare_output, eager_noise, float64_args, same_bits, \
-    within_oracle
+from modulelens.validation.compare import (
+    ORACLE_MULTIPLE,
+    compare_output,
+    eager_noise,
+    float64_args,
+    same_bits,
+    within_oracle,
+)
 from modulelens.validation.denial import DENIAL_EVIDENCE, check_by_denial, numpy_mode
 from modulelens.validation.denial import verdict as denial_verdict
 from modulelens.validation.evidence import FOREIGN_EVIDENCE, LIBRARY_EVIDENCE, NOT_SEEN, computing_ops, library_symbols

@@ -118,12 +118,15 @@ def fresh_state(state: dict[str, torch.Tensor], parameters: set[str],
             out[name] = t
             kept.append(f"{name} (a mask or holds non-finite values)")
             continue
-        s = _rms(t) or 1.0
+        scale = _rms(t) or 1.0
         positive = buffer and bool((t >= 0).all())
-        if positive:
-            new = _drawn_like(t, lambda start, n: s * (0.25 + 1.75 * torch.rand(n, generator=g, dtype=torch.float64)))
-        else:
-            new = _drawn_like(t, lambda start, n: s * torch.randn(n, generator=g, dtype=torch.float64))
+
+        def draw(start: int, n: int, scale: float = scale, positive: bool = positive) -> torch.Tensor:
+            if positive:  # variances and the like stay positive
+                return scale * (0.25 + 1.75 * torch.rand(n, generator=g, dtype=torch.float64))
+            return scale * torch.randn(n, generator=g, dtype=torch.float64)
+
+        new = _drawn_like(t, draw)
         shared[key] = out[name] = new
         varied.append(name)
     return out, varied, kept

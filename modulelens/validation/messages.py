@@ -19,7 +19,6 @@ model, told apart by ``kind``, so a caller matches on the type instead of probin
 from __future__ import annotations
 
 import errno
-
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, TypeAdapter

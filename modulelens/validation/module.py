@@ -73,8 +73,13 @@ from modulelens.validation.denial import DENIAL_EVIDENCE, check_by_denial, numpy
 from modulelens.validation.denial import verdict as denial_verdict
 from modulelens.validation.evidence import FOREIGN_EVIDENCE, LIBRARY_EVIDENCE, NOT_SEEN, computing_ops
 from modulelens.validation.inputs import FRESH_STATE, fresh_inputs, fresh_state, tensors
-from modulelens.validation.messages import SandboxResult, ValidatedResult, ValidateModuleTask, memory_refusal, \
-    out_of_memory
+from modulelens.validation.messages import (
+    SandboxResult,
+    ValidatedResult,
+    ValidateModuleTask,
+    memory_refusal,
+    out_of_memory,
+)
 from modulelens.validation.report import Accuracy, ValidationReport
 
 EVAL_ONLY = "checked in eval mode only (dropout off, no gradients): not dispatched in training"
@@ -130,7 +135,13 @@ class _ModuleValidator(CandidateChecker):
         try:
             return self._run(art, manifest, loaded, device)
         except CandidateFailed as e:
-            return self.reject(str(e))
+            reason = str(e)
+            data = getattr(self, "data_bytes", 0)
+            if "memory" in reason and data:
+                reason += (f"; the capture's inputs and outputs alone take {data / 2**20:.0f} MiB of the "
+                           f"{self.task.memory_limit_mb} MB limit: if the candidate needs no more than the original, "
+                           "raise it with --memory-limit-mb")
+            return self.reject(reason)
         finally:
             self.report.stdout_bytes = self.proc.stdout_bytes()
             self.proc.remove()

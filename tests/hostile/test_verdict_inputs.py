@@ -64,6 +64,7 @@ def test_a_softmax_computed_in_numpy_through_ctypes_is_a_wrapper(softmax_card):
     r = validate_kernel(req, ToolContext(repo_root=repo))
     assert r.correct and r.verdict == "wrapper", r.reason
     assert r.denial is not None and r.denial.outcome == "fails" and "numpy" in r.denial.detail, r.denial
+    assert r.varied == ["self"]  # the card's floating tensor arguments, by their schema names
 
 
 @pytest.mark.skipif(not CONTAINED, reason="the memory denial of numpy needs Landlock (files) and namespaces")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -15,7 +15,8 @@ from modulelens.registry import Tool, ToolContext, register
 from modulelens.repo import Artifact, Repository, validate_name
 from modulelens.stats.collector import DEFAULT_EVERY
 from modulelens.stats.manifest import TypeRow, stats_manifest
-from modulelens.stats.runs import StatsFinding, TensorStatsRow, tensor_rows
+from modulelens.stats.runs import TensorStatsRow, tensor_rows
+from modulelens.stats.schema import RunSeries, StatsFinding, read_findings, read_series
 from modulelens.stats.series import DEFAULT_EMA
 from modulelens.stats.stats import DEFAULT_SAMPLE
 from modulelens.stats.worker import StatsWorkerRequest, gather_script_stats
@@ -48,10 +49,10 @@ class GatherStatsRequest(BaseModel):
     plots: bool = Field(True, description="Write report plots.")
     thresholds: dict[str, float] = Field(
         default_factory=dict,
-        description="Override: dead_zero_frac, explode_gain, explode_rms, explode_abs_rms, vanish_gain, "
-        "vanish_abs_rms, explode_grad_ratio, vanish_grad_ratio, saturation_frac.",
+        description="Override rule thresholds by key (the diagnose-training skill lists them).",
     )
     nproc: int = Field(1, ge=1, description="Processes under torchrun.")
+    nan_rerun: bool = Field(True, description="On NaN/Inf, rerun to find where they start.")
     wandb: bool = Field(False, description="Also log to Weights & Biases.")
     wandb_project: str | None = Field(None)
     timeout: float = Field(3600.0, gt=0, description="Seconds; stopped at a step boundary near the end.")
@@ -110,15 +111,14 @@ def _result(art: Artifact, source: str, top: int | None, tail: str = "", seconds
     """The result for the stored run ``art``: order, findings and tensors cut to ``top`` (the
     stored series and findings files have them all)."""
     summary = stats_manifest(art).summary
-    found = art.read_json("findings.json")
-    series = art.read_json("series.json")
+    series = read_series(art)
     files = summary.report_files
     result = GatherStatsResult(
         run_id=art.ref, source=source,  # type: ignore[arg-type]
         modules=summary.modules, steps_seen=summary.steps_seen, steps_sampled=summary.steps_sampled,
         order_source=summary.order_source,
-        order=list(series.get("order", list(series.get("tensors", {}))))[:200] if source == "script" else [],
-        findings=[StatsFinding.model_validate(f) for f in found],
+        order=series.order[:200] if isinstance(series, RunSeries) else [],
+        findings=read_findings(art),
         by_type=summary.by_type, by_type_step=summary.by_type_step,
         report_html=str(art.file("report.html")) if "report.html" in files else None,
         report_png=str(art.file("report.png")) if "report.png" in files else None,
@@ -153,7 +153,7 @@ def gather_stats(req: GatherStatsRequest, ctx: ToolContext) -> GatherStatsResult
     request = StatsWorkerRequest(
         script=str(script.resolve()), script_args=req.script_args, name=name, repo=str(repo.root), every=req.every,
         steps=req.steps, step_on=req.step_on, eager=req.eager, params=req.params, fx=req.fx, ema=req.ema,
-        plots=req.plots, sample=req.sample, thresholds=req.thresholds, nproc=req.nproc,
+        plots=req.plots, sample=req.sample, thresholds=req.thresholds, nproc=req.nproc, nan_rerun=req.nan_rerun,
         # Stop at a step boundary with time left to store the statistics before the hard limit.
         stop_at=time.time() + req.timeout - min(60.0, 0.2 * req.timeout),
     )
@@ -169,55 +169,6 @@ def gather_stats(req: GatherStatsRequest, ctx: ToolContext) -> GatherStatsResult
     return out
 
 
-def _render(r: GatherStatsResult):
-    from rich.console import Group
-    from rich.table import Table
-    from rich.text import Text
-
-    what = (f": {r.modules} modules, {r.steps_sampled} sampled step(s) of {r.steps_seen}, order from {r.order_source}"
-            if r.source == "script" else f": {len(r.tensors)} tensors of the capture")
-    head = Text.assemble(("statistics ", "bold"), (r.run_id, "bold cyan"), what)
-    parts: list[Any] = [head]
-    if r.findings:
-        t = Table(title="findings", show_lines=True, title_justify="left")
-        for c in ("kind", "module", "steps", "message", "action"):
-            t.add_column(c, overflow="fold")
-        for f in r.findings:
-            held = str(f.step) if f.first_step is None else f"{f.first_step}-{f.last_step} ({f.steps_held})"
-            t.add_row(f.kind, f.module or "(model)", held, f.message, f.action)
-        parts.append(t)
-    else:
-        parts.append(Text("no findings", style="green"))
-    if r.by_type:
-        t = Table(title=f"by module type (step {r.by_type_step})", title_justify="left")
-        for c in ("type", "modules", "act std", "zero frac", "grad std", "update ratio"):
-            t.add_column(c)
-
-        def f(v: float | None) -> str:
-            return "-" if v is None else f"{v:.3g}"
-
-        for row in r.by_type:
-            t.add_row(row.type, str(row.modules), f(row.activation_std), f(row.activation_zero_frac),
-                      f(row.gradient_std), f(row.update_ratio))
-        parts.append(t)
-    if r.tensors:
-        t = Table(title="tensors", title_justify="left")
-        for c in ("tensor", "group", "shape", "mean", "std", "kurtosis", "zero frac", "min", "max", "NaN/Inf"):
-            t.add_column(c)
-
-        def g(v: float | None) -> str:
-            return "-" if v is None else f"{v:.3g}"
-
-        for row in r.tensors:
-            t.add_row(row.key, row.group, str(row.shape), g(row.mean), g(row.std), g(row.kurtosis), g(row.zero_frac),
-                      g(row.min), g(row.max), f"{row.nan or 0}/{row.inf or 0}")
-        parts.append(t)
-    for n in r.notes:
-        parts.append(Text(f"note: {n}", style="yellow"))
-    parts.append(Text(f"report: {r.report_html or '-'}"))
-    return Group(*parts)
-
-
 TOOL = register(
     Tool(
         name="gather_stats",
@@ -225,6 +176,5 @@ TOOL = register(
         result=GatherStatsResult,
         fn=gather_stats,
         summary="Per-module activation, gradient and weight statistics of a training script every N steps, with findings; or of a capture.",
-        render=_render,
     )
 )

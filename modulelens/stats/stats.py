@@ -48,7 +48,6 @@ from modulelens.stats.fused import moments_cpu
 
 # Layout of a moment vector.
 FIELDS = ("numel", "count", "mean", "m2", "m3", "m4", "zeros", "nan", "inf", "min", "max", "sat", "sampled")
-K = len(FIELDS)
 _I = {f: i for i, f in enumerate(FIELDS)}
 NAN, INF, SAMPLED = _I["nan"], _I["inf"], _I["sampled"]
 

@@ -16,7 +16,8 @@ from modulelens.ui.tree import ParamLeaf, module_tree
 
 TENSOR_GROUPS = ("input", "output", "weight", "gradient")
 # The statistics the training-statistics page can plot (per module and per type, over steps).
-PLOTTED_STATS = ["std", "zero_frac", "mean", "rms", "kurtosis", "gain", "min", "max"]
+PLOTTED_STATS = ["std", "zero_frac", "mean", "rms", "kurtosis", "gain", "min", "max", "sat_frac", "entropy", "max_prob",
+                 "onehot_frac"]
 
 
 def captures_page(request: Request) -> HTMLResponse:

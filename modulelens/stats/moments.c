@@ -10,6 +10,7 @@
  * mean removes any cancellation. Saturation (sat_on): |x - centre| >= threshold.
  */
 #include <math.h>
+#include <tgmath.h> /* fabs of a float is fabsf: comparisons stay in the element type */
 #include <stdint.h>
 #include <string.h>
 
@@ -19,77 +20,101 @@
 #define CLONES
 #endif
 
-static inline double load_f32(const void *p, int64_t i) { return (double)((const float *)p)[i]; }
+static inline float load_f32(const void *p, int64_t i) { return ((const float *)p)[i]; }
 static inline double load_f64(const void *p, int64_t i) { return ((const double *)p)[i]; }
-static inline double load_bf16(const void *p, int64_t i) {
+static inline float load_bf16(const void *p, int64_t i) {
     uint32_t bits = (uint32_t)((const uint16_t *)p)[i] << 16;
     float f;
     memcpy(&f, &bits, sizeof f);
-    return (double)f;
+    return f;
 }
+static inline double load_f32_d(const void *p, int64_t i) { return load_f32(p, i); }
+static inline double load_bf16_d(const void *p, int64_t i) { return load_bf16(p, i); }
 
 typedef struct {
     double s1, s2, s3, s4, count, zeros, nan, sat, mn, mx;
 } acc_t;
 
+/* Both passes read the tensor in blocks of BLOCK elements: within a block, comparisons, counts,
+ * min and max stay in the element type (VT: float for float32 and bfloat16, twice as many per
+ * vector as double) and counts in VT are exact (below 2^24 per vector lane); only the power sums are
+ * accumulated in double. Blocks are added up in double. */
+#define BLOCK ((int64_t)1 << 20)
+
+static void add_block(acc_t *a, double s1, double s2, double s3, double s4, double count, double zeros, double nan,
+                      double sat, double mn, double mx) {
+    a->s1 += s1; a->s2 += s2; a->s3 += s3; a->s4 += s4; a->count += count; a->zeros += zeros; a->nan += nan;
+    a->sat += sat;
+    a->mn = mn < a->mn ? mn : a->mn;
+    a->mx = mx > a->mx ? mx : a->mx;
+}
+
 /* The pass for tensors without NaN/Inf (nearly all): no finiteness test per element. A NaN or Inf
  * shows in the sums or in min/max, and the caller then runs the careful pass. */
-#define FAST_PASS(NAME, LOAD)                                                                          \
+#define FAST_PASS(NAME, VT, LOAD)                                                                      \
     CLONES static void NAME(const void *x, int64_t n, double shift, double centre, double thr,        \
                             acc_t *a) {                                                                \
-        double s1 = 0, s2 = 0, s3 = 0, s4 = 0, zeros = 0, sat = 0;                                     \
-        double mn = INFINITY, mx = -INFINITY;                                                          \
-        _Pragma("omp simd reduction(+:s1,s2,s3,s4,zeros,sat) reduction(min:mn) reduction(max:mx)")    \
-        for (int64_t i = 0; i < n; i++) {                                                              \
-            double v = LOAD(x, i);                                                                     \
-            double d = v - shift;                                                                      \
-            double d2 = d * d;                                                                         \
-            s1 += d;                                                                                   \
-            s2 += d2;                                                                                  \
-            s3 += d2 * d;                                                                              \
-            s4 += d2 * d2;                                                                             \
-            zeros += (v == 0.0) ? 1.0 : 0.0;                                                           \
-            sat += (fabs(v - centre) >= thr) ? 1.0 : 0.0;                                              \
-            mn = v < mn ? v : mn;                                                                      \
-            mx = v > mx ? v : mx;                                                                      \
+        *a = (acc_t){0, 0, 0, 0, 0, 0, 0, 0, INFINITY, -INFINITY};                                     \
+        const VT c = (VT)centre, t = (VT)thr;                                                          \
+        for (int64_t lo = 0; lo < n; lo += BLOCK) {                                                    \
+            int64_t hi = n - lo < BLOCK ? n : lo + BLOCK;                                              \
+            double s1 = 0, s2 = 0, s3 = 0, s4 = 0;                                                     \
+            VT zeros = 0, sat = 0, mn = INFINITY, mx = -INFINITY;                                      \
+            _Pragma("omp simd reduction(+:s1,s2,s3,s4,zeros,sat) reduction(min:mn) reduction(max:mx)") \
+            for (int64_t i = lo; i < hi; i++) {                                                        \
+                VT v = LOAD(x, i);                                                                     \
+                double d = (double)v - shift;                                                          \
+                double d2 = d * d;                                                                     \
+                s1 += d;                                                                               \
+                s2 += d2;                                                                              \
+                s3 += d2 * d;                                                                          \
+                s4 += d2 * d2;                                                                         \
+                zeros += (v == 0) ? (VT)1 : (VT)0;                                                     \
+                sat += (fabs(v - c) >= t) ? (VT)1 : (VT)0;                                             \
+                mn = v < mn ? v : mn;                                                                  \
+                mx = v > mx ? v : mx;                                                                  \
+            }                                                                                          \
+            add_block(a, s1, s2, s3, s4, (double)(hi - lo), zeros, 0, sat, mn, mx);                    \
         }                                                                                              \
-        a->s1 = s1; a->s2 = s2; a->s3 = s3; a->s4 = s4; a->count = (double)n; a->zeros = zeros;        \
-        a->nan = 0; a->sat = sat; a->mn = mn; a->mx = mx;                                              \
     }
 
 /* The careful pass: NaN and Inf are counted and left out of the sums, min and max. */
-#define PASS(NAME, LOAD)                                                                               \
+#define PASS(NAME, VT, LOAD)                                                                           \
     CLONES static void NAME(const void *x, int64_t n, double shift, double centre, double thr,        \
                             acc_t *a) {                                                                \
-        double s1 = 0, s2 = 0, s3 = 0, s4 = 0, count = 0, zeros = 0, nan = 0, sat = 0;                 \
-        double mn = INFINITY, mx = -INFINITY;                                                          \
-        _Pragma("omp simd reduction(+:s1,s2,s3,s4,count,zeros,nan,sat) reduction(min:mn) reduction(max:mx)") \
-        for (int64_t i = 0; i < n; i++) {                                                              \
-            double v = LOAD(x, i);                                                                     \
-            int fin = (v - v) == 0.0;                                                                  \
-            double d = fin ? v - shift : 0.0;                                                          \
-            double d2 = d * d;                                                                         \
-            s1 += d;                                                                                   \
-            s2 += d2;                                                                                  \
-            s3 += d2 * d;                                                                              \
-            s4 += d2 * d2;                                                                             \
-            count += fin ? 1.0 : 0.0;                                                                  \
-            zeros += (v == 0.0) ? 1.0 : 0.0;                                                           \
-            nan += (v != v) ? 1.0 : 0.0;                                                               \
-            sat += (fin && fabs(v - centre) >= thr) ? 1.0 : 0.0;                                       \
-            mn = (fin && v < mn) ? v : mn;                                                             \
-            mx = (fin && v > mx) ? v : mx;                                                             \
+        *a = (acc_t){0, 0, 0, 0, 0, 0, 0, 0, INFINITY, -INFINITY};                                     \
+        const VT c = (VT)centre, t = (VT)thr;                                                          \
+        for (int64_t lo = 0; lo < n; lo += BLOCK) {                                                    \
+            int64_t hi = n - lo < BLOCK ? n : lo + BLOCK;                                              \
+            double s1 = 0, s2 = 0, s3 = 0, s4 = 0;                                                     \
+            VT count = 0, zeros = 0, nan = 0, sat = 0, mn = INFINITY, mx = -INFINITY;                  \
+            _Pragma("omp simd reduction(+:s1,s2,s3,s4,count,zeros,nan,sat) reduction(min:mn) reduction(max:mx)") \
+            for (int64_t i = lo; i < hi; i++) {                                                        \
+                VT v = LOAD(x, i);                                                                     \
+                int fin = (v - v) == 0;                                                                \
+                double d = fin ? (double)v - shift : 0.0;                                              \
+                double d2 = d * d;                                                                     \
+                s1 += d;                                                                               \
+                s2 += d2;                                                                              \
+                s3 += d2 * d;                                                                          \
+                s4 += d2 * d2;                                                                         \
+                count += fin ? (VT)1 : (VT)0;                                                          \
+                zeros += (v == 0) ? (VT)1 : (VT)0;                                                     \
+                nan += (v != v) ? (VT)1 : (VT)0;                                                       \
+                sat += (fin && fabs(v - c) >= t) ? (VT)1 : (VT)0;                                      \
+                mn = (fin && v < mn) ? v : mn;                                                         \
+                mx = (fin && v > mx) ? v : mx;                                                         \
+            }                                                                                          \
+            add_block(a, s1, s2, s3, s4, count, zeros, nan, sat, mn, mx);                              \
         }                                                                                              \
-        a->s1 = s1; a->s2 = s2; a->s3 = s3; a->s4 = s4; a->count = count; a->zeros = zeros;            \
-        a->nan = nan; a->sat = sat; a->mn = mn; a->mx = mx;                                            \
     }
 
-FAST_PASS(fast_f32, load_f32)
-FAST_PASS(fast_f64, load_f64)
-FAST_PASS(fast_bf16, load_bf16)
-PASS(pass_f32, load_f32)
-PASS(pass_f64, load_f64)
-PASS(pass_bf16, load_bf16)
+FAST_PASS(fast_f32, float, load_f32)
+FAST_PASS(fast_f64, double, load_f64)
+FAST_PASS(fast_bf16, float, load_bf16)
+PASS(pass_f32, float, load_f32)
+PASS(pass_f64, double, load_f64)
+PASS(pass_bf16, float, load_bf16)
 
 typedef void (*pass_fn)(const void *, int64_t, double, double, double, acc_t *);
 typedef double (*load_fn)(const void *, int64_t);
@@ -112,9 +137,9 @@ int modulelens_moments(const void *x, int64_t n, int dtype, int sat_on, double c
     pass_fn fast, pass;
     load_fn load;
     switch (dtype) {
-    case 0: fast = fast_f32; pass = pass_f32; load = load_f32; break;
+    case 0: fast = fast_f32; pass = pass_f32; load = load_f32_d; break;
     case 1: fast = fast_f64; pass = pass_f64; load = load_f64; break;
-    case 2: fast = fast_bf16; pass = pass_bf16; load = load_bf16; break;
+    case 2: fast = fast_bf16; pass = pass_bf16; load = load_bf16_d; break;
     default: return -1;
     }
     if (!sat_on)
@@ -157,9 +182,9 @@ int64_t modulelens_zero_rows(const void *x, int64_t rows, int64_t cols, int64_t 
                              const uint8_t *previous, uint8_t *zero) {
     load_fn load;
     switch (dtype) {
-    case 0: load = load_f32; break;
+    case 0: load = load_f32_d; break;
     case 1: load = load_f64; break;
-    case 2: load = load_bf16; break;
+    case 2: load = load_bf16_d; break;
     default: return -1;
     }
     int64_t count = 0;

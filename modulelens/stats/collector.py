@@ -65,7 +65,7 @@ from modulelens.stats.order import execution_order, merge_observed
 from modulelens.stats.records import StatsRun, StepRecord
 from modulelens.stats.schema import StatsFinding
 from modulelens.stats.series import DEFAULT_EMA
-from modulelens.stats.softmax import SoftmaxObserver
+from modulelens.stats.softmax import ObserverSlot
 from modulelens.stats.window import Call, Reduced, Window, floating_tensors, materialize, saturation_of
 from modulelens.wrappers import is_wrapper
 
@@ -145,7 +145,7 @@ class StatsCollector:
         self._order: list[str] = []
         self._zero_rows: dict[str, torch.Tensor] = {}  # weight -> its rows with a zero gradient on the last sampled step
         self._win: Window | None = None
-        self._observer: SoftmaxObserver | None = None
+        self._slot = ObserverSlot(self._record_softmax, self._note_once, enabled=softmax)
         self._module_hooks: list[Any] = []
         self._opt_hooks: list[Any] = []
         self._root_hooks: list[Any] = []
@@ -319,7 +319,7 @@ class StatsCollector:
         if win is None:
             return
         win.open = False
-        self._drop_observer(False)
+        self._slot.drop(False)
         if self._restore_stance is not None:
             self._restore_stance()
             self._restore_stance = None
@@ -367,42 +367,6 @@ class StatsCollector:
             self.notes.append(note)
 
     # -- softmax ---------------------------------------------------------------------------------
-    # During the forward pass of a sampled step a SoftmaxObserver (a torch-function mode) sees the
-    # softmax calls of the model. It is pushed when the first recorded call begins and dropped when
-    # the outermost call returns; the hooks take it off the mode stack while they work, so that their
-    # own torch calls do not pass through it.
-    def _suspend(self) -> bool:
-        """Take the observer off the top of the mode stack; True when it was there."""
-        obs = self._observer
-        if obs is None:
-            return False
-        depth = torch._C._len_torch_function_stack()
-        if depth and torch._C._get_function_stack_at(depth - 1) is obs:
-            torch._C._pop_torch_function_stack()
-            return True
-        return False
-
-    def _resume(self) -> None:
-        if self._observer is not None:
-            torch._C._push_on_torch_function_stack(self._observer)
-
-    def _start_observer(self) -> bool:
-        """Create the observer for this forward pass; True when it must be pushed."""
-        if self.softmax and self._observer is None:
-            self._observer = SoftmaxObserver(self._record_softmax, self._note_once)
-            return True
-        return False
-
-    def _drop_observer(self, suspended: bool) -> None:
-        """Forget the observer (``suspended``: it is already off the stack)."""
-        observer, self._observer = self._observer, None
-        if observer is None or suspended:
-            return
-        try:
-            _remove_function_mode(observer)
-        except Exception as e:  # noqa: BLE001
-            self._note_error("leaving the softmax observer", e)
-
     def _record_softmax(self, source: str, vec: Any) -> None:
         win = self._win
         name = win.innermost() if win is not None else None
@@ -414,7 +378,7 @@ class StatsCollector:
         win = self._win
         if win is None or in_backward():
             return
-        push = self._suspend()
+        push = self._slot.suspend()
         try:
             parent = win.stack[-1] if win.stack else None
             if self.step_on == "forward" and parent is None and self.names.is_root(module):
@@ -422,7 +386,7 @@ class StatsCollector:
                 self._root_call_handled = True  # the root's own pre-hook runs next: nothing left to do
                 if advance and self._root_calls > 0:
                     if push:
-                        self._drop_observer(True)
+                        self._slot.drop(True)
                         push = False
                     self._end_step()
                     win = self._win
@@ -445,7 +409,7 @@ class StatsCollector:
             win.stack.append(call)
             if not record:
                 return
-            push = self._start_observer() or push
+            push = self._slot.start() or push
             win.calls.append(call)
             for t in floating_tensors(args):
                 reduced = _reduced(win, t)
@@ -457,13 +421,13 @@ class StatsCollector:
             self._note_error(f"entering {type(module).__name__}", e)
         finally:
             if push:
-                self._resume()
+                self._slot.resume()
 
     def _post(self, module: nn.Module, args: tuple, output: Any) -> None:
         win = self._win
         if win is None or not win.stack or in_backward():
             return
-        push = self._suspend()
+        push = self._slot.suspend()
         try:
             call = None
             for i in range(len(win.stack) - 1, -1, -1):
@@ -472,7 +436,7 @@ class StatsCollector:
                     del win.stack[i:]
                     break
             if not win.stack:  # the forward pass is over
-                self._drop_observer(push)
+                self._slot.drop(push)
                 push = False
             if call is None or call.name is None or output is None:
                 return
@@ -487,7 +451,7 @@ class StatsCollector:
             self._note_error(f"leaving {type(module).__name__}", e)
         finally:
             if push:
-                self._resume()
+                self._slot.resume()
 
     def _out_moments(self, win: Window, t: torch.Tensor, sat: tuple[float, float] | None) -> torch.Tensor | list[float]:
         # A container usually returns its last child's output: reduce each tensor version once.
@@ -587,15 +551,3 @@ def _reduced(win: Window, t: torch.Tensor) -> torch.Tensor | list[float] | None:
             exact = not isinstance(vec, list) or not vec[S.SAMPLED]
             return vec if exact else None
     return None
-
-
-def _remove_function_mode(mode: Any) -> None:
-    """Take ``mode`` off this thread's torch-function mode stack, keeping the modes above it."""
-    above = []
-    while torch._C._len_torch_function_stack() > 0:
-        top = torch._C._pop_torch_function_stack()
-        if top is mode:
-            break
-        above.append(top)
-    for m in reversed(above):
-        torch._C._push_on_torch_function_stack(m)

@@ -252,3 +252,51 @@ def finalize(v: list[float]) -> dict[str, float | None]:
         "rows": rows,
         "calls": v[4],
     }
+
+
+class ObserverSlot:
+    """The softmax observer of one forward pass on this thread's torch-function mode stack: started
+    when the first recorded module call begins, dropped when the outermost call returns. The hooks
+    take it off the stack while they work (:meth:`suspend`, :meth:`resume`), so that their own torch
+    calls do not pass through it."""
+
+    def __init__(self, record: Record, unobserved: Callable[[str], None], enabled: bool = True):
+        self.record, self.unobserved, self.enabled = record, unobserved, enabled
+        self.observer: SoftmaxObserver | None = None
+
+    def start(self) -> bool:
+        """Create the observer of this forward pass; True when it is new (the caller pushes it)."""
+        if self.enabled and self.observer is None:
+            self.observer = SoftmaxObserver(self.record, self.unobserved)
+            return True
+        return False
+
+    def suspend(self) -> bool:
+        """Take the observer off the top of the stack; True when it was there."""
+        obs = self.observer
+        if obs is None:
+            return False
+        depth = torch._C._len_torch_function_stack()
+        if depth and torch._C._get_function_stack_at(depth - 1) is obs:
+            torch._C._pop_torch_function_stack()
+            return True
+        return False
+
+    def resume(self) -> None:
+        if self.observer is not None:
+            torch._C._push_on_torch_function_stack(self.observer)
+
+    def drop(self, suspended: bool) -> None:
+        """Forget the observer (``suspended``: it is already off the stack; otherwise it is taken out
+        from under any mode entered above it)."""
+        observer, self.observer = self.observer, None
+        if observer is None or suspended:
+            return
+        above = []
+        while torch._C._len_torch_function_stack() > 0:
+            top = torch._C._pop_torch_function_stack()
+            if top is observer:
+                break
+            above.append(top)
+        for mode in reversed(above):
+            torch._C._push_on_torch_function_stack(mode)

@@ -83,8 +83,8 @@ class UpdateMeasurement:
 
     # name -> (numel, ||w||, ||grad|| or None, fraction of rows with a zero gradient or None), as device scalars.
     norms: dict[str, tuple[int, torch.Tensor, torch.Tensor | None, torch.Tensor | None]] = field(default_factory=dict)
-    # id(param) -> (name, copy of its update sample before the step).
-    before: dict[int, tuple[str, torch.Tensor]] = field(default_factory=dict)
+    # id(param) -> (name, copy of its update sample before the step, its norm).
+    before: dict[int, tuple[str, torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     # name -> (||w_after - w_before||, ||w_before||) on the update sample.
     updates: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
@@ -98,29 +98,32 @@ class UpdateMeasurement:
             return
         ws = [p.detach() for _, p in named]
         with_grad = [(n, p.grad.detach()) for n, p in named if p.grad is not None and p.grad.layout == torch.strided]
-        grad_norms = dict(zip([n for n, _ in with_grad], fused_norms([g for _, g in with_grad]))) if with_grad else {}
         dead = {}
         for n, g in with_grad:
             if g.dim() >= 2 and n not in tables:
                 zero_rows[n], dead[n] = dead_rows(g, zero_rows.get(n))
         samples = [update_sample(w) for w in ws]
-        copies = torch._foreach_mul(samples, 1.0)  # one call for every copy
-        for (name, p), w, wn, copy in zip(named, ws, fused_norms(ws), copies):
+        copies = [x.clone() for x in samples]
+        # One fused call for the norms of the weights, their gradients and the copies.
+        norms = fused_norms([*ws, *(g for _, g in with_grad), *copies])
+        w_norms, g_norms, c_norms = norms[:len(ws)], norms[len(ws):len(ws) + len(with_grad)], norms[len(ws) + len(with_grad):]
+        grad_norms = dict(zip([n for n, _ in with_grad], g_norms))
+        for (name, p), w, wn, copy, cn in zip(named, ws, w_norms, copies, c_norms):
             self.norms[name] = (w.numel(), wn, grad_norms.get(name), dead.get(name))
-            self.before[id(p)] = (name, copy)
+            self.before[id(p)] = (name, copy, cn)
 
     def after_step(self, params: list[torch.Tensor]) -> None:
         """After ``optimizer.step()``: the update norms of those of ``params`` measured before."""
-        names, afters, befores = [], [], []
+        names, afters, befores, base = [], [], [], []
         for p in params:
             entry = self.before.pop(id(p), None)
             if entry is not None:
                 names.append(entry[0])
                 afters.append(update_sample(p.detach()))
                 befores.append(entry[1])
+                base.append(entry[2])
         if not names:
             return
-        base = fused_norms(befores)
         torch._foreach_sub_(befores, afters)  # the copies become -(update): no new memory
         for name, dn, bn in zip(names, fused_norms(befores), base):
             self.updates[name] = (dn, bn)

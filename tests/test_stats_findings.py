@@ -82,3 +82,19 @@ def test_gradients_are_judged_against_the_healthy_layers_near_the_loss():
     found = F.evaluate(series_of([0], mods))
     assert [f.kind for f in found] == ["vanishing_gradient"]
     assert int(found[0].module[1:]) < 10 and "clip" not in found[0].action
+
+
+def test_a_rerun_that_found_the_origin_names_it_and_one_that_did_not_says_so():
+    from modulelens.stats.schema import NanOrigin
+
+    mods = {"": _healthy(), "l0": _healthy(), "l1": _healthy(), "l2": _healthy()}
+    nan = [{"step": 10, "calls": [{"module": "l0", "input_nonfinite": False}], "grads": []}]
+    series = series_of([0, 5, 10], mods, nonfinite=nan)
+    series.nan_origin = NanOrigin(found=True, step=7, phase="backward", tensor="gradient", module="l1",
+                                  seen_in="gradient w.r.t. the input of l1", detail="Its backward made them.")
+    [f] = F.evaluate(series)
+    assert (f.kind, f.module, f.step, f.phase, f.tensor, f.found_by) == ("nan_inf", "l1", 7, "backward", "gradient", "rerun")
+    assert (f.first_step, f.evidence["first_seen_step"]) == (10, 10) and "backward of l1" in f.action
+    series.nan_origin = NanOrigin(found=False, detail="the rerun reached step 10 without NaN/Inf")
+    [f] = F.evaluate(series)
+    assert (f.module, f.step, f.found_by) == ("l0", 10, "sampled steps") and "did not: the rerun reached" in f.message

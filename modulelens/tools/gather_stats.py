@@ -43,16 +43,16 @@ class GatherStatsRequest(BaseModel):
     step_on: Literal["optimizer", "forward"] = Field(
         "optimizer", description="forward: for loops without an optimizer.")
     eager: bool = Field(True, description="Disable torch.compile; false: only sampled steps eager.")
-    params: bool = Field(True, description="Also weight, gradient and update statistics.")
+    params: bool = Field(True, description="Also weight, gradient, update statistics.")
     fx: bool = Field(True, description="Order modules with torch.fx.")
-    sample: int = Field(DEFAULT_SAMPLE, ge=0, description="Moments from about this many elements (0: exact).")
+    sample: int = Field(DEFAULT_SAMPLE, ge=0, description="Moments from about N elements (0: exact).")
     plots: bool = Field(True, description="Write report plots.")
     thresholds: dict[str, float] = Field(
         default_factory=dict,
-        description="Override rule thresholds by key (the diagnose-training skill lists them).",
+        description="Rule thresholds by key (see the diagnose-training skill).",
     )
     nproc: int = Field(1, ge=1, description="Processes under torchrun.")
-    nan_rerun: bool = Field(True, description="On NaN/Inf, rerun to find where they start.")
+    nan_rerun: bool = Field(True, description="On NaN/Inf: rerun to find their origin.")
     wandb: bool = Field(False, description="Also log to Weights & Biases.")
     wandb_project: str | None = Field(None)
     timeout: float = Field(3600.0, gt=0, description="Seconds; stopped at a step boundary near the end.")

@@ -60,10 +60,11 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 
 from modulelens.stats import stats as S
 from modulelens.stats.compiled import force_eager, in_backward
+from modulelens.stats.fused import unavailable
 from modulelens.stats.naming import ModuleNames
 from modulelens.stats.order import execution_order, merge_observed
 from modulelens.stats.records import StatsRun, StepRecord
-from modulelens.stats.schema import StatsFinding
+from modulelens.stats.schema import NanOrigin, StatsFinding
 from modulelens.stats.series import DEFAULT_EMA
 from modulelens.stats.softmax import ObserverSlot
 from modulelens.stats.window import Call, Reduced, Window, floating_tensors, materialize, saturation_of
@@ -237,8 +238,6 @@ class StatsCollector:
         return self._run
 
     def _final_notes(self, fx_note: str | None) -> list[str]:
-        from modulelens.stats.fused import unavailable
-
         notes = list(self.notes)
         if fx_note:
             notes.append(fx_note)
@@ -270,7 +269,7 @@ class StatsCollector:
         return notes
 
     def save(self, name: str | None = None, repo: str | os.PathLike[str] | None = None, *,
-             run: StatsRun | None = None, nan_origin: Any = None, **meta: Any):
+             run: StatsRun | None = None, nan_origin: NanOrigin | None = None, **meta: Any):
         """Store the run (this collector's, or ``run``, e.g. merged over ranks) as a ``stats`` artifact
         (series, findings, report); returns the artifact. ``nan_origin``: where NaN/Inf was born,
         from a rerun (:class:`~modulelens.stats.schema.NanOrigin`)."""

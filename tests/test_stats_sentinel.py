@@ -152,3 +152,16 @@ def test_large_finite_values_are_not_mistaken_for_overflow(dtype):
 
     big = torch.full((1000,), 3e38 if dtype == torch.float32 else 3e38, dtype=dtype)
     assert torch.isfinite(finite_check(big)) and not torch.isfinite(finite_check(torch.tensor([1.0, float("inf")])))
+
+
+def test_forward_steps_without_an_optimizer():
+    model = nn.Sequential(nn.Linear(4, 4), Flaky(at=2), nn.Linear(4, 2))
+    sentinel = NonfiniteSentinel(5, step_on="forward").start()
+    try:
+        for _ in range(8):
+            model(torch.randn(3, 4))
+    except StopRun:
+        pass
+    finally:
+        sentinel.stop()
+    assert _where(sentinel.result()) == (True, "1", 2, "forward", "output")

@@ -66,11 +66,14 @@ class _Check:
 class NonfiniteSentinel:
     """Checks every step of a run for NaN/Inf and stops at the first step that holds any (see the
     module docstring). ``stop_step``: the last step to check; ``deadline``: ``time.monotonic()``
-    after which the run stops at the next step boundary."""
+    after which the run stops at the next step boundary; ``step_on``: as for the collector (a step
+    ends at ``optimizer.step()``, or at the next top-level call of the model)."""
 
-    def __init__(self, stop_step: int, deadline: float | None = None):
+    def __init__(self, stop_step: int, deadline: float | None = None, step_on: str = "optimizer"):
         self.stop_step = stop_step
         self.deadline = deadline
+        self.step_on = step_on
+        self._root_calls = 0
         self.notes: list[str] = []
         self.names = ModuleNames(None, self.notes)
         self.step = 0
@@ -151,6 +154,10 @@ class NonfiniteSentinel:
             name = self.names.name_unregistered(module, self._stack[-1])
         if is_wrapper(module):
             name = None
+        if self.step_on == "forward" and not self._stack and self.names.is_root(module):
+            if self._root_calls:
+                self._end_step()  # the previous model call's step is over
+            self._root_calls += 1
         parent = next((n for n in reversed(self._stack) if n is not None), None)
         self._stack.append(name)
         if name is None:
@@ -186,7 +193,7 @@ class NonfiniteSentinel:
                  if id(p) in self.names.param_names]
         self._add_params("weights-after", named)
         primary = self._primary() if self._primary is not None else None
-        if primary is not None and primary is not opt:
+        if self.step_on != "optimizer" or (primary is not None and primary is not opt):
             return
         self._end_step()
 

@@ -188,7 +188,7 @@ def run_sentinel(request: StatsWorkerRequest) -> StatsWorkerResult:
     if request.eager:
         _disable_dynamo()
     deadline = time.monotonic() + (request.stop_at - time.time()) if request.stop_at else None
-    sentinel = NonfiniteSentinel(request.stop_step, deadline).start()
+    sentinel = NonfiniteSentinel(request.stop_step, deadline, request.step_on).start()
     try:
         error = run_user_file(Path(request.script).resolve(), request.script_args, stop=StopRun)
     finally:

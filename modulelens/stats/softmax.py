@@ -28,8 +28,8 @@ from torch.overrides import TorchFunctionMode
 
 SOFTMAX_FIELDS = ("rows", "entropy", "max_prob", "onehot", "calls")
 ONEHOT_PROB = 0.99
-MAX_ROWS = 512  # rows per call (evenly spaced): the means of 512 rows are within a few percent
-SDPA_BUDGET = 1 << 17  # logits recomputed per scaled_dot_product_attention call
+MAX_ROWS = 256  # rows per call (evenly spaced): the means of 256 rows are within a few percent
+SDPA_BUDGET = 1 << 16  # logits recomputed per scaled_dot_product_attention call
 TINY = 1.2e-38  # the smallest normal float32
 
 _SOFTMAX = {torch.softmax: "softmax", F.softmax: "softmax", torch.Tensor.softmax: "softmax",

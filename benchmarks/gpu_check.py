@@ -7,7 +7,7 @@ For each synthetic card (shapes of real transformer layers) it renders the trito
 templates (variant 0, or every variant with ``--all-variants``, keeping the fastest correct one),
 checks them against eager on the GPU (per-dtype tolerances, widened by eager's own distance from a
 float64 reference), times eager and template with CUDA events and a flushed L2
-(``modulelens.profiling.timing.time_callable(fn, "cuda")``), prints a Markdown table and writes it
+(``modulelens.timing.time_callable(fn, "cuda")``), prints a Markdown table and writes it
 to ``benchmarks/results/gpu_check.md``. The CUDA extensions are built first, in parallel processes
 (each ``load_inline`` build takes ~30 s). Exit status 1 when a template is wrong or fails.
 
@@ -99,7 +99,7 @@ def run_gpu(all_variants: bool, only: set[str] | None) -> int:
     from modulelens.kernels import templates as T
     from modulelens.kernels.backends.base import get_backend
     from modulelens.ops.recorder import resolve_op
-    from modulelens.profiling.timing import time_callable
+    from modulelens.timing import time_callable
 
     torch.manual_seed(0)
     t0 = time.time()

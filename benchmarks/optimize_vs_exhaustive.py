@@ -43,12 +43,9 @@ def main() -> None:
 
     from modulelens.kernels import templates
     from modulelens.kernels.candidates import load_candidate, save_candidate
-    from modulelens.kernels.report import ValidationSettings
-    from modulelens.kernels.sandboxed import validate_candidate
     from modulelens.ops.cards import open_card, open_opset
     from modulelens.registry import ToolContext
     from modulelens.repo import Repository
-    from modulelens.sandbox.pool import SandboxPool
     from modulelens.search.executors import LocalExecutor
     from modulelens.search.loop import run_search, start_or_resume
     from modulelens.search.model import SearchSettings
@@ -56,6 +53,8 @@ def main() -> None:
     from modulelens.search.targets import resolve_targets
     from modulelens.tools.capture_module import CaptureModuleRequest, capture_module
     from modulelens.tools.capture_ops import CaptureOpsRequest, capture_ops
+    from modulelens.validation.report import ValidationSettings
+    from modulelens.validation.sandboxed import new_pool, validate_candidate
 
     ctx = ToolContext(repo_root=Path(tempfile.mkdtemp(prefix="ml-bench-opt-")))
     repo = Repository(ctx.repo_root)
@@ -63,7 +62,7 @@ def main() -> None:
                                               module="blocks.1", export=False, script_args=["--steps", "2"]), ctx)
     capture_ops(CaptureOpsRequest(ref=cap.ref, include_views=False), ctx)
     _, opset = open_opset(repo, cap.ref.partition(":")[0])
-    sandbox = SandboxPool()  # one worker for the exhaustive runs and the final comparison
+    sandbox = new_pool()  # one worker for the exhaustive runs and the final comparison
 
     def validate(candidate_id: str, card_id: str):
         art, src = load_candidate(repo, candidate_id)

@@ -86,9 +86,9 @@ def _per_call(samples: int) -> dict:
     import torch
 
     from modulelens.kernels.source import KernelSource
-    from modulelens.sandbox.candidate_messages import CallRequest, LoadRequest
-    from modulelens.sandbox.candidate_process import CandidateProcess
     from modulelens.sandbox.shm import aligned, encode_value
+    from modulelens.validation.candidate_messages import CallRequest, LoadRequest
+    from modulelens.validation.checker import start_candidate, time_calls
 
     x = torch.randn(64, 96)
     fn = lambda a, d, h: torch.softmax(a, d)  # noqa: E731
@@ -100,7 +100,7 @@ def _per_call(samples: int) -> dict:
     direct = (time.perf_counter() - t0) / samples
 
     t0 = time.perf_counter()
-    proc = CandidateProcess(6144, read_only=[])
+    proc = start_candidate(6144, read_only=[])
     try:
         loaded = proc.request(LoadRequest(candidate=KernelSource(backend="triton", source=SOURCE),
                                           build_dir=str(proc.scratch / "build")), timeout=300)
@@ -113,8 +113,8 @@ def _per_call(samples: int) -> dict:
             t1 = time.perf_counter()
             proc.request(call, timeout=60)
             checked.append(time.perf_counter() - t1)
-        one = [proc.time_calls(1, 60) for _ in range(samples)]
-        batch = proc.time_calls(samples, 60)
+        one = [time_calls(proc, 1, 60) for _ in range(samples)]
+        batch = time_calls(proc, samples, 60)
     finally:
         proc.remove()
     return {"direct_s": direct, "setup_s": setup, "checked_call_s": statistics.median(checked),

@@ -25,7 +25,7 @@ from modulelens.dispatch.pack import (
     write_pack,
 )
 from modulelens.dispatch.patterns import call_key, describe_call, difference, pattern_key
-from modulelens.kernels.report import ValidationReport
+from modulelens.validation.report import ValidationReport
 
 SOFTMAX = "aten._safe_softmax.default"
 # A stand-in kernel: the same values as eager (softmax over rows without -inf), and a mark that it ran.

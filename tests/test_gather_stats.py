@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ def repo(tmp_path_factory) -> Path:
 
 
 def _gather(cli, repo, script, *script_args, every=5, extra=(), plots=False):
-    extra = (*extra, "--plots" if plots else "--no-plots", "--top", "1000")
+    extra = (*extra, "--plots" if plots else "--no-plots", "--top", "100")
     code, data, r = cli("gather-stats", script, "--every", every, *extra, "--repo", repo, "--json", "--", *script_args)
     assert code == 0, r.output
     return data
@@ -213,6 +214,10 @@ def test_wandb_offline_run_holds_series_findings_and_report(cli, repo, tmp_path,
     [records] = run_dir.glob("run-*.wandb")
     raw = records.read_bytes()
     assert b"activation/rms/blocks.0.fc" in raw and b"update_ratio/head.weight" in raw
+    deadline = time.monotonic() + 30  # W&B's writer flushes the run's last block (the summary) on its own time
+    while b"gather_stats/findings" not in raw and time.monotonic() < deadline:
+        time.sleep(0.5)
+        raw = records.read_bytes()
     assert b"gather_stats/findings" in raw  # the count: the "findings" key keeps the table
     [table] = (run_dir / "files" / "media" / "table").glob("findings_*.table.json")
     assert ["dead_activation", "blocks.0.act"] == json.loads(table.read_text())["data"][0][:2]

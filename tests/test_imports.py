@@ -1,12 +1,16 @@
-"""The import graph of ``modulelens/`` has no cycles, and tools never import each other.
+"""The import graph of ``modulelens/`` has no cycles, tools never import each other, and no
+package imports one it must not (the layering rules below).
 
 Imports inside functions count too: a lazy import only hides a cycle until the day someone
-moves it to the top of the file.
+moves it to the top of the file. For the layering rules, so do string imports: a string constant
+that names a modulelens module (``importlib.import_module("modulelens.x")``, an entry point
+``"modulelens.x:NAME"``, a module run with ``python -m``).
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "modulelens"
@@ -112,6 +116,81 @@ def test_tools_never_import_each_other():
         if name.startswith("modulelens.tools.")
     }
     assert {k: v for k, v in offenders.items() if v} == {}
+
+
+# -- layering between packages ----------------------------------------------------------------
+#
+# timing is a leaf: it imports nothing of modulelens but the leaf modules in LEAVES.
+# sandbox is generic isolation: it imports neither kernels nor validation (its callers tell it
+#   which task runner a worker runs and which harness a candidate process runs).
+# validation may import kernels, sandbox, timing, ops, capture, repo; kernels does not import it.
+# profiling imports neither kernels nor validation (the profile tool times candidates).
+LEAVES = {"modulelens.errors"}
+FORBIDDEN = {
+    "sandbox": {"kernels", "validation"},
+    "kernels": {"validation"},
+    "profiling": {"kernels", "validation"},
+}
+_MODULE_STRING = re.compile(r"^modulelens(\.\w+)+(:\w+)?$")
+
+
+def _string_targets(tree: ast.AST) -> list[str]:
+    """Modules named by whole string constants (``"modulelens.x.y"`` or ``"modulelens.x.y:NAME"``)."""
+    return [node.value.partition(":")[0] for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and _MODULE_STRING.match(node.value)]
+
+
+def _package(module: str) -> str:
+    """``kernels`` for ``modulelens.kernels.backends.cpp``; a top-level module is its own package."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def package_imports() -> dict[str, set[str]]:
+    """module -> the modulelens modules it imports, string imports included."""
+    modules = _module_names()
+    graph = import_graph()
+    for name, path in modules.items():
+        for target in _string_targets(ast.parse(path.read_text(), str(path))):
+            owner = _owner(target, modules)
+            if owner and owner != name:
+                graph[name].add(owner)
+    return graph
+
+
+def layering_violations(graph: dict[str, set[str]]) -> list[str]:
+    """``importer -> imported`` for every import the rules above forbid."""
+    found = []
+    for name, targets in graph.items():
+        package = _package(name)
+        for target in sorted(targets):
+            other = _package(target)
+            if other == package:
+                continue
+            if package == "timing" and target not in LEAVES:
+                found.append(f"{name} -> {target} (timing is a leaf)")
+            elif other in FORBIDDEN.get(package, set()):
+                found.append(f"{name} -> {target} ({package} must not import {other})")
+    return found
+
+
+def test_no_package_imports_one_it_must_not():
+    assert layering_violations(package_imports()) == []
+
+
+def test_the_layering_check_sees_lazy_and_string_imports():
+    tree = ast.parse('def f():\n    importlib.import_module("modulelens.kernels.templates")\n'
+                     'RUNNER = "modulelens.validation.tasks:RUNNER"\nDOC = "see modulelens.validation for more"\n')
+    assert sorted(_string_targets(tree)) == ["modulelens.kernels.templates", "modulelens.validation.tasks"]
+    graph = {"modulelens.sandbox.worker": {"modulelens.validation.tasks"},
+             "modulelens.timing.samples": {"modulelens.errors", "modulelens.repo.store"},
+             "modulelens.profiling.targets": {"modulelens.profiling.bandwidth", "modulelens.kernels.candidates"},
+             "modulelens.validation.card": {"modulelens.kernels.backends", "modulelens.sandbox.shm"}}
+    assert layering_violations(graph) == [
+        "modulelens.sandbox.worker -> modulelens.validation.tasks (sandbox must not import validation)",
+        "modulelens.timing.samples -> modulelens.repo.store (timing is a leaf)",
+        "modulelens.profiling.targets -> modulelens.kernels.candidates (profiling must not import kernels)",
+    ]
 
 
 def test_registry_imports_no_tool():

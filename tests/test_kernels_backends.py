@@ -12,10 +12,10 @@ import pytest
 from modulelens.errors import ModuleLensError
 from modulelens.kernels import build_cache
 from modulelens.kernels.backends.base import BACKENDS, get_backend
-from modulelens.kernels.report import ValidationReport
-from modulelens.kernels.sandboxed import validation_report
+from modulelens.validation.report import ValidationReport
+from modulelens.validation.sandboxed import validation_report
 from modulelens.providers.base import PROVIDERS, get_provider
-from modulelens.sandbox.messages import CrashedResult, InternalErrorResult, PongResult, ValidatedResult
+from modulelens.validation.messages import CrashedResult, InternalErrorResult, PongResult, ValidatedResult
 
 
 def test_tables_name_every_implementation():

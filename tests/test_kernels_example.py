@@ -21,7 +21,7 @@ def cards(tmp_path_factory, app):
     from typer.testing import CliRunner
 
     repo = tmp_path_factory.mktemp("kernels-repo")
-    r = CliRunner().invoke(app, ["capture-ops", str(TRAIN), "--module", "blocks.1", "--top", "1000", "--repo", str(repo), "--json",
+    r = CliRunner().invoke(app, ["capture-ops", str(TRAIN), "--module", "blocks.1", "--top", "100", "--repo", str(repo), "--json",
                                  "--", "--steps", "2"])
     assert r.exit_code == 0, r.output
     by_op = {c["op"]: c["card_id"] for c in json.loads(r.stdout)["cards"]}
@@ -80,9 +80,12 @@ def test_profile_a_candidate_and_repair_lineage(cli, cards):
     code, prof, r = cli("profile", gen["candidate_id"], "--min-run-time", "0.1", "--repo", repo, "--json")
     assert code == 0, r.output
     assert prof["target_kind"] == "candidate" and prof["p20_s"] <= prof["median_s"] <= prof["p80_s"]
+    code, rep, r = cli("validate-kernel", gen["candidate_id"], "--no-time", "--repo", repo, "--json")
+    assert code == 0, r.output
     code, child, r = cli("generate-kernel", by_op["aten.gelu.default"], "--backend", "cpp", "--provider", "template",
                          "--parent", gen["candidate_id"], "--repo", repo, "--json")
     assert code == 0, r.output
+    assert child["provenance"]["parent_verdict"] == rep["verdict"]  # the parent's latest report reached the provider
     assert child["params"].get("variant") != gen["params"].get("variant") or child["source_sha256"] != gen["source_sha256"]
 
 

@@ -1,10 +1,10 @@
-"""Speedups a validation report flags as implausible (modulelens.kernels.plausibility): measured
+"""Speedups a validation report flags as implausible (modulelens.validation.plausibility): measured
 numbers are fabricated here, so each rule is checked without timing anything."""
 
 from __future__ import annotations
 
-from modulelens.kernels.plausibility import speedup_flags
-from modulelens.profiling.timing import Timing
+from modulelens.validation.plausibility import speedup_flags
+from modulelens.timing import Timing
 
 
 def _timing(median_s: float) -> Timing:

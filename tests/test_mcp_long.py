@@ -157,9 +157,10 @@ class CancelledSandbox:
 
 def test_a_cancelled_validation_leaves_an_interrupted_report(softmax_card):
     """A validation cancelled in the sandbox still gets a report, saying it was interrupted."""
-    from modulelens.kernels.candidates import latest_report, load_candidate
-    from modulelens.kernels.report import ValidationSettings
-    from modulelens.kernels.sandboxed import validate_candidate
+    from modulelens.kernels.candidates import load_candidate
+    from modulelens.validation.stored_reports import latest_report
+    from modulelens.validation.report import ValidationSettings
+    from modulelens.validation.sandboxed import validate_candidate
 
     repo, card = softmax_card
     gen = get_tool("generate_kernel")
@@ -188,13 +189,13 @@ def test_a_cancelled_module_validation_leaves_an_interrupted_report(tmp_path, mo
     import torch
 
     import modulelens
-    from modulelens.kernels import sandboxed
-    from modulelens.kernels.candidates import latest_report
+    from modulelens.validation import sandboxed
+    from modulelens.validation.stored_reports import latest_report
 
     with modulelens.capture("", name="sm", repo=tmp_path, export=False):
         torch.nn.Softmax(dim=-1)(torch.randn(4, 6))
     monkeypatch.setattr(sandboxed, "pool", lambda: CancelledSandbox())
-    tool = get_tool("validate_module")
+    tool = get_tool("validate_kernel")
     with pytest.raises(CallCancelled):
         tool(tool.request(source_text=MODEL_NEW, target="sm"), ToolContext(repo_root=tmp_path))
     store = Repository(tmp_path)
@@ -272,11 +273,11 @@ def test_start_job_then_poll_and_cancel(tmp_path, marker):
                                                      "arguments": {"script": str(script), "module": "0"}})
             job2 = second.structured_content["job"]
             await anyio.to_thread.run_sync(_wait_until, ready.exists, 120, "the second job's script to start")
-            cancelled = await c.call_tool("cancel_job", {"job": job2})
+            cancelled = await c.call_tool("job_status", {"job": job2, "cancel": True})
             assert cancelled.structured_content["state"] == "cancelled", cancelled.structured_content
             unknown = await c.call_tool("job_status", {"job": "nope"})
             assert unknown.is_error and "no job 'nope'" in unknown.content[0].text
-            wrong = await c.call_tool("start_job", {"tool": "list_captures", "arguments": {}})
+            wrong = await c.call_tool("start_job", {"tool": "list", "arguments": {"kind": "captures"}})
             assert wrong.is_error and "capture_module" in wrong.content[0].text
 
     anyio.run(main)
@@ -287,7 +288,8 @@ def test_start_job_then_poll_and_cancel(tmp_path, marker):
 def test_validate_kernel_through_start_job_then_poll(softmax_card):
     """The long-running path a client with a short request timeout takes: start_job, then
     job_status until the job is done; the verdict comes back and the report is stored."""
-    from modulelens.kernels.candidates import REPORTS, latest_report, load_candidate, report_name
+    from modulelens.kernels.candidates import load_candidate
+    from modulelens.validation.stored_reports import REPORTS, latest_report, report_name
 
     repo, card = softmax_card
     gen = get_tool("generate_kernel")

@@ -13,10 +13,11 @@ import torch
 import torch.nn as nn
 
 import modulelens
-from modulelens.kernels import module_validate
+from modulelens.validation.module import readable_sys_path
 from modulelens.registry import ToolContext
 from modulelens.sandbox.containment import landlock_abi, namespace_prefix
-from modulelens.tools.validate_module import ValidateModuleRequest, validate_module
+from modulelens.tools.validate_kernel import ValidateKernelRequest as ValidateModuleRequest
+from modulelens.tools.validate_kernel import validate_kernel as validate_module
 
 pytestmark = pytest.mark.slow
 CONTAINED = bool(namespace_prefix()[0]) and landlock_abi() >= 1
@@ -140,6 +141,6 @@ def test_sys_path_folders_holding_the_repository_or_key_are_not_readable(tmp_pat
     project, code, elsewhere = tmp_path / "project", tmp_path / "project" / "src", tmp_path / "lib"
     for p in (code, elsewhere, tmp_path / "cfg"):
         p.mkdir(parents=True)
-    allowed = module_validate.readable_sys_path([str(project), str(code), str(elsewhere), str(tmp_path / "cfg"),
+    allowed = readable_sys_path([str(project), str(code), str(elsewhere), str(tmp_path / "cfg"),
                                                  str(tmp_path / "missing"), ""], project / ".modulelens")
     assert allowed == [code.resolve(), elsewhere.resolve()]

@@ -81,7 +81,7 @@ def test_nothing_to_steal_in_the_candidate_process(card):
 
 def test_patching_the_checker_changes_nothing(card):
     r = run(card, """
-        import modulelens.kernels.validate as v
+        import modulelens.validation.compare as v
         v.compare_output = lambda *a, **k: (True, "")
         def forward(x, dim, half_to_float):
             return torch.zeros_like(x)

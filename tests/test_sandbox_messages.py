@@ -1,5 +1,7 @@
-"""What crosses the sandbox's pipes (modulelens.sandbox.messages, .protocol): every task and result
-kind round-trips as model JSON and comes back as its own type; a real worker answers a ping."""
+"""What crosses a validation worker's pipes (modulelens.validation.messages over
+modulelens.sandbox.protocol): every task and result kind round-trips as model JSON and comes back
+as its own type; a real worker answers a ping; the generic sandbox runs only modulelens code it is
+told to run."""
 
 from __future__ import annotations
 
@@ -7,21 +9,23 @@ import math
 import os
 
 import pytest
+from pydantic import TypeAdapter
 
-from modulelens.kernels.report import ValidationReport, ValidationSettings
+from modulelens.validation.report import ValidationReport, ValidationSettings
 from modulelens.kernels.source import KernelSource
-from modulelens.profiling.timing import Timing
+from modulelens.timing import Timing
 from modulelens.sandbox import protocol
-from modulelens.sandbox.messages import (
+from modulelens.validation.messages import (
     TASKS,
+    VALIDATION_WORKER,
     WORKER_MESSAGES,
     CrashedResult,
     InternalErrorResult,
     PingTask,
     PongResult,
     RefusedResult,
+    SandboxResult,
     StageReport,
-    TaskDone,
     TimeCandidateTask,
     TimedResult,
     ValidateCardTask,
@@ -81,8 +85,10 @@ RESULT_CASES = [
 
 @pytest.mark.parametrize("result", RESULT_CASES, ids=lambda r: r.kind)
 def test_results_round_trip_as_their_own_type(result):
-    got = _through_a_pipe(TaskDone(result=result), WORKER_MESSAGES)
-    assert isinstance(got, TaskDone) and type(got.result) is type(result) and got.result == result
+    # a worker sends every kind but "crashed", which only the pool makes
+    schema = TypeAdapter(SandboxResult) if isinstance(result, CrashedResult) else WORKER_MESSAGES
+    got = _through_a_pipe(result, schema)
+    assert type(got) is type(result) and got == result
 
 
 def test_stage_frames_and_defaults():
@@ -103,10 +109,25 @@ def test_non_finite_numbers_survive_the_pipe():
 def test_a_worker_answers_a_ping():
     from modulelens.sandbox.pool import SandboxPool
 
-    pool = SandboxPool(memory_limit_mb=4096)
+    pool = SandboxPool(VALIDATION_WORKER, memory_limit_mb=4096)
     try:
         result = pool.run(PingTask(), timeout=120)
         assert isinstance(result, PongResult) and result.healthy and result.stdout_bytes == 0
         assert pool.run(PingTask(), timeout=120) == result and pool.started == 1  # the worker was reused
     finally:
         pool.close()
+
+
+def test_the_sandbox_runs_only_modulelens_code_it_is_told_to_run(tmp_path):
+    from modulelens.sandbox.candidate_process import CandidateProcess
+    from modulelens.sandbox.worker import load_runner
+    from modulelens.validation.tasks import RUNNER
+
+    assert load_runner(VALIDATION_WORKER.runner) is RUNNER
+    for bad in ("os:system", "json:loads", "modulelens.validation.tasks:RUNNER()", "modulelens.validation.tasks"):
+        with pytest.raises(ValueError, match="task runner"):
+            load_runner(bad)
+    for bad in ("evil", "modulelens.x; rm -rf /", "modulelens..x"):
+        with pytest.raises(ValueError, match="harness"):
+            CandidateProcess(bad, WORKER_MESSAGES, memory_limit_mb=256, read_only=[], parent=tmp_path)
+    assert list(tmp_path.iterdir()) == []  # refused before anything was made

@@ -247,8 +247,9 @@ def test_push_and_pull_through_a_real_server(cli, pushed, tmp_path, monkeypatch)
 
 
 def test_a_candidate_goes_with_its_report_and_names_its_card_set_as_input(cli, pushed, tmp_path, monkeypatch):
-    from modulelens.kernels.candidates import CandidateManifest, CandidateTarget, ReportManifest
-    from modulelens.kernels.report import ValidationSettings
+    from modulelens.kernels.candidates import CandidateManifest, CandidateTarget
+    from modulelens.validation.stored_reports import ReportManifest
+    from modulelens.validation.report import ValidationSettings
 
     repo = Repository(tmp_path / "repo")
     repo.create("opsets", "blk", lambda folder: {})  # stands for the card set (only its version is read)
@@ -307,7 +308,7 @@ def _softmax_pack(path: Path, speedup: float = 2.0) -> str:
 
     from modulelens.dispatch.pack import PackContent, PackEntry, current_environment, write_pack
     from modulelens.dispatch.patterns import describe_call
-    from modulelens.kernels.report import ValidationReport
+    from modulelens.validation.report import ValidationReport
 
     report = ValidationReport(verdict="custom", correct=True, reason="test entry", stage="done", backend="triton",
                               speedup_vs_eager=speedup)

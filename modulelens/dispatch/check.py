@@ -62,7 +62,7 @@ def check_capture(repo: Repository, ref: str, make_runtime: Any, min_run_time: f
     """Replay capture ``ref`` with a fresh runtime from ``make_runtime()`` applied (see module doc)."""
     from modulelens.capture.tracer import set_rng_states
     from modulelens.dispatch.api import AppliedPack
-    from modulelens.profiling.paired import paired_timing
+    from modulelens.timing import paired_timing
 
     cap = CaptureReplay(repo, ref)
     device = cap.device if not cap.device.startswith("cuda") or torch.cuda.is_available() else "cpu"

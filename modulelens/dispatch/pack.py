@@ -35,9 +35,9 @@ from pydantic import BaseModel, Field, ValidationError
 
 from modulelens.dispatch.patterns import CallPattern
 from modulelens.errors import ModuleLensError
-from modulelens.kernels.report import ValidationReport
 from modulelens.repo.store import MANIFEST, sha256_file
 from modulelens.repo.trust import UntrustedArtifact, is_trusted, signature_of
+from modulelens.validation.report import ValidationReport
 
 PACK_FORMAT = "modulelens-pack"
 PACK_FORMAT_VERSION = 1

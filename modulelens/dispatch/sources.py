@@ -17,8 +17,8 @@ from pydantic import BaseModel
 from modulelens.dispatch.pack import ModuleInit
 from modulelens.dispatch.patterns import CallPattern, describe_call
 from modulelens.errors import ModuleLensError
-from modulelens.kernels.report import ValidationReport
 from modulelens.repo import Repository
+from modulelens.validation.report import ValidationReport
 
 
 class CandidateRecord(BaseModel):
@@ -49,9 +49,10 @@ def candidate_record(repo: Repository, candidate_id: str) -> CandidateRecord:
 
 def _card_record(repo: Repository, candidate_id: str) -> CandidateRecord:
     from modulelens.capture.manifest import capture_manifest
-    from modulelens.kernels.candidates import candidate_manifest, latest_report, load_candidate
+    from modulelens.kernels.candidates import candidate_manifest, load_candidate
     from modulelens.ops.cards import open_card, sample_call
     from modulelens.ops.model import OpSetManifest
+    from modulelens.validation.stored_reports import latest_report
 
     art, src = load_candidate(repo, candidate_id)
     card_id = candidate_manifest(art).target.card_id
@@ -74,8 +75,8 @@ def _module_record(repo: Repository, candidate_id: str) -> CandidateRecord:
 
     from modulelens.capture.manifest import capture_manifest
     from modulelens.capture.replay import LoadedCapture
-    from modulelens.kernels.candidates import latest_report
     from modulelens.kernels.module_candidates import MODULE_BACKEND, load_module_candidate
+    from modulelens.validation.stored_reports import latest_report
 
     art, cand, target = load_module_candidate(repo, candidate_id)
     cap_art = repo.open("captures", target.capture)

@@ -1,9 +1,8 @@
-"""Candidates and their validation reports in the repository.
+"""Candidates in the repository.
 
 A candidate for card ``blk:v1/6`` is stored as ``candidates/blk.card6/vN`` (candidate id
-``blk.card6:vN``) with its source file; each validation of it is a version of
-``reports/blk.card6.vN``. Their manifests are :class:`CandidateManifest` and
-:class:`ReportManifest`; nothing reads them by string key.
+``blk.card6:vN``) with its source file; its manifest is :class:`CandidateManifest` (nothing reads
+it by string key). Its validation reports are stored by :mod:`modulelens.validation.stored_reports`.
 """
 
 from __future__ import annotations
@@ -13,14 +12,11 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from modulelens.kernels.report import ModuleValidationSettings, ValidationReport, ValidationSettings
 from modulelens.kernels.source import BackendName, KernelSource
 from modulelens.ops.model import OpCard, parse_card_id
 from modulelens.repo import Artifact, ManifestBase, Repository, parse_ref
 
 CANDIDATES = "candidates"
-REPORTS = "reports"
-REPORT_FILE = "report.json"
 _SUFFIX = {"cpp": "cpp", "cuda": "cu", "triton": "py"}
 
 
@@ -47,16 +43,6 @@ class CandidateManifest(ManifestBase):
     parent: str | None = Field(None, description="The candidate this one repairs or improves.")
     source_file: str
     source_sha256: str = ""
-
-
-class ReportManifest(ManifestBase):
-    """The manifest of a ``reports`` artifact; the full report is in ``report.json``."""
-
-    candidate: str
-    verdict: str
-    correct: bool
-    speedup_vs_eager: float | None = None
-    settings: ValidationSettings | ModuleValidationSettings
 
 
 def candidate_name(card_id: str) -> str:
@@ -93,30 +79,6 @@ def load_candidate(repo: Repository, candidate_id: str) -> tuple[Artifact, Kerne
     src = KernelSource(backend=m.backend, source=art.file(m.source_file).read_text(), entry=m.entry,
                        family=m.family, params=m.params, provider=m.provider, provenance=m.provenance)
     return art, src
-
-
-def report_name(candidate: Artifact) -> str:
-    return f"{candidate.name}.v{candidate.version}"
-
-
-def save_report(repo: Repository, candidate: Artifact, report: ValidationReport,
-                settings: ValidationSettings | ModuleValidationSettings) -> Artifact:
-    """Store a validation of ``candidate`` as a new version of its report."""
-    def write(folder: Path) -> ReportManifest:
-        (folder / REPORT_FILE).write_text(report.model_dump_json(indent=2))
-        return ReportManifest(candidate=candidate.ref, verdict=report.verdict, correct=report.correct,
-                              speedup_vs_eager=report.speedup_vs_eager, settings=settings)
-
-    return repo.create(REPORTS, report_name(candidate), write)
-
-
-def latest_report(repo: Repository, candidate: Artifact) -> ValidationReport | None:
-    """The candidate's most recent validation report, or None when it was never validated."""
-    name = report_name(candidate)
-    if not repo.versions(REPORTS, name):
-        return None
-    art = repo.open(REPORTS, name)
-    return ValidationReport.model_validate(art.read_json(REPORT_FILE))
 
 
 def save_agent_candidate(repo: Repository, card_id: str, src: KernelSource) -> Artifact:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from modulelens.kernels.candidates import latest_report, load_candidate, save_candidate
+from modulelens.kernels.candidates import load_candidate, save_candidate
 from modulelens.kernels.source import BackendName, KernelSource
 from modulelens.ops.cards import open_card
 from modulelens.providers.base import get_provider
@@ -14,20 +14,17 @@ from modulelens.repo import Artifact, Repository
 
 
 def generate_candidate(repo: Repository, card_id: str, backend: BackendName, provider: str, ctx: Any, *,
-                       parent: str | None = None, instructions: str | None = None,
+                       parent: str | None = None, parent_report: dict[str, Any] | None = None,
+                       instructions: str | None = None,
                        variant: int = 0,
                        progress: ProgressFn | None = None,
                        ) -> tuple[Artifact, KernelSource]:
     """A new candidate for ``card_id`` from ``provider``, stored with its provenance. With
-    ``parent`` (a candidate id), the provider gets its source and latest validation report to
-    repair or improve. ``ctx`` is the tool context (the sampling provider asks the MCP client
-    through it)."""
+    ``parent`` (a candidate id), the provider gets its source and ``parent_report`` (its latest
+    validation report as JSON, looked up by the caller) to repair or improve. ``ctx`` is the tool
+    context (the sampling provider asks the MCP client through it)."""
     _, card = open_card(repo, card_id)
-    parent_src, parent_report = None, None
-    if parent:
-        parent_art, parent_src = load_candidate(repo, parent)
-        report = latest_report(repo, parent_art)
-        parent_report = report.model_dump(mode="json") if report else None
+    parent_src = load_candidate(repo, parent)[1] if parent else None
     if progress:
         progress(0, 1, f"asking the {provider} provider for a {backend} kernel for {card.op}")
     request = GenerationRequest(card=card.model_dump(mode="json"), backend=backend, parent=parent_src,

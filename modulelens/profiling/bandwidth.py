@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from modulelens.profiling.timing import time_callable
+from modulelens.timing import time_callable
 
 
 def _cache_file() -> Path:

@@ -1,9 +1,11 @@
-"""Profile what a reference names: a capture (one forward of the rebuilt module), an operator
-card (its op on the first stored sample) or a candidate kernel (timed in the sandbox).
+"""Profile what a reference names: a capture (one forward of the rebuilt module) or an operator
+card (its op on the first stored sample).
 
-Captures and cards run here, with a torch.profiler breakdown and peak memory on request;
-candidates are untrusted code and are timed only in a sandbox worker. Memory-bound cards get a
-roofline: achieved bytes per second against this machine's measured copy bandwidth.
+Both run here, with a torch.profiler breakdown and peak memory on request. Memory-bound cards get a
+roofline: achieved bytes per second against this machine's measured copy bandwidth. Candidate
+kernels are untrusted code, timed only in a sandbox worker: the ``profile`` tool sends them to
+:mod:`modulelens.validation` and describes the timing with :class:`ProfileResult` and
+:func:`add_roofline` from here.
 """
 
 from __future__ import annotations
@@ -17,17 +19,16 @@ from pydantic import BaseModel, Field
 
 from modulelens.capture.manifest import capture_manifest
 from modulelens.capture.replay import LoadedCapture
-from modulelens.errors import InvalidName, ModuleLensError
-from modulelens.kernels.candidates import candidate_manifest, load_candidate
-from modulelens.kernels.sandboxed import time_candidate
+from modulelens.errors import ModuleLensError
 from modulelens.listing import LeftOut
 from modulelens.ops.cards import open_card, require_tensor_inputs, run_card, sample_call
 from modulelens.ops.model import OpCard, is_card_id
 from modulelens.profiling.bandwidth import copy_bandwidth
 from modulelens.profiling.breakdown import OpTime, profile_breakdown
-from modulelens.profiling.timing import Timing, time_callable
 from modulelens.registry import ProgressFn
-from modulelens.repo import Repository, parse_ref
+from modulelens.replies import ToolReply
+from modulelens.repo import Repository
+from modulelens.timing import Timing, time_callable
 
 
 class ProfileOptions(BaseModel):
@@ -36,11 +37,11 @@ class ProfileOptions(BaseModel):
     device: str | None = Field(None, description="Default: the captured one.")
     min_run_time: float = Field(0.5, gt=0, description="Seconds of timed calls.")
     warmup: int = Field(3, ge=0, description="Untimed calls first.")
-    breakdown: bool = Field(True, description="Add a torch.profiler breakdown and peak memory.")
+    breakdown: bool = Field(True, description="Add a profiler breakdown.")
     strategy: str = Field("auto")
 
 
-class ProfileResult(Timing):
+class ProfileResult(Timing, ToolReply):
     target: str
     target_kind: str = Field(description="capture, card or candidate.")
     what: str = Field(description="What one timed call does.")
@@ -74,9 +75,7 @@ def _no_progress(done: float, total: float | None = None, message: str | None = 
 
 def profile_target(repo: Repository, target: str, options: ProfileOptions,
                    progress: ProgressFn = _no_progress) -> ProfileResult:
-    """Time ``target`` (a capture reference, a card id or a candidate id) and explain the numbers."""
-    if not is_card_id(target) and _is_candidate(repo, target):
-        return _profile_candidate(repo, target, options, progress)
+    """Time ``target`` (a capture reference or a card id) and explain the numbers."""
     kind = "card" if is_card_id(target) else "capture"
     timed = _card_call(repo, target, options) if kind == "card" else _capture_call(repo, target, options)
     progress(0, 3, f"timing {target}")
@@ -89,7 +88,7 @@ def profile_target(repo: Repository, target: str, options: ProfileOptions,
     if timed.card is not None:
         if timed.card.kind == "memory" and timed.card.bytes_per_call:
             progress(2, 3, "machine copy bandwidth")
-            _add_roofline(result, timed.card, timed.device)
+            add_roofline(result, timed.card, timed.device)
             if result.roofline_fraction > 1:
                 result.notes.append("achieved bandwidth exceeds the memory copy bandwidth: the working set "
                                     f"({timed.card.bytes_per_call} bytes) fits in cache")
@@ -142,34 +141,11 @@ def _capture_call(repo: Repository, ref: str, options: ProfileOptions) -> _Timed
     return _Timed(call, device, what, m.grad_enabled, notes=_synthesized_notes(loaded.synthesized))
 
 
-def _profile_candidate(repo: Repository, candidate_id: str, options: ProfileOptions, progress: ProgressFn) -> ProfileResult:
-    """Candidates are untrusted code: they are timed inside the sandbox, never in this process."""
-    art, src = load_candidate(repo, candidate_id)
-    card_id = candidate_manifest(art).target.card_id
-    progress(0, 1, f"timing {art.ref} in the sandbox")
-    timing = time_candidate(repo, art, src, device=options.device, min_run_time=options.min_run_time,
-                            warmup=options.warmup)
-    _, card = open_card(repo, card_id)
-    notes = ["timed in the sandbox worker; run profile on the card for the eager operator's breakdown"]
-    result = ProfileResult(**timing.model_dump(), target=art.ref, target_kind="candidate",
-                           what=f"one call of candidate {art.ref} ({src.backend}) on card {card_id}'s first sample",
-                           grad_enabled=False, notes=notes)
-    if card.kind == "memory" and card.bytes_per_call:
-        _add_roofline(result, card, timing.device)
-    progress(1, 1, "done")
-    return result
-
-
-def _add_roofline(result: ProfileResult, card: OpCard, device: str) -> None:
+def add_roofline(result: ProfileResult, card: OpCard, device: str) -> None:
+    """Add to ``result`` (one call of memory-bound ``card`` timed on ``device``) the bytes it moves,
+    the bandwidth achieved and its fraction of this machine's copy bandwidth."""
     bw = copy_bandwidth(device)
     result.bytes_moved = card.bytes_per_call
     result.achieved_bytes_per_s = card.bytes_per_call / result.median_s
     result.copy_bytes_per_s = bw["bytes_per_s"]
     result.roofline_fraction = result.achieved_bytes_per_s / bw["bytes_per_s"]
-
-
-def _is_candidate(repo: Repository, target: str) -> bool:
-    try:
-        return bool(repo.versions("candidates", parse_ref(target).name))
-    except InvalidName:
-        return False

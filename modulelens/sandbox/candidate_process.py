@@ -1,8 +1,10 @@
-"""The checker's handle on one candidate process: start it contained, send it requests, time it
-with the checker's own clock, and kill everything it started.
+"""The checker's handle on one candidate process: start it contained, send it requests, and kill
+everything it started.
 
-One candidate, one process: a process that ran a candidate is never given another. It is
-started as ``unshare ... python -m modulelens.sandbox.candidate`` where namespaces are available
+What runs in it is the caller's: the harness module (inside modulelens, fixed by the caller's
+code) and the TypeAdapter of its replies. One candidate, one process: a process that ran a
+candidate is never given another. It is started as ``unshare ... python -m HARNESS REQ_FD
+REPLY_FD ARENA_FD SCRATCH MEMORY_MB [READ_ONLY_DIR ...]`` where namespaces are available
 (:func:`modulelens.sandbox.containment.namespace_prefix`), in a new session, with a scrubbed
 environment, its stdout and stderr in files of its scratch folder (the only place it may write),
 and three inherited descriptors: requests, replies and the shared arena. :meth:`close` kills its
@@ -20,15 +22,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, TypeAdapter
 
 from modulelens.sandbox import protocol
-from modulelens.sandbox.candidate_messages import (
-    CANDIDATE_REPLIES,
-    CandidateReply,
-    CandidateRequest,
-    Repeated,
-    RepeatRequest,
-)
 from modulelens.sandbox.containment import namespace_prefix
 from modulelens.sandbox.shm import SharedArena
 
@@ -52,12 +50,10 @@ def _scrubbed_environment(scratch: Path) -> dict[str, str]:
     return env
 
 
-def scratch_parent() -> Path:
-    """Where candidate scratch folders go: next to the build cache, not under /tmp (which the
-    candidate's mount namespace replaces with its own)."""
-    from modulelens.kernels.build_cache import default_build_dir
-
-    folder = default_build_dir().parent / "candidates"
+def scratch_parent(folder: Path) -> Path:
+    """``folder``, made ready to hold candidate scratch folders (created; scratch folders of
+    killed checkers removed). It must not be under /tmp, which the candidate's mount namespace
+    replaces with its own."""
     folder.mkdir(parents=True, exist_ok=True)
     remove_orphaned_scratch(folder)
     return folder
@@ -102,13 +98,24 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
 
 
-class CandidateProcess:
-    """A contained process that runs one candidate. ``read_only`` are folders it may read (the
-    shared build cache)."""
+def _module_name(name: str) -> str:
+    if not (name.startswith("modulelens.") and all(part.isidentifier() for part in name.split("."))):
+        raise ValueError(f"a candidate harness must be a module inside modulelens, not {name!r}")
+    return name
 
-    def __init__(self, memory_limit_mb: int, read_only: list[Path], parent: Path | None = None):
+
+class CandidateProcess:
+    """A contained process that runs one candidate under ``harness`` (a module inside modulelens,
+    run with ``python -m``), whose replies are read as ``replies``. ``read_only`` are folders it
+    may read (the shared build cache); its scratch folder goes under ``parent`` (see
+    :func:`scratch_parent`)."""
+
+    def __init__(self, harness: str, replies: TypeAdapter[Any], *, memory_limit_mb: int, read_only: list[Path],
+                 parent: Path):
+        harness = _module_name(harness)  # before anything is started
+        self.replies = replies
         self.read_only = list(read_only)
-        self.scratch = Path(tempfile.mkdtemp(prefix="modulelens-candidate-", dir=parent or scratch_parent()))
+        self.scratch = Path(tempfile.mkdtemp(prefix="modulelens-candidate-", dir=parent))
         for sub in ("tmp", "build", "cache"):
             (self.scratch / sub).mkdir()
         (self.scratch / OWNER).write_text(str(os.getpid()))
@@ -123,7 +130,7 @@ class CandidateProcess:
             env["MODULELENS_NAMESPACES"] = described
         self.namespaces = described if prefix else ""
         self.namespaces_missing = "" if prefix else described
-        cmd = [*prefix, sys.executable, "-m", "modulelens.sandbox.candidate", str(req_r), str(reply_w),
+        cmd = [*prefix, sys.executable, "-m", harness, str(req_r), str(reply_w),
                str(self.arena.fd), str(self.scratch), str(memory_limit_mb), *map(str, read_only)]
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
             self.proc = subprocess.Popen(cmd, pass_fds=(req_r, reply_w, self.arena.fd), stdin=subprocess.DEVNULL,
@@ -134,7 +141,7 @@ class CandidateProcess:
         self.stage = "starting"
 
     # -- requests ------------------------------------------------------------------------------
-    def request(self, req: CandidateRequest, timeout: float) -> CandidateReply:
+    def request(self, req: BaseModel, timeout: float) -> Any:
         """Send ``req`` and wait for its reply. Raises :class:`CandidateDied`."""
         try:
             protocol.send(self._req_w, req)
@@ -149,7 +156,7 @@ class CandidateProcess:
             ready, _, _ = select.select([self._reply_r], [], [], min(remaining, 0.5))
             if ready:
                 try:
-                    reply = protocol.receive(self._reply_r, CANDIDATE_REPLIES)
+                    reply = protocol.receive(self._reply_r, self.replies)
                 except ValueError:  # not a frame of ours: the candidate wrote on the pipe
                     self.close()
                     raise CandidateDied("wrote a malformed reply on its pipe") from None
@@ -158,19 +165,6 @@ class CandidateProcess:
                 return reply
             if self.proc.poll() is not None:
                 raise CandidateDied(self._death_reason(), self.stderr_tail())
-
-    def time_calls(self, calls: int, timeout: float) -> float:
-        """Seconds per call of ``calls`` calls on the last inputs, measured here between sending the
-        request and reading its answer (the candidate cannot reach this clock). Raises
-        :class:`CandidateDied`; a candidate error raises RuntimeError."""
-        t0 = time.perf_counter()
-        reply = self.request(RepeatRequest(calls=calls), timeout)
-        elapsed = time.perf_counter() - t0
-        if not isinstance(reply, Repeated):
-            raise CandidateDied(f"answered a timing request with {reply.kind}")
-        if reply.error:
-            raise RuntimeError(reply.error)
-        return elapsed / calls
 
     # -- observing it from outside ---------------------------------------------------------------
     def candidate_pid(self) -> int:

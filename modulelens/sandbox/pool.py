@@ -1,6 +1,8 @@
 """Start, reuse and replace sandbox workers.
 
-Each worker is ``python -m modulelens.sandbox.worker`` in a scratch folder (also its HOME and
+What a worker runs is its :class:`~modulelens.sandbox.worker_messages.WorkerKind`, chosen by the
+pool's caller: the task runner it imports and the frames it answers with. Each worker is
+``python -m modulelens.sandbox.worker RUNNER ...`` in a scratch folder (also its HOME and
 TMPDIR), with an environment reduced to an allow-list (no API keys or tokens), its stdout and
 stderr going to files in the scratch folder, a memory limit it sets on itself, and tasks and
 results passing over two dedicated pipes. A task that outlives its timeout kills the worker; a
@@ -25,9 +27,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from pydantic import BaseModel
+
 from modulelens.cancellation import CallCancelled, cancel_requested
 from modulelens.sandbox import protocol
-from modulelens.sandbox.messages import WORKER_MESSAGES, CrashedResult, SandboxResult, SandboxTask, StageReport
+from modulelens.sandbox.worker_messages import CrashedResult, StageReport, WorkerKind, WorkerResult
 
 _ALLOW = re.compile(
     r"^(PATH|LANG|LC_\w+|TZ|TERM|CUDA_\w+|NVIDIA_\w+|LD_LIBRARY_PATH|OMP_\w+|MKL_\w+|OPENBLAS_\w+|KMP_\w+|"
@@ -62,7 +66,8 @@ class WorkerCrashed(Exception):
 
 
 class SandboxWorker:
-    def __init__(self, memory_limit_mb: int):
+    def __init__(self, kind: WorkerKind, memory_limit_mb: int):
+        self.kind = kind
         self.memory_limit_mb = memory_limit_mb
         self.scratch = Path(tempfile.mkdtemp(prefix="modulelens-sandbox-"))
         (self.scratch / "tmp").mkdir()
@@ -72,7 +77,8 @@ class SandboxWorker:
         self._result_r, result_w = os.pipe()
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "modulelens.sandbox.worker", str(task_r), str(result_w), str(memory_limit_mb)],
+                [sys.executable, "-m", "modulelens.sandbox.worker", kind.runner, str(task_r), str(result_w),
+                 str(memory_limit_mb)],
                 pass_fds=(task_r, result_w), stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                 cwd=self.scratch, env=checker_environment(self.scratch), start_new_session=True,
             )
@@ -95,7 +101,7 @@ class SandboxWorker:
         except OSError:
             return 0
 
-    def run(self, task: SandboxTask, timeout: float, on_stage: Callable[[str], None] | None = None) -> SandboxResult:
+    def run(self, task: BaseModel, timeout: float, on_stage: Callable[[str], None] | None = None) -> WorkerResult:
         """Send a task and wait for its result. Raises WorkerCrashed on a crash or timeout, and
         CallCancelled (after killing the worker) when the call is cancelled."""
         self.tasks += 1
@@ -116,7 +122,7 @@ class SandboxWorker:
                     self.kill()
                     raise CallCancelled(f"the sandbox worker (during {stage})")
                 continue
-            message = protocol.receive(self._result_r, WORKER_MESSAGES)
+            message = protocol.receive(self._result_r, self.kind.replies)
             if message is None:
                 self.proc.wait(timeout=10)
                 raise WorkerCrashed(self._death_reason(), stage, self.stderr_tail())
@@ -125,7 +131,7 @@ class SandboxWorker:
                 if on_stage:
                     on_stage(stage)
                 continue
-            return message.result
+            return message
 
     def _death_reason(self) -> str:
         code = self.proc.poll()
@@ -161,11 +167,12 @@ class SandboxWorker:
 
 
 class SandboxPool:
-    """One reusable worker at a time, behind a lock (tasks queue up)."""
+    """One reusable worker of ``kind`` at a time, behind a lock (tasks queue up)."""
 
     MAX_TASKS_PER_WORKER = 50
 
-    def __init__(self, memory_limit_mb: int = DEFAULT_MEMORY_LIMIT_MB):
+    def __init__(self, kind: WorkerKind, memory_limit_mb: int = DEFAULT_MEMORY_LIMIT_MB):
+        self.kind = kind
         self.memory_limit_mb = memory_limit_mb
         self._worker: SandboxWorker | None = None
         self._lock = threading.Lock()
@@ -177,13 +184,13 @@ class SandboxPool:
             w.close()
             w = None
         if w is None:
-            w = SandboxWorker(memory_limit_mb)
+            w = SandboxWorker(self.kind, memory_limit_mb)
             self._worker = w
             self.started += 1
         return w
 
-    def run(self, task: SandboxTask, timeout: float, memory_limit_mb: int | None = None,
-            on_stage: Callable[[str], None] | None = None) -> SandboxResult:
+    def run(self, task: BaseModel, timeout: float, memory_limit_mb: int | None = None,
+            on_stage: Callable[[str], None] | None = None) -> WorkerResult:
         """Run a task. Returns the worker's result; a crash or timeout becomes a :class:`CrashedResult`."""
         with self._lock:
             worker = self._get(memory_limit_mb or self.memory_limit_mb)
@@ -212,12 +219,15 @@ class SandboxPool:
                 self._worker = None
 
 
-_POOL: SandboxPool | None = None
+_POOLS: dict[str, SandboxPool] = {}
+_POOLS_LOCK = threading.Lock()
 
 
-def pool() -> SandboxPool:
-    global _POOL
-    if _POOL is None:
-        _POOL = SandboxPool()
-        atexit.register(_POOL.close)
-    return _POOL
+def shared_pool(kind: WorkerKind) -> SandboxPool:
+    """The process's shared pool of ``kind`` workers (one per task runner), closed at exit."""
+    with _POOLS_LOCK:
+        found = _POOLS.get(kind.runner)
+        if found is None:
+            found = _POOLS[kind.runner] = SandboxPool(kind)
+            atexit.register(found.close)
+        return found

@@ -1,6 +1,7 @@
 """Length-prefixed model JSON over a pipe (never over stdout, which candidates may write to).
 
-The messages themselves are in :mod:`modulelens.sandbox.messages`."""
+The messages themselves are the caller's: :func:`receive` reads a frame as the TypeAdapter it is
+given (for workers, :mod:`modulelens.sandbox.worker_messages` and their caller's results)."""
 
 from __future__ import annotations
 

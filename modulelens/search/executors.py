@@ -1,7 +1,7 @@
 """Where candidates are evaluated: an :class:`Executor` takes an :class:`EvalTask` and returns a
 future of its :class:`EvalResult`.
 
-Every evaluation is one call of :func:`modulelens.kernels.sandboxed.validate_candidate`: the
+Every evaluation is one call of :func:`modulelens.validation.sandboxed.validate_candidate`: the
 candidate runs in a sandbox worker that times eager and the candidate interleaved, so each
 result's speedup is against a baseline measured by the same worker, and results from different
 workers (or machines) are compared only through those ratios.
@@ -30,12 +30,13 @@ from typing import Protocol
 from pydantic import BaseModel, Field
 
 from modulelens.errors import ModuleLensError
-from modulelens.kernels.candidates import load_candidate, save_report
-from modulelens.kernels.report import ValidationReport, ValidationSettings
-from modulelens.kernels.sandboxed import validate_candidate
+from modulelens.kernels.candidates import load_candidate
 from modulelens.kernels.source import KernelSource
 from modulelens.repo import Repository
 from modulelens.sandbox.pool import SandboxPool
+from modulelens.validation.report import ValidationReport, ValidationSettings
+from modulelens.validation.sandboxed import new_pool, validate_candidate
+from modulelens.validation.stored_reports import save_report
 
 
 class EvalTask(BaseModel):
@@ -99,7 +100,7 @@ class LocalExecutor:
     def _sandbox(self) -> tuple[SandboxPool, str]:
         if not hasattr(self._local, "sandbox"):
             with self._lock:
-                self._local.sandbox = SandboxPool()
+                self._local.sandbox = new_pool()
                 self._local.name = f"local-{len(self._sandboxes)}"
                 self._sandboxes.append(self._local.sandbox)
         return self._local.sandbox, self._local.name
@@ -159,7 +160,7 @@ def evaluate_shipped(task_json: str, opset_dir: str, files: dict[str, bytes]) ->
         _, card = open_card(repo, task.settings.card_id)
         art = save_candidate(repo, card, task.source)
         local = task.model_copy(update={"repo": str(scratch), "candidate_id": art.ref})
-        sandbox = SandboxPool()
+        sandbox = new_pool()
         try:
             result = evaluate_in_repo(local, sandbox, f"ray:{socket.gethostname()}:{os.getpid()}")
         finally:

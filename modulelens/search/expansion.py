@@ -18,13 +18,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from modulelens.kernels.candidates import latest_report, load_candidate
+from modulelens.kernels.candidates import load_candidate
 from modulelens.kernels.source import KernelSource
 from modulelens.ops.model import OpCard
 from modulelens.providers.base import Provider, get_provider
 from modulelens.providers.request import GenerationRequest
 from modulelens.search.model import NodeRecord, SearchSettings, SearchTarget
 from modulelens.search.tree import ROOT, SearchTree
+from modulelens.validation.stored_reports import latest_report
 
 MAX_SIBLING_ERRORS = 3
 

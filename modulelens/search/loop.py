@@ -22,7 +22,6 @@ from typing import Any
 from modulelens.cancellation import CallCancelled
 from modulelens.errors import ModuleLensError
 from modulelens.kernels.candidates import candidate_name, load_candidate, save_candidate
-from modulelens.kernels.report import ValidationSettings
 from modulelens.kernels.source import KernelSource
 from modulelens.ops.cards import open_card
 from modulelens.ops.model import OpCard
@@ -41,6 +40,7 @@ from modulelens.search.model import (
 )
 from modulelens.search.store import find_search, load_tree, open_search, save_search, search_key, write_node
 from modulelens.search.tree import ROOT, SearchTree
+from modulelens.validation.report import ValidationSettings
 
 
 def _no_progress(done: float, total: float | None = None, message: str | None = None) -> None:
@@ -348,7 +348,7 @@ def add_child(repo: Repository, search_id: str, target: str, parent: int, src: K
     tree = load_tree(repo, search_id, spec.index)
     if parent not in tree.nodes:
         raise ModuleLensError(f"the tree of {spec.card_id} has no node {parent}",
-                              f"its nodes: 0 to {max(tree.nodes)}; see show-search {search_id}")
+                              f"its nodes: 0 to {max(tree.nodes)}; see show (kind search, ref {search_id})")
     own = executor or LocalExecutor(1)
     run = _Run(repo=repo, search=search, targets=[], executor=own, progress=_no_progress)
     t = _Target(spec=spec, card=card, tree=tree, expander=Expander(card=card, target=spec, settings=search.settings))

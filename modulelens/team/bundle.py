@@ -10,7 +10,7 @@ whoever pulls it sees how it validated.
 from __future__ import annotations
 
 from modulelens.errors import ModuleLensError
-from modulelens.kernels.candidates import CANDIDATES, REPORTS, CandidateManifest, ReportManifest, report_name
+from modulelens.kernels.candidates import CANDIDATES, CandidateManifest
 from modulelens.kernels.module_candidates import ModuleCandidateManifest, is_module_candidate
 from modulelens.ops.model import KIND as OPSETS
 from modulelens.ops.model import OpSetManifest, parse_card_id
@@ -20,6 +20,7 @@ from modulelens.stats.manifest import KIND as STATS
 from modulelens.stats.manifest import StatsManifest
 from modulelens.team.model import REMOTE_KINDS, LocalRef, PushItem, origin_alias
 from modulelens.team.packs import PACKS, PackManifest, open_pack
+from modulelens.validation.stored_reports import REPORTS, ReportManifest, report_name
 
 CAPTURES = "captures"
 

@@ -1,0 +1,310 @@
+"""Validate a candidate kernel against an operator card. Runs inside a sandbox worker.
+
+Checks, in order: compiles; runs; output count, shape, dtype, device, layout; values on every
+captured sample and on fresh inputs (several seeds and distributions: normal, uniform,
+heavy-tailed, special values) with per-dtype tolerances plus a check relative to the output's own
+scale; inputs not mutated; outputs not aliasing inputs and not stale memory (reference outputs are
+kept alive and the allocator is poisoned with NaN before each call); timers untouched; then timing
+against eager (and torch.compile when asked) and the checks again after timing. The candidate is a
+*wrapper* when it calls torch operators or vendor libraries for the computation.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from modulelens.errors import ModuleLensError
+from modulelens.kernels import build_cache
+from modulelens.kernels.backends import get_backend
+from modulelens.ops.cards import open_card, sample_call
+from modulelens.ops.model import OpCard
+from modulelens.ops.recorder import resolve_op
+from modulelens.repo import Repository
+from modulelens.timing import Timing, time_callable
+from modulelens.validation.candidate_messages import Loaded, LoadRequest
+from modulelens.validation.checker import CandidateChecker, CandidateFailed, checker_timing, start_candidate
+from modulelens.validation.compare import compare_output, eager_noise, same_bits
+from modulelens.validation.evidence import FOREIGN_EVIDENCE, NOT_SEEN, computing_ops, library_symbols
+from modulelens.validation.inputs import fresh_inputs, tensors
+from modulelens.validation.messages import (
+    PongResult,
+    RefusedResult,
+    SandboxResult,
+    SandboxTask,
+    TimeCandidateTask,
+    TimedResult,
+    ValidateCardTask,
+    ValidatedResult,
+)
+from modulelens.validation.plausibility import speedup_flags
+from modulelens.validation.report import ValidationReport
+
+DELAY_S = 0.2  # outputs are read again this long after a call returned (late writers)
+
+
+class _Validator(CandidateChecker):
+    """The checker: holds the card, the reference outputs and the verdict; the candidate runs in a
+    :class:`CandidateProcess` that sees only the inputs written into the shared arena."""
+
+    def __init__(self, task: ValidateCardTask, stage: Callable[[str], None]):
+        self.task = task
+        self.stage_cb = stage
+        self.report = ValidationReport(verdict="rejected", correct=False, reason="", stage="compile",
+                                       backend=task.candidate.backend)
+        self.rtol, self.atol = task.rtol, task.atol
+        self.call_timeout = task.call_timeout
+        self.ops: set[str] = set()
+        self.numpy_bridges: set[str] = set()
+        self.traced = True
+
+    def run(self) -> ValidationReport:
+        shared = Path(self.task.build_dir)
+        self.proc = start_candidate(self.task.memory_limit_mb, read_only=[shared])
+        try:
+            return self._run(shared)
+        except CandidateFailed as e:
+            return self.reject(str(e))
+        finally:
+            self.report.stdout_bytes = self.proc.stdout_bytes()
+            self.proc.remove()
+
+    # ----------------------------------------------------------------------------------------
+    def _run(self, shared: Path) -> ValidationReport:
+        cand = self.task.candidate
+        status = get_backend(cand.backend).status()
+        art, card = open_card(Repository(self.task.repo), self.task.card_id)
+        device = self.task.device or card.device
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            device = "cpu"
+
+        self.stage("compile")
+        self.get_ready(cand.backend)
+        loaded = self._request(LoadRequest(candidate=cand, build_dir=str(self.proc.scratch / "build"),
+                                           shared_build_dir=str(shared), compile_only=not status.can_run),
+                               timeout=self.task.build_timeout)
+        self.report.isolation = self._isolation(loaded, Path(self.task.repo))
+        if not loaded.ok:
+            self.report.errors = [loaded.error]
+            self.check("compiles", False, loaded.error)
+            return self.reject(f"does not compile: {loaded.error}")
+        self.report.compiled = True
+        self.check("compiles", True, loaded.log_tail)
+        library = self._publish(loaded, shared)
+        if not status.can_run:
+            self.report.reason = f"compiled; not run: {status.why}"
+            self.report.timing_note = status.why
+            self.report.stage = "done"
+            return self.report
+        symbols = library_symbols(library) if library else []
+
+        op = resolve_op(card.op)
+        inplace = op._schema.name.endswith("_") or any(a.alias_info is not None and a.alias_info.is_write
+                                                        for a in op._schema.arguments)
+        samples = [sample_call(art, card, i, device=device) for i in range(len(card.samples))]
+        cases: list[tuple[str, list, dict]] = [(f"captured sample {i}", a, k) for i, (a, k, _, _) in enumerate(samples)]
+        base_args, base_kwargs = samples[0][0], samples[0][1]
+        for seed in self.task.seeds:
+            for dist in self.task.distributions:
+                a, k = fresh_inputs(base_args, base_kwargs, seed, dist)
+                cases.append((f"{dist} inputs, seed {seed}", a, k))
+
+        self.stage("check")
+        for n, (label, args, kwargs) in enumerate(cases):
+            problem = self.check_case(op, args, kwargs, inplace, label, settle=n in (0, len(cases) - 1))
+            if problem:
+                return self.reject(problem)
+        self.report.ran = True
+        self.report.correct = True
+
+        if self.task.time:
+            if not status.can_time:
+                self.report.timing_note = status.why
+            else:
+                self.stage("time")
+                self.time_it(op, base_args, base_kwargs, card, device)
+                self.stage("recheck")
+                # new values into the very buffers the timed calls used: a result kept per pointer is stale now
+                a, k = fresh_inputs(base_args, base_kwargs, 9973, "normal")
+                problem = self.check_case(op, a, k, inplace, "fresh values in the timed buffers after timing",
+                                          settle=True)
+                if problem:
+                    return self.reject(problem)
+        self.report.stage = "done"
+        foreign = self.foreign_evidence()
+        self.report.backend_calls = sorted(self.ops) + symbols
+        self.report.wrapper_evidence = self._evidence(library is not None)
+        if foreign:
+            self.report.verdict = "wrapper"
+            self.report.reason = "correct, but it computes with a foreign library: " + "; ".join(foreign)
+            self.report.backend_calls += foreign
+        elif self.report.backend_calls:
+            self.report.verdict = "wrapper"
+            self.report.reason = ("correct, but it calls back into " + ", ".join(self.report.backend_calls[:5])
+                                  + " for the computation")
+        else:
+            self.report.verdict = "custom"
+            self.report.reason = "correct on every captured and fresh input; computes the result itself"
+        return self.report
+
+    def _publish(self, loaded: Loaded, shared: Path) -> Path | None:
+        """The candidate's extension file -- a fresh build in its scratch folder (then published to
+        the shared cache) or a published one -- or None when the claimed path is elsewhere."""
+        if not loaded.library or not loaded.build_name:
+            return None
+        path = Path(loaded.library).resolve()
+        home = self.proc.scratch.resolve() if loaded.fresh_build else shared.resolve()
+        if not path.is_relative_to(home) or not path.is_file():
+            return None
+        if loaded.fresh_build:
+            build_cache.publish_build(shared, loaded.build_name, path)
+        return path
+
+    def _evidence(self, scanned: bool) -> str:
+        parts = ["aten ops recorded by the profiler in the candidate's process, all threads (reported by that "
+                 "process, so a candidate that disables profiling there could hide them)"]
+        if scanned:
+            parts.append("the extension's imported library symbols, read by the checker (vendor libraries and "
+                         "ATen kernels called past the dispatcher)")
+        parts.append(FOREIGN_EVIDENCE)
+        parts.append(NOT_SEEN)
+        return "; ".join(parts)
+
+    def check_case(self, op, args: list, kwargs: dict, inplace: bool, label: str, settle: bool = False) -> str | None:
+        """None when the candidate is right on this case, else why not. With ``settle``, the outputs
+        are read again :data:`DELAY_S` after the call returned (anything still writing them fails)."""
+        ref_args = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+        ref_kwargs = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+        want = tensors(op(*ref_args, **ref_kwargs))
+        result = self.call(args, kwargs, want, trace=True, label=label)
+        if result.ops is None:
+            self.traced = False
+        else:
+            self.ops.update(computing_ops(result.ops))
+        got = [g.to(w.device) if g.device != w.device else g for g, w in zip(result.outputs, want)]
+        got += result.outputs[len(want):]
+        if not self.check(f"output structure ({label})", len(got) == len(want),
+                          f"{len(got)} tensors returned, {len(want)} expected"):
+            return f"returns {len(got)} tensor(s) where the operator returns {len(want)} ({label})"
+        for i, j in enumerate(result.aliases):
+            if j is not None and not (inplace and j == 0):
+                self.check(f"no aliasing ({label})", False, f"output {i} shares memory with input {j}")
+                return f"output {i} is (a view of) input {j}: kernels must write their own output ({label})"
+        arena = self.proc.arena
+        tensor_inputs = [a for a in [*args, *kwargs.values()] if isinstance(a, torch.Tensor)]
+        for i, (slot, before) in enumerate(result.inputs):
+            if not (inplace and i == 0) and not same_bits(arena.read(slot), before):
+                self.check(f"inputs unchanged ({label})", False, f"input {i} modified")
+                return f"mutates input {i} ({label}); kernels must not modify their inputs"
+        if inplace and result.inputs and tensor_inputs:  # the operator's contract is to update its first argument
+            got = [arena.read(result.inputs[0][0]).to(want[0].device)] + got[1:]
+            want = [ref_args[0]] + want[1:]
+        problem = self._compare(op, args, kwargs, inplace, got, want, label)
+        if problem:
+            return problem
+        if not settle:
+            return None
+        time.sleep(DELAY_S)
+        for i, (slot, g) in enumerate(zip(result.output_slots, result.outputs)):
+            if not same_bits(arena.read(slot), g):
+                self.check(f"output {i} stable ({label})", False, "changed after the call returned")
+                return f"output {i} changed {DELAY_S:g} s after the call returned ({label}): something writes it late"
+        return None
+
+    def _compare(self, op, args, kwargs, inplace, got, want, label) -> str | None:
+        noise = None
+        for i, (g, w) in enumerate(zip(got, want)):
+            ok, detail = compare_output(g, w, self.rtol, self.atol)
+            if not ok and g.shape == w.shape and g.dtype == w.dtype and w.is_floating_point():
+                # Eager is not exact either: allow what eager itself moves under rounding-sized input changes.
+                noise = noise if noise is not None else eager_noise(op, args, kwargs, inplace)
+                if noise is not None and i < len(noise) and noise[i].shape == w.shape:
+                    ok, detail2 = compare_output(g, w, self.rtol, self.atol, noise=noise[i])
+                    detail = detail if ok else f"{detail2} (with eager's own rounding sensitivity allowed)"
+            if not self.check(f"output {i} values ({label})", ok, detail):
+                return f"output {i} is wrong on {label}: {detail}"
+        return None
+
+    def time_it(self, op, args: list, kwargs: dict, card: OpCard, device: str) -> None:
+        """Eager timed here while the candidate process is stopped; the candidate timed by this
+        process's clock around batches of calls it makes in its own process."""
+        min_run = self.task.min_run_time
+        want = tensors(op(*args, **kwargs))
+        self.call(args, kwargs, want, trace=False, label="timing inputs")
+        eager, cand = self.time_rounds(lambda: op(*args, **kwargs), device, min_run)
+        self.report.eager, self.report.candidate = eager, cand
+        self.report.speedup_vs_eager = eager.median_s / cand.median_s
+        if self.task.compile_baseline:
+            compiled = torch.compile(lambda *a: op(*a, **kwargs), dynamic=False)
+            compiled(*args)
+            ct = time_callable(lambda: compiled(*args), device, min_run_time=min_run / 2)
+            self.report.compiled_baseline = ct
+            self.report.speedup_vs_compile = ct.median_s / cand.median_s
+        self.report.timing_note = (f"eager: {eager.timer}; candidate: {cand.timer}; medians of the faster of two "
+                                   f"interleaved rounds each; {eager.threads} threads; {eager.cache}")
+        self.report.flags.extend(speedup_flags(eager, cand, self.report.compiled_baseline))
+        if card.kind == "memory" and card.bytes_per_call:
+            from modulelens.profiling.bandwidth import copy_bandwidth
+
+            floor = card.bytes_per_call / copy_bandwidth(device)["bytes_per_s"]
+            if cand.median_s < 0.5 * floor and card.bytes_per_call > 8 << 20:
+                self.report.flags.append(
+                    f"suspicious: {cand.median_s * 1e6:.1f} us is under half the {floor * 1e6:.1f} us this machine "
+                    f"needs to move {card.bytes_per_call} bytes")
+
+
+def time_candidate(task: TimeCandidateTask) -> Timing:
+    """Time a candidate alone on its card's first captured sample (for ``profile``), by the
+    checker's clock around calls made in the candidate's own process."""
+    cand = task.candidate
+    status = get_backend(cand.backend).status()
+    if not (status.can_run and status.can_time):
+        raise ModuleLensError(f"{cand.backend} candidates cannot be timed here: {status.why}",
+                              "profile it on a machine with the right device")
+    art, card = open_card(Repository(task.repo), task.card_id)
+    device = task.device or card.device
+    args, kwargs, _, _ = sample_call(art, card, 0, device=device)
+    settings = ValidateCardTask(repo=task.repo, candidate=cand, build_dir=task.build_dir, card_id=task.card_id,
+                                device=device, time=False)
+    checker = _Validator(settings, lambda _: None)
+    checker.proc = start_candidate(settings.memory_limit_mb, read_only=[Path(task.build_dir)])
+    try:
+        loaded = checker._request(LoadRequest(candidate=cand, build_dir=str(checker.proc.scratch / "build"),
+                                              shared_build_dir=task.build_dir), timeout=settings.build_timeout)
+        if not loaded.ok:
+            raise ModuleLensError(f"the candidate does not compile: {loaded.error}", "fix it and validate it first")
+        checker._publish(loaded, Path(task.build_dir))
+        want = tensors(resolve_op(card.op)(*args, **kwargs))
+        checker.call(args, kwargs, want, trace=False, label="the first sample")
+        return checker_timing(checker.proc, device, task.min_run_time, settings.call_timeout, task.warmup)
+    except CandidateFailed as e:
+        raise ModuleLensError(f"the candidate failed while being timed: {e}", "validate it first") from None
+    finally:
+        checker.proc.remove()
+
+def validate_card(task: ValidateCardTask, stage: Callable[[str], None]) -> ValidationReport:
+    """Validate the task's candidate against its card; every outcome, a failure to set up included,
+    is a report."""
+    t0 = time.perf_counter()
+    try:
+        report = _Validator(task, stage).run()
+    except ModuleLensError as e:
+        report = ValidationReport(verdict="rejected", correct=False, reason=str(e), stage="setup",
+                                  backend=task.candidate.backend)
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def run_task(task: SandboxTask, stage: Callable[[str], None]) -> SandboxResult:
+    """Run one sandbox task in this (worker) process."""
+    if isinstance(task, TimeCandidateTask):
+        try:
+            return TimedResult(timing=time_candidate(task))
+        except ModuleLensError as e:
+            return RefusedResult(message=e.message, hint=e.hint, healthy=False)
+    if isinstance(task, ValidateCardTask):
+        return ValidatedResult(report=validate_card(task, stage))
+    return PongResult()

@@ -1,0 +1,257 @@
+"""The checker's side of one candidate process, shared by card and module validation: requests
+(a death becomes :class:`CandidateFailed`), inputs written into the shared arena and outputs read
+back, the candidate timed by the checker's own clock, the isolation in force, and the foreign
+numerical libraries the candidate's process mapped."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from modulelens.errors import ModuleLensError
+from modulelens.kernels.build_cache import default_build_dir
+from modulelens.sandbox.candidate_process import CandidateDied, CandidateProcess, scratch_parent
+from modulelens.sandbox.containment import Isolation, foreign_in, secrets_layer
+from modulelens.sandbox.shm import TensorSlot, aligned, encode_value, span_bytes
+from modulelens.timing import Timing, time_callable
+from modulelens.validation.candidate_messages import (
+    CANDIDATE_REPLIES,
+    Called,
+    CallRequest,
+    Loaded,
+    Ready,
+    ReadyRequest,
+    Repeated,
+    RepeatRequest,
+)
+from modulelens.validation.inputs import tensors
+from modulelens.validation.verdict_keeping import ReportKeeper
+
+HARNESS = "modulelens.validation.harness"  # what runs in a candidate process
+
+
+def start_candidate(memory_limit_mb: int, read_only: list[Path]) -> CandidateProcess:
+    """A fresh contained candidate process running :data:`HARNESS`, its scratch folder next to the
+    build cache (not under /tmp, which its mount namespace replaces). ``read_only``: folders it may
+    read (the shared build cache, ...)."""
+    return CandidateProcess(HARNESS, CANDIDATE_REPLIES, memory_limit_mb=memory_limit_mb, read_only=read_only,
+                            parent=scratch_parent(default_build_dir().parent / "candidates"))
+
+
+def time_calls(proc: CandidateProcess, calls: int, timeout: float) -> float:
+    """Seconds per call of ``calls`` calls on the last inputs, measured here between sending the
+    request and reading its answer (the candidate cannot reach this clock). Raises
+    :class:`CandidateDied`; a candidate error raises RuntimeError."""
+    t0 = time.perf_counter()
+    reply = proc.request(RepeatRequest(calls=calls), timeout)
+    elapsed = time.perf_counter() - t0
+    if not isinstance(reply, Repeated):
+        raise CandidateDied(f"answered a timing request with {reply.kind}")
+    if reply.error:
+        raise RuntimeError(reply.error)
+    return elapsed / calls
+
+
+class _Call:
+    """One call of the candidate as the checker saw it: outputs read back from the arena, the input
+    slots as written, and the ops the candidate process claims it ran."""
+
+    def __init__(self, outputs: list[torch.Tensor], inputs: list[tuple[TensorSlot, torch.Tensor]],
+                 output_slots: list[TensorSlot], aliases: list[int | None], ops: list[str] | None,
+                 input_grads: list[torch.Tensor | None] | None = None,
+                 param_grads: dict[str, torch.Tensor] | None = None):
+        self.outputs, self.inputs, self.output_slots, self.aliases, self.ops = outputs, inputs, output_slots, aliases, ops
+        self.input_grads, self.param_grads = input_grads or [], param_grads or {}
+
+
+class ModuleCall:
+    """The module-specific part of a call to a module candidate: mode, RNG state set before it,
+    and output gradients to run backward with (``grad_room``: arena bytes to keep for the gradients)."""
+
+    def __init__(self, training: bool, rng: dict[str, torch.Tensor] | None = None,
+                 grad_outputs: list[torch.Tensor] | None = None, grad_room: int = 0):
+        self.training, self.rng, self.grad_outputs, self.grad_room = training, rng, grad_outputs, grad_room
+        self.rng_keys = sorted(rng) if rng else []
+
+    def tensors(self) -> list[torch.Tensor]:
+        """The extra tensors written into the arena after the inputs: RNG states, output gradients."""
+        return [self.rng[k] for k in self.rng_keys] + list(self.grad_outputs or [])
+
+    def request_fields(self, args: list, kwargs: list, extra: list, names: list[str]) -> dict[str, Any]:
+        """CallRequest fields from the encoded values (``extra``: encoded :meth:`tensors`)."""
+        n = len(self.rng_keys)
+        return {"args": args, "kwargs": dict(zip(names, kwargs)), "training": self.training,
+                "rng": dict(zip(self.rng_keys, extra[:n])) if self.rng is not None else None,
+                "grad_outputs": extra[n:] if self.grad_outputs is not None else None}
+
+
+class CandidateFailed(Exception):
+    """The candidate raised, ran out of memory, or died: ``reason`` is the rejection."""
+
+
+class CandidateChecker(ReportKeeper):
+    """The checker's side of one candidate process, shared by card and module validation: it
+    sends requests (a death becomes :class:`CandidateFailed`), writes inputs into the arena and
+    reads outputs back, times the candidate by its own clock, reports the isolation in force, and
+    reads from ``/proc`` which foreign numerical libraries the candidate's process mapped.
+    ``proc`` is the :class:`CandidateProcess`; subclasses hold the reference and the verdict."""
+
+    proc: CandidateProcess
+    call_timeout: float
+
+    def _request(self, req, timeout: float | None = None):
+        try:
+            return self.proc.request(req, timeout or self.call_timeout)
+        except CandidateDied as e:
+            self.report.stderr_tail = _clean_tail(e.stderr_tail)
+            oom = "memory" in e.stderr_tail.lower() or "bad_alloc" in e.stderr_tail
+            raise CandidateFailed(f"the candidate process {e.reason} during {self.report.stage}"
+                                   + (" (out of memory)" if oom else "")) from None
+
+    def get_ready(self, backend: str) -> None:
+        """Let the harness import its own runtime, then note what the process has mapped: the
+        baseline that foreign libraries are judged against (:meth:`foreign_libraries`)."""
+        reply = self._request(ReadyRequest(backend=backend))
+        if not isinstance(reply, Ready):
+            raise CandidateFailed(f"the candidate process answered a ready request with {reply.kind}")
+        self.baseline_maps = self.proc.mapped_files()
+
+    def foreign_libraries(self) -> list[str]:
+        """Foreign numerical libraries (:data:`FOREIGN_LIBRARIES`) the candidate's process mapped
+        since :meth:`get_ready`, as ``name (file)``: read by this process from ``/proc/PID/maps``,
+        which the kernel writes and the candidate cannot forge."""
+        base = getattr(self, "baseline_maps", None)
+        if base is None:
+            return []
+        return foreign_in(self.proc.mapped_files() - base)
+
+    def _isolation(self, loaded: Loaded, repo_root: Path) -> Isolation:
+        iso = loaded.isolation.model_copy(deep=True)
+        if self.proc.namespaces_missing:
+            iso.layers = [x for x in iso.layers if x.name != "namespaces"]
+            iso.add("namespaces", False, self.proc.namespaces_missing)
+        iso.add("process separation", True, "the candidate runs in its own process; reference outputs, "
+                "comparison, timing and verdict stay in the checker")
+        iso.layers.append(secrets_layer(iso, self.proc.read_only, repo_root))
+        return iso
+
+    def _write_inputs(self, values: list) -> tuple[list, list[tuple[TensorSlot, torch.Tensor]], int]:
+        arena = self.proc.arena
+        written: list[tuple[TensorSlot, torch.Tensor]] = []
+        need = sum(aligned(span_bytes(t)) for t in tensors(values) if isinstance(t, torch.Tensor))
+        arena.resize(need + 1)
+        offset = 0
+
+        def put(t: torch.Tensor) -> TensorSlot:
+            nonlocal offset
+            slot = arena.put(t, offset)
+            written.append((slot, arena.read(slot)))
+            offset = aligned(offset + slot.nbytes)
+            return slot
+
+        encoded = [encode_value(v, put) for v in values]
+        return encoded, written, offset
+
+    def call(self, args: list, kwargs: dict, want: list[torch.Tensor], trace: bool, label: str,
+             module_call: ModuleCall | None = None) -> _Call:
+        """Write the inputs, call the candidate once, read its outputs back (and, for a module call
+        with output gradients, its gradients). Card calls pass keyword values positionally; module
+        calls by name. Raises CandidateFailed."""
+        values = [*args, *kwargs.values()]
+        extra = module_call.tensors() if module_call else []
+        try:
+            encoded, written, end = self._write_inputs(values + extra)
+        except ValueError as e:
+            raise ModuleLensError(f"inputs cannot be passed to a candidate: {e}", "pick another card") from None
+        grad_bytes = sum(aligned(span_bytes(t)) for t in extra)
+        out_bytes = sum(aligned(max(w.numel() * w.element_size(), 1)) for w in want)
+        self.proc.arena.resize(end + 2 * out_bytes + (module_call.grad_room if module_call else 0) + grad_bytes
+                               + (1 << 16))
+        fields: dict[str, Any] = {"args": encoded[:len(values)]}
+        if module_call:
+            fields = module_call.request_fields(encoded[:len(args)], encoded[len(args):len(values)],
+                                                encoded[len(values):], list(kwargs))
+        reply = self._request(CallRequest(arena_size=self.proc.arena.size, output_offset=end,
+                                          poison_nbytes=[w.numel() * w.element_size() for w in want], trace=trace,
+                                          **fields))
+        if not isinstance(reply, Called):
+            raise CandidateFailed(f"the candidate process answered a call with {reply.kind}")
+        if reply.out_of_memory:
+            raise CandidateFailed(f"exceeded the memory limit on {label}: {reply.error[:300]}")
+        if reply.error:
+            self.report.errors.append(reply.error)
+            raise CandidateFailed(f"raised {reply.error.split(':')[0]} on {label}: {reply.error[:300]}")
+        try:
+            outputs = [self.proc.arena.read(s) for s in reply.outputs]
+            input_grads = [self.proc.arena.read(s) if s is not None else None for s in reply.input_grads]
+            param_grads = {n: self.proc.arena.read(s) for n, s in reply.param_grads.items()}
+        except ValueError as e:
+            raise CandidateFailed(f"returned an output the checker cannot read ({e}) on {label}") from None
+        self.numpy_bridges.update(reply.numpy_bridges)
+        return _Call(outputs, written[:len(tensors(values))], reply.outputs, reply.aliases, reply.ops,
+                     input_grads, param_grads)
+
+    def time_rounds(self, eager_call: Callable[[], Any], device: str, min_run_time: float) -> tuple[Timing, Timing]:
+        """(eager, candidate): eager timed here while the candidate process is stopped, the
+        candidate by this process's clock around batches of its last call; two interleaved
+        rounds, the faster of each kept (drift hits both alike)."""
+        rounds = []
+        for _ in range(2):
+            self.proc.pause()
+            try:
+                eager = time_callable(eager_call, device, min_run_time=min_run_time / 2)
+            finally:
+                self.proc.resume()
+            rounds.append((eager, self._time_candidate(device, min_run_time / 2)))
+        eager = min((r[0] for r in rounds), key=lambda t: t.median_s)
+        cand = min((r[1] for r in rounds), key=lambda t: t.median_s)
+        return eager, cand
+
+    def _time_candidate(self, device: str, min_run_time: float) -> Timing:
+        try:
+            return checker_timing(self.proc, device, min_run_time, self.call_timeout)
+        except RuntimeError as e:
+            raise CandidateFailed(f"raised while being timed: {e}") from None
+        except CandidateDied as e:
+            raise CandidateFailed(f"the candidate process {e.reason} while being timed") from None
+
+    def foreign_evidence(self) -> list[str]:
+        """Wrapper evidence the checker holds beyond aten ops: foreign libraries newly mapped,
+        torch<->numpy crossings (claimed)."""
+        found = [f"maps {name}" for name in self.foreign_libraries()]
+        if self.numpy_bridges:
+            found.append("crosses into numpy (" + ", ".join(sorted(self.numpy_bridges)) + ")")
+        return found
+
+
+def checker_timing(proc: CandidateProcess, device: str, min_run_time: float, timeout: float,
+                   warmup: int = 3) -> Timing:
+    """Per-call seconds of the candidate's last call, measured by this process's clock around
+    batches of calls (each batch >= 20 ms, so the pipe round trip is a small part of it)."""
+    time_calls(proc, warmup, timeout)
+    one = time_calls(proc, 1, timeout)
+    batch = max(1, min(100_000, int(0.02 / max(one, 1e-9))))
+    samples: list[float] = []
+    spent = 0.0
+    while spent < min_run_time or len(samples) < 5:
+        per_call = time_calls(proc, batch, timeout)
+        samples.append(per_call)
+        spent += per_call * batch
+        if len(samples) >= 200:
+            break
+    samples.sort()
+    pick = lambda q: samples[min(len(samples) - 1, int(q * len(samples)))]  # noqa: E731
+    return Timing(median_s=statistics.median(samples), p20_s=pick(0.2), p80_s=pick(0.8), runs=len(samples) * batch,
+                  samples=len(samples), warmup=warmup,
+                  timer=f"checker's perf_counter around {batch} call(s) per sample in the candidate process",
+                  device=device, threads=torch.get_num_threads(), cache="warm (CPU caches are not flushed between calls)")
+
+
+def _clean_tail(text: str) -> str:
+    """A stderr tail safe to show: control characters other than newline and tab removed."""
+    return "".join(c for c in text if c in "\n\t" or c.isprintable())[-1500:]

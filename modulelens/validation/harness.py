@@ -1,0 +1,379 @@
+"""The candidate process: ``python -m modulelens.validation.harness REQ_FD REPLY_FD ARENA_FD SCRATCH MEMORY_MB [READ_ONLY_DIR]``.
+
+Started by :class:`modulelens.sandbox.candidate_process.CandidateProcess` (inside new namespaces
+where the kernel allows), it applies the remaining containment layers to itself *before* any
+candidate code exists in it (private /tmp, rlimits, Landlock, seccomp), then serves requests: load
+(compile) the candidate, call it on inputs the checker wrote into the shared arena and copy its
+outputs there, or call it again N times for the checker's clock. It holds no reference output,
+no checker and no verdict: the worst a candidate can do here is lie about itself, and the checker
+treats what this process says as claims.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+
+def _contain(scratch: Path, memory_mb: int, read_only: list[str]) -> Any:
+    import torch
+
+    from modulelens.sandbox.containment import Isolation, apply_landlock, apply_rlimits, private_tmp, readable_roots
+    from modulelens.sandbox.seccomp import apply_seccomp
+
+    iso = Isolation()
+    described = os.environ.pop("MODULELENS_NAMESPACES", "")
+    iso.add("namespaces", os.getpid() == 1 and bool(described),
+            described if os.getpid() == 1 else "not started in new namespaces")
+    readable = readable_roots([str(scratch), *read_only])
+    iso.layers.append(private_tmp(readable))
+    iso.layers.append(apply_rlimits(memory_mb, limit_address_space=not torch.cuda.is_available()))
+    iso.layers.append(apply_landlock([str(scratch)], readable))
+    iso.layers.append(apply_seccomp())  # last: the layers above need mount and prctl
+    return iso
+
+
+def _tensors(value: Any) -> list:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+def _overlaps(a, b) -> bool:
+    try:
+        sa, sb = a.untyped_storage(), b.untyped_storage()
+    except (RuntimeError, NotImplementedError):
+        return False
+    if a.device != b.device or sa.nbytes() == 0 or sb.nbytes() == 0:
+        return False
+    pa, pb = sa.data_ptr(), sb.data_ptr()
+    return pa < pb + sb.nbytes() and pb < pa + sa.nbytes()
+
+
+class _Harness:
+    def __init__(self, arena_fd: int, isolation: Any):
+        from modulelens.sandbox.shm import SharedArena
+
+        self.arena = SharedArena(size=1 << 16, fd=arena_fd)
+        self.isolation = isolation
+        self.entry: Any = None
+        self.again: Any = None  # the last call, repeated for the checker's clock
+
+    def ready(self, req) -> Any:
+        """Import what the harness itself needs for this backend (its runtime, numpy through torch)
+        and start counting torch<->numpy crossings, before any candidate code exists here."""
+        from modulelens.validation.candidate_messages import Ready
+
+        if req.backend == "module":
+            import safetensors.torch  # noqa: F401
+
+            from modulelens.kernels import module_candidates  # noqa: F401
+        else:
+            from modulelens.kernels.backends import get_backend
+
+            get_backend(req.backend)
+            if req.backend == "triton":
+                try:  # the interpreter (numpy inside) is the harness's, not the candidate's
+                    import triton.language  # noqa: F401
+                    import triton.runtime.interpreter  # noqa: F401
+                except ImportError:
+                    pass
+        _NumpyBridges.install()
+        return Ready(pid=os.getpid())
+
+    def load(self, req) -> Any:
+        from modulelens.kernels import build_cache
+        from modulelens.kernels.backends import CompileError, get_backend
+        from modulelens.validation.candidate_messages import Loaded
+
+        if req.shared_build_dir:
+            build_cache.use_shared_builds(Path(req.shared_build_dir))
+        backend = get_backend(req.candidate.backend)
+        try:
+            if req.compile_only:
+                log = backend.compile_only(req.candidate.source, Path(req.build_dir))
+                return Loaded(isolation=self.isolation, ok=True, log_tail=log[-300:])
+            self.entry = backend.load(req.candidate.source, req.candidate.entry, Path(req.build_dir))
+        except CompileError as e:
+            return Loaded(isolation=self.isolation, ok=False, error=e.message)
+        builds = build_cache.builds_in_process()
+        if not builds:
+            return Loaded(isolation=self.isolation, ok=True)
+        name, library, fresh = builds[-1]
+        return Loaded(isolation=self.isolation, ok=True, build_name=name, library=library, fresh_build=fresh)
+
+    def load_module(self, req) -> Any:
+        """Run a module candidate's source, build its class with the captured constructor
+        arguments and load the captured weights by name (strict)."""
+        from safetensors.torch import load_file
+
+        from modulelens.kernels.module_candidates import construct, load_class
+        from modulelens.validation.candidate_messages import Loaded
+
+        try:
+            cls = load_class(req.source, req.class_name)
+        except BaseException as e:  # noqa: BLE001 - a source that fails to load is the candidate's answer
+            return Loaded(isolation=self.isolation, ok=False, error=_load_error(e), failed_step="load")
+        try:
+            tensors = load_file(req.init_tensors) if req.init_tensors else {}
+            module = construct(cls, req.init_args, req.init_kwargs, tensors, req.sys_path).to(req.device)
+            module.load_state_dict(load_file(req.state, device=req.device), strict=True)
+        except BaseException as e:  # noqa: BLE001
+            text = str(e).strip().splitlines()
+            return Loaded(isolation=self.isolation, ok=False, failed_step="build",
+                          error=text[0][:300] if text else type(e).__name__)
+        self.entry = module
+        return Loaded(isolation=self.isolation, ok=True)
+
+    def call(self, req) -> Any:
+        import torch
+
+        from modulelens.sandbox.shm import aligned, decode_value
+        from modulelens.validation.candidate_messages import Called
+
+        self.arena.remap(req.arena_size)
+        inputs: list = []
+
+        def get(slot):
+            t = self.arena.view(slot)
+            if slot.device != "cpu":
+                dev = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=slot.device)
+                dev.copy_(t)
+                t = dev
+            inputs.append(t)
+            return t
+
+        args = [decode_value(a, get) for a in req.args]
+        kwargs = {k: decode_value(v, get) for k, v in req.kwargs.items()}
+        rng = {k: decode_value(v, get) for k, v in req.rng.items()} if req.rng is not None else None
+        grad_outputs = [decode_value(g, lambda s: self.arena.read(s)) for g in req.grad_outputs or []]
+        invoke = self._invocation(args, kwargs, req.training, rng, bool(req.grad_outputs))
+        for n in req.poison_nbytes:  # freed blocks of the output sizes hold NaN, not an earlier result
+            device = inputs[0].device if inputs else "cpu"
+            poison = torch.full((max(n // 4, 1),), float("nan"), dtype=torch.float32, device=device)
+            del poison
+        ops = None
+        try:
+            with _NumpyBridges() as bridges:
+                if req.trace:
+                    with _OpTrace() as trace:
+                        out = invoke()
+                    ops = trace.names
+                else:
+                    out = invoke()
+            if inputs and inputs[0].is_cuda:
+                torch.cuda.synchronize()
+            grads = self._backward(out, grad_outputs) if req.grad_outputs else None
+        except MemoryError as e:
+            return Called(error=f"MemoryError: {e}", out_of_memory=True)
+        except BaseException as e:  # noqa: BLE001 - whatever the candidate raises is its answer
+            text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            oom = isinstance(e, RuntimeError) and ("allocate" in text or "memory" in text.lower())
+            return Called(error=f"{type(e).__name__}: {text[:500]}", out_of_memory=oom)
+        self.again = invoke
+        outs = _tensors(out)
+        slots, aliases = [], []
+        offset = req.output_offset
+        for o in outs:
+            aliases.append(next((i for i, a in enumerate(inputs) if _overlaps(o, a)), None))
+            try:
+                slots.append(self.arena.put(o, offset))
+            except ValueError as e:
+                return Called(error=f"output too large: {e}")
+            offset = aligned(offset + slots[-1].nbytes)
+        reply = Called(outputs=slots, aliases=aliases, ops=ops, numpy_bridges=bridges.names)
+        if grads is not None:
+            try:
+                self._put_grads(reply, grads, offset)
+            except ValueError as e:
+                return Called(error=f"gradients too large: {e}")
+        return reply
+
+    def _invocation(self, args: list, kwargs: dict, training: bool | None, rng: dict | None, grad: bool) -> Any:
+        """The call itself: a card candidate on its arguments; a module in train (with grad) or eval
+        (without) mode, its RNG state set first; with ``grad``, on leaf copies of the inputs that
+        require grad (kept in ``self.grad_leaves``)."""
+        import torch
+
+        entry = self.entry
+        if training is None:
+            return lambda: entry(*args, **kwargs)
+        from modulelens.capture.tracer import set_rng_states
+
+        entry.train(training)
+        if grad:
+            args = [a.detach().clone().requires_grad_(a.is_floating_point()) if isinstance(a, torch.Tensor) else a
+                    for a in args]
+            self.grad_leaves = args
+
+        def invoke() -> Any:
+            if rng is not None:
+                set_rng_states(rng)
+            with torch.set_grad_enabled(training):
+                return entry(*args, **kwargs)
+
+        return invoke
+
+    def _backward(self, out: Any, grad_outputs: list) -> tuple[list, dict]:
+        import torch
+
+        self.entry.zero_grad(set_to_none=True)
+        outs = [o for o in _tensors(out) if o.requires_grad]
+        torch.autograd.backward(outs, [g.to(o.device, o.dtype) for g, o in zip(grad_outputs, outs)])
+        leaves = [a.grad if isinstance(a, torch.Tensor) else None for a in self.grad_leaves]
+        params = {n: p.grad for n, p in self.entry.named_parameters() if p.grad is not None}
+        return leaves, params
+
+    def _put_grads(self, reply: Any, grads: tuple[list, dict], offset: int) -> None:
+        from modulelens.sandbox.shm import aligned
+
+        def put(t):
+            nonlocal offset
+            slot = self.arena.put(t, offset)
+            offset = aligned(offset + slot.nbytes)
+            return slot
+
+        leaves, params = grads
+        reply.input_grads = [put(g) if g is not None else None for g in leaves]
+        reply.param_grads = {n: put(g) for n, g in params.items()}
+
+    def repeat(self, req) -> Any:
+        import torch
+
+        from modulelens.validation.candidate_messages import Repeated
+
+        try:
+            for _ in range(req.calls):
+                self.again()
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+        except BaseException as e:  # noqa: BLE001
+            return Repeated(error=f"{type(e).__name__}: {str(e)[:300]}")
+        return Repeated()
+
+
+def _load_error(e: BaseException) -> str:
+    """Short text of a load failure: the first compiler errors of a failed C++ build, else the
+    exception's first line."""
+    from modulelens.kernels.backends.cpp import summarize_errors
+
+    text = str(e)
+    if "error:" in text:
+        return f"{type(e).__name__}: " + summarize_errors(text, {"main.cpp": (0, 1 << 30)})
+    lines = text.strip().splitlines()
+    return f"{type(e).__name__}: {lines[0][:500] if lines else ''}"
+
+
+class _NumpyBridges:
+    """Counts, while active, the crossings between torch and numpy (``Tensor.numpy``,
+    ``Tensor.__array__``, ``torch.from_numpy``, ``torch.as_tensor``/``torch.tensor`` of an
+    ndarray): a candidate computing in numpy has to cross twice. Installed by the harness before
+    candidate code; a claim like the op trace (candidate code could undo the wrappers)."""
+
+    _active: list[str] | None = None
+
+    def __enter__(self) -> _NumpyBridges:
+        self.names: list[str] = []
+        _NumpyBridges._active = self.names
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _NumpyBridges._active = None
+        self.names = sorted(set(self.names))
+
+    @staticmethod
+    def _from_runtime(frame: Any) -> bool:
+        """The crossing is made by torch itself or Triton's interpreter (which runs kernels on numpy
+        arrays), not by the candidate's own code."""
+        module = frame.f_globals.get("__name__", "") if frame is not None else ""
+        return module.split(".")[0] in ("torch", "triton")
+
+    @staticmethod
+    def install() -> None:
+        import torch
+
+        def note(name: str, original: Any, only_ndarray: bool = False) -> Any:
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                active = _NumpyBridges._active
+                if (active is not None and (not only_ndarray or (args and type(args[0]).__module__ == "numpy"))
+                        and not _NumpyBridges._from_runtime(sys._getframe(1))):
+                    active.append(name)
+                return original(*args, **kwargs)
+            return wrapper
+
+        torch.Tensor.numpy = note("Tensor.numpy", torch.Tensor.numpy)
+        torch.Tensor.__array__ = note("Tensor.__array__", torch.Tensor.__array__)
+        torch.from_numpy = note("torch.from_numpy", torch.from_numpy)
+        torch.as_tensor = note("torch.as_tensor(ndarray)", torch.as_tensor, only_ndarray=True)
+        torch.tensor = note("torch.tensor(ndarray)", torch.tensor, only_ndarray=True)
+
+
+class _OpTrace:
+    """The profiler's record of every aten op run in this process (all threads) during the block."""
+
+    def __enter__(self) -> _OpTrace:
+        from torch._C._profiler import _ExperimentalConfig
+        from torch.autograd import ProfilerActivity, ProfilerConfig, ProfilerState, _enable_profiler, _prepare_profiler
+
+        self.names: list[str] = []
+        config = ProfilerConfig(ProfilerState.KINETO, False, False, False, False, False,
+                                _ExperimentalConfig(profile_all_threads=True))
+        _prepare_profiler(config, {ProfilerActivity.CPU})
+        _enable_profiler(config, {ProfilerActivity.CPU})
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        from torch.autograd import _disable_profiler
+
+        result = _disable_profiler()
+        self.names = sorted({e.name() for e in result.events()})
+
+
+def main(argv: list[str]) -> int:
+    req_fd, reply_fd, arena_fd = int(argv[0]), int(argv[1]), int(argv[2])
+    scratch, memory_mb, read_only = Path(argv[3]), int(argv[4]), argv[5:]
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    isolation = _contain(scratch, memory_mb, read_only)
+    from modulelens.sandbox import protocol
+    from modulelens.validation.candidate_messages import (
+        CANDIDATE_REQUESTS,
+        CallRequest,
+        LoadModuleRequest,
+        LoadRequest,
+        ReadyRequest,
+    )
+
+    harness = _Harness(arena_fd, isolation)
+    while True:
+        req = protocol.receive(req_fd, CANDIDATE_REQUESTS)
+        if req is None:
+            return 0
+        try:
+            if isinstance(req, ReadyRequest):
+                reply = harness.ready(req)
+            elif isinstance(req, LoadRequest):
+                reply = harness.load(req)
+            elif isinstance(req, LoadModuleRequest):
+                reply = harness.load_module(req)
+            elif isinstance(req, CallRequest):
+                reply = harness.call(req)
+            else:
+                reply = harness.repeat(req)
+        except BaseException:  # noqa: BLE001 - a broken harness ends the process; the checker sees it die
+            traceback.print_exc()
+            return 70
+        protocol.send(reply_fd, reply)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

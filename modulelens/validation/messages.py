@@ -1,0 +1,143 @@
+"""What crosses a validation worker's pipes: tasks to the worker, and its stage reports and results.
+
+Both sides live here: the caller sends a :data:`SandboxTask` and reads :data:`WorkerMessage`
+frames (read with :data:`WORKER_MESSAGES`) until a result; the worker (:data:`VALIDATION_WORKER`,
+whose runner is :data:`modulelens.validation.tasks.RUNNER`) reads tasks with :data:`TASKS` and
+answers with :class:`~modulelens.sandbox.worker_messages.StageReport` frames, then one result.
+Frames travel as model JSON over :mod:`modulelens.sandbox.protocol`. Every result kind is its own
+model, told apart by ``kind``, so a caller matches on the type instead of probing keys:
+
+* :class:`ValidatedResult`: a validation ran to a verdict (a rejection is a verdict too);
+* :class:`TimedResult`: a candidate was timed;
+* :class:`RefusedResult`: the task could not be done here (a ``ModuleLensError``: message and hint);
+* :class:`PongResult`: answer to a :class:`PingTask`;
+* :class:`InternalErrorResult` (the sandbox's): modulelens itself failed inside the worker (a bug);
+* :class:`CrashedResult` (the sandbox's): the worker died or timed out; never sent by a worker, the
+  pool makes it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, Field, TypeAdapter
+
+from modulelens.kernels.source import KernelSource
+from modulelens.sandbox.worker_messages import (
+    CrashedResult,
+    InternalErrorResult,
+    Message,
+    StageReport,
+    WorkerKind,
+    WorkerResult,
+)
+from modulelens.timing import Timing
+from modulelens.validation.report import ModuleValidationSettings, ValidationReport, ValidationSettings
+
+# -- tasks -------------------------------------------------------------------------------------
+
+class CandidateTask(Message):
+    """A candidate to run against a card of the repository at ``repo``."""
+
+    repo: str = Field(description="Root of the repository holding the card.")
+    candidate: KernelSource
+    build_dir: str = Field(description="Where compiled candidates are cached.")
+
+
+class CandidateLimits(BaseModel):
+    """The limits of a candidate process."""
+
+    memory_limit_mb: int = Field(6144, ge=256, description="Address-space cap of the candidate process (CPU runs).")
+    call_timeout: float = Field(120.0, gt=0, description="Seconds one request to the candidate process may take.")
+    build_timeout: float = Field(900.0, gt=0, description="Seconds compiling the candidate may take.")
+
+
+class ValidateCardTask(CandidateTask, ValidationSettings, CandidateLimits):
+    kind: Literal["validate_card"] = "validate_card"
+
+    @property
+    def settings(self) -> ValidationSettings:
+        """The part of the task stored with its report."""
+        return ValidationSettings.model_validate(self.model_dump(include=set(ValidationSettings.model_fields)))
+
+
+class TimeCandidateTask(CandidateTask):
+    """Time the candidate alone on its card's first stored sample."""
+
+    kind: Literal["time_candidate"] = "time_candidate"
+    card_id: str
+    device: str | None = None
+    min_run_time: float = Field(0.5, gt=0)
+    warmup: int = Field(3, ge=0)
+
+
+class ModuleSource(Message):
+    """A module-level candidate: Python source defining ``class_name`` (the KernelBench ModelNew contract)."""
+
+    backend: Literal["module"] = "module"
+    source: str
+    class_name: str = "ModelNew"
+    claims_training: bool = False
+
+
+class ValidateModuleTask(Message, ModuleValidationSettings, CandidateLimits):
+    """Validate a module-level candidate against the capture ``capture`` of the repository at ``repo``."""
+
+    kind: Literal["validate_module"] = "validate_module"
+    repo: str
+    candidate: ModuleSource
+    build_dir: str
+
+    @property
+    def settings(self) -> ModuleValidationSettings:
+        """The part of the task stored with its report."""
+        return ModuleValidationSettings.model_validate(self.model_dump(include=set(ModuleValidationSettings.model_fields)))
+
+
+class PingTask(Message):
+    kind: Literal["ping"] = "ping"
+
+
+SandboxTask = Annotated[ValidateCardTask | ValidateModuleTask | TimeCandidateTask | PingTask,
+                        Field(discriminator="kind")]
+TASKS: TypeAdapter[SandboxTask] = TypeAdapter(SandboxTask)
+
+
+# -- results -----------------------------------------------------------------------------------
+
+class ValidatedResult(WorkerResult):
+    kind: Literal["validated"] = "validated"
+    report: ValidationReport
+
+
+class TimedResult(WorkerResult):
+    kind: Literal["timed"] = "timed"
+    timing: Timing
+
+
+class RefusedResult(WorkerResult):
+    kind: Literal["refused"] = "refused"
+    message: str
+    hint: str | None = None
+
+
+class PongResult(WorkerResult):
+    kind: Literal["pong"] = "pong"
+
+
+SandboxResult = Annotated[
+    ValidatedResult | TimedResult | RefusedResult | PongResult | InternalErrorResult | CrashedResult,
+    Field(discriminator="kind"),
+]
+
+
+# -- frames on the result pipe -----------------------------------------------------------------
+
+WorkerMessage = Annotated[
+    StageReport | ValidatedResult | TimedResult | RefusedResult | PongResult | InternalErrorResult,
+    Field(discriminator="kind"),
+]
+WORKER_MESSAGES: TypeAdapter[WorkerMessage] = TypeAdapter(WorkerMessage)
+
+VALIDATION_WORKER = WorkerKind(runner="modulelens.validation.tasks:RUNNER", replies=WORKER_MESSAGES)
+"""The sandbox worker that validates and times candidates."""

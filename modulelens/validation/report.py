@@ -1,0 +1,72 @@
+"""The validation report of a candidate kernel, and the settings a validation runs with."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from modulelens.sandbox.containment import Isolation
+from modulelens.timing import Timing
+
+DISTRIBUTIONS = ("normal", "uniform", "heavy", "special")
+
+
+class CheckSettings(BaseModel):
+    """What any validation does: fresh inputs, tolerances, timing (stored with its report)."""
+
+    time: bool = Field(True, description="Time against eager (when the backend can be timed here).")
+    seeds: list[int] = Field(default_factory=lambda: [0, 1], description="Seeds of the fresh inputs.")
+    distributions: list[str] = Field(default_factory=lambda: list(DISTRIBUTIONS),
+                                     description="Distributions of the fresh inputs (each seed draws every one).")
+    rtol: float | None = Field(None, ge=0, description="Relative tolerance (default: per dtype).")
+    atol: float | None = Field(None, ge=0, description="Absolute tolerance (default: per dtype, scaled by the output).")
+    min_run_time: float = Field(0.3, gt=0, description="Seconds of timed calls, eager and candidate together.")
+
+
+class ValidationSettings(CheckSettings):
+    """One validation of a card candidate."""
+
+    card_id: str = Field(description="The card validated against (<opset ref>/<index>).")
+    device: str | None = Field(None, description="Device to run on (default: the card's; CPU when there is no GPU).")
+    compile_baseline: bool = Field(False, description="Also time torch.compile of the operator.")
+
+
+class ModuleValidationSettings(CheckSettings):
+    """One validation of a module-level candidate (KernelBench ModelNew) against its capture."""
+
+    capture: str = Field(description="The capture ref (name:vN) the candidate replaces.")
+    min_run_time: float = Field(0.6, gt=0, description="Seconds of timed calls, original and candidate together.")
+
+
+class Check(BaseModel):
+    name: str
+    passed: bool
+    detail: str = ""
+
+
+class ValidationReport(BaseModel):
+    verdict: Literal["custom", "wrapper", "rejected"] = Field(
+        description="custom: correct and computes itself; wrapper: correct but calls back into torch or vendor "
+        "libraries for the computation; rejected: see reason.")
+    correct: bool = Field(description="Every correctness check passed (captured and fresh inputs, after timing too).")
+    reason: str = Field(description="Why this verdict, in one sentence.")
+    stage: str = Field(description="Last stage reached: compile, load, check, time, recheck, done.")
+    backend: str
+    compiled: bool = False
+    ran: bool = Field(False, description="The candidate ran here (False for CUDA without a GPU: compile-checked only).")
+    checks: list[Check] = Field(default_factory=list)
+    errors: list[str] = Field(default_factory=list, description="Short compile/runtime errors, usable in a repair prompt.")
+    backend_calls: list[str] = Field(default_factory=list, description="torch/vendor operators the candidate called.")
+    flags: list[str] = Field(default_factory=list, description="Suspicious findings (speedups beyond belief, ...).")
+    eager: Timing | None = None
+    candidate: Timing | None = None
+    compiled_baseline: Timing | None = Field(None, description="torch.compile of the same operator, when asked for.")
+    speedup_vs_eager: float | None = Field(None, description="eager median / candidate median; null when not timed.")
+    speedup_vs_compile: float | None = None
+    timing_note: str = ""
+    stdout_bytes: int = 0
+    stderr_tail: str = ""
+    isolation: Isolation | None = Field(None, description="Containment layers that were in force around the candidate.")
+    wrapper_evidence: str = Field("", description="What the custom/wrapper decision was based on, and what it cannot see.")
+    seconds: float = 0.0

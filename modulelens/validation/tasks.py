@@ -1,0 +1,23 @@
+"""The task runner of validation workers (:data:`RUNNER`): what a sandbox worker started for
+:data:`~modulelens.validation.messages.VALIDATION_WORKER` does with each task it reads."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from modulelens.sandbox.worker_messages import TaskRunner
+from modulelens.validation import card
+from modulelens.validation.messages import TASKS, SandboxResult, SandboxTask, ValidateModuleTask
+
+
+def run_task(task: SandboxTask, stage: Callable[[str], None]) -> SandboxResult:
+    """Run one validation task in this (worker) process: a module validation, or a card task
+    (card validation, timing, ping)."""
+    if isinstance(task, ValidateModuleTask):
+        from modulelens.validation import module  # only workers that validate modules need it
+
+        return module.run_task(task, stage)
+    return card.run_task(task, stage)
+
+
+RUNNER = TaskRunner(tasks=TASKS, run=run_task)

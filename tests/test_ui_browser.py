@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from starlette.testclient import TestClient
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 from conftest import EXAMPLES, ROOT, TRAIN
 

@@ -59,9 +59,11 @@ def _finite(x: torch.Tensor) -> torch.Tensor:
     return x if bool(mask.all()) else x[mask]
 
 
-def tensor_stats(t: torch.Tensor, chunk: int = 1 << 20) -> TensorStats:
+def tensor_stats(t: torch.Tensor, chunk: int = 1 << 16) -> TensorStats:
     """Summary statistics kept for shape-only tensors (enough to synthesise similar data),
-    computed chunk by chunk: a multi-GiB tensor never gets a whole float64 copy."""
+    computed chunk by chunk on one float64 copy of the chunk, with in-place arithmetic and no
+    widening temporaries: the memory it takes stays a few MiB whatever the tensor's size (the
+    tensor is shape-only because it is too big to copy)."""
     if t.numel() == 0:
         return TensorStats()
     x = t.detach()
@@ -73,19 +75,20 @@ def tensor_stats(t: torch.Tensor, chunk: int = 1 << 20) -> TensorStats:
     total = total_sq = 0.0
     lo, hi = math.inf, -math.inf
     for start in range(0, n, chunk):
-        part = flat[start: start + chunk].to(torch.float64)
-        zeros += int((part == 0).sum())
+        part = flat[start: start + chunk].to(torch.float64, copy=True)
+        zeros += part.numel() - int(torch.count_nonzero(part))  # NaN counts as non-zero, as ``== 0`` says
         ok = _finite(part)
         if ok.numel():
             finite += ok.numel()
             total += float(ok.sum())
-            lo, hi = min(lo, float(ok.min())), max(hi, float(ok.max()))
+            low, high = torch.aminmax(ok)
+            lo, hi = min(lo, float(low)), max(hi, float(high))
     stats = TensorStats(zero_fraction=zeros / n, nonfinite_fraction=1.0 - finite / n)
     if finite:
         mean = total / finite
         for start in range(0, n, chunk):  # second pass: the spread around the mean, stably
-            ok = _finite(flat[start: start + chunk].to(torch.float64))
-            total_sq += float(((ok - mean) ** 2).sum())
+            ok = _finite(flat[start: start + chunk].to(torch.float64, copy=True)).sub_(mean)
+            total_sq += float(torch.dot(ok, ok))
         stats.mean, stats.std, stats.min, stats.max = mean, math.sqrt(total_sq / finite), lo, hi
     return stats
 

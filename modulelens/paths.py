@@ -42,9 +42,12 @@ def project_folder(repo_root: Path) -> Path:
 
 def resolve(given: str, base: Path) -> Path:
     """``given`` as an absolute path, relative ones taken from ``base``, ``~`` expanded, every
-    symlink that exists followed."""
+    symlink that exists followed (a loop is a :class:`ModuleLensError`)."""
     path = Path(given).expanduser()
-    return (path if path.is_absolute() else Path(base) / path).resolve()
+    try:
+        return (path if path.is_absolute() else Path(base) / path).resolve()
+    except (OSError, RuntimeError) as exc:  # a symlink loop, a path too long
+        raise ModuleLensError(f"cannot follow the path {given!r}: {exc}", "give a plain path") from None
 
 
 def _checked_output(given: str, base: Path, field: str) -> Path:
@@ -119,17 +122,17 @@ def source_file(given: str, base: Path, repo_root: Path, allow_outside: bool = F
                 field: str = "source") -> Path:
     """The regular file that ``given`` (request field ``field``) leads to, symlinks followed.
     Outside ``base`` (the project folder) and ``repo_root`` only with ``allow_outside``; the
-    refusal does not say where a symlink leads."""
+    refusal says neither where a symlink leads nor whether the file there exists."""
     if not given or not given.strip() or "\x00" in given:
         raise ModuleLensError(f"{arg(field)} is empty", "give the path of your source file")
     path = resolve(given, base)
-    if not path.is_file():
-        what = "does not exist" if not path.exists() else "is not a regular file"
-        raise ModuleLensError(f"source file {given!r} {what}", "give the path of your source file")
-    if not allow_outside and not is_inside(path, base, repo_root):
+    if not allow_outside and not is_inside(path, base, repo_root):  # first: nothing said of files outside
         raise ModuleLensError(f"source file {given!r} is outside the project folder {Path(base).resolve()} and the "
                               "repository (symlinks followed)",
                               f"copy it into the project, or pass {arg('allow_outside')} if you mean to read it")
+    if not path.is_file():
+        what = "does not exist" if not path.exists() else "is not a regular file"
+        raise ModuleLensError(f"source file {given!r} {what}", "give the path of your source file")
     return path
 
 

@@ -174,12 +174,14 @@ def test_a_symlinked_source_outside_the_project_is_refused(app, captured: Path, 
     assert _candidates(captured) == []
 
 
-def test_a_source_that_is_not_a_regular_file_is_refused(captured: Path, project: Path):
+def test_a_source_that_is_not_a_regular_file_is_refused(captured: Path, project: Path, planted: Path):
     (project / "dir.cpp").mkdir()
-    r = _mcp(captured, "validate_kernel", {"source": "dir.cpp", "target": "blk/0", "backend": "cpp"})
-    assert r.is_error and "is not a regular file" in r.content[0].text
-    r = _mcp(captured, "validate_kernel", {"source": "", "target": "blk/0", "backend": "cpp"})
-    assert r.is_error
+    (project / "loop.cpp").symlink_to(project / "loop.cpp")
+    for source, cause in (("dir.cpp", "is not a regular file"), ("missing.cpp", "does not exist"),
+                          ("loop.cpp", "cannot follow the path"), ("", "give exactly one of"),
+                          (str(planted / "missing.cpp"), "outside the project folder")):  # nothing said of outside
+        r = _mcp(captured, "validate_kernel", {"source": source, "target": "blk/0", "backend": "cpp"})
+        assert r.is_error and cause in r.content[0].text, (source, r.content[0].text)
 
 
 def test_allow_outside_reads_it_and_the_reply_says_from_where(captured: Path, project: Path, planted: Path):

@@ -5,7 +5,8 @@ stopped at any time, with its progress and result kept for the page to poll.
 Only the actions in :data:`ACTIONS` can be started, each with a fixed set of request fields: the
 web layer cannot reach a tool that writes outside the repository (install_skills) or runs an
 arbitrary file. A script for gather_stats must be a ``.py`` file inside the project folder (where
-the server was started).
+the server was started). ``continue_search`` runs optimize again on a stored search: its targets,
+provider, backend and settings as stored, with ``more`` evaluations beyond the nodes it has.
 
 The child (:mod:`modulelens.ui.jobrun`) reads a :class:`JobSpec` on stdin and writes
 :class:`JobEvent` lines on stdout; whatever the tool or the user's script prints goes to stderr,
@@ -94,12 +95,13 @@ class Action:
     fields: frozenset[str]
     required: frozenset[str]
     subject: Callable[[dict[str, Any]], str]
-    prepare: Callable[[dict[str, Any], Path], dict[str, Any]] | None = None
+    prepare: Callable[[dict[str, Any], JobRunner], dict[str, Any]] | None = None
 
 
-def _script_inside(params: dict[str, Any], project: Path) -> dict[str, Any]:
+def _script_inside(params: dict[str, Any], runner: JobRunner) -> dict[str, Any]:
     """gather_stats: a script given must be a .py file inside the project; its arguments may come
     as one string (split like a shell would)."""
+    project = runner.project_root
     out = dict(params)
     if out.get("script"):
         rel = str(out["script"])
@@ -113,6 +115,31 @@ def _script_inside(params: dict[str, Any], project: Path) -> dict[str, Any]:
     return out
 
 
+DEFAULT_MORE_EVALS = 4
+
+
+def _continue_search(params: dict[str, Any], runner: JobRunner) -> dict[str, Any]:
+    """optimize's request that resumes the stored search ``search_id`` (see the module docstring)."""
+    from modulelens.registry import ToolContext
+
+    show = get_tool("show")
+    summary = show(show.request.model_validate({**everything(show.request), "kind": "search",
+                                                "ref": params["search_id"]}), ToolContext(repo_root=runner.repo_root))
+    try:
+        more = int(params.get("more", DEFAULT_MORE_EVALS))
+    except (TypeError, ValueError):
+        raise ModuleLensError(f"more must be a whole number of evaluations, not {params.get('more')!r}",
+                              "e.g. 4") from None
+    if not 1 <= more <= 1000:
+        raise ModuleLensError(f"more must be between 1 and 1000 evaluations, not {more}", "e.g. 4")
+    nodes = sum(max(len(t.nodes) - 1, t.outcome.nodes if t.outcome else 0) for t in summary.targets)
+    s = summary.settings
+    return {"targets": [t.target for t in summary.targets], "search_id": summary.search_id,
+            "provider": s.provider, "backend": s.backend, "max_evals": nodes + more, "time_budget": s.time_budget_s,
+            "max_cost": s.max_cost_usd, "roofline_target": s.roofline_target, "patience": s.patience,
+            "compile_baseline": s.compile_baseline}
+
+
 ACTIONS: dict[str, Action] = {a.name: a for a in (
     Action("replay", "replay_module", "replay {subject}", frozenset({"ref", "strategy"}), frozenset({"ref"}),
            lambda p: str(p["ref"])),
@@ -121,6 +148,8 @@ ACTIONS: dict[str, Action] = {a.name: a for a in (
     Action("gather_stats", "gather_stats", "gather statistics of {subject}",
            frozenset({"script", "script_args", "capture", "every", "steps", "name"}), frozenset(),
            lambda p: str(p.get("capture") or p.get("script") or ""), _script_inside),
+    Action("continue_search", "optimize", "continue search {subject}", frozenset({"search_id", "more"}),
+           frozenset({"search_id"}), lambda p: str(p["search_id"]), _continue_search),
 )}
 
 
@@ -177,7 +206,7 @@ class JobRunner:
             raise ModuleLensError(f"action {action_name!r} needs {', '.join(sorted(missing))}",
                                   f"it takes: {', '.join(sorted(action.fields))}")
         if action.prepare is not None:
-            values = action.prepare(values, self.project_root)
+            values = {k: v for k, v in action.prepare(values, self).items() if v is not None}
         tool = get_tool(action.tool)
         try:  # the page shows whole results: nothing cut to a reply's size
             request = tool.request.model_validate({**everything(tool.request), **values})

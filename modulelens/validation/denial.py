@@ -128,7 +128,8 @@ def _described(reply: Denied, numpy: str) -> str:
            + ("; kernel-enforced: " + ", ".join(reply.layers) if reply.layers else ""))
     if numpy == "memory":
         how += "; checked by the checker in /proc/PID/maps before and after the calls"
-    return f"{reply.operators} kernels of computing operators raise (every operator namespace and backend); {how}"
+    return (f"{reply.operators} kernels of computing operators raise (every operator namespace; the CPU backends, and "
+            f"the CUDA ones on a GPU); {how}")
 
 
 def verdict(denial: Denial) -> tuple[Literal["custom", "wrapper"], str]:

@@ -275,6 +275,8 @@ class Repository:
     # -- references -------------------------------------------------------------------------
     def resolve(self, kind: str, ref: str | Ref) -> tuple[str, int]:
         r = parse_ref(ref) if isinstance(ref, str) else ref
+        if r.version is not None and (self._name_dir(kind, r.name) / f"v{r.version}" / MANIFEST).is_file():
+            return r.name, r.version  # found without listing anything (a confined checker may not list)
         versions = self.versions(kind, r.name)
         what = kind[:-1] if kind.endswith("s") else kind
         if not versions:

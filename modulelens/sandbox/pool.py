@@ -3,12 +3,17 @@
 What a worker runs is its :class:`~modulelens.sandbox.worker_messages.WorkerKind`, chosen by the
 pool's caller: the task runner it imports and the frames it answers with. Each worker is
 ``python -m modulelens.sandbox.worker RUNNER ...`` in a scratch folder (also its HOME and
-TMPDIR), with an environment reduced to an allow-list (no API keys or tokens), its stdout and
+TMPDIR), with an environment reduced to an allow-list (no API keys or tokens, and no
+``MODULELENS_CONFIG_DIR``: nothing in a worker needs the signing key; trust is checked by the
+caller before a task is sent), its stdout and
 stderr going to files in the scratch folder, a memory limit it sets on itself, and tasks and
 results passing over two dedicated pipes. A task that outlives its timeout kills the worker; a
 worker that crashed, was killed, or reports itself unhealthy is replaced by a fresh one. A task
 whose call is cancelled (:mod:`modulelens.cancellation`) kills the worker's process group (its
 candidate processes die with it) and raises :class:`~modulelens.cancellation.CallCancelled`.
+A worker is a fork-server template (:mod:`modulelens.sandbox.worker`): one whose environment
+changed since it started (torch upgraded, modulelens's files edited:
+:func:`~modulelens.sandbox.forkserver.environment_key`) is replaced before its next task.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from pydantic import BaseModel
 
 from modulelens.cancellation import CallCancelled, cancel_requested
 from modulelens.sandbox import protocol
+from modulelens.sandbox.forkserver import environment_key
 from modulelens.sandbox.worker_messages import CrashedResult, StageReport, WorkerKind, WorkerResult
 
 _ALLOW = re.compile(
@@ -49,14 +55,6 @@ def scrubbed_environment(scratch: Path) -> dict[str, str]:
     env.update(HOME=str(scratch), TMPDIR=str(scratch / "tmp"), XDG_CACHE_HOME=cache, PYTHONUNBUFFERED="1",
                PYTHONDONTWRITEBYTECODE="1")
     return env
-
-
-def checker_environment(scratch: Path) -> dict[str, str]:
-    """The scrubbed environment plus where this machine's signing key is (the checker verifies
-    that the cards it decodes are trusted; candidate processes never get this)."""
-    from modulelens.repo.trust import config_dir
-
-    return {**scrubbed_environment(scratch), "MODULELENS_CONFIG_DIR": str(config_dir())}
 
 
 class WorkerCrashed(Exception):
@@ -80,11 +78,12 @@ class SandboxWorker:
                 [sys.executable, "-m", "modulelens.sandbox.worker", kind.runner, str(task_r), str(result_w),
                  str(memory_limit_mb)],
                 pass_fds=(task_r, result_w), stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                cwd=self.scratch, env=checker_environment(self.scratch), start_new_session=True,
+                cwd=self.scratch, env=scrubbed_environment(self.scratch), start_new_session=True,
             )
         os.close(task_r)
         os.close(result_w)
         self.tasks = 0
+        self.environment = environment_key()
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -131,6 +130,8 @@ class SandboxWorker:
                 if on_stage:
                     on_stage(stage)
                 continue
+            if isinstance(message, CrashedResult) and message.stage is None:
+                message.stage = stage  # the worker's checker died: the worker cannot know where
             return message
 
     def _death_reason(self) -> str:
@@ -180,7 +181,8 @@ class SandboxPool:
 
     def _get(self, memory_limit_mb: int) -> SandboxWorker:
         w = self._worker
-        if w is not None and (not w.alive() or w.memory_limit_mb != memory_limit_mb or w.tasks >= self.MAX_TASKS_PER_WORKER):
+        if w is not None and (not w.alive() or w.memory_limit_mb != memory_limit_mb or w.tasks >= self.MAX_TASKS_PER_WORKER
+                              or w.environment != environment_key()):
             w.close()
             w = None
         if w is None:

@@ -19,8 +19,9 @@ from modulelens.registry import Tool, ToolContext, register
 from modulelens.repo import Repository
 from modulelens.sandbox.pool import DEFAULT_MEMORY_LIMIT_MB
 from modulelens.validation.messages import ModuleSource, ValidateModuleTask
+from modulelens.validation.module import readable_sys_path
 from modulelens.validation.report import ValidationReport
-from modulelens.validation.sandboxed import validate_in_sandbox
+from modulelens.validation.sandboxed import confinement, validate_in_sandbox
 
 
 class ValidateModuleRequest(BaseModel):
@@ -74,8 +75,14 @@ def _candidate(req: ValidateModuleRequest, repo: Repository):
 def validate_module(req: ValidateModuleRequest, ctx: ToolContext) -> ValidateModuleResult:
     repo = Repository(ctx.repo_root)
     art, cand, target = _candidate(req, repo)
+    from modulelens.capture.manifest import capture_manifest
+
+    capture = repo.open("captures", target.capture)
+    # the checker builds the captured module: trusted captures only, checked here where the key is
+    confine = confinement(repo, [capture], "validate a module candidate against it",
+                          readable_sys_path(capture_manifest(capture).sys_path, repo.root))
     task = ValidateModuleTask(
-        repo=str(repo.root), capture=target.capture, build_dir=str(default_build_dir()),
+        repo=str(repo.root), capture=target.capture, build_dir=str(default_build_dir()), confinement=confine,
         candidate=ModuleSource(source=cand.source, class_name=cand.class_name, claims_training=cand.claims_training),
         time=req.time, seeds=list(range(req.seeds)), rtol=req.rtol, atol=req.atol,
         memory_limit_mb=req.memory_limit_mb, call_timeout=req.timeout, build_timeout=req.timeout,

@@ -19,6 +19,7 @@ from typing import Generic, TypeVar
 from pydantic import BaseModel
 
 from modulelens.repo import default_repo_root
+from modulelens.repo.store import remove_stale_tmp
 
 Req = TypeVar("Req", bound=BaseModel)
 Res = TypeVar("Res", bound=BaseModel)
@@ -42,6 +43,12 @@ class ToolContext:
     # Set by a front end that cancels the call (MCP cancellation, cancel_job). Worker processes
     # see it through modulelens.cancellation (the front end runs the tool inside ``cancellable``).
     cancelled: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        # Every front end makes one context per tool call: the temporary folders that killed writers
+        # (a capture killed mid-write: hundreds of MB) left in the repository go now, whatever the
+        # tool, not only at the next write.
+        remove_stale_tmp(Path(self.repo_root))
 
 
 @dataclass(frozen=True)

@@ -102,3 +102,20 @@ def test_a_tree_is_removed_whatever_its_depth_names_links_and_permissions(tmp_pa
     link = tmp_path / "link-to-dir"
     link.symlink_to(tmp_path)
     assert remove_tree(link) and not link.exists() and target.exists()  # the link, never what it names
+
+
+def test_an_arena_shrunk_under_the_checker_is_a_short_read_not_a_sigbus(monkeypatch):
+    """Where a kernel cannot seal a memfd, a candidate can truncate the arena: the checker never
+    maps it, so reading a slot past the new end is a ValueError (a rejection), not a SIGBUS."""
+    import pytest
+
+    from modulelens.sandbox import shm
+
+    monkeypatch.setattr(shm, "sealing_available", lambda: False)
+    arena = SharedArena(1 << 16)
+    slot = arena.put(torch.randn(1000), 4096)
+    assert not arena.sealed
+    os.ftruncate(arena.fd, 4096)  # what the candidate does with its copy of the descriptor
+    with pytest.raises(ValueError, match="shrunk"):
+        arena.read(slot)
+    arena.close()

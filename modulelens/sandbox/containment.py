@@ -18,8 +18,8 @@ Layers, outermost first:
   and ``/proc`` entries are closed to other processes of the same user (a sibling candidate),
   however they found it.
 * **Landlock** (:func:`apply_landlock`): the process and everything it starts may write only in
-  its scratch folder and the device files (the private ``/dev`` where there is one, else only
-  ``/dev/null``, ``zero``, ``full``, ``random``, ``urandom``), read only system and Python install
+  its scratch folder, the device files ``/dev/null``, ``zero``, ``full``, ``random``, ``urandom``
+  (and the GPU's) and, with a private ``/dev``, its own ``/dev/shm``; read only system and Python install
   folders plus its scratch and the read-only build cache, open no TCP connection and bind no TCP
   port (ABI 4+), and signal no process and reach no abstract Unix socket outside itself (ABI 6+).
 * **seccomp** (:func:`modulelens.sandbox.seccomp.apply_seccomp`, installed last): a deny list of
@@ -231,8 +231,11 @@ def apply_landlock(writable: list[str], readable: list[str], private_dev: bool =
             _allow(fd, path, read, fs_all)
         for path in _ETC_FILES:
             _allow(fd, path, read, fs_all)
-        for path in (["/dev"] if private_dev else device_files()):
-            _allow(fd, path, fs_all if private_dev else device, fs_all)
+        for path in device_files():  # the nodes themselves (a private /dev holds only these)
+            _allow(fd, path, device, fs_all)
+        if private_dev:  # its own /dev/shm; /dev itself only listed (no file made next to the nodes)
+            _allow(fd, "/dev/shm", fs_all, fs_all)
+            _allow(fd, "/dev", _READ_DIR, fs_all)
         for path in writable:
             _allow(fd, path, fs_all, fs_all)
         if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
@@ -242,7 +245,7 @@ def apply_landlock(writable: list[str], readable: list[str], private_dev: bool =
     finally:
         os.close(fd)
     parts = [what, "reads only system and Python folders",
-             "devices: its private /dev" if private_dev else "devices: " + ", ".join(device_files())]
+             "devices: " + ", ".join(device_files()) + (" and its private /dev/shm" if private_dev else "")]
     if abi >= 4:
         parts.append("no TCP")
     if abi >= 6:

@@ -97,6 +97,8 @@ class Loaded(BaseModel):
     fresh_build: bool = Field(False, description="Built now in the candidate's folder (to publish).")
     fresh_extensions: list[str] = Field(default_factory=list, description="Module candidates: names of the "
                                         "load_inline extensions built now (claimed; the checker finds them itself).")
+    shared_extensions: list[str] = Field(default_factory=list, description="Module candidates: load_inline "
+                                         "extensions taken from the shared build cache (claimed).")
     log_tail: str = ""
 
 

@@ -134,12 +134,13 @@ class CandidateChecker(ReportKeeper):
             raise CandidateFailed(f"the candidate process answered a ready request with {reply.kind}")
         self.baseline_maps = self.proc.mapped_files()
 
-    def publish_extensions(self, loaded: Loaded, source: str, shared: Path) -> list[str]:
+    def publish_extensions(self, loaded: Loaded, source: str, shared: Path) -> None:
         """Publish the ``load_inline`` extensions a module candidate built (names it claims), each
         found at the address this checker computes from ``source`` and the name, read while the
-        candidate is stopped without following links (see :func:`build_cache.read_build`).
-        Returns what was published; what cannot be verified is simply not shared."""
-        published = []
+        candidate is stopped without following links (see :func:`build_cache.read_build`); what
+        cannot be verified is simply not shared. Each extension gets a line in the checks."""
+        for name in loaded.shared_extensions:
+            self.check(f"extension {name}", True, "taken from the shared build cache")
         self.proc.pause()
         try:
             for name in dict.fromkeys(loaded.fresh_extensions):
@@ -148,13 +149,14 @@ class CandidateChecker(ReportKeeper):
                 address, filename = module_build_address(source, name), f"{name}{LIB_SUFFIX}"
                 try:
                     data = build_cache.read_build(self.proc.scratch, ["build", address, filename])
-                except ValueError:
+                except ValueError as e:
+                    self.check(f"extension {name}", True, f"built, not shared: {e}")
                     continue
-                if build_cache.publish_build(shared, address, data, filename) is not None:
-                    published.append(name)
+                shared_as = build_cache.publish_build(shared, address, data, filename)
+                self.check(f"extension {name}", True, f"built, verified and shared as {address}" if shared_as
+                           else "built, not shared: the build cache could not be written")
         finally:
             self.proc.resume()
-        return published
 
     def foreign_libraries(self) -> list[str]:
         """Foreign numerical libraries (:data:`FOREIGN_LIBRARIES`) the candidate's process mapped

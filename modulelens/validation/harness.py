@@ -160,8 +160,9 @@ class _Harness:
             return Loaded(isolation=self.isolation, ok=False, failed_step="build",
                           error=text[0][:300] if text else type(e).__name__)
         self.entry = module
-        fresh = [name for name, _, built in build_cache.builds_in_process() if built]
-        return Loaded(isolation=self.isolation, ok=True, fresh_extensions=fresh)
+        builds = build_cache.builds_in_process()
+        return Loaded(isolation=self.isolation, ok=True, fresh_extensions=[n for n, _, built in builds if built],
+                      shared_extensions=[n for n, _, built in builds if not built])
 
     def call(self, req) -> Any:
         import torch

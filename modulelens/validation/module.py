@@ -129,7 +129,7 @@ class _ModuleValidator(CandidateChecker):
                                 sys_path=[str(p) for p in self.proc.read_only[1:]], device=device,
                                 shared_build_dir=self.task.build_dir)
         loaded = self._request(req, timeout=self.task.build_timeout)
-        if loaded.ok and loaded.fresh_extensions:
+        if loaded.ok:
             self.publish_extensions(loaded, self.task.candidate.source, Path(self.task.build_dir))
         return loaded
 

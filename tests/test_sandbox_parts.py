@@ -119,3 +119,18 @@ def test_an_arena_shrunk_under_the_checker_is_a_short_read_not_a_sigbus(monkeypa
     with pytest.raises(ValueError, match="shrunk"):
         arena.read(slot)
     arena.close()
+
+
+def test_a_validating_cli_command_is_recognised_for_its_head_start():
+    from modulelens.prestart import RUNNER, command_args, memory_limit
+    from modulelens.validation.messages import VALIDATION_WORKER
+
+    assert RUNNER == VALIDATION_WORKER.runner  # the worker it starts is the one the pool would
+    assert command_args(["/usr/bin/python3", "-m", "modulelens", "validate-kernel", "c:v1"]) == ["validate-kernel", "c:v1"]
+    assert command_args(["/venv/bin/python", "/venv/bin/modulelens", "validate-module", "--source", "m.py"])[0] == \
+        "validate-module"
+    assert command_args(["/usr/bin/python3", "-m", "pytest", "-q"]) is None
+    assert command_args(["/usr/bin/python3", "-m", "modulelens.sandbox.worker", "x"]) is None
+    assert memory_limit(["validate-kernel", "c", "--memory-limit-mb", "2048"], 6144) == 2048
+    assert memory_limit(["validate-kernel", "c", "--memory-limit-mb=1024"], 6144) == 1024
+    assert memory_limit(["validate-kernel", "c"], 6144) == 6144

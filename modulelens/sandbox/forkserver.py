@@ -122,12 +122,20 @@ def _package_files() -> list[Path]:
 
 
 def environment_key() -> str:
-    """What a template depends on: the Python executable, the torch build (version and its files'
-    times), whether CUDA is present, and modulelens's own files (names, sizes, modification times)."""
-    import torch
+    """What a template depends on: the Python executable, the torch build (its version and its
+    files' times), whether an NVIDIA device is present, and modulelens's own files (names, sizes,
+    modification times). Found without importing torch."""
+    import importlib.metadata
+    import importlib.util
 
-    h = hashlib.sha256(f"{sys.executable}\0{torch.__version__}\0{cuda_present()}".encode())
-    for path in [Path(torch.__file__), *_package_files()]:
+    spec = importlib.util.find_spec("torch")
+    torch_files = [Path(spec.origin), Path(spec.origin).with_name("version.py")] if spec and spec.origin else []
+    try:
+        version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        version = "?"
+    h = hashlib.sha256(f"{sys.executable}\0{version}\0{os.path.exists('/dev/nvidiactl')}".encode())
+    for path in [*torch_files, *_package_files()]:
         try:
             st = path.stat()
         except OSError:

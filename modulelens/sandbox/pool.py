@@ -31,6 +31,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -64,8 +65,12 @@ class WorkerCrashed(Exception):
 
 
 class SandboxWorker:
-    def __init__(self, kind: WorkerKind, memory_limit_mb: int):
-        self.kind = kind
+    """One worker process running the task runner ``runner`` (``package.module:NAME``), whose
+    answers are read as ``replies`` (may be set later: a worker started before its caller imported
+    what its replies are, see :func:`prestart`)."""
+
+    def __init__(self, runner: str, memory_limit_mb: int, replies: Any = None):
+        self.runner, self.replies = runner, replies
         self.memory_limit_mb = memory_limit_mb
         self.scratch = Path(tempfile.mkdtemp(prefix="modulelens-sandbox-"))
         (self.scratch / "tmp").mkdir()
@@ -75,7 +80,7 @@ class SandboxWorker:
         self._result_r, result_w = os.pipe()
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "modulelens.sandbox.worker", kind.runner, str(task_r), str(result_w),
+                [sys.executable, "-m", "modulelens.sandbox.worker", runner, str(task_r), str(result_w),
                  str(memory_limit_mb)],
                 pass_fds=(task_r, result_w), stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                 cwd=self.scratch, env=scrubbed_environment(self.scratch), start_new_session=True,
@@ -121,7 +126,7 @@ class SandboxWorker:
                     self.kill()
                     raise CallCancelled(f"the sandbox worker (during {stage})")
                 continue
-            message = protocol.receive(self._result_r, self.kind.replies)
+            message = protocol.receive(self._result_r, self.replies)
             if message is None:
                 self.proc.wait(timeout=10)
                 raise WorkerCrashed(self._death_reason(), stage, self.stderr_tail())
@@ -186,7 +191,8 @@ class SandboxPool:
             w.close()
             w = None
         if w is None:
-            w = SandboxWorker(self.kind, memory_limit_mb)
+            w = _adopt_prestarted(self.kind.runner, memory_limit_mb) or SandboxWorker(self.kind.runner, memory_limit_mb)
+            w.replies = self.kind.replies
             self._worker = w
             self.started += 1
         return w
@@ -233,3 +239,25 @@ def shared_pool(kind: WorkerKind) -> SandboxPool:
             found = _POOLS[kind.runner] = SandboxPool(kind)
             atexit.register(found.close)
         return found
+
+
+_PRESTARTED: list[SandboxWorker] = []
+
+
+def prestart(runner: str, memory_limit_mb: int = DEFAULT_MEMORY_LIMIT_MB) -> None:
+    """Start a worker for ``runner`` now, before the caller has imported what it will need (a CLI
+    command that will validate: its worker imports torch while the command imports the rest). The
+    first pool of that runner and memory limit adopts it; one never adopted is killed at exit."""
+    worker = SandboxWorker(runner, memory_limit_mb)
+    _PRESTARTED.append(worker)
+    atexit.register(worker.close)
+
+
+def _adopt_prestarted(runner: str, memory_limit_mb: int) -> SandboxWorker | None:
+    for worker in list(_PRESTARTED):
+        if worker.runner == runner and worker.memory_limit_mb == memory_limit_mb:
+            _PRESTARTED.remove(worker)
+            if worker.alive() and worker.environment == environment_key():
+                return worker
+            worker.close()
+    return None

@@ -210,8 +210,8 @@ class CandidateProcess:
                     self._launch = _Forked(client, harness, ["3", "4", "5", *rest], dict(env), self.scratch,
                                            self._out.fileno(), self._err.fileno(), fds)
                     self.layers.append(Layer(name="fork server", in_force=True, detail=(
-                        "forked from a template that imported torch and the harness and never ran candidate code; "
-                        "its own session, namespaces and layers applied before the candidate loaded")))
+                        "forked from a template that never ran candidate code; its own session, namespaces and "
+                        "layers before the candidate loaded")))
                 except OSError as e:
                     why = str(e)
             if self._launch is None:
@@ -223,8 +223,8 @@ class CandidateProcess:
             for fd in (req_child, reply_w):
                 os.close(fd)
         self.layers.append(Layer(name="sealed shared memory", in_force=self.arena.sealed, detail=(
-            "the arena cannot shrink or grow; the checker reads it with pread, never mapped"
-            if self.arena.sealed else "this kernel cannot seal a memfd; the checker still never maps the arena")))
+            "the arena cannot shrink or grow; the checker reads it by pread, never mapped" if self.arena.sealed
+            else "no memfd sealing here; the checker reads the arena by pread, never mapped")))
         self._sent_generation = self.arena.generation
         self.namespaces = "forked" if isinstance(self._launch, _Forked) else ""
         if isinstance(self._launch, _Fresh):

@@ -244,8 +244,9 @@ def apply_landlock(writable: list[str], readable: list[str], private_dev: bool =
             return Layer(name="landlock", in_force=False, detail=f"restrict_self: {os.strerror(ctypes.get_errno())}")
     finally:
         os.close(fd)
+    nodes = [p.removeprefix("/dev/") for p in device_files()]
     parts = [what, "reads only system and Python folders",
-             "devices: " + ", ".join(device_files()) + (" and its private /dev/shm" if private_dev else "")]
+             "devices: " + ", ".join(nodes) + (" and its own /dev/shm" if private_dev else "")]
     if abi >= 4:
         parts.append("no TCP")
     if abi >= 6:
@@ -287,8 +288,8 @@ def not_dumpable() -> Layer:
         return Layer(name="not dumpable", in_force=False, detail="not Linux")
     if _libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
         return Layer(name="not dumpable", in_force=False, detail=os.strerror(ctypes.get_errno()))
-    return Layer(name="not dumpable", in_force=True, detail="no core dump; memory and /proc entries closed to "
-                 "other processes of its user")
+    return Layer(name="not dumpable", in_force=True, detail="no core dump; memory and /proc closed to its user's "
+                 "other processes")
 
 
 def _allow(ruleset: int, path: str, access: int, handled: int) -> None:
@@ -370,8 +371,8 @@ def confine_checker(readable: list[str], writable: list[str], secrets: dict[str,
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     layers = [not_dumpable()]
     layers.append(apply_landlock(writable, readable_roots(readable), scope_signals=False,
-                                 what="writes only in its scratch, the candidates' scratch folders and the build "
-                                      "cache's publish folder"))
+                                 what="writes only in its scratch, candidate scratch and the build cache's publish "
+                                      "folder"))
     layers.append(_unreachable(secrets))
     for layer in layers:
         layer.name = CHECKER + layer.name

@@ -39,7 +39,17 @@ Its owner compares the key before each use and replaces a stale template.
 **Where templates live.** A sandbox worker is itself a template (it forks a confined checker per
 task and, on that checker's behalf, candidate processes: :mod:`modulelens.sandbox.worker`); a
 process that is not a worker starts a standalone template the first time it needs one
-(``python -m modulelens.sandbox.forkserver SOCKET_FD HARNESS``, :func:`template`).
+(``python -m modulelens.sandbox.forkserver SOCKET_FD HARNESS``, :func:`template`). The worker
+rather than a template process of its own, because a worker imports torch anyway: one import per
+pool instead of two, and the checker, the candidate and the eager reference side of a timing all
+start as forks of the same process, so they start alike.
+
+**Why the template itself is not put in namespaces.** Its forks enter their own (nested ones would
+add nothing: a fork cannot reach its template's namespaces either way), and the worker-template
+also forks checkers, which must read the task's input artifacts as the user and stop and kill
+candidate processes. What protects the template is that nothing of a candidate's ever runs in it,
+it holds no secret (scrubbed environment, no key, no task data: checkers read their tasks
+themselves), and its forks close every descriptor they were not given.
 
 Set ``MODULELENS_FORK_SERVER=0`` to start every candidate process fresh instead.
 """

@@ -48,8 +48,8 @@ start as forks of the same process, so they start alike.
 add nothing: a fork cannot reach its template's namespaces either way), and the worker-template
 also forks checkers, which must read the task's input artifacts as the user and stop and kill
 candidate processes. What protects the template is that nothing of a candidate's ever runs in it,
-it holds no secret (scrubbed environment, no key, no task data: checkers read their tasks
-themselves), and its forks close every descriptor they were not given.
+it holds no secret (scrubbed environment, no key, no task: checkers read their tasks themselves;
+the worker only relays their reports), and its forks close every descriptor they were not given.
 
 Set ``MODULELENS_FORK_SERVER=0`` to start every candidate process fresh instead.
 """

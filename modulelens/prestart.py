@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import sys
 
-VALIDATING = frozenset({"validate-kernel", "validate-module"})
+VALIDATING = frozenset({"validate-kernel"})
 RUNNER = "modulelens.validation.tasks:RUNNER"  # the validation worker's task runner (see validation.messages)
 
 

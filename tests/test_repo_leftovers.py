@@ -28,7 +28,7 @@ def test_temporary_folders_of_killed_writers_go_at_the_start_of_any_tool(cli, tm
     for folder in (killed, running):
         (folder / "deep" / "er").mkdir(parents=True)
         (folder / "deep" / "er" / "inputs.safetensors").write_bytes(b"\0" * 4096)
-    code, data, result = cli("list-captures", "--repo", str(tmp_path), "--json")  # reads only
+    code, data, result = cli("list", "captures", "--repo", str(tmp_path), "--json")  # reads only
     assert code == 0, result.output
     assert not killed.exists() and running.exists()
 

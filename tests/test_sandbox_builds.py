@@ -13,7 +13,6 @@ import torch.nn as nn
 import modulelens
 from modulelens.registry import ToolContext
 from modulelens.tools.validate_kernel import ValidateKernelRequest, validate_kernel
-from modulelens.tools.validate_module import ValidateModuleRequest, validate_module
 from modulelens.validation.sandboxed import pool
 
 pytestmark = pytest.mark.slow
@@ -70,13 +69,13 @@ def test_a_module_candidates_extension_is_built_once_then_shared(tmp_path):
     with modulelens.capture("", name="st", repo=repo, export=False):
         ScaledTanh(16)(torch.randn(8, 16))
     source = MODEL_NEW.replace("SESSION", uuid.uuid4().hex)  # new to this session: built the first time
-    req = ValidateModuleRequest(source_text=source, target="st", seeds=1, time=False)
-    first = validate_module(req, ToolContext(repo_root=repo))
+    req = ValidateKernelRequest(source_text=source, target="st", seeds=1, time=False)
+    first = validate_kernel(req, ToolContext(repo_root=repo))
     assert first.verdict == "custom" and first.correct, first.reason
     built = next(c for c in first.checks if c.name == "extension ml_test_scaled_tanh")
     assert built.detail.startswith("built, verified and shared as ml_mod_"), built.detail
-    again = validate_module(req.model_copy(update={"source_text": None, "candidate": first.candidate_id}),
-                            ToolContext(repo_root=repo))
+    again = validate_kernel(req.model_copy(update={"source_text": None, "target": None,
+                                                   "candidate": first.candidate_id}), ToolContext(repo_root=repo))
     assert again.verdict == "custom", again.reason
     shared = next(c for c in again.checks if c.name == "extension ml_test_scaled_tanh")
     assert shared.detail == "taken from the shared build cache", shared.detail

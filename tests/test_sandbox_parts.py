@@ -127,8 +127,8 @@ def test_a_validating_cli_command_is_recognised_for_its_head_start():
 
     assert RUNNER == VALIDATION_WORKER.runner  # the worker it starts is the one the pool would
     assert command_args(["/usr/bin/python3", "-m", "modulelens", "validate-kernel", "c:v1"]) == ["validate-kernel", "c:v1"]
-    assert command_args(["/venv/bin/python", "/venv/bin/modulelens", "validate-module", "--source", "m.py"])[0] == \
-        "validate-module"
+    assert command_args(["/venv/bin/python", "/venv/bin/modulelens", "validate-kernel", "--source", "m.py"])[0] == \
+        "validate-kernel"
     assert command_args(["/usr/bin/python3", "-m", "pytest", "-q"]) is None
     assert command_args(["/usr/bin/python3", "-m", "modulelens.sandbox.worker", "x"]) is None
     assert memory_limit(["validate-kernel", "c", "--memory-limit-mb", "2048"], 6144) == 2048

@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from modulelens.kernels.source import BackendName
+from modulelens.replies import ToolReply
 from modulelens.repo import ManifestBase
 
 SEARCHES = "searches"
@@ -139,7 +140,7 @@ class NodeRecord(ManifestBase):
         return self.status == "evaluated" and self.verdict == "custom" and self.correct and bool(self.speedup_vs_eager)
 
 
-class SearchResult(BaseModel):
+class SearchResult(ToolReply):
     """What optimize returns."""
 
     search_id: str

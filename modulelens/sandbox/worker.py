@@ -6,8 +6,8 @@ and only ever inside modulelens. Its own stdout and stderr are files chosen by t
 anything printed lands there, never in a protocol.
 
 The worker is a **template** (:mod:`modulelens.sandbox.forkserver`): it imports torch, the runner
-and the modules the runner preloads (the candidate harness among them), and then never runs a task
-itself. For each task it forks a *checker*: the fork reads the task from TASK_FD, confines itself
+and, whenever it is idle, the modules the runner preloads (the candidate harness among them), and
+never runs a task itself. For each task it forks a *checker*: the fork reads the task from TASK_FD, confines itself
 (the runner does that first: it knows which files the task needs) and runs it, writing its stage
 reports and result to a pipe that the worker relays to RESULT_FD frame by frame. While the checker
 runs, the worker serves its requests for candidate processes (forks of the worker, so of the same
@@ -178,14 +178,19 @@ def main(argv: list[str]) -> int:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # read when triton kernels are defined
         _limit_memory(memory_mb)  # address-space limits break CUDA; GPU runs rely on the device's memory
     runner = load_runner(runner_path)
-    for module in runner.preload:
-        forkserver.preload(module)
     if platform.system() != "Linux" or forkserver.thread_count() != 1:
         _answer(runner, task_fd, result_fd)  # no forking here: one task in this process, then a fresh worker
         return 0
     service = forkserver.ForkService()
+    preloaded = False
     while True:
-        select.select([task_fd], [], [])
+        if not select.select([task_fd], [], [], None if preloaded else 0)[0]:
+            # idle: import what forks will need now, off the path of a task that is already waiting
+            # (a command's first task arrives as the worker gets ready; its forks import what they use)
+            for module in runner.preload:
+                forkserver.preload(module)
+            preloaded = True
+            continue
         if forkserver.thread_count() != 1:  # something started a thread: no more forks from here
             _answer(runner, task_fd, result_fd)
             return 0

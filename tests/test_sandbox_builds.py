@@ -1,4 +1,5 @@
-"""Builds and limits across validations: a module candidate's own C++ extension (built with
+"""Processes, builds and limits across validations: candidates are forked whatever thread settings the
+caller has; a module candidate's own C++ extension (built with
 ``load_inline``) is built once and then taken from the checksummed shared build cache, like a card
 candidate's; and the memory limit a validation asks for reaches the sandbox pool's worker."""
 
@@ -88,3 +89,25 @@ def test_the_memory_limit_a_validation_asks_for_reaches_the_pool(softmax_card):
                                               memory_limit_mb=3000), ToolContext(repo_root=repo))
     assert r.verdict == "wrapper", r.reason
     assert pool()._worker is not None and pool()._worker.memory_limit_mb == 3000
+
+
+def test_candidates_are_forked_even_where_no_thread_count_is_set(softmax_card, monkeypatch):
+    """Without OMP_NUM_THREADS (a user's default), loading numpy's OpenBLAS starts a thread pool: a
+    worker must still be a template with one thread, and a used worker is never reused after
+    answering in-process."""
+    import modulelens.sandbox.pool as pools
+
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(pools, "_POOLS", {})  # a worker started now, with this environment
+    repo, card_id = softmax_card
+    legit = "import torch\n\ndef forward(x, dim, half_to_float):\n    return torch.softmax(x, dim)\n"
+    try:
+        for _ in range(2):
+            r = validate_kernel(ValidateKernelRequest(source_text=legit, target=card_id, backend="triton", time=False),
+                                ToolContext(repo_root=repo))
+            assert r.verdict == "wrapper", r.reason
+            assert "fork server" in r.isolation.in_force(), r.isolation.summary()
+    finally:
+        for found in pools._POOLS.values():
+            found.close()

@@ -42,6 +42,7 @@ from modulelens.repo.owners import owner_alive, this_process
 from modulelens.sandbox import forkserver, protocol
 from modulelens.sandbox.cleanup import remove_tree
 from modulelens.sandbox.containment import Layer, namespace_prefix
+from modulelens.sandbox.pool import scrubbed_environment, template_environment
 from modulelens.sandbox.shm import SharedArena
 
 PREFIX = "modulelens-candidate-"
@@ -56,8 +57,6 @@ class CandidateDied(Exception):
 
 
 def _scrubbed_environment(scratch: Path) -> dict[str, str]:
-    from modulelens.sandbox.pool import scrubbed_environment
-
     env = scrubbed_environment(scratch)
     env.update(XDG_CACHE_HOME=str(scratch / "cache"), TRITON_CACHE_DIR=str(scratch / "triton"),
                TORCH_EXTENSIONS_DIR=str(scratch / "torch_extensions"))
@@ -204,7 +203,7 @@ class CandidateProcess:
         self.layers: list[Layer] = []
         self._launch: _Fresh | _Forked | None = None
         try:
-            client, why = forkserver.template(harness, _scrubbed_environment(parent))
+            client, why = forkserver.template(harness, template_environment(parent))
             if client is not None:
                 try:
                     self._launch = _Forked(client, harness, ["3", "4", "5", *rest], dict(env), self.scratch,

@@ -58,6 +58,13 @@ def scrubbed_environment(scratch: Path) -> dict[str, str]:
     return env
 
 
+def template_environment(scratch: Path) -> dict[str, str]:
+    """The scrubbed environment of a process that forks others (a worker, a template): OpenBLAS (numpy's
+    BLAS) is told to use one thread, because it starts its thread pool when it is loaded, and a fork
+    server must have no thread when it forks (see :mod:`modulelens.sandbox.forkserver`)."""
+    return {**scrubbed_environment(scratch), "OPENBLAS_NUM_THREADS": "1", "GOTO_NUM_THREADS": "1"}
+
+
 class WorkerCrashed(Exception):
     def __init__(self, reason: str, stage: str | None, stderr_tail: str):
         super().__init__(reason)
@@ -83,7 +90,7 @@ class SandboxWorker:
                 [sys.executable, "-m", "modulelens.sandbox.worker", runner, str(task_r), str(result_w),
                  str(memory_limit_mb)],
                 pass_fds=(task_r, result_w), stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                cwd=self.scratch, env=scrubbed_environment(self.scratch), start_new_session=True,
+                cwd=self.scratch, env=template_environment(self.scratch), start_new_session=True,
             )
         os.close(task_r)
         os.close(result_w)

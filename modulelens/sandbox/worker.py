@@ -54,8 +54,9 @@ def load_runner(path: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-def _answer(runner: Any, task_fd: int, out: int) -> int:
-    """Read one task and write its stage reports and result to ``out``. Returns NO_TASK at EOF."""
+def _answer(runner: Any, task_fd: int, out: int, last: bool = False) -> int:
+    """Read one task and write its stage reports and result to ``out``. Returns NO_TASK at EOF.
+    ``last``: this process ends after it (the result says it is not to be reused)."""
     from modulelens.sandbox import protocol
     from modulelens.sandbox.worker_messages import InternalErrorResult, StageReport
 
@@ -69,6 +70,8 @@ def _answer(runner: Any, task_fd: int, out: int) -> int:
         result = runner.run(task, stage)
     except BaseException as e:  # noqa: BLE001 - the parent must always get an answer
         result = InternalErrorResult(error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc()[-3000:])
+    if last:
+        result.healthy = False
     protocol.send(out, result)
     return 0
 
@@ -179,7 +182,7 @@ def main(argv: list[str]) -> int:
         _limit_memory(memory_mb)  # address-space limits break CUDA; GPU runs rely on the device's memory
     runner = load_runner(runner_path)
     if platform.system() != "Linux" or forkserver.thread_count() != 1:
-        _answer(runner, task_fd, result_fd)  # no forking here: one task in this process, then a fresh worker
+        _answer(runner, task_fd, result_fd, last=True)  # no forking: one task here, then a fresh worker
         return 0
     service = forkserver.ForkService()
     preloaded = False
@@ -192,7 +195,7 @@ def main(argv: list[str]) -> int:
             preloaded = True
             continue
         if forkserver.thread_count() != 1:  # something started a thread: no more forks from here
-            _answer(runner, task_fd, result_fd)
+            _answer(runner, task_fd, result_fd, last=True)
             return 0
         if not _one_task(runner, task_fd, result_fd, service):
             return 0

@@ -299,12 +299,18 @@ def main() -> None:
         for fork in (True, False):
             rates = [per_minute(repo, cand, args.validations, fork, timed) for timed in (False, True)]
             lines.append(f"| {'on' if fork else 'disabled'} | {rates[0]:.1f} | {rates[1]:.1f} |")
-        scratch = Path(tmp) / "scratch"
-        scratch.mkdir()
-        lines += ["", "## Cost of the layers", "", "| layer | seconds | in force |", "|---|---:|---|"]
-        lines += [f"| candidate: {name} | {s * 1e3:.2f} ms | {'yes' if ok else 'no'} |"
-                  for name, (s, ok) in layer_costs(scratch).items()]
-        lines += [f"| {name} | {s * 1e3:.3f} ms | yes |" for name, s in checker_and_arena_costs(scratch).items()]
+        from modulelens.sandbox.cleanup import remove_tree
+        from modulelens.validation.checker import candidates_folder
+
+        candidates_folder().mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(prefix="sandbox-cost-", dir=candidates_folder()))  # not under /tmp
+        try:
+            lines += ["", "## Cost of the layers", "", "| layer | seconds | in force |", "|---|---:|---|"]
+            lines += [f"| candidate: {name} | {s * 1e3:.2f} ms | {'yes' if ok else 'no'} |"
+                      for name, (s, ok) in layer_costs(scratch).items()]
+            lines += [f"| {name} | {s * 1e3:.3f} ms | yes |" for name, s in checker_and_arena_costs(scratch).items()]
+        finally:
+            remove_tree(scratch)
         calls = per_call(200)
         lines += ["", "## Per call", "", "| call | round trip |", "|---|---:|",
                   f"| checked (inputs in, outputs back through the arena, ops traced) | {calls['checked'] * 1e3:.3f} ms |",

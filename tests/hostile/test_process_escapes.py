@@ -6,7 +6,8 @@ each test asserts that the escape is closed, and for the right reason.
 The repository's signing key is planted in a test config folder (``MODULELENS_CONFIG_DIR``), so
 "the key never leaves its file" is checked against bytes this test knows. Python candidates (the
 triton backend's plain ``forward``) are cheap; two C++ builds are made (a genuine kernel new to
-this session, and one that swaps its own build for a link)."""
+this session -- the genuine softmax of ``tests/test_sandbox_hostile.py`` --, and one that swaps
+its own build for a link)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,6 @@ import anyio
 import mcp
 import pytest
 import torch
-import torch.nn as nn
 
 import modulelens
 from modulelens.kernels.backends import get_backend
@@ -37,6 +37,7 @@ from modulelens.tools.capture_ops import CaptureOpsRequest, capture_ops
 from modulelens.tools.validate_kernel import ValidateKernelRequest, validate_kernel
 from modulelens.validation.candidate_messages import LoadRequest, ReadyRequest
 from modulelens.validation.checker import HARNESS, candidates_folder, start_candidate
+from tests.test_sandbox_hostile import GENUINE, SoftmaxHead
 
 pytestmark = pytest.mark.slow
 HERE = Path(__file__).parent
@@ -51,15 +52,6 @@ def candidate(name: str, **values: object) -> str:
     for key, value in values.items():
         text = text.replace(f"__{key}__", str(value))
     return text
-
-
-class SoftmaxHead(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.proj = nn.Linear(32, 96)
-
-    def forward(self, x):
-        return torch.softmax(self.proj(x), dim=-1)
 
 
 @dataclass
@@ -119,7 +111,7 @@ def test_a_build_swapped_for_a_link_to_the_key_is_refused_and_the_key_stays_in_i
 
 
 def test_a_candidate_claiming_another_kernels_build_changes_nothing(world):
-    genuine = candidate("process_genuine_softmax.cpp", SESSION=uuid.uuid4().hex)
+    genuine = f"// session {uuid.uuid4().hex}: new to this one, so built before the claim is checked\n" + GENUINE
     victim = get_backend("cpp").build_name(genuine)
     entry = publish_dir(default_build_dir()) / victim
     r = world.validate(candidate("process_claims_build_name.py", VICTIM=victim, KEY_PATH=world.key_path), time=False)

@@ -23,7 +23,7 @@ def tiny_pack(tmp_path_factory, app):
     validated fused block, and the pack of all three. Shared by the module (C++ builds are slow)."""
     import json
 
-    from typer.testing import CliRunner
+    from click.testing import CliRunner
 
     runner = CliRunner()
     repo = tmp_path_factory.mktemp("pack-repo")

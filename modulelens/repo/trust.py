@@ -10,12 +10,12 @@ sees before trusting an artifact that this machine did not write.
 * An artifact is **trusted** when its signature verifies with this machine's key. Artifacts
   copied or pulled from elsewhere, written before signatures existed, or edited are untrusted.
 * Code that would import, unpickle or run anything from an artifact calls
-  :func:`require_trusted` first.
-* A process that must not hold the key (the sandbox's checker, which reads what candidates wrote)
-  calls :func:`forbid_key` and is told which artifacts its caller verified, by the sha256 of their
-  manifest's exact bytes (:func:`accept_verified`): those, and only those, are trusted there. :func:`review` lists what could run (programs, scripts, class
+  :func:`require_trusted` first. :func:`review` lists what could run (programs, scripts, class
   paths, files whose paths leave the artifact); :func:`trust` signs an artifact after the user
   has seen that review (the ``trust`` tool).
+* A process that must not hold the key (the sandbox's checker, which reads what candidates wrote)
+  calls :func:`forbid_key` and is told which artifacts its caller verified, by the sha256 of their
+  manifest's exact bytes (:func:`accept_verified`): those, and only those, are trusted there.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from modulelens.errors import ModuleLensError
+from modulelens.errors import ModuleLensError, tool_call
 
 SIGNATURE = "manifest.sig"
 KEY_FILE = "key"
@@ -127,6 +127,12 @@ def is_trusted(path: Path, manifest_name: str = "manifest.json") -> bool:
     return hmac.compare_digest(stored, signature_of(manifest))
 
 
+def _kind(artifact: Any) -> str | None:
+    """The kind argument of the trust tool for ``artifact`` (None: the default, captures)."""
+    kind = getattr(artifact, "kind", "captures")
+    return None if kind == "captures" else kind
+
+
 def require_trusted(artifact: Any, action: str) -> None:
     """Raise :class:`UntrustedArtifact` unless ``artifact`` is trusted. ``action`` says what was
     refused: 'replay it', 'export a repro of it', ..."""
@@ -134,8 +140,8 @@ def require_trusted(artifact: Any, action: str) -> None:
         raise UntrustedArtifact(
             f"{artifact.ref} is not trusted here (not written on this machine, or changed since), so modulelens "
             f"will not {action}: that would import, unpickle or run code stored in it",
-            f"review what would run with `modulelens trust {artifact.ref}`, then trust it with "
-            f"`modulelens trust {artifact.ref} --yes`",
+            f"review what would run with {tool_call('trust', ref=artifact.ref, kind=_kind(artifact))}, then trust it "
+            f"with {tool_call('trust', ref=artifact.ref, kind=_kind(artifact), yes=True)}",
         )
 
 

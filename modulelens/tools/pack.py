@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from pydantic import BaseModel, Field
 
+from modulelens.paths import output_file
 from modulelens.registry import ToolContext, tool
 from modulelens.replies import ToolReply, call
 from modulelens.repo import Repository
@@ -14,7 +13,7 @@ from modulelens.repo import Repository
 class PackRequest(BaseModel):
     candidates: list[str] = Field(description="Validated candidate ids.",
                                   json_schema_extra={"cli": "argument"})
-    out: str = Field(description="Pack file to write.")
+    out: str = Field(description="Pack file to write (relative: to the project).")
 
 
 class PackedEntry(BaseModel):
@@ -40,7 +39,7 @@ def pack(req: PackRequest, ctx: ToolContext) -> PackResult:
     """Bundle validated candidates into one checksummed pack file."""
     from modulelens.dispatch.build import make_pack
 
-    out = Path(req.out).expanduser().resolve()
+    out = output_file(req.out, ctx.project)
     sha, content = make_pack(Repository(ctx.repo_root), req.candidates, out)
     result = PackResult(path=str(out), sha256=sha, environment=content.environment.model_dump(), entries=[
         PackedEntry(candidate_id=e.candidate_id, kind=e.kind,

@@ -72,13 +72,14 @@ def test_scratch_of_a_killed_checker_is_removed_and_a_live_ones_kept(tmp_path):
     owner = owner_of(dead.pid)
     dead.wait()
     gone, kept = tmp_path / f"{PREFIX}{owner}-abc", tmp_path / f"{PREFIX}{this_process()}-def"
-    for folder in (gone, kept):
+    unnamed = tmp_path / f"{PREFIX}q7x2ab"  # an older version's folder: no owner to ask, kept for a day
+    for folder in (gone, kept, unnamed):
         folder.mkdir()
         (folder / "owner.pid").symlink_to("/dev/zero")  # nothing inside is read: a candidate wrote it
         old = time.time() - 3600
         os.utime(folder, (old, old))
     assert remove_orphaned_scratch(tmp_path) == [gone]
-    assert kept.exists() and not gone.exists()
+    assert kept.exists() and unnamed.exists() and not gone.exists()
 
 
 def test_a_tree_is_removed_whatever_its_depth_names_links_and_permissions(tmp_path):

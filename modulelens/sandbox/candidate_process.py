@@ -74,20 +74,25 @@ def scratch_parent(folder: Path) -> Path:
     return folder
 
 
+UNNAMED_MAX_AGE_S = 24 * 3600.0  # scratch folders named before owners were (no owner to ask): a day
+
+
 def remove_orphaned_scratch(folder: Path, min_age_s: float = 60.0) -> list[Path]:
     """Remove scratch folders left by checkers that were killed (the owner in the folder's name is
-    a process that is gone) and that are older than ``min_age_s``. Returns what was removed. Only
-    the folder's name and age are read, never a file a candidate could have written."""
+    a process that is gone) and that are older than ``min_age_s``; folders without an owner in
+    their name (older versions) only after :data:`UNNAMED_MAX_AGE_S`. Returns what was removed.
+    Only the folder's name and age are read, never a file a candidate could have written."""
     removed = []
     now = time.time()
     for path in folder.glob(f"{PREFIX}*"):
         owner = path.name[len(PREFIX):].split("-", 1)[0]
+        named = "." in owner and owner.split(".", 1)[0].isdigit()
         try:
-            if now - path.lstat().st_mtime < min_age_s:
+            if now - path.lstat().st_mtime < (min_age_s if named else UNNAMED_MAX_AGE_S):
                 continue
         except OSError:
             continue
-        if "." in owner and owner_alive(owner):
+        if named and owner_alive(owner):
             continue
         remove_tree(path)
         removed.append(path)

@@ -56,6 +56,17 @@ def run_cli_subprocess(*args: str, env: dict | None = None, timeout: float = 600
     )
 
 
+def wait_until(predicate, timeout: float, what: str) -> None:
+    """Return once ``predicate()`` is true; fail naming ``what`` after ``timeout`` seconds."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
 @pytest.fixture(scope="session")
 def softmax_card(tmp_path_factory):
     """(repository, card id) of the softmax operator card of a captured nn.Softmax on [16, 24]."""

@@ -50,10 +50,10 @@ class GatherStatsRequest(BaseModel):
     plots: bool = Field(True)
     thresholds: dict[str, float] = Field(
         default_factory=dict,
-        description="Override finding thresholds (dead_zero_frac, explode_gain, ...).",
+        description="Finding thresholds (dead_zero_frac, ...).",
     )
     nproc: int = Field(1, ge=1, description="Processes under torchrun.")
-    nan_rerun: bool = Field(True, description="On NaN/Inf: rerun to find their origin.")
+    nan_rerun: bool = Field(True, description="Rerun to find where NaN/Inf began.")
     wandb: bool = Field(False, description="Also log to W&B.")
     wandb_project: str | None = Field(None)
     timeout: float = Field(3600.0, gt=0, description="Seconds (stops at a step).")
@@ -145,8 +145,7 @@ def _result(art: Artifact, source: str, top: int | None, tail: str = "", seconds
 
 @tool
 def gather_stats(req: GatherStatsRequest, ctx: ToolContext) -> GatherStatsResult:
-    """Per-module activation, gradient and weight statistics, with findings, of a training script every N steps
-    or of a capture."""
+    """Per-module activation, gradient and weight statistics and findings, of a script every N steps or a capture."""
     repo = Repository(ctx.repo_root)
     t0 = time.perf_counter()
     if req.capture:

@@ -45,19 +45,12 @@ class _DenialRun(CandidateChecker):
         self.call_timeout = call_timeout
         self.numpy_bridges: set[str] = set()
 
-    def maps(self) -> str:
-        try:
-            return Path(f"/proc/{self.proc.candidate_pid()}/maps").read_text()
-        except OSError:
-            return ""
 
-
-def numpy_mode(backend: str, mapped_since_ready: set[str]) -> Literal["memory", "python"]:
-    """How numpy is denied: in memory, unless the candidate runs Triton (its CPU interpreter computes
-    with numpy, and a module candidate that mapped Triton's library may use it)."""
-    if backend == "triton" or any("/triton/" in path for path in mapped_since_ready):
-        return "python"
-    return "memory"
+def numpy_mode(backend: str) -> Literal["memory", "python"]:
+    """How numpy is denied: in memory, unless the candidate is a Triton kernel (the CPU interpreter
+    computes with numpy). A module candidate running Triton kernels through the CPU interpreter
+    therefore fails its denial run (not confirmed custom on a machine without a GPU)."""
+    return "python" if backend == "triton" else "memory"
 
 
 def check_by_denial(*, backend: str, memory_limit_mb: int, read_only: list[Path], call_timeout: float,
@@ -84,7 +77,7 @@ def check_by_denial(*, backend: str, memory_limit_mb: int, read_only: list[Path]
             return result("inconclusive", f"the denial could not be set up: {getattr(reply, 'error', reply.kind)}")
         denied = _described(reply, numpy)
         roots = numerical_library_paths()
-        if numpy == "memory" and executable_ranges(run.maps(), roots):
+        if numpy == "memory" and executable_ranges(run.proc.maps(), roots):
             return result("inconclusive", "numpy's code could not be made unusable in the denial process")
         try:
             loaded = load(run)
@@ -104,7 +97,7 @@ def check_by_denial(*, backend: str, memory_limit_mb: int, read_only: list[Path]
                 return result("fails", f"wrong there: {problem}")
         found = run.built_symbols()
         if numpy == "memory":
-            again = executable_ranges(run.maps(), roots)
+            again = executable_ranges(run.proc.maps(), roots)
             if again:
                 return result("fails", f"it made numpy's code executable again ({os.path.basename(again[0][2])})")
         return result("computes itself", f"correct on {len(cases)} call(s) where the reference library is denied")

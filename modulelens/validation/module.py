@@ -130,7 +130,9 @@ class _ModuleValidator(CandidateChecker):
         manifest = capture_manifest(art)
         device = manifest.environment.device if torch.cuda.is_available() else "cpu"
         loaded = LoadedCapture(art, device=device)
-        read_only = [Path(self.task.build_dir), *readable_sys_path(manifest.sys_path, repo.root)]
+        conf = self.task.confinement  # the caller's list: it knows where the key and the home folder are
+        folders = [Path(p) for p in conf.readable] if conf else readable_sys_path(manifest.sys_path, repo.root)
+        read_only = [Path(self.task.build_dir), *folders]
         self.proc = start_candidate(self.task.memory_limit_mb, read_only=read_only)
         try:
             return self._run(art, manifest, loaded, device)
@@ -166,8 +168,12 @@ class _ModuleValidator(CandidateChecker):
         req = LoadModuleRequest(source=self.task.candidate.source, class_name=self.task.candidate.class_name,
                                 init_args=list(manifest.init.args or []), init_kwargs=dict(manifest.init.kwargs or {}),
                                 init_tensors=str(init) if init else None, state=str(state),
-                                sys_path=[str(p) for p in proc.read_only[1:]], device=device)
-        return checker._request(req, timeout=self.task.build_timeout)
+                                sys_path=[str(p) for p in proc.read_only[1:]], device=device,
+                                shared_build_dir=self.task.build_dir)
+        loaded = checker._request(req, timeout=self.task.build_timeout)
+        if loaded.ok and checker is self:  # a denial run takes the builds this run verified and shared
+            self.publish_extensions(loaded, self.task.candidate.source, Path(self.task.build_dir))
+        return loaded
 
     def _run(self, art: Any, manifest: Any, loaded: Any, device: str) -> ValidationReport:
         cand = self.task.candidate
@@ -267,7 +273,7 @@ class _ModuleValidator(CandidateChecker):
 
         denial, more = check_by_denial(
             backend="module", memory_limit_mb=self.task.memory_limit_mb, read_only=self.proc.read_only,
-            call_timeout=self.call_timeout, numpy=numpy_mode("module", self.mapped_since_ready()), load=load,
+            call_timeout=self.call_timeout, numpy=numpy_mode("module"), load=load,
             cases=calls, compare=compare)
         self.report.denial = denial
         self.check("correct where the reference library is denied", denial.outcome == "computes itself",
@@ -344,7 +350,7 @@ class _ModuleValidator(CandidateChecker):
         result = self.call(args, kwargs, want, trace=True, label=label, module_call=ModuleCall(training, rng))
         self.ops.update(computing_ops(result.ops or []))
         for i, (slot, before) in enumerate(result.inputs):
-            if not same_bits(self.proc.arena.view(slot), before):
+            if not same_bits(self.proc.arena.read(slot), before):
                 self.check(f"inputs unchanged ({label})", False, f"input {i} modified")
                 return f"mutates input {i} ({label})"
         shared = self.outputs_sharing_inputs(result)
@@ -496,9 +502,9 @@ def _index(key: str) -> int:
 def run_task(task: ValidateModuleTask, stage: Callable[[str], None]) -> SandboxResult:
     """The sandbox worker's entry for ``validate_module`` tasks (``validate.run_task``'s counterpart):
     the report of the module candidate (see the module docstring). The candidate's code ran in its
-    own candidate process, never in this worker; the worker still imported and built the
-    capture's module, so it reports itself unfit for reuse and the pool replaces it. Running out
-    of memory is a refusal naming the limit, not a verdict."""
+    own candidate process; the capture's module was imported and built in the checker the worker
+    forked for this task, never in the worker itself, which stays fit for reuse. Running out of
+    memory is a refusal naming the limit, not a verdict."""
     from modulelens.errors import ModuleLensError
 
     t0 = time.perf_counter()
@@ -512,4 +518,4 @@ def run_task(task: ValidateModuleTask, stage: Callable[[str], None]) -> SandboxR
             raise
         return memory_refusal(task, f"a candidate of capture {task.capture}", getattr(validator, "data_bytes", None))
     report.seconds = time.perf_counter() - t0
-    return ValidatedResult(report=report, healthy=False)
+    return ValidatedResult(report=report)

@@ -181,7 +181,7 @@
     for (const table of document.querySelectorAll("[data-jobs-table]")) {
       const body = table.tBodies[0];
       body.replaceChildren(...(jobs.length ? jobs.map(jobRow)
-        : [el("tr", { class: "empty" }, el("td", { colspan: 6, text: "No jobs started from this page's server yet." }))]));
+        : [el("tr", { class: "empty" }, el("td", { colspan: 6, text: "No jobs on this repository yet." }))]));
     }
     const panel = document.getElementById("jobs-panel");
     if (panel && jobs.length) panel.hidden = false;

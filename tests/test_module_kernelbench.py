@@ -15,13 +15,10 @@ its denial run, and the matrix wrapper); the others are Python-level candidates.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
-import torch
 
 import modulelens
 from modulelens.errors import ModuleLensError
@@ -270,21 +267,14 @@ CANDIDATES[("scaled_matmul", "custom")] = CANDIDATES[("scaled_matmul", "custom")
 
 @pytest.fixture(scope="module")
 def problems(tmp_path_factory):
-    """Each problem file captured once, in this process (``Model(*get_init_inputs())`` called on
-    ``get_inputs()``, as KernelBench runs it): name -> (repository, capture ref)."""
+    """Each problem file captured once, as a KernelBench file (``Model(*get_init_inputs())`` called
+    on ``get_inputs()`` by the capture worker): name -> (repository, capture ref)."""
     repo = tmp_path_factory.mktemp("kernelbench-modules")
     refs = {}
     for name, text in PROBLEMS.items():
-        path = repo.parent / f"kb_{name}.py"
+        path = repo.parent / f"{repo.name}-{name}.py"
         path.write_text(textwrap.dedent(text))
-        spec = importlib.util.spec_from_file_location(f"kb_{name}", path)
-        problem = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = problem
-        spec.loader.exec_module(problem)
-        torch.manual_seed(0)
-        with modulelens.capture("", name=name, repo=repo, export=False) as cap:
-            problem.Model(*problem.get_init_inputs())(*problem.get_inputs())
-        refs[name] = cap.artifact.ref
+        refs[name] = modulelens.capture_module(str(path), name=name, repo=str(repo)).ref
     return repo, refs
 
 

@@ -66,6 +66,12 @@ def test_the_oracle_accepts_what_is_closer_to_float64_than_eager_and_nothing_els
     assert not within_oracle(with_nan, eager, oracle)[0]
     assert math.isinf(oracle_errors(with_nan, oracle).max_abs)
     assert not within_oracle(better.double(), eager.double(), oracle)[0]  # a float64 eager leaves no room
+    ok, entry, detail = compare.judged_by_oracle(with_nan, eager, oracle, "eval, captured inputs", 0, "1 NaN")
+    assert not ok and entry.candidate_max_abs is None and "still rejected" in detail  # JSON has no infinity
+    from modulelens.validation.report import ValidationReport
+
+    report = ValidationReport(verdict="rejected", correct=False, reason="", stage="check", backend="cpp", accuracy=[entry])
+    assert ValidationReport.model_validate_json(report.model_dump_json()).accuracy[0] == entry
 
 
 def test_fresh_inputs_are_deterministic_and_drawn_in_chunks(monkeypatch):

@@ -24,9 +24,9 @@ def report_warnings(report: ValidationReport) -> list[str]:
         out.append(f"{what}: {report.denial.detail}")
     elif report.verdict == "wrapper":
         out.append("a wrapper: it calls back into torch for the computation")
-    accepted = [a for a in report.accuracy if a.accepted]
+    accepted = [a for a in report.accuracy if a.accepted and a.eager_max_abs is not None]
     if accepted:
-        a = max(accepted, key=lambda x: x.eager_max_abs)
+        a = max(accepted, key=lambda x: x.eager_max_abs or 0.0)
         out.append(f"accepted against the float64 oracle: eager itself is off by up to {a.eager_max_abs:.3g} here "
                    f"(the candidate by {a.candidate_max_abs:.3g}; {a.case})")
     if report.isolation is not None:

@@ -34,14 +34,7 @@ from modulelens.repo import Repository
 from modulelens.timing import Timing, time_callable
 from modulelens.validation.candidate_messages import Loaded, LoadRequest
 from modulelens.validation.checker import CandidateChecker, CandidateFailed, checker_timing, start_candidate
-from modulelens.validation.compare import (
-    ORACLE_MULTIPLE,
-    compare_output,
-    eager_noise,
-    float64_args,
-    same_bits,
-    within_oracle,
-)
+from modulelens.validation.compare import compare_output, eager_noise, float64_args, judged_by_oracle, same_bits
 from modulelens.validation.denial import DENIAL_EVIDENCE, check_by_denial, numpy_mode
 from modulelens.validation.denial import verdict as denial_verdict
 from modulelens.validation.evidence import FOREIGN_EVIDENCE, LIBRARY_EVIDENCE, NOT_SEEN, computing_ops, library_symbols
@@ -59,7 +52,7 @@ from modulelens.validation.messages import (
     out_of_memory,
 )
 from modulelens.validation.plausibility import speedup_flags
-from modulelens.validation.report import Accuracy, ValidationReport
+from modulelens.validation.report import ValidationReport
 
 DELAY_S = 0.2  # outputs are read again this long after a call returned (late writers)
 
@@ -297,20 +290,11 @@ class _Validator(CandidateChecker):
                 if not ok and not inplace:  # and as close to the float64 result as eager is
                     oracle = oracle if oracle is not None else _oracle(op, args, kwargs)
                     if i < len(oracle) and oracle[i].shape == w.shape:
-                        ok, detail = self._judge_by_oracle(g, w, oracle[i], label, i, detail)
+                        ok, entry, detail = judged_by_oracle(g, w, oracle[i], label, i, detail)
+                        self.report.accuracy.append(entry)
             if not self.check(f"output {i} values ({label})", ok, detail):
                 return f"output {i} is wrong on {label}: {detail}"
         return None
-
-    def _judge_by_oracle(self, got: torch.Tensor, eager: torch.Tensor, oracle: torch.Tensor, label: str, i: int,
-                         detail: str) -> tuple[bool, str]:
-        ok, mine, eagers = within_oracle(got, eager, oracle)
-        self.report.accuracy.append(Accuracy(
-            case=label, output=i, candidate_max_abs=mine.max_abs, eager_max_abs=eagers.max_abs,
-            candidate_rel_l2=mine.rel_l2, eager_rel_l2=eagers.rel_l2, allowed_multiple=ORACLE_MULTIPLE, accepted=ok))
-        return ok, (f"{detail}; against the float64 oracle its max abs error is {mine.max_abs:.3g} (eager's "
-                    f"{eagers.max_abs:.3g}), rel L2 {mine.rel_l2:.3g} (eager's {eagers.rel_l2:.3g}): "
-                    f"{'accepted' if ok else 'still rejected'} (at most {ORACLE_MULTIPLE:g}x eager's)")
 
     def time_it(self, op, args: list, kwargs: dict, card: OpCard, device: str) -> None:
         """Eager timed here while the candidate process is stopped; the candidate timed by this

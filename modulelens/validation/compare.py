@@ -17,6 +17,7 @@ import torch
 
 from modulelens.numerics import CHUNK_ELEMENTS, tolerances
 from modulelens.validation.inputs import tensors
+from modulelens.validation.report import Accuracy, finite_or_none
 
 _REL_L2 = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-2}
 ORACLE_MULTIPLE = 4.0
@@ -191,6 +192,19 @@ def within_oracle(got: torch.Tensor, eager: torch.Tensor, oracle: torch.Tensor,
     ok = (mine.max_abs <= multiple * eagers.max_abs + eps * s.scale
           and mine.rel_l2 <= multiple * eagers.rel_l2 + eps)
     return ok, mine, eagers
+
+
+def judged_by_oracle(got: torch.Tensor, eager: torch.Tensor, oracle: torch.Tensor, case: str, output: int,
+                     why: str) -> tuple[bool, Accuracy, str]:
+    """:func:`within_oracle` as a report sees it: (accepted, the :class:`Accuracy` entry, ``why``
+    the plain tolerance failed followed by both errors and the decision)."""
+    ok, mine, eagers = within_oracle(got, eager, oracle)
+    entry = Accuracy(case=case, output=output, candidate_max_abs=finite_or_none(mine.max_abs),
+                     eager_max_abs=finite_or_none(eagers.max_abs), candidate_rel_l2=finite_or_none(mine.rel_l2),
+                     eager_rel_l2=finite_or_none(eagers.rel_l2), allowed_multiple=ORACLE_MULTIPLE, accepted=ok)
+    return ok, entry, (f"{why}; against the float64 oracle its max abs error is {mine.max_abs:.3g} (eager's "
+                       f"{eagers.max_abs:.3g}), rel L2 {mine.rel_l2:.3g} (eager's {eagers.rel_l2:.3g}): "
+                       f"{'accepted' if ok else 'still rejected'} (at most {ORACLE_MULTIPLE:g}x eager's)")
 
 
 def lower_precision(t: torch.Tensor) -> bool:

@@ -68,7 +68,7 @@ import torch
 
 from modulelens.validation.candidate_messages import Loaded, LoadModuleRequest
 from modulelens.validation.checker import CandidateChecker, CandidateFailed, ModuleCall, start_candidate
-from modulelens.validation.compare import ORACLE_MULTIPLE, compare_output, float64_args, same_bits, within_oracle
+from modulelens.validation.compare import compare_output, float64_args, judged_by_oracle, same_bits
 from modulelens.validation.denial import DENIAL_EVIDENCE, check_by_denial, numpy_mode
 from modulelens.validation.denial import verdict as denial_verdict
 from modulelens.validation.evidence import FOREIGN_EVIDENCE, LIBRARY_EVIDENCE, NOT_SEEN, computing_ops
@@ -80,7 +80,7 @@ from modulelens.validation.messages import (
     memory_refusal,
     out_of_memory,
 )
-from modulelens.validation.report import Accuracy, ValidationReport
+from modulelens.validation.report import ValidationReport
 
 EVAL_ONLY = "checked in eval mode only (dropout off, no gradients): not dispatched in training"
 SAME_RNG = ("training mode checked with the same RNG state before the original and the candidate "
@@ -331,15 +331,8 @@ class _ModuleValidator(CandidateChecker):
             if not ok and oracle is not None and x.shape == y.shape and x.dtype == y.dtype and y.is_floating_point():
                 reference64 = reference64 if reference64 is not None else (oracle() or [])
                 if i < len(reference64) and reference64[i].shape == y.shape:
-                    ok, mine, eagers = within_oracle(x, y.detach(), reference64[i])
-                    self.report.accuracy.append(Accuracy(
-                        case=label, output=i, candidate_max_abs=mine.max_abs, eager_max_abs=eagers.max_abs,
-                        candidate_rel_l2=mine.rel_l2, eager_rel_l2=eagers.rel_l2, allowed_multiple=ORACLE_MULTIPLE,
-                        accepted=ok))
-                    verdict = "accepted" if ok else "still rejected"
-                    detail = (f"{detail}; against the float64 oracle its max abs error is {mine.max_abs:.3g} "
-                              f"(eager's {eagers.max_abs:.3g}), rel L2 {mine.rel_l2:.3g} (eager's "
-                              f"{eagers.rel_l2:.3g}): {verdict} (at most {ORACLE_MULTIPLE:g}x eager's)")
+                    ok, entry, detail = judged_by_oracle(x, y.detach(), reference64[i], label, i, detail)
+                    self.report.accuracy.append(entry)
             if not self.check(f"output {i} values ({label})", ok, detail):
                 return f"output {i} is wrong on {label}: {detail}"
         return None

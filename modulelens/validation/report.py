@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -51,13 +52,19 @@ class Accuracy(BaseModel):
 
     case: str = Field(description="The check (inputs and parameters) the output belongs to.")
     output: int
-    candidate_max_abs: float = Field(description="Largest absolute error of the candidate against the oracle.")
-    eager_max_abs: float = Field(description="Largest absolute error of eager (captured dtype) against the oracle.")
-    candidate_rel_l2: float
-    eager_rel_l2: float
+    candidate_max_abs: float | None = Field(description="Largest absolute error of the candidate against the oracle "
+                                            "(null: not finite, a NaN or infinity where the oracle is finite).")
+    eager_max_abs: float | None = Field(description="Largest absolute error of eager (captured dtype) against it.")
+    candidate_rel_l2: float | None
+    eager_rel_l2: float | None
     allowed_multiple: float = Field(description="Accepted when the candidate's errors are at most this multiple of "
                                     "eager's (plus one unit of rounding).")
     accepted: bool
+
+
+def finite_or_none(x: float) -> float | None:
+    """``x``, or None when it is not finite (JSON has no infinity)."""
+    return x if math.isfinite(x) else None
 
 
 class Denial(BaseModel):

@@ -1,6 +1,6 @@
-"""Hostile module candidate: it replaces the harness's operator tracer (the profiler wrapper in
-the candidate process's ``__main__``) with one that records nothing, then computes with torch's
-own operators. Judged by the trace alone (a claim), it would be custom.
+"""Hostile module candidate: it replaces the harness's operator tracer (the profiler wrapper of
+the harness module, wherever the candidate process runs it from) with one that records nothing,
+then computes with torch's own operators. Judged by the trace alone (a claim), it would be custom.
 
 Expected: ``wrapper``, because where torch's operators are denied it raises (aten::tanh named)."""
 
@@ -20,7 +20,9 @@ class _RecordsNothing:
         return False
 
 
-sys.modules["__main__"]._OpTrace = _RecordsNothing  # the harness runs as __main__
+for module in list(sys.modules.values()):  # the harness module (or __main__, when it was run as a script)
+    if hasattr(module, "_OpTrace"):
+        module._OpTrace = _RecordsNothing
 
 
 class ModelNew(nn.Module):

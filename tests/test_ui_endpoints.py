@@ -362,27 +362,27 @@ def test_a_registered_list_tool_fills_its_section(client, monkeypatch):
     from modulelens.registry import Tool
     from modulelens.ui import state
 
-    class Pack(BaseModel):
+    class Search(BaseModel):
         name: str
         hits: int
 
-    class ListPacksRequest(BaseModel):
+    class ListSearchesRequest(BaseModel):
         pass
 
-    class ListPacksResult(BaseModel):
-        packs: list[Pack]
+    class ListSearchesResult(BaseModel):
+        searches: list[Search]
 
-    fake = Tool(name="list_packs", request=ListPacksRequest, result=ListPacksResult, summary="",
-                fn=lambda req, ctx: ListPacksResult(packs=[Pack(name="<b>softmax</b>", hits=12)]))
+    fake = Tool(name="list_searches", request=ListSearchesRequest, result=ListSearchesResult, summary="",
+                fn=lambda req, ctx: ListSearchesResult(searches=[Search(name="<b>softmax</b>", hits=12)]))
     real = state.get_tool
-    monkeypatch.setattr(state, "get_tool", lambda name: fake if name == "list_packs" else real(name))
-    r = client.get("/packs")
+    monkeypatch.setattr(state, "get_tool", lambda name: fake if name == "list_searches" else real(name))
+    r = client.get("/searches")
     assert r.status_code == 200 and "None yet." not in r.text
     assert "&lt;b&gt;softmax&lt;/b&gt;" in r.text and ">12<" in r.text
 
 
-def _fake_list_tool(monkeypatch, packs):
-    """Register a list_packs tool listing ``packs()`` (which may raise) and cutting them to its
+def _fake_list_tool(monkeypatch, items):
+    """Register a list_searches tool listing ``items()`` (which may raise) and cutting them to its
     ``limit`` (2 by default) like the real list tools."""
     from pydantic import BaseModel, Field
 
@@ -390,25 +390,25 @@ def _fake_list_tool(monkeypatch, packs):
     from modulelens.registry import Tool
     from modulelens.ui import state
 
-    class ListPacksRequest(BaseModel):
+    class ListSearchesRequest(BaseModel):
         limit: int | None = Field(2, ge=1)
 
-    class ListPacksResult(BaseModel):
-        packs: list[str]
+    class ListSearchesResult(BaseModel):
+        searches: list[str]
         left_out: list[LeftOut] = Field(default_factory=list)
 
-    def list_packs(req: ListPacksRequest, ctx) -> ListPacksResult:
-        return keep_first(ListPacksResult(packs=packs()), "packs", req.limit, "packs/")
+    def list_searches(req: ListSearchesRequest, ctx) -> ListSearchesResult:
+        return keep_first(ListSearchesResult(searches=items()), "searches", req.limit, "searches/")
 
-    fake = Tool(name="list_packs", request=ListPacksRequest, result=ListPacksResult, summary="", fn=list_packs)
+    fake = Tool(name="list_searches", request=ListSearchesRequest, result=ListSearchesResult, summary="", fn=list_searches)
     real = state.get_tool
-    monkeypatch.setattr(state, "get_tool", lambda name: fake if name == "list_packs" else real(name))
+    monkeypatch.setattr(state, "get_tool", lambda name: fake if name == "list_searches" else real(name))
 
 
 def test_pages_show_whole_lists_whatever_a_tool_lists_by_default(client, monkeypatch):
-    _fake_list_tool(monkeypatch, lambda: [f"pack-{i}" for i in range(5)])
-    r = client.get("/packs")
-    assert r.status_code == 200 and all(f"pack-{i}" in r.text for i in range(5))
+    _fake_list_tool(monkeypatch, lambda: [f"search-{i}" for i in range(5)])
+    r = client.get("/searches")
+    assert r.status_code == 200 and all(f"search-{i}" in r.text for i in range(5))
 
 
 def test_error_text_names_form_fields_not_cli_flags(client, monkeypatch):
@@ -416,7 +416,7 @@ def test_error_text_names_form_fields_not_cli_flags(client, monkeypatch):
         raise ModuleLensError("the script ran past [--timeout] (900 s)", "raise [--timeout], or use [--strategy export]")
 
     _fake_list_tool(monkeypatch, failing)
-    r = client.get("/packs")
+    r = client.get("/searches")
     assert r.status_code == 400 and "[--" not in r.text
     assert "ran past timeout (900 s)" in r.text and "raise timeout, or use strategy=export" in r.text
     r = _post(client, "/api/jobs", {"action": "gather_stats", "params": {"script": "loop.py", "capture": "evil"}})

@@ -36,6 +36,8 @@ EXAMPLES: dict[str, str] = {
     "pack": "demo-block.card2:v1 demo-block.module:v1 --out demo.pack",
     "run": "examples/tinyformer/train.py --pack demo.pack --compare -- --steps 6",
     "check_pack": "demo.pack --min-run-time 0.5",
+    "list_packs": "--limit 5",
+    "show_pack": "demo:v1",
     "list_opsets": "--capture demo-block",
     "list_candidates": "--card demo-block:v1/2",
     "show_candidate": "demo-block.card2:v1",

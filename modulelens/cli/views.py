@@ -27,6 +27,7 @@ from modulelens.profiling.targets import ProfileResult
 from modulelens.search.model import SearchResult
 from modulelens.search.summary import NodeLine, SearchSummary
 from modulelens.stats.runs import StatsFinding, StatsRunView, TensorStatsRow
+from modulelens.team.pack_listing import PackListing, PackView
 from modulelens.tools.add_search_child import AddSearchChildResult
 from modulelens.tools.capture_module import CaptureModuleResult
 from modulelens.tools.check_pack import CheckPackResult
@@ -37,6 +38,7 @@ from modulelens.tools.install_skills import InstallSkillsResult
 from modulelens.tools.list_candidates import ListCandidatesResult
 from modulelens.tools.list_captures import ListCapturesResult
 from modulelens.tools.list_opsets import ListOpsetsResult
+from modulelens.tools.list_packs import ListPacksResult
 from modulelens.tools.list_stats_runs import ListStatsRunsResult
 from modulelens.tools.pack import PackResult
 from modulelens.tools.pull import PullResult
@@ -503,13 +505,15 @@ def pack_view(r: PackResult, wide: bool) -> RenderableType:
         Column("candidate", "key", style="cyan"),
         Column("kind", "value", drop=2),
         Column("target", "key"),
+        Column("phase", "value", drop=3),
         Column("verdict", "value", drop=1),
         Column("speedup", "value", justify="right"),
+        Column("shapes", "text", drop=4),
         Column("used", "value", drop=0),
-    ], title=f"pack {r.path} (sha256 {r.sha256[:12]}…)", wide=wide)
+    ], title=f"pack {r.ref}: {r.path} (sha256 {r.sha256[:12]}…)", wide=wide)
     for e in r.entries:
-        table.add_row(e.candidate_id, e.kind, e.target, Cell((e.verdict,), style=_VERDICT.get(e.verdict, "")),
-                      _speedup(e.speedup_vs_eager), _yes_no(e.dispatched))
+        table.add_row(e.candidate_id, e.kind, e.target, e.phase, Cell((e.verdict,), style=_VERDICT.get(e.verdict, "")),
+                      _speedup(e.speedup_vs_eager), e.shape_rule or "exact", _yes_no(e.dispatched))
     return table
 
 
@@ -518,17 +522,20 @@ def _entries_table(entries: list[EntryReport], wide: bool, title: str) -> Fitted
         Column("candidate", "key", style="cyan"),
         Column("target", "key"),
         Column("hits", "value", justify="right"),
+        Column("by phase", "value", drop=1),
         Column("fallbacks", "value", justify="right"),
         Column("why", "text", drop=0),
     ], title=title, wide=wide, stack=True)
     for e in entries:
         why = e.skip_reason or ", ".join(f"{reason} ({n})" for reason, n in e.fallback_reasons.items()) or "-"
-        table.add_row(e.candidate_id, e.target, str(e.hits), str(e.fallbacks), why)
+        phases = " ".join(f"{p[0]}{n}" for p, n in sorted(e.hits_by_phase.items(), reverse=True)) or "-"
+        table.add_row(e.candidate_id, e.target, str(e.hits), phases, str(e.fallbacks), why)
     return table
 
 
 def run_view(r: RunResult, wide: bool) -> RenderableType:
     rows: list[tuple[str, str | Cell]] = [
+        ("summary", Cell((r.summary,), style=_GOOD if r.hits else _BAD)),
         ("exit code", Cell((str(r.exit_code),), style=_GOOD if r.exit_code == 0 else _BAD)),
         ("calls", f"{r.hits} to pack kernels, {r.fallbacks} fell back to eager ({r.mechanism})"),
         ("steps", f"{r.steps} ({r.step_kind})"),
@@ -541,6 +548,7 @@ def run_view(r: RunResult, wide: bool) -> RenderableType:
         rows.append(("outputs", _yes_no(r.outputs_match)))
     if r.script_error:
         rows.append(("error", Cell((r.script_error,), style=_BAD)))
+    rows += [("warning", Cell((w,), style=_WARN)) for w in r.warnings]
     return Group(kv_table(rows, title="run with a pack"), _entries_table(r.entries, wide, "entries"))
 
 
@@ -553,11 +561,54 @@ def check_pack_view(r: CheckPackResult, wide: bool) -> RenderableType:
         Column("fallbacks", "value", justify="right", drop=2),
         Column("speedup", "value", justify="right"),
         Column("detail", "text", drop=0),
-    ], title="pack check: " + ("every replay matches" if r.ok else "MISMATCH"), wide=wide)
+    ], title=f"pack check ({'ok' if r.ok else 'NOT OK'}): {r.summary}", wide=wide)
     for c in r.checks:
-        table.add_row(c.capture, _yes_no(c.matches_captured and c.matches_eager), f"{c.max_abs_error:.3g}",
-                      str(c.hits), str(c.fallbacks), _speedup(c.speedup), c.detail or "-")
+        table.add_row(c.capture, _yes_no(c.matches_captured and c.matches_eager and c.grads_match is not False),
+                      f"{c.max_abs_error:.3g}", str(c.hits), str(c.fallbacks), _speedup(c.speedup), c.detail or "-")
+    notes = [Text(f"not hit: {x}", style=_BAD) for x in r.not_hit] + [Text(f"untested: {x}", style=_WARN)
+                                                                      for x in r.untested]
+    return Group(table, *notes)
+
+
+def _pack_entries_table(p: PackListing, wide: bool) -> FittedTable:
+    table = FittedTable([
+        Column("candidate", "key", style="cyan"),
+        Column("target", "key"),
+        Column("phase", "value", drop=2),
+        Column("shapes", "text", drop=3),
+        Column("used", "value", drop=1),
+        Column("run hits", "value", drop=0),
+        Column("check hits", "value", justify="right", drop=0),
+    ], title=f"{p.ref} entries", wide=wide, stack=True)
+    for e in p.entries:
+        run = "-" if e.run_hits is None else " ".join(f"{k} {n}" for k, n in e.run_hits.items()) or "0"
+        table.add_row(e.candidate_id, e.target, e.phase, e.shape_rule or "exact", _yes_no(e.dispatched), run,
+                      "-" if e.check_hits is None else str(e.check_hits))
     return table
+
+
+def list_packs_view(r: ListPacksResult, wide: bool) -> RenderableType:
+    table = FittedTable([
+        Column("pack", "key", style="cyan"),
+        Column("entries", "value", justify="right"),
+        Column("trusted", "value", drop=2),
+        Column("last run", "text", drop=1),
+        Column("last check", "text", drop=0),
+    ], title="stored packs", wide=wide)
+    for p in r.packs:
+        check = "-" if p.last_check is None else f"{'ok' if p.last_check.ok else 'NOT OK'}: {p.last_check.summary}"
+        table.add_row(p.ref, str(len(p.entries)), _yes_no(p.trusted), p.last_run.summary if p.last_run else "-", check)
+    return table
+
+
+def show_pack_view(r: PackView, wide: bool) -> RenderableType:
+    rows: list[tuple[str, str | Cell]] = [
+        ("file", r.path), ("sha256", r.sha256), ("trusted", _yes_no(r.trusted)),
+        ("environment", f"torch {r.torch}, {r.device}"), ("tags", ", ".join(r.tags) or "-"),
+        ("last run", r.last_run.summary if r.last_run else "never run"),
+        ("last check", f"{'ok' if r.last_check.ok else 'NOT OK'}: {r.last_check.summary}" if r.last_check
+         else "never checked")]
+    return Group(kv_table(rows, title=f"pack {r.ref}"), _pack_entries_table(r, wide))
 
 
 # --------------------------------------------------------------------------------------------
@@ -690,6 +741,8 @@ _VIEWS: dict[type[BaseModel], View] = {
     PackResult: pack_view,
     RunResult: run_view,
     CheckPackResult: check_pack_view,
+    ListPacksResult: list_packs_view,
+    PackView: show_pack_view,
     TrustResult: trust_view,
     PushResult: push_view,
     PullResult: pull_view,

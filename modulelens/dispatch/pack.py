@@ -35,6 +35,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from modulelens.dispatch.patterns import CallPattern
 from modulelens.errors import ModuleLensError
+from modulelens.kernels.shape_rules import ShapeRule
 from modulelens.repo.store import MANIFEST, sha256_file
 from modulelens.repo.trust import UntrustedArtifact, is_trusted, signature_of
 from modulelens.validation.report import ValidationReport
@@ -77,6 +78,10 @@ class PackEntry(BaseModel):
     class_path: str | None = Field(None, description="module:Class of the replaced module, for module entries.")
     module_path: str | None = Field(None, description="Qualified name of the replaced module in its model (blocks.1).")
     pattern: CallPattern
+    phase: Literal["forward", "backward"] = Field("forward", description="Op entries: the phase its card was "
+                                                  "recorded in (backward: called by the autograd engine).")
+    shape_rule: ShapeRule | None = Field(None, description="The checked shape rule calls are admitted by (None: "
+                                         "the pattern's exact shapes).")
     backend: str = Field(description="cpp, cuda, triton (op entries) or module (a ModelNew Python source).")
     entry: str = Field("forward", description="Entry point: forward for op kernels, ModelNew for modules.")
     source: str
@@ -86,11 +91,15 @@ class PackEntry(BaseModel):
     claims_training: bool = Field(False, description="Module entries: validated for training (gradients).")
     report: ValidationReport
     speedup_vs_eager: float | None = None
+    forced: bool = Field(False, description="Packed with force: used without being proven faster than eager.")
 
     def skip_reason(self) -> str | None:
-        """Why this entry is never dispatched, or None when it is dispatched."""
+        """Why this entry is never dispatched, or None when it is dispatched (correct, and faster
+        than eager unless ``forced``)."""
         if not self.report.correct or self.report.verdict == "rejected":
             return f"not validated correct ({self.report.verdict}: {self.report.reason})"
+        if self.forced:
+            return None
         if self.speedup_vs_eager is None:
             return "not timed against eager"
         if self.speedup_vs_eager <= 1.0:

@@ -92,6 +92,8 @@ SHARED_ARGUMENTS: dict[str, str] = {
     "source_text": "Or: the source itself.",
     "allow_env_mismatch": "Allow another torch, device or compiler.",
     "name": "Only this name's versions.",
+    "pack": "Pack file or stored pack NAME[:vN].",
+    "force": "Use entries even when not proven faster than eager.",
 }
 
 

@@ -34,6 +34,8 @@ from modulelens.tools import (  # noqa: F401, I001  (CLI order)
     pack,
     run,
     check_pack,
+    list_packs,
+    show_pack,
 )
 
 from modulelens.errors import ModuleLensError  # noqa: E402

@@ -14,20 +14,20 @@ from modulelens.search.targets import resolve_targets
 
 
 class OptimizeRequest(BaseModel):
-    targets: list[str] = Field(description="Card ids (blk/6) or captures (their top cards).", json_schema_extra={"cli": "argument"})
+    targets: list[str] = Field(description="Card ids (blk/6) or captures.", json_schema_extra={"cli": "argument"})
     provider: str = Field("template", description="template, anthropic or sampling.")
     backend: BackendName = Field("cpp")
-    max_evals: int = Field(24, ge=1, description="For the whole search.")
+    max_evals: int = Field(24, ge=1, description="Whole search.")
     time_budget: float | None = Field(None, gt=0, description="Seconds for this run.")
-    max_cost: float | None = Field(None, ge=0, description="USD for the whole search.")
+    max_cost: float | None = Field(None, ge=0, description="USD, whole search.")
     executor: ExecutorName = Field("local")
-    address: str | None = Field(None, description="Ray cluster (default: local).")
+    address: str | None = Field(None, description="Ray cluster.")
     workers: int = Field(1, ge=1, description="Evaluations at once.")
-    top: int = Field(3, ge=1, description="Cards per capture target.")
-    roofline_target: float = Field(1.0, gt=0, description="Stop a card at this fraction of its roofline.")
-    patience: int = Field(2, ge=1, description="Prune after this many non-improving results.")
+    top: int = Field(3, ge=1, description="Cards per capture.")
+    roofline_target: float = Field(1.0, gt=0, description="Stop at this fraction of the roofline.")
+    patience: int = Field(2, ge=1, description="Prune after N results without gain.")
     compile_baseline: bool = Field(False, description="Also time torch.compile.")
-    search_id: str | None = Field(None, description="Resume or name a search (default: latest match).")
+    search_id: str | None = Field(None, description="Resume or name a search.")
     new: bool = Field(False, description="Start a new search.")
 
 
@@ -53,6 +53,6 @@ TOOL = register(
         request=OptimizeRequest,
         result=SearchResult,
         fn=optimize,
-        summary="Tree-search kernels for cards or a capture's top cards (resumable, budgeted, local or Ray).",
+        summary="Tree-search kernels for cards, or a capture's top cards and the module itself.",
     )
 )

@@ -18,21 +18,23 @@ class RunRequest(BaseModel):
     script: str = Field(json_schema_extra={"cli": "argument"})
     script_args: list[str] = Field(default_factory=list,
                                    json_schema_extra={"cli": "argument"})
-    pack: str = Field()
-    compare: bool = Field(False, description="Also run without the pack and compare losses.")
+    pack: str = Field(description="Pack file or stored pack NAME[:vN].")
+    compare: bool = Field(False, description="Also run without the pack.")
     rtol: float = Field(1e-3, ge=0, description="Loss tolerance.")
     atol: float = Field(1e-4, ge=0, description="Loss tolerance.")
     allow_env_mismatch: bool = Field(False, description="Allow another torch, device or compiler.")
     expect_sha256: str | None = Field(None, description="Refuse any other pack.")
     mechanism: Mechanism = Field(DEFAULT_MECHANISM)
-    timeout: float = Field(1800.0, gt=0, description="Seconds per run.")
+    timeout: float = Field(1800.0, gt=0, description="Seconds.")
     limit: int | None = Field(10, ge=1, description="Entries listed (null: all).")
 
 
 class RunResult(BaseModel):
+    summary: str = Field("", description="Hits first; with none, says so and claims no speedup.")
     exit_code: int = Field(description="The script's exit code with the pack.")
     script_error: str | None = None
-    hits: int = Field(description="Calls that ran a pack kernel.")
+    hits: int = Field(description="Calls that ran a pack kernel (forward and backward).")
+    hits_by_phase: dict[str, int] = Field(default_factory=dict, description="forward / backward.")
     fallbacks: int = Field(description="Calls to packed operators/modules that ran eager (see entries for why).")
     mechanism: str
     entries: list[EntryReport]
@@ -41,31 +43,59 @@ class RunResult(BaseModel):
     step_seconds_with: float | None = Field(None, description="Median step time with the pack (first step left out).")
     step_seconds_without: float | None = Field(None, description="With [--compare]: the same without the pack.")
     exit_code_without: int | None = Field(None, description="With [--compare]: the script's exit code without the pack.")
-    speedup: float | None = Field(None, description="With [--compare]: step_seconds_without / step_seconds_with.")
+    speedup: float | None = Field(None, description="With [--compare]: step_seconds_without / step_seconds_with; "
+                                  "null when no call used the pack.")
     outputs_match: bool | None = Field(None, description="With [--compare]: every output agrees within rtol/atol.")
     output_kind: str = ""
     outputs_with: list[float] = Field(default_factory=list)
     outputs_without: list[float] = Field(default_factory=list)
     max_output_difference: float | None = None
     environment_notes: list[str] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list, description="What the numbers do not show (no hits, ...).")
+    recorded: str | None = Field(None, description="Where this run was recorded (the stored pack's results).")
     script_output_tail: str = Field("", description="The last lines the script printed (at most 2000 characters).")
     left_out: list[LeftOut] = Field(default_factory=list, description="Lists cut to `limit` items.")
 
 
+def hits_summary(hits: int, by_phase: dict[str, int], fallbacks: int) -> str:
+    """``12 hits (8 forward, 4 backward), 3 fallbacks``, or the zero-hit line."""
+    if hits == 0:
+        return f"0 hits: no call used the pack ({fallbacks} fallbacks); no speedup claimed"
+    phases = ", ".join(f"{n} {phase}" for phase, n in sorted(by_phase.items()) if n)
+    return f"{hits} hits ({phases}), {fallbacks} fallbacks"
+
+
+def zero_hit_warning(entries: list[EntryReport]) -> str:
+    """Why nothing was used: entries never dispatched, or the most frequent fallback reasons."""
+    skipped = [f"{e.candidate_id}: {e.skip_reason}" for e in entries if not e.dispatched and e.skip_reason]
+    reasons = [f"{e.candidate_id}: {next(iter(e.fallback_reasons))}" for e in entries if e.fallback_reasons]
+    detail = "; ".join((skipped + reasons)[:3]) or "no call of a packed operator or module was made"
+    return f"no call used the pack, so timings compare two eager runs: {detail}"
+
+
 def run(req: RunRequest, ctx: ToolContext) -> RunResult:
     from modulelens.dispatch.script import ScriptRunRequest, outputs_agree, run_script, typical_step
+    from modulelens.repo import Repository
+    from modulelens.team.packs import pack_file
 
     script = Path(req.script).expanduser()
     if not script.is_file():
         raise ModuleLensError(f"script {req.script!r} does not exist", "give the path of a Python file")
+    repo = Repository(ctx.repo_root)
+    pack_path = pack_file(repo, req.pack)
     base = ScriptRunRequest(script=str(script.resolve()), script_args=req.script_args, pack=None,
                             allow_env_mismatch=req.allow_env_mismatch, expect_sha256=req.expect_sha256,
                             mechanism=req.mechanism)
     ctx.progress(0, 2 if req.compare else 1, f"running {script.name} with {req.pack}")
-    with_pack, tail = run_script(base.model_copy(update={"pack": str(Path(req.pack).expanduser().resolve())}),
-                                 req.timeout)
-    assert with_pack.report is not None
-    result = RunResult(exit_code=with_pack.exit_code, script_error=with_pack.script_error, hits=with_pack.report.hits,
+    with_pack, tail = run_script(base.model_copy(update={"pack": str(pack_path)}), req.timeout)
+    report = with_pack.report
+    assert report is not None
+    by_phase: dict[str, int] = {}
+    for e in report.entries:
+        for phase, n in e.hits_by_phase.items():
+            by_phase[phase] = by_phase.get(phase, 0) + n
+    result = RunResult(summary=hits_summary(report.hits, by_phase, report.fallbacks), hits_by_phase=by_phase,
+                       exit_code=with_pack.exit_code, script_error=with_pack.script_error, hits=with_pack.report.hits,
                        fallbacks=with_pack.report.fallbacks, mechanism=with_pack.report.mechanism,
                        entries=with_pack.report.entries, steps=len(with_pack.step_seconds),
                        step_kind=with_pack.step_kind, step_seconds_with=typical_step(with_pack.step_seconds),
@@ -81,8 +111,26 @@ def run(req: RunRequest, ctx: ToolContext) -> RunResult:
                                                                             req.rtol, req.atol)
         if result.step_seconds_with and result.step_seconds_without:
             result.speedup = result.step_seconds_without / result.step_seconds_with
+    if result.hits == 0:
+        result.speedup = None  # two eager runs: any ratio is noise, never a speedup
+        result.warnings.append(zero_hit_warning(report.entries))
+    result.recorded = _record(repo, report, result, script.name)
     ctx.progress(2 if req.compare else 1, 2 if req.compare else 1, "done")
     return keep_run_lists(result, req.limit)
+
+
+def _record(repo, report, result: RunResult, script: str) -> str | None:
+    """Record the run with the stored pack of the same content, if there is one."""
+    from modulelens.dispatch.results import PackResultManifest, outcomes, record_result
+    from modulelens.team.packs import stored_pack_for
+
+    stored = stored_pack_for(repo, report.sha256)
+    if stored is None:
+        return None
+    rec = PackResultManifest(pack=stored.ref, sha256=report.sha256, tool="run", subject=script,
+                             ok=result.outputs_match, hits=result.hits, fallbacks=result.fallbacks,
+                             summary=result.summary, entries=outcomes(report.entries))
+    return record_result(repo, stored, report.sha256, rec).ref
 
 
 def keep_run_lists(result: RunResult, limit: int | None) -> RunResult:
@@ -99,6 +147,6 @@ TOOL = register(
         request=RunRequest,
         result=RunResult,
         fn=run,
-        summary="Run a script with a pack applied: hits, fallbacks, step times; with [--compare], vs no pack.",
+        summary="Run a script with a pack: hits, fallbacks, step times.",
     )
 )

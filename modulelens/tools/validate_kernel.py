@@ -22,7 +22,7 @@ class ValidateKernelRequest(BaseModel):
     candidate: str | None = Field(None, description="Candidate id (blk.card6:v1).",
                                   json_schema_extra={"cli": "argument"})
     source: str | None = Field(None, description="Or: your kernel source file.")
-    source_text: str | None = Field(None, description="Or: the kernel source itself.")
+    source_text: str | None = Field(None, description="Or: the source itself.")
     target: str | None = Field(None, description="With a source: its card id.")
     backend: BackendName | None = Field(None, description="With a source.")
     device: str | None = Field(None, description="Default: the card's.")

@@ -66,6 +66,7 @@ def build_app(settings: UiSettings) -> Starlette:
         Route("/candidates/{ref}", pages.candidate_page),
         Route("/stats", pages.stats_runs_page),
         Route("/stats/{ref}", pages.stats_run_page),
+        Route("/packs", pages.packs_page),
         *(Route(s.href, pages.tool_section_page) for s in tool_backed()),
         Route("/jobs", pages.jobs_page),
         Route("/api/jobs", api.list_jobs, methods=["GET"]),

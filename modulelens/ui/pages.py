@@ -80,6 +80,11 @@ def stats_run_page(request: Request) -> HTMLResponse:
                    report_html=repo_file(view.report_html, root), report_png=repo_file(view.report_png, root))
 
 
+def packs_page(request: Request) -> HTMLResponse:
+    ui = ui_state(request)
+    return ui.page("packs.html", "packs", title="Packs", packs=ui.call("list_packs", limit=None).packs)
+
+
 def tool_section_page(request: Request) -> HTMLResponse:
     """A tool-backed section (searches, packs): its list tool's result, or "none yet"."""
     ui = ui_state(request)

@@ -1,10 +1,10 @@
 """The UI's sections (the navigation bar), and the extension point for features still to come.
 
 A section with a ``list_tool`` is *tool-backed*: its page calls that tool with its default request
-and shows the result (lists of records as tables). Searches and packs are declared this way: until
-a tool named ``list_searches`` or ``list_packs`` is registered their pages say "none yet"; once
-the feature registers its tool, the page shows its data with no change here. A feature that wants
-a richer page adds its own route and template and sets ``list_tool`` to None.
+and shows the result (lists of records as tables). Searches are declared this way: until a tool
+named ``list_searches`` is registered the page says "none yet"; once the feature registers its
+tool, the page shows its data with no change here. A feature that wants a richer page adds its own
+route and template and sets ``list_tool`` to None (packs: ``list_packs`` on its own page).
 """
 
 from __future__ import annotations
@@ -27,8 +27,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("candidates", "Candidates", "/candidates"),
     Section("searches", "Searches", "/searches", list_tool="list_searches",
             empty="No kernel searches yet: the optimize tool, when it lands, stores its search trees here."),
-    Section("packs", "Packs", "/packs", list_tool="list_packs",
-            empty="No kernel packs yet: packs of validated kernels, with their hit counts, will be listed here."),
+    Section("packs", "Packs", "/packs"),
     Section("stats", "Training statistics", "/stats"),
     Section("jobs", "Jobs", "/jobs"),
 )

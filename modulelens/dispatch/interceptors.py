@@ -5,9 +5,10 @@ bridge that serves calls made under ``torch.inference_mode``.
   for each packed operator on the ``ADInplaceOrView`` key. That key sits below autograd (so
   gradients are recorded as usual around the pack kernel, and backward-phase operators called by
   the autograd engine pass through it too) and above the backend keys, so a call that does not
-  match is sent on with ``op.redispatch(keyset & after_ADInplaceOrView_keyset)``, the original
-  CPU/CUDA/Meta kernel, untouched. Registering on the CPU key itself would override the original
-  kernel, leaving nothing to redispatch to. Operators that have their own ``ADInplaceOrView``
+  match is sent on below that key (the operator called again under
+  ``_AutoDispatchBelowADInplaceOrView``) to the original CPU/CUDA/Meta kernel, untouched.
+  Registering on the CPU key itself would override the original kernel, leaving nothing to send
+  the call on to. Operators that have their own ``ADInplaceOrView``
   kernel (in-place and view operators) are not intercepted this way. Operators without entries
   are never touched: they cost nothing. Inference mode excludes the ``ADInplaceOrView`` key, so
   while a library kernel is registered, entering ``torch.inference_mode`` (the context manager or
@@ -36,7 +37,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from modulelens.dispatch.patterns import call_key
 
-_AFTER_ADINPLACE = torch._C._after_ADInplaceOrView_keyset
 _BRIDGE = threading.local()  # .serving: a bridge is serving a call on this thread (nested bridges pass through)
 
 
@@ -71,7 +71,7 @@ class _LibraryKernels:
         if op not in self.tables:
             self.tables[op] = []
             lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901 - overriding aten kernels is the point
-            name = op.name().split("::", 1)[1] + ("" if op._overloadname == "default" else f".{op._overloadname}")
+            name = op.name().split("::", 1)[1]  # "mul.Tensor"; a default overload is named without a suffix
             lib.impl(name, self._kernel(op, self.tables[op]), "ADInplaceOrView", with_keyset=True)
             self.libs[op] = lib
         self.tables[op].append(table)
@@ -88,16 +88,20 @@ class _LibraryKernels:
 
     @staticmethod
     def _kernel(op: torch._ops.OpOverload, users: list[Any]) -> Callable[..., Any]:
-        redispatch = op.redispatch
+        """The Python kernel of ``op``. Its eager path calls ``op`` again below this key (not
+        ``op.redispatch``: a Python number that arrived for a Tensor argument, ``x * 0.5`` reaching
+        ``mul.Tensor``, is converted back by the call, not by a redispatch)."""
 
         def kernel(keyset, *args, **kwargs):
-            below = keyset & _AFTER_ADINPLACE
-
             def run(live: Any) -> Any:
                 with torch._C._AutoDispatchBelowADInplaceOrView():  # what the kernel calls is not intercepted again
                     return live.impl(*args, *kwargs.values())
 
-            return serve(users, args, kwargs, run, lambda: redispatch(below, *args, **kwargs))
+            def eager() -> Any:
+                with torch._C._AutoDispatchBelowADInplaceOrView():
+                    return op(*args, **kwargs)
+
+            return serve(users, args, kwargs, run, eager)
 
         return kernel
 

@@ -32,6 +32,9 @@ class OptimizeRequest(BaseModel):
 
 
 def optimize(req: OptimizeRequest, ctx: ToolContext) -> SearchResult:
+    from modulelens.ops.model import is_card_id
+    from modulelens.search.modules import search_module
+
     repo = Repository(ctx.repo_root)
     settings = SearchSettings(provider=req.provider, backend=req.backend, max_evals=req.max_evals,
                               time_budget_s=req.time_budget, max_cost_usd=req.max_cost,
@@ -42,9 +45,13 @@ def optimize(req: OptimizeRequest, ctx: ToolContext) -> SearchResult:
                                       new=req.new)
     executor = make_executor(req.executor, req.workers, req.address)
     try:
-        return run_search(repo, search, executor, ctx=ctx, progress=ctx.progress, resumed=resumed)
+        result = run_search(repo, search, executor, ctx=ctx, progress=ctx.progress, resumed=resumed)
     finally:
         executor.close()
+    result.modules = [search_module(repo, ref, settings, ctx.progress) for ref in req.targets if not is_card_id(ref)]
+    result.pack_candidates = [t.best_candidate for t in result.targets if t.best_candidate]
+    result.pack_candidates += [m.best_candidate for m in result.modules if m.best_candidate]
+    return result
 
 
 TOOL = register(

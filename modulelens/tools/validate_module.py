@@ -7,7 +7,6 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from modulelens.errors import ModuleLensError
-from modulelens.kernels.backends.base import default_build_dir
 from modulelens.kernels.module_candidates import (
     ModuleCandidate,
     ModuleTarget,
@@ -18,9 +17,8 @@ from modulelens.kernels.source import read_source_file
 from modulelens.registry import Tool, ToolContext, register
 from modulelens.repo import Repository
 from modulelens.sandbox.pool import DEFAULT_MEMORY_LIMIT_MB
-from modulelens.validation.messages import ModuleSource, ValidateModuleTask
+from modulelens.validation.module_runs import validate_stored_module
 from modulelens.validation.report import ValidationReport
-from modulelens.validation.sandboxed import validate_in_sandbox
 
 
 class ValidateModuleRequest(BaseModel):
@@ -74,14 +72,9 @@ def _candidate(req: ValidateModuleRequest, repo: Repository):
 def validate_module(req: ValidateModuleRequest, ctx: ToolContext) -> ValidateModuleResult:
     repo = Repository(ctx.repo_root)
     art, cand, target = _candidate(req, repo)
-    task = ValidateModuleTask(
-        repo=str(repo.root), capture=target.capture, build_dir=str(default_build_dir()),
-        candidate=ModuleSource(source=cand.source, class_name=cand.class_name, claims_training=cand.claims_training),
-        time=req.time, seeds=list(range(req.seeds)), rtol=req.rtol, atol=req.atol,
-        memory_limit_mb=req.memory_limit_mb, call_timeout=req.timeout, build_timeout=req.timeout,
-    )
-    report, rep = validate_in_sandbox(repo, art, task, task.settings, backend="module", timeout=req.timeout,
-                                      memory_limit_mb=req.memory_limit_mb, progress=ctx.progress)
+    report, rep = validate_stored_module(repo, art, cand, target, time=req.time, seeds=req.seeds, rtol=req.rtol,
+                                         atol=req.atol, timeout=req.timeout, memory_limit_mb=req.memory_limit_mb,
+                                         progress=ctx.progress)
     return ValidateModuleResult(**report.model_dump(), candidate_id=art.ref, target=target.capture, report=rep.ref)
 
 

@@ -53,6 +53,9 @@ gather_stats = _tool_function("gather_stats")
 pack = _tool_function("pack")
 run = _tool_function("run")
 check_pack = _tool_function("check_pack")
+list_packs = _tool_function("list_packs")
+show_pack = _tool_function("show_pack")
+optimize = _tool_function("optimize")
 
 __all__ = [
     "ModuleLensError",
@@ -67,10 +70,13 @@ __all__ = [
     "profile",
     "validate_kernel",
     "list_captures",
+    "list_packs",
+    "optimize",
     "pack",
     "record_constructors",
     "replay_module",
     "run",
     "show_capture",
+    "show_pack",
     "use_pack",
 ]

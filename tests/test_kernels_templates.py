@@ -155,7 +155,10 @@ def test_pooling_cpp():
 def _rule_cases():
     """(op, sample args, make args of a shape) of the families whose kernels take other sizes."""
     w, b = torch.randn(64), torch.randn(64)
+    half = torch.randn(16, 32)
     return {
+        "elementwise": ("aten.mul.Tensor", [torch.randn(4, 16, 32), half], lambda s: [torch.randn(*s, 16, 32), half],
+                        [(1,), (9,)]),
         "layer_norm": ("aten.native_layer_norm.default", [torch.randn(2, 16, 64), [64], w, b, 1e-5],
                        lambda s: [torch.randn(*s, 64), [64], w, b, 1e-5], [(1, 1), (3, 33), (5, 9)]),
         "softmax": ("aten._safe_softmax.default", [torch.randn(2, 2, 16, 16), -1],
@@ -171,7 +174,8 @@ def _rule_cases():
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_rule_kernels_declare_their_rule_and_take_other_sizes(backend):
     """The declared dimensions vary at run time (the same results as eager at sizes the card did
-    not have); a dimension the rule fixes is still refused."""
+    not have: the batch of an elementwise operator, the rows of a layer norm, every dimension of a
+    softmax); a dimension the rule fixes is still refused."""
     from modulelens.kernels.shape_rules import declared_rule
 
     for name, (op, sample, make, shapes) in _rule_cases().items():

@@ -15,6 +15,11 @@ float64 uses the C library throughout.
 The output is allocated with the eager output's strides (from the card); the loops run over it in
 memory order, with loops merged where every operand allows it, so a same-layout operand is read
 linearly, a broadcast one with a stride of 0, and a strided one through baked strides.
+
+The batch (dimension 0) may vary when the output and the operands that have it are contiguous (the
+shape rule the kernels declare, see :mod:`modulelens.kernels.shape_rules`; operands broadcast along
+it stay fixed): the outermost loop's length, the element count and the output's size are read at
+run time. The index expressions never bound the outermost loop, so nothing else changes.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from modulelens.kernels.templates.call import Call, NoMatch, TArg, require_same_device
+from modulelens.kernels.shape_rules import ShapeRule, VariableDim
+from modulelens.kernels.templates.call import Call, NoMatch, TArg, contiguous_strides, require_same_device
 from modulelens.kernels.templates.cpp import (
     ATEN_DTYPE,
     CPP_MATH,
@@ -91,7 +97,41 @@ def match(call: Call) -> dict[str, Any]:
     names = [call.names[0]] if call.op in UNARY else [call.param("self"), call.param("other")][:len(operands)]
     return {"op": call.op, "fn": fn, "approximate": approximate, "scalar": scalar, "alpha": alpha,
             "operands": names, "loops": [[s, list(st)] for s, st in loops], "numel": out.numel, "dtype": out.dtype,
+            "batched": [isinstance(t, TArg) and t.ndim == out.ndim and t.shape[0] == out.shape[0] for t in operands],
             "out_shape": list(out.shape), "out_stride": list(out.stride)}
+
+
+def shape_rule(call: Call, p: dict[str, Any], backend: str, v: dict[str, Any]) -> ShapeRule | None:
+    """The batch varies, shared by the output and the operands that have it, when they are all
+    contiguous (see the module docstring)."""
+    out = call.outputs[0]
+    if out.ndim == 0 or out.shape[0] < 2 or tuple(out.stride) != contiguous_strides(out.shape):
+        return None
+    at = []
+    for name, batched in zip(p["operands"], p["batched"]):
+        t = call.values[call.names.index(name)]
+        if batched:
+            if tuple(t.stride) != contiguous_strides(t.shape):
+                return None
+            at.append((call.names.index(name), 0))
+    return ShapeRule(dims=[VariableDim(at=at)]) if at else None
+
+
+def _runtime_numel(p: dict[str, Any], lang: str) -> str:
+    """The element count, read at run time from the first batched operand when the batch varies."""
+    if not p.get("rule"):
+        return str(p["numel"])
+    first = p["operands"][p["batched"].index(True)]
+    per_row = p["numel"] // p["out_shape"][0]
+    return f"({first}.size(0) * {per_row})" if lang != "triton" else f"({first}.shape[0] * {per_row})"
+
+
+def _out_shape(p: dict[str, Any], lang: str) -> str:
+    rest = p["out_shape"][1:]
+    first = p["operands"][p["batched"].index(True)]
+    if lang == "triton":
+        return "(" + "".join(f"{x}, " for x in [f"{first}.shape[0]", *rest]) + ")"
+    return "{" + ", ".join([f"{first}.size(0)", *map(str, rest)]) + "}"
 
 
 def variants(backend: str, p: dict[str, Any]) -> list[dict[str, Any]]:
@@ -154,7 +194,8 @@ def _operand_access(p: dict[str, Any], k: int, index: str, outer_only: bool, div
 def render_cpp(call: Call, p: dict[str, Any], v: dict[str, Any], variant: int) -> str:
     T = CPP_SCALAR[p["dtype"]]
     loops = p["loops"]
-    n = p["numel"]
+    rule = p.get("rule")
+    n = "n" if rule else f"{p['numel']}LL"
     var = ["a", "b"]
     ptrs = "\n".join(f"  const T* __restrict__ in{k} = {name}.data_ptr<T>();" for k, name in enumerate(p["operands"]))
     expr = expression(p, "cpp", "T", v.get("erf", "fast"))
@@ -163,21 +204,21 @@ def render_cpp(call: Call, p: dict[str, Any], v: dict[str, Any], variant: int) -
         loads = "\n".join(
             f"    const T {var[k]} = in{k}[{_inner(loops[0][1][k + 1], 'i')}];" for k in range(len(p["operands"])))
         body = f"""\
-  #pragma omp parallel for simd schedule(static) num_threads(ml_threads) if(parallel: {n}LL >= {grain}LL)
-  for (int64_t i = 0; i < {n}LL; ++i) {{
+  #pragma omp parallel for simd schedule(static) num_threads(ml_threads) if(parallel: {n} >= {grain}LL)
+  for (int64_t i = 0; i < {n}; ++i) {{
 {loads}
     y[i] = {expr};
   }}"""
     else:
         inner_size, inner_st = loops[-1]
-        outer = n // inner_size
+        outer = f"({n} / {inner_size}LL)" if rule else f"{p['numel'] // inner_size}LL"
         bases = "\n".join(
             f"    const T* __restrict__ p{k} = in{k} + ({_operand_access(p, k, 'o', True)});" for k in range(len(p["operands"])))
         loads = "\n".join(
             f"      const T {var[k]} = p{k}[{_inner(inner_st[k + 1], 'i')}];" for k in range(len(p["operands"])))
         body = f"""\
-  #pragma omp parallel for schedule(static) num_threads(ml_threads) if({n}LL >= {grain}LL)
-  for (int64_t o = 0; o < {outer}LL; ++o) {{
+  #pragma omp parallel for schedule(static) num_threads(ml_threads) if({n} >= {grain}LL)
+  for (int64_t o = 0; o < {outer}; ++o) {{
 {bases}
     T* __restrict__ yo = y + o * {inner_size}LL;
     #pragma omp simd
@@ -186,14 +227,18 @@ def render_cpp(call: Call, p: dict[str, Any], v: dict[str, Any], variant: int) -
       yo[i] = {expr};
     }}
   }}"""
-    return f"""{cpp_header(call, FAMILY, variant, v)}{CPP_PRELUDE}
+    alloc = (f"ml_empty_contiguous({_out_shape(p, 'cpp')}, {ATEN_DTYPE[p['dtype']]})" if rule else
+             f"ml_empty({ilist(p['out_shape'])}, {ilist(p['out_stride'])}, {ATEN_DTYPE[p['dtype']]})")
+    return f"""{cpp_header(call, FAMILY, variant, v, rule)}{CPP_PRELUDE}
 {CPP_MATH}
 using T = {T};
 
 // loops (size, [out stride, operand strides]) outer to inner: {loops}
 {cpp_signature(call, "at::Tensor")} {{
-{cpp_checks(call)}
-  at::Tensor out = ml_empty({ilist(p["out_shape"])}, {ilist(p["out_stride"])}, {ATEN_DTYPE[p["dtype"]]});
+{cpp_checks(call, rule)}
+  const int64_t n = {_runtime_numel(p, 'cpp')};
+  (void)n;
+  at::Tensor out = {alloc};
 {ptrs}
   T* __restrict__ y = out.data_ptr<T>();
   const int ml_threads = at::get_num_threads();
@@ -211,14 +256,15 @@ def _inner(stride: int, index: str) -> str:
 def render_triton(call: Call, p: dict[str, Any], v: dict[str, Any], variant: int) -> str:
     ops = p["operands"]
     var = ["a", "b"]
+    rule = p.get("rule")
     n = p["numel"]
-    wide = n * max([1] + [abs(s) for _, st in p["loops"] for s in st]) >= 2**31
+    wide = bool(rule) or n * max([1] + [abs(s) for _, st in p["loops"] for s in st]) >= 2**31
     ptr_args = "".join(f", in{k}_ptr" for k in range(len(ops)))
     loads = "\n".join(
         f"    {var[k]} = tl.load(in{k}_ptr + ({_operand_access(p, k, 'i', False, '//')}), mask=mask, "
         f"other={'1.0' if k else '0.0'}).to(tl.float32)" for k in range(len(ops)))
     out = call.outputs[0]
-    return f"""{py_header(call, FAMILY, variant, v)}{TRITON_PRELUDE}
+    return f"""{py_header(call, FAMILY, variant, v, rule)}{TRITON_PRELUDE}
 
 @triton.jit
 def _elementwise(y_ptr{ptr_args}, N, BLOCK: tl.constexpr):
@@ -231,10 +277,12 @@ def _elementwise(y_ptr{ptr_args}, N, BLOCK: tl.constexpr):
 
 
 {py_signature(call)}
-{py_checks(call)}
-    out = {py_empty(out, ops[0])}
-    grid = (triton.cdiv({n}, {v["BLOCK"]}),)
-    _elementwise[grid](out{''.join(', ' + o for o in ops)}, {n}, BLOCK={v["BLOCK"]}, num_warps={v["num_warps"]})
+{py_checks(call, rule=rule)}
+    n = {_runtime_numel(p, 'triton')}
+    out = {f"torch.empty({_out_shape(p, 'triton')}, dtype={ops[0]}.dtype, device={ops[0]}.device)" if rule
+           else py_empty(out, ops[0])}
+    grid = (triton.cdiv(n, {v["BLOCK"]}),)
+    _elementwise[grid](out{''.join(', ' + o for o in ops)}, n, BLOCK={v["BLOCK"]}, num_warps={v["num_warps"]})
     return out
 """
 
@@ -242,30 +290,32 @@ def _elementwise(y_ptr{ptr_args}, N, BLOCK: tl.constexpr):
 def render_cuda(call: Call, p: dict[str, Any], v: dict[str, Any], variant: int) -> str:
     ops = p["operands"]
     var = ["a", "b"]
-    n = p["numel"]
+    rule = p.get("rule")
     threads = int(v["threads"])
     params = "".join(f", const scalar_t* __restrict__ in{k}" for k in range(len(ops)))
     loads = "\n".join(
         f"    const float {var[k]} = static_cast<float>(in{k}[{_operand_access(p, k, 'i', False)}]);" for k in range(len(ops)))
     args = "".join(f", {o}.data_ptr<scalar_t>()" for o in ops)
-    return f"""{cpp_header(call, FAMILY, variant, v)}{CUDA_PRELUDE}
+    return f"""{cpp_header(call, FAMILY, variant, v, rule)}{CUDA_PRELUDE}
 using scalar_t = {CUDA_SCALAR[p["dtype"]]};
 
 // loops (size, [out stride, operand strides]) outer to inner: {p["loops"]}
-__global__ void ml_elementwise(scalar_t* __restrict__ y{params}) {{
+__global__ void ml_elementwise(scalar_t* __restrict__ y{params}, int64_t n) {{
   const int64_t step = (int64_t)gridDim.x * blockDim.x;
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < {n}LL; i += step) {{
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {{
 {loads}
     y[i] = static_cast<scalar_t>({expression(p, "cuda")});
   }}
 }}
 
 {cpp_signature(call, "at::Tensor", cuda=True)} {{
-{cpp_checks(call)}
+{cpp_checks(call, rule)}
   const c10::cuda::CUDAGuard guard({ops[0]}.device());
-  at::Tensor out = {cuda_empty(call.outputs[0], ops[0])};
-  const int64_t blocks = std::min<int64_t>(({n}LL + {threads} - 1) / {threads}, 65536LL);
-  ml_elementwise<<<(unsigned)blocks, {threads}, 0, c10::cuda::getCurrentCUDAStream()>>>(out.data_ptr<scalar_t>(){args});
+  const int64_t n = {_runtime_numel(p, 'cuda')};
+  at::Tensor out = {f"at::empty_strided({_out_shape(p, 'cuda')}, ml_contiguous_strides({_out_shape(p, 'cuda')}), {ops[0]}.options())" if rule else cuda_empty(call.outputs[0], ops[0])};
+  if (n == 0) return out;
+  const int64_t blocks = std::min<int64_t>((n + {threads} - 1) / {threads}, 65536LL);
+  ml_elementwise<<<(unsigned)blocks, {threads}, 0, c10::cuda::getCurrentCUDAStream()>>>(out.data_ptr<scalar_t>(){args}, n);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
 }}

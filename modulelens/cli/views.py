@@ -445,7 +445,11 @@ def optimize_view(r: SearchResult, wide: bool) -> RenderableType:
     caption = Text(f"{r.evaluations} evaluations ({r.evaluations_this_run} in this run), {r.tree_size} nodes, "
                    f"${r.cost_usd:.4f}, {r.executor} executor, {r.seconds:.0f} s; stopped: {r.stopped_because}; "
                    "speedups re-measured against eager on one worker", style="dim")
-    return Group(table, caption)
+    modules = [Text(f"module level of {m.capture}: " + (f"{m.best_candidate} ({_speedup(m.speedup_vs_eager)})"
+                                                        if m.best_candidate else "no candidate")
+                    + (f"; {m.template_note}" if m.template_note else "")) for m in r.modules]
+    packing = [Text(f"pack both levels: modulelens pack {' '.join(r.pack_candidates)}")] if r.pack_candidates else []
+    return Group(table, caption, *modules, *packing)
 
 
 def _node_row(n: NodeLine) -> tuple[str | Cell, ...]:

@@ -1,4 +1,5 @@
-"""The kernel pack file: validated candidates keyed by the exact call pattern they were validated for.
+"""The kernel pack file: validated candidates keyed by the call pattern they were validated for
+(and, where their kernel declared one and validation checked it, the shape rule it admits calls by).
 
 One JSON file (never pickle)::
 
@@ -10,7 +11,8 @@ sha256 you were given (``expect_sha256``) to refuse a pack rewritten as a whole.
 
 ``content`` is a :class:`PackContent`: the environment the entries were validated in (torch
 version, device name, compiler) and the entries (:class:`PackEntry`): the call pattern, the
-source with its build recipe, the validation report and the measured speedup. A pack refuses to
+phase, the checked shape rule, the source with its build recipe, the validation report and the
+measured speedup. Packs written before shape rules and phases load as exact-shape forward entries. A pack refuses to
 load where the environment differs, saying what differs, unless ``allow_env_mismatch`` is set.
 
 A pack carries code that is compiled and run, so it loads only when **trusted** here (see

@@ -49,7 +49,8 @@ def _template_sources(capture: Artifact) -> tuple[list[str], str | None]:
     loaded = LoadedCapture(capture)
     args, kwargs = loaded.inputs()
     try:
-        chain, _, _, _ = loaded.with_strategy("auto", False, lambda m: pointwise_chain(m, args, kwargs))
+        module, _, _, _ = loaded.with_strategy("auto", False, lambda m: m)
+        chain = pointwise_chain(module, args, kwargs)
     except NotFusable as e:
         return [], f"no module template fits: {e}"
     except ModuleLensError as e:

@@ -16,10 +16,12 @@ The output is allocated with the eager output's strides (from the card); the loo
 memory order, with loops merged where every operand allows it, so a same-layout operand is read
 linearly, a broadcast one with a stride of 0, and a strided one through baked strides.
 
-The batch (dimension 0) may vary when the output and the operands that have it are contiguous (the
-shape rule the kernels declare, see :mod:`modulelens.kernels.shape_rules`; operands broadcast along
-it stay fixed): the outermost loop's length, the element count and the output's size are read at
-run time. The index expressions never bound the outermost loop, so nothing else changes.
+The leading dimensions merged into the outermost loop (the batch, and with operands that broadcast
+only along the trailing dimensions the sequence length too) may vary when the output and the
+operands are contiguous: the shape rule the kernels declare (see
+:mod:`modulelens.kernels.shape_rules`; each such dimension tied across the operands that have it,
+the ones broadcast along it fixed). The element count and the output's size are read at run time;
+the index expressions never bound the outermost loop, so nothing else changes.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from modulelens.kernels.templates.cpp import (
     ilist,
 )
 from modulelens.kernels.templates.cuda import CUDA_PRELUDE, CUDA_SCALAR, cuda_empty
-from modulelens.kernels.templates.loops import broadcast_strides, loop_nest, offset_terms
+from modulelens.kernels.templates.loops import broadcast_strides, loop_nest, offset_terms, outer_loop_dims
 from modulelens.kernels.templates.triton import TRITON_PRELUDE, py_checks, py_empty, py_header, py_literal, py_signature
 
 FAMILY = "elementwise"
@@ -93,45 +95,66 @@ def match(call: Call) -> dict[str, Any]:
         raise NoMatch(f"mixed dtypes {sorted(dtypes)} (templates take operands and output of one dtype)")
     if out.numel == 0:
         raise NoMatch("empty output")
-    loops = loop_nest(out, [broadcast_strides(t, out.shape) for t in operands])
+    strides = [broadcast_strides(t, out.shape) for t in operands]
+    loops = loop_nest(out, strides)
     names = [call.names[0]] if call.op in UNARY else [call.param("self"), call.param("other")][:len(operands)]
     return {"op": call.op, "fn": fn, "approximate": approximate, "scalar": scalar, "alpha": alpha,
             "operands": names, "loops": [[s, list(st)] for s, st in loops], "numel": out.numel, "dtype": out.dtype,
-            "batched": [isinstance(t, TArg) and t.ndim == out.ndim and t.shape[0] == out.shape[0] for t in operands],
+            "outer_dims": outer_loop_dims(out, strides),
             "out_shape": list(out.shape), "out_stride": list(out.stride)}
 
 
-def shape_rule(call: Call, p: dict[str, Any], backend: str, v: dict[str, Any]) -> ShapeRule | None:
-    """The batch varies, shared by the output and the operands that have it, when they are all
-    contiguous (see the module docstring)."""
+def _holders(call: Call, p: dict[str, Any]) -> list[tuple[int, list[tuple[int, str, int]]]]:
+    """Each output dimension of the outermost loop with the operands that have it (not broadcast
+    along it), as (position, name, their own dimension)."""
     out = call.outputs[0]
-    if out.ndim == 0 or out.shape[0] < 2 or tuple(out.stride) != contiguous_strides(out.shape):
+    found = []
+    for d in p["outer_dims"]:
+        have = []
+        for name in p["operands"]:
+            pos = call.names.index(name)
+            t = call.values[pos]
+            own = d - (out.ndim - t.ndim)
+            if own >= 0 and t.shape[own] == out.shape[d]:
+                have.append((pos, name, own))
+        if have:
+            found.append((d, have))
+    return found
+
+
+def shape_rule(call: Call, p: dict[str, Any], backend: str, v: dict[str, Any]) -> ShapeRule | None:
+    """The dimensions of the outermost loop vary, each shared by the operands that have it, when the
+    output and the operands are contiguous (see the module docstring)."""
+    out = call.outputs[0]
+    if tuple(out.stride) != contiguous_strides(out.shape):
         return None
-    at = []
-    for name, batched in zip(p["operands"], p["batched"]):
+    for name in p["operands"]:
         t = call.values[call.names.index(name)]
-        if batched:
-            if tuple(t.stride) != contiguous_strides(t.shape):
-                return None
-            at.append((call.names.index(name), 0))
-    return ShapeRule(dims=[VariableDim(at=at)]) if at else None
+        if tuple(t.stride) != contiguous_strides(t.shape):
+            return None
+    dims = [VariableDim(at=[(pos, own) for pos, _, own in have]) for _, have in _holders(call, p)]
+    return ShapeRule(dims=dims) if dims else None
 
 
-def _runtime_numel(p: dict[str, Any], lang: str) -> str:
-    """The element count, read at run time from the first batched operand when the batch varies."""
+def _runtime_sizes(call: Call, p: dict[str, Any], lang: str) -> dict[int, str]:
+    """Output dimension -> the expression of its size at run time, for the dimensions that vary."""
+    size = "shape[{}]" if lang == "triton" else "size({})"
+    return {d: f"{have[0][1]}.{size.format(have[0][2])}" for d, have in _holders(call, p)}
+
+
+def _runtime_numel(call: Call, p: dict[str, Any], lang: str) -> str:
+    """The element count: the card's, or read at run time when dimensions vary."""
     if not p.get("rule"):
         return str(p["numel"])
-    first = p["operands"][p["batched"].index(True)]
-    per_row = p["numel"] // p["out_shape"][0]
-    return f"({first}.size(0) * {per_row})" if lang != "triton" else f"({first}.shape[0] * {per_row})"
+    sizes = _runtime_sizes(call, p, lang)
+    fixed = p["numel"] // math.prod(p["out_shape"][d] for d in sizes)
+    return "(" + " * ".join([*sizes.values(), str(fixed)]) + ")"
 
 
-def _out_shape(p: dict[str, Any], lang: str) -> str:
-    rest = p["out_shape"][1:]
-    first = p["operands"][p["batched"].index(True)]
-    if lang == "triton":
-        return "(" + "".join(f"{x}, " for x in [f"{first}.shape[0]", *rest]) + ")"
-    return "{" + ", ".join([f"{first}.size(0)", *map(str, rest)]) + "}"
+def _out_shape(call: Call, p: dict[str, Any], lang: str) -> str:
+    sizes = _runtime_sizes(call, p, lang)
+    dims = [sizes.get(d, str(s)) for d, s in enumerate(p["out_shape"])]
+    return "(" + "".join(f"{x}, " for x in dims) + ")" if lang == "triton" else "{" + ", ".join(dims) + "}"
 
 
 def variants(backend: str, p: dict[str, Any]) -> list[dict[str, Any]]:
@@ -227,7 +250,7 @@ def render_cpp(call: Call, p: dict[str, Any], v: dict[str, Any], variant: int) -
       yo[i] = {expr};
     }}
   }}"""
-    alloc = (f"ml_empty_contiguous({_out_shape(p, 'cpp')}, {ATEN_DTYPE[p['dtype']]})" if rule else
+    alloc = (f"ml_empty_contiguous({_out_shape(call, p, 'cpp')}, {ATEN_DTYPE[p['dtype']]})" if rule else
              f"ml_empty({ilist(p['out_shape'])}, {ilist(p['out_stride'])}, {ATEN_DTYPE[p['dtype']]})")
     return f"""{cpp_header(call, FAMILY, variant, v, rule)}{CPP_PRELUDE}
 {CPP_MATH}
@@ -236,7 +259,7 @@ using T = {T};
 // loops (size, [out stride, operand strides]) outer to inner: {loops}
 {cpp_signature(call, "at::Tensor")} {{
 {cpp_checks(call, rule)}
-  const int64_t n = {_runtime_numel(p, 'cpp')};
+  const int64_t n = {_runtime_numel(call, p, 'cpp')};
   (void)n;
   at::Tensor out = {alloc};
 {ptrs}
@@ -278,8 +301,8 @@ def _elementwise(y_ptr{ptr_args}, N, BLOCK: tl.constexpr):
 
 {py_signature(call)}
 {py_checks(call, rule=rule)}
-    n = {_runtime_numel(p, 'triton')}
-    out = {f"torch.empty({_out_shape(p, 'triton')}, dtype={ops[0]}.dtype, device={ops[0]}.device)" if rule
+    n = {_runtime_numel(call, p, 'triton')}
+    out = {f"torch.empty({_out_shape(call, p, 'triton')}, dtype={ops[0]}.dtype, device={ops[0]}.device)" if rule
            else py_empty(out, ops[0])}
     grid = (triton.cdiv(n, {v["BLOCK"]}),)
     _elementwise[grid](out{''.join(', ' + o for o in ops)}, n, BLOCK={v["BLOCK"]}, num_warps={v["num_warps"]})
@@ -311,8 +334,8 @@ __global__ void ml_elementwise(scalar_t* __restrict__ y{params}, int64_t n) {{
 {cpp_signature(call, "at::Tensor", cuda=True)} {{
 {cpp_checks(call, rule)}
   const c10::cuda::CUDAGuard guard({ops[0]}.device());
-  const int64_t n = {_runtime_numel(p, 'cuda')};
-  at::Tensor out = {f"at::empty_strided({_out_shape(p, 'cuda')}, ml_contiguous_strides({_out_shape(p, 'cuda')}), {ops[0]}.options())" if rule else cuda_empty(call.outputs[0], ops[0])};
+  const int64_t n = {_runtime_numel(call, p, 'cuda')};
+  at::Tensor out = {f"at::empty_strided({_out_shape(call, p, 'cuda')}, ml_contiguous_strides({_out_shape(call, p, 'cuda')}), {ops[0]}.options())" if rule else cuda_empty(call.outputs[0], ops[0])};
   if (n == 0) return out;
   const int64_t blocks = std::min<int64_t>((n + {threads} - 1) / {threads}, 65536LL);
   ml_elementwise<<<(unsigned)blocks, {threads}, 0, c10::cuda::getCurrentCUDAStream()>>>(out.data_ptr<scalar_t>(){args}, n);

@@ -48,7 +48,7 @@ def bench_model(model: str, repo: Path, args: argparse.Namespace) -> tuple[list[
     """(table rows of the entries, the model's summary line)."""
     common = ["--model", model, "--dim", str(args.dim), "--layers", str(args.layers)]
     ops = ml.capture_ops(str(TRAIN), [*common, "--steps", "1", "--lengths", str(CAPTURED_LENGTH)],
-                         module=BLOCK[model], backward=True, top=1000, repo=str(repo))
+                         module=BLOCK[model], backward=True, top=100, repo=str(repo))
     search = ml.optimize([ops.capture], provider="template", backend="cpp", max_evals=args.max_evals, top=args.top,
                          repo=str(repo))
     print(f"{model}: optimize {search.search_id}: {search.evaluations} evaluations, winners {search.pack_candidates}; "

@@ -16,12 +16,16 @@ from typing import Any
 
 __version__ = "0.1.0"
 
+from modulelens.prestart import maybe_prestart  # noqa: E402 - first, before torch: see its docstring
+
+maybe_prestart()
+
 from modulelens.capture.runner import capture, record_constructors  # noqa: E402
 from modulelens.dispatch.api import apply_pack, use_pack  # noqa: E402
 from modulelens.errors import ModuleLensError  # noqa: E402
 
 
-def _tool_function(name: str):
+def _tool_function(name: str, **preset: Any):
     def call(*args: Any, repo: str | None = None, **kwargs: Any):
         from pathlib import Path
 
@@ -30,20 +34,23 @@ def _tool_function(name: str):
         from modulelens.tools import get_tool
 
         tool = get_tool(name)
-        fields = [n for n, f in tool.request.model_fields.items() if (f.json_schema_extra or {}).get("cli") == "argument"]
-        kwargs.update(dict(zip(fields, args)))
-        ctx = ToolContext(repo_root=Path(repo) if repo else default_repo_root())
+        fields = [n for n, f in tool.request.model_fields.items()
+                  if (f.json_schema_extra or {}).get("cli") == "argument" and n not in preset]
+        kwargs.update(preset, **dict(zip(fields, args)))
+        ctx = ToolContext(repo_root=Path(repo) if repo else default_repo_root(), workdir=Path.cwd())
         return tool(tool.request(**kwargs), ctx)
 
     call.__name__ = name
     call.__doc__ = f"Run the {name} tool; keyword arguments are its request fields (see the CLI's --help)."
+    if preset:
+        call.__doc__ = f"Run the {name} tool with {preset}; other keyword arguments are its request fields."
     return call
 
 
 capture_module = _tool_function("capture_module")
 replay_module = _tool_function("replay_module")
-list_captures = _tool_function("list_captures")
-show_capture = _tool_function("show_capture")
+list_captures = _tool_function("list", kind="captures")
+show_capture = _tool_function("show", kind="capture")
 export_repro = _tool_function("export_repro")
 capture_ops = _tool_function("capture_ops")
 profile = _tool_function("profile")
@@ -53,8 +60,8 @@ gather_stats = _tool_function("gather_stats")
 pack = _tool_function("pack")
 run = _tool_function("run")
 check_pack = _tool_function("check_pack")
-list_packs = _tool_function("list_packs")
-show_pack = _tool_function("show_pack")
+list_packs = _tool_function("list", kind="packs")
+show_pack = _tool_function("show", kind="pack")
 optimize = _tool_function("optimize")
 
 __all__ = [

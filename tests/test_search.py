@@ -130,7 +130,7 @@ def gelu_card(tmp_path_factory):
 @pytest.fixture(scope="session")
 def template_search(gelu_card, app):
     """One template search of two evaluations, through the CLI."""
-    from typer.testing import CliRunner
+    from click.testing import CliRunner
 
     repo, card = gelu_card
     r = CliRunner().invoke(app, ["optimize", card, "--max-evals", "2", "--search-id", "tpl", "--repo", str(repo),
@@ -160,9 +160,9 @@ def test_template_search_finds_a_custom_kernel_and_reports_it(gelu_card, templat
     assert {n.verdict for n in evaluated} == {"custom"} and [n.variant for n in evaluated] == list(range(len(evaluated)))
     assert tree.best_path[0] == 0 and tree.best_path[-1] == target["best_node"]
 
-    code, shown, r = cli("show-search", "tpl", "--repo", repo, "--json")
+    code, shown, r = cli("show", "search", "tpl", "--repo", repo, "--json")
     assert code == 0 and shown["targets"][0]["best_path"] == tree.best_path
-    code, _, r = cli("show-search", "tpl", "--repo", repo)
+    code, _, r = cli("show", "search", "tpl", "--repo", repo)
     assert code == 0 and target["best_candidate"] in r.stdout and "custom" in r.stdout
 
     # Rerunning continues the same tree: the budget is spent, nothing new is evaluated.
@@ -360,7 +360,7 @@ def test_optimize_and_show_search_through_mcp_with_progress(gelu_card, template_
         async with Client(build_server(all_tools(), repo_root=repo)) as client:
             run = await client.call_tool("optimize", {"targets": [card], "max_evals": 2, "search_id": "tpl"},
                                          progress_callback=on_progress)
-            shown = await client.call_tool("show_search", {"search_id": "tpl"})
+            shown = await client.call_tool("show", {"kind": "search", "ref": "tpl"})
             return run, shown
 
     run, shown = anyio.run(main)

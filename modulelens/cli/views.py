@@ -19,6 +19,7 @@ from rich.text import Text
 
 from modulelens.capture.summary import CaptureSummary, TensorInfo
 from modulelens.cli.formats import dtypes_cell, list_cell, number, percent, seconds, shape, shapes_cell
+from modulelens.cli.repo_views import REPO_VIEWS
 from modulelens.cli.tables import Cell, Column, FittedTable, kv_table
 from modulelens.dispatch.runtime import EntryReport
 from modulelens.ops.replay import CardReplay
@@ -27,7 +28,6 @@ from modulelens.profiling.targets import ProfileResult
 from modulelens.search.model import SearchResult
 from modulelens.search.summary import NodeLine, SearchSummary
 from modulelens.stats.runs import StatsFinding, StatsRunView, TensorStatsRow
-from modulelens.team.pack_listing import PackListing, PackView
 from modulelens.tools.add_search_child import AddSearchChildResult
 from modulelens.tools.capture_module import CaptureModuleResult
 from modulelens.tools.check_pack import CheckPackResult
@@ -35,20 +35,16 @@ from modulelens.tools.export_repro import ExportReproResult
 from modulelens.tools.gather_stats import GatherStatsResult
 from modulelens.tools.generate_kernel import GenerateKernelResult
 from modulelens.tools.install_skills import InstallSkillsResult
-from modulelens.tools.list_candidates import ListCandidatesResult
-from modulelens.tools.list_captures import ListCapturesResult
-from modulelens.tools.list_opsets import ListOpsetsResult
-from modulelens.tools.list_packs import ListPacksResult
-from modulelens.tools.list_stats_runs import ListStatsRunsResult
+from modulelens.tools.lists import ListCandidatesResult, ListCapturesResult, ListOpsetsResult, ListStatsRunsResult
 from modulelens.tools.pack import PackResult
 from modulelens.tools.pull import PullResult
 from modulelens.tools.push import PushResult
 from modulelens.tools.replay_module import ReplayModuleResult, TensorMatch
 from modulelens.tools.run import RunResult
-from modulelens.tools.show_capture import ShowCaptureResult
+from modulelens.tools.show import ShowCaptureResult
 from modulelens.tools.tag_capture import TagCaptureResult
 from modulelens.tools.trust_artifact import TrustResult
-from modulelens.tools.validate_module import ValidateModuleResult
+from modulelens.tools.validate_kernel import ValidateModuleResult
 from modulelens.validation.catalog import CandidateView
 from modulelens.validation.sandboxed import CandidateValidation
 
@@ -574,47 +570,6 @@ def check_pack_view(r: CheckPackResult, wide: bool) -> RenderableType:
     return Group(table, *notes)
 
 
-def _pack_entries_table(p: PackListing, wide: bool) -> FittedTable:
-    table = FittedTable([
-        Column("candidate", "key", style="cyan"),
-        Column("target", "key"),
-        Column("phase", "value", drop=2),
-        Column("shapes", "text", drop=3),
-        Column("used", "value", drop=1),
-        Column("run hits", "value", drop=0),
-        Column("check hits", "value", justify="right", drop=0),
-    ], title=f"{p.ref} entries", wide=wide, stack=True)
-    for e in p.entries:
-        run = "-" if e.run_hits is None else " ".join(f"{k} {n}" for k, n in e.run_hits.items()) or "0"
-        table.add_row(e.candidate_id, e.target, e.phase, e.shape_rule or "exact", _yes_no(e.dispatched), run,
-                      "-" if e.check_hits is None else str(e.check_hits))
-    return table
-
-
-def list_packs_view(r: ListPacksResult, wide: bool) -> RenderableType:
-    table = FittedTable([
-        Column("pack", "key", style="cyan"),
-        Column("entries", "value", justify="right"),
-        Column("trusted", "value", drop=2),
-        Column("last run", "text", drop=1),
-        Column("last check", "text", drop=0),
-    ], title="stored packs", wide=wide)
-    for p in r.packs:
-        check = "-" if p.last_check is None else f"{'ok' if p.last_check.ok else 'NOT OK'}: {p.last_check.summary}"
-        table.add_row(p.ref, str(len(p.entries)), _yes_no(p.trusted), p.last_run.summary if p.last_run else "-", check)
-    return table
-
-
-def show_pack_view(r: PackView, wide: bool) -> RenderableType:
-    rows: list[tuple[str, str | Cell]] = [
-        ("file", r.path), ("sha256", r.sha256), ("trusted", _yes_no(r.trusted)),
-        ("environment", f"torch {r.torch}, {r.device}"), ("tags", ", ".join(r.tags) or "-"),
-        ("last run", r.last_run.summary if r.last_run else "never run"),
-        ("last check", f"{'ok' if r.last_check.ok else 'NOT OK'}: {r.last_check.summary}" if r.last_check
-         else "never checked")]
-    return Group(kv_table(rows, title=f"pack {r.ref}"), _pack_entries_table(r, wide))
-
-
 # --------------------------------------------------------------------------------------------
 # Statistics and skills
 # --------------------------------------------------------------------------------------------
@@ -730,7 +685,7 @@ _VIEWS: dict[type[BaseModel], View] = {
     ReplayModuleResult: replay_module_view,
     ExportReproResult: export_repro_view,
     TagCaptureResult: tag_capture_view,
-    OpSetSummary: cards_view,  # capture_ops, list_op_cards
+    OpSetSummary: cards_view,  # capture_ops, list of cards
     CardDetail: show_op_card_view,
     CardReplay: replay_op_card_view,
     ProfileResult: profile_view,
@@ -745,12 +700,13 @@ _VIEWS: dict[type[BaseModel], View] = {
     PackResult: pack_view,
     RunResult: run_view,
     CheckPackResult: check_pack_view,
-    ListPacksResult: list_packs_view,
-    PackView: show_pack_view,
     TrustResult: trust_view,
     PushResult: push_view,
     PullResult: pull_view,
 }
+
+
+_VIEWS.update(REPO_VIEWS)
 
 
 def view_for(result_type: type[BaseModel]) -> View | None:
@@ -809,7 +765,7 @@ def generic_view(result: BaseModel, wide: bool) -> RenderableType:
     :func:`left_out_notes`)."""
     rows: list[tuple[str, str | Cell]] = []
     tables: list[RenderableType] = []
-    for name, value in result.model_dump(mode="json", exclude={"left_out"}).items():
+    for name, value in result.model_dump(mode="json", exclude={"left_out", "warnings", "next"}).items():
         if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
             tables.append(_records_table(name, value, wide))
         else:

@@ -9,12 +9,14 @@ phase, and its one-line summary. The pack's own version is never changed (it is 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field
 
-from modulelens.dispatch.runtime import EntryReport
 from modulelens.repo import Artifact, ManifestBase, Repository
+
+if TYPE_CHECKING:  # listing a pack's results needs no torch
+    from modulelens.dispatch.runtime import EntryReport
 
 PACK_RESULTS = "pack_results"
 MAX_REASONS = 5  # fallback reasons kept per entry
@@ -40,6 +42,25 @@ class PackResultManifest(ManifestBase):
     fallbacks: int = 0
     summary: str = ""
     entries: list[EntryOutcome] = Field(default_factory=list)
+
+
+class PackUse(BaseModel):
+    """The last run or check of a stored pack, as listings show it."""
+
+    subject: str = Field(description="The script run, or the captures checked.")
+    ok: bool | None = Field(None, description="check: ok; run: outputs matched (null without compare).")
+    hits: int = 0
+    fallbacks: int = 0
+    summary: str = ""
+    at: str = Field("", description="When it was recorded.")
+    record: str = Field("", description="The stored result (pack_results NAME.vN:vK).")
+
+
+def pack_use(m: PackResultManifest | None) -> PackUse | None:
+    if m is None:
+        return None
+    return PackUse(subject=m.subject, ok=m.ok, hits=m.hits, fallbacks=m.fallbacks, summary=m.summary,
+                   at=m.created_at, record=m.ref)
 
 
 def results_name(pack: Artifact) -> str:

@@ -11,7 +11,8 @@ An artifact is written completely into a temporary folder under ``<root>/.tmp`` 
 into place while holding the name's lock, so readers never see a half-written version and two
 concurrent writers never get the same version number. A temporary folder is named after the
 process writing it (``<pid>.<start>~<kind>-<name>-...``, see :mod:`modulelens.repo.owners`);
-the next write removes the folders of writers that died (a killed capture), and a process may
+the next write -- and the start of any tool -- removes the folders of writers that died (a killed
+capture), and a process may
 install a publish guard (:func:`set_publish_guard`) that is checked just before the rename, so
 that a worker whose caller died publishes nothing.
 """
@@ -37,7 +38,11 @@ from modulelens.repo.owners import owner_alive, this_process
 from modulelens.repo.refs import Ref, parse_ref, validate_name
 from modulelens.repo.trust import SIGNATURE, is_confined, sign_folder
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""The newest manifest schema this version reads. A kind is written with a newer schema only when
+its stored form changed in a way an earlier reader would misread (captures: 2, since their export
+programs are stored without weights); every other kind is written with :data:`BASE_SCHEMA`."""
+BASE_SCHEMA = 1
 MANIFEST = "manifest.json"
 ALIASES = "aliases.json"
 TMP_DIR = ".tmp"
@@ -55,6 +60,12 @@ def set_publish_guard(guard: PublishGuard | None) -> None:
     temporary folder is removed)."""
     global _publish_guard
     _publish_guard = guard
+
+
+def remove_stale_tmp(root: Path) -> list[str]:
+    """Remove the temporary folders that writers which died left in the repository at ``root`` (see
+    :func:`_remove_stale`); nothing when there are none or the repository does not exist."""
+    return _remove_stale(Path(root) / TMP_DIR)
 
 
 def _remove_stale(tmp_root: Path) -> list[str]:
@@ -80,6 +91,23 @@ def _remove_stale(tmp_root: Path) -> list[str]:
             shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
             removed.append(entry.name)
     return removed
+
+
+_NO_SPACE = ("no space left on device", "os error 28", "disk quota exceeded", "os error 122", "file write failed")
+
+
+def _out_of_space(error: BaseException, folder: Path) -> bool:
+    """Whether ``error``, raised while writing into ``folder``, is a full disk or quota: said so by its
+    message (libraries that write themselves -- safetensors, torch's C++ stream writer -- raise their
+    own exception types), or the file system is out of space now."""
+    text = str(error).lower()
+    if any(marker in text for marker in _NO_SPACE):
+        return True
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < (1 << 20)
 
 
 class ManifestBase(BaseModel):
@@ -275,6 +303,8 @@ class Repository:
     # -- references -------------------------------------------------------------------------
     def resolve(self, kind: str, ref: str | Ref) -> tuple[str, int]:
         r = parse_ref(ref) if isinstance(ref, str) else ref
+        if r.version is not None and (self._name_dir(kind, r.name) / f"v{r.version}" / MANIFEST).is_file():
+            return r.name, r.version  # found without listing anything (a confined checker may not list)
         versions = self.versions(kind, r.name)
         what = kind[:-1] if kind.endswith("s") else kind
         if not versions:
@@ -324,12 +354,13 @@ class Repository:
 
     # -- writing ----------------------------------------------------------------------------
     def remove_stale_tmp(self) -> list[str]:
-        """Remove the temporary folders of writers that died (a killed capture); every write does
-        this first. Returns the folder names removed."""
-        return _remove_stale(self.root / TMP_DIR)
+        """Remove the temporary folders of writers that died (a killed capture); every write and
+        every tool call (:class:`~modulelens.registry.ToolContext`) does this first. Returns the
+        folder names removed."""
+        return remove_stale_tmp(self.root)
 
     def create(self, kind: str, name: str, write: Callable[[Path], dict[str, Any] | BaseModel], *,
-               signed: bool = True) -> Artifact:
+               signed: bool = True, schema_version: int = BASE_SCHEMA) -> Artifact:
         """Write a new version of ``name``.
 
         ``write(folder)`` fills an empty temporary folder and returns the manifest fields (a dict,
@@ -337,6 +368,7 @@ class Repository:
         version number, checksums and bookkeeping fields are added here; then the folder is
         renamed into place under the name's lock. If ``write`` raises, nothing is left behind.
         ``signed=False`` stores it unsigned, so untrusted until ``trust`` (files pulled from elsewhere).
+        ``schema_version`` is the schema the stored form follows (see :data:`SCHEMA_VERSION`).
         """
         name_dir = self._name_dir(kind, name)
         tmp_root = self.root / TMP_DIR
@@ -356,7 +388,7 @@ class Repository:
                 version = (self.versions(kind, name) or [0])[-1] + 1
                 manifest = {
                     **fields,
-                    "schema_version": SCHEMA_VERSION,
+                    "schema_version": schema_version,
                     "kind": kind,
                     "name": name,
                     "version": version,
@@ -379,6 +411,12 @@ class Repository:
         except OSError as e:
             shutil.rmtree(tmp, ignore_errors=True)
             raise self.write_failed(e, f"{kind} {name}") from None
+        except Exception as e:
+            full = _out_of_space(e, tmp_root)  # before the half-written folder frees its space
+            shutil.rmtree(tmp, ignore_errors=True)
+            if full:  # a library's own error type (safetensors, torch's C++ stream writer)
+                raise self.write_failed(OSError(errno.ENOSPC, str(e)), f"{kind} {name}") from None
+            raise
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from modulelens.kernels.source import BackendName
+from modulelens.replies import ToolReply
 from modulelens.repo import ManifestBase
 
 SEARCHES = "searches"
@@ -151,7 +152,7 @@ class ModuleOutcome(BaseModel):
     template_note: str | None = Field(None, description="Why no module template fits, or where children come from.")
 
 
-class SearchResult(BaseModel):
+class SearchResult(ToolReply):
     """What optimize returns."""
 
     search_id: str

@@ -4,7 +4,7 @@ module itself, beside the search over its top cards.
 Children of the module level: each variant of a module template that fits the module
 (:mod:`modulelens.kernels.module_templates`; at most ``max_evals`` of them, each evaluated once:
 a rerun finds them stored and reuses their reports), and every module candidate already validated
-against the capture: an agent's or an LLM's, added with ``validate_module --target CAPTURE``. The
+against the capture: an agent's or an LLM's, added with ``validate_kernel --source FILE --target CAPTURE``. The
 LLM providers do not write module candidates here (yet): with them, the module level takes the
 agent's children only, and says so. The fastest correct module candidate is the level's winner;
 ``pack_candidates`` of the result pairs it with the cards' winners (in a pack, a module entry and
@@ -87,7 +87,7 @@ def search_module(repo: Repository, capture_ref: str, settings: SearchSettings,
             outcome.evaluations += 1
     else:
         outcome.template_note = (f"the {settings.provider} provider writes card kernels only; module candidates come "
-                                 f"from validate_module --target {capture.ref} (an agent's ModelNew)")
+                                 f"from validate_kernel of a ModelNew (source: its file, target: {capture.ref})")
     best: tuple[float, str] | None = None
     for art, _ in stored:
         report = latest_report(repo, art)

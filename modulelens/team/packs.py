@@ -19,7 +19,8 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from modulelens.dispatch.pack import STORED_PACK_FILE, PackEnvironment, pack_is_trusted, verify_pack_file
-from modulelens.errors import InvalidName, ModuleLensError
+from modulelens.dispatch.results import PackUse, latest_results, pack_use
+from modulelens.errors import InvalidName, ModuleLensError, tool_call
 from modulelens.repo import Artifact, ManifestBase, Repository, validate_name
 
 PACKS = "packs"
@@ -111,7 +112,7 @@ def pack_file(repo: Repository, ref: str) -> Path:
         return usable_path(PACKS, repo.open(PACKS, ref).path)
     except (ModuleLensError, InvalidName):
         raise ModuleLensError(f"no pack file and no stored pack named {ref!r}",
-                              "give a file written by `modulelens pack --out`, or a stored pack (list_packs)") from None
+                              f"give a pack file, or a stored pack: {tool_call('list', kind='packs')}") from None
 
 
 def stored_pack_for(repo: Repository, sha256: str) -> Artifact | None:
@@ -121,3 +122,66 @@ def stored_pack_for(repo: Repository, sha256: str) -> Artifact | None:
         if found is not None:
             return found
     return None
+class PackListEntry(BaseModel):
+    """One stored pack version, in a listing."""
+
+    ref: str = Field(description="name:vN of the stored pack.")
+    path: str = Field(description="Its pack file (what `run` and `check_pack` take as pack).")
+    sha256: str
+    trusted: bool = Field(description="Signed here: loadable. Else review and trust it first.")
+    entries: int
+    dispatched: int = Field(description="Entries that will be used (validated correct and faster than eager).")
+    shape_rules: int = Field(0, description="Entries that admit other sizes by a checked shape rule.")
+    backward: int = Field(0, description="Entries that serve the backward pass.")
+    created_at: str
+    last_run: PackUse | None = Field(None, description="Its last run (hits, whether outputs matched).")
+    last_check: PackUse | None = Field(None, description="Its last check_pack (ok, hits).")
+
+
+class PackedEntryView(PackEntrySummary):
+    """A pack entry with the hits of the last run (per phase) and of the last check."""
+
+    run_hits: dict[str, int] | None = Field(None, description="Last run: hits per phase (null: never run).")
+    run_fallbacks: int | None = None
+    check_hits: int | None = Field(None, description="Last check: hits (null: never checked).")
+
+
+def entry_views(repo: Repository, art: Artifact) -> tuple[list[PackedEntryView], PackUse | None, PackUse | None]:
+    """The stored pack ``art``'s entries with the hits of its last run and check, and those two."""
+    results = latest_results(repo, art)
+    run, check = results.get("run"), results.get("check_pack")
+    run_by = {e.candidate_id: e for e in run.entries} if run else {}
+    check_hits: dict[str, int] = {}
+    for e in check.entries if check else []:
+        check_hits[e.candidate_id] = check_hits.get(e.candidate_id, 0) + e.hits
+    views = []
+    for e in art.manifest_as(PackManifest).entries:
+        ran = run_by.get(e.candidate_id)
+        views.append(PackedEntryView(**e.model_dump(), run_hits=ran.hits_by_phase if ran else (None if run is None else {}),
+                                     run_fallbacks=ran.fallbacks if ran else None,
+                                     check_hits=check_hits.get(e.candidate_id, 0) if check else None))
+    return views, pack_use(run), pack_use(check)
+
+
+def pack_entries(repo: Repository, name: str | None = None) -> list[PackListEntry]:
+    """Every stored pack version (made by ``pack``, pushed or pulled), by name then version; only the
+    versions of ``name`` when given (an unknown name is a clear error); each with its last run and
+    check (:mod:`modulelens.dispatch.results`)."""
+    from modulelens.repo.trust import is_trusted
+
+    if name:
+        repo.resolve(PACKS, name)
+    out = []
+    for n in [name] if name else repo.names(PACKS):
+        for v in repo.versions(PACKS, n):
+            art = repo.open(PACKS, f"{n}:v{v}")
+            m = art.manifest_as(PackManifest)
+            results = latest_results(repo, art)
+            out.append(PackListEntry(ref=art.ref, path=str(art.file(STORED_PACK_FILE)), sha256=m.sha256,
+                                     trusted=is_trusted(art.path), entries=len(m.entries),
+                                     dispatched=sum(e.dispatched for e in m.entries),
+                                     shape_rules=sum(e.shape_rule is not None for e in m.entries),
+                                     backward=sum(e.phase == "backward" for e in m.entries), created_at=m.created_at,
+                                     last_run=pack_use(results.get("run")),
+                                     last_check=pack_use(results.get("check_pack"))))
+    return out

@@ -6,8 +6,9 @@ from pydantic import BaseModel, Field
 
 from modulelens.dispatch.check import CaptureCheck
 from modulelens.dispatch.runtime import DEFAULT_MECHANISM, Mechanism
-from modulelens.listing import LeftOut, keep_first, keep_first_each
-from modulelens.registry import Tool, ToolContext, register
+from modulelens.listing import MAX_ITEMS, LeftOut, keep_first, keep_first_each
+from modulelens.registry import ToolContext, tool
+from modulelens.replies import ToolReply
 from modulelens.repo import Repository
 
 
@@ -17,10 +18,10 @@ class CheckPackRequest(BaseModel):
     allow_env_mismatch: bool = Field(False, description="Allow another torch, device or compiler.")
     mechanism: Mechanism = Field(DEFAULT_MECHANISM)
     min_run_time: float = Field(0.3, gt=0, description="Seconds per side.")
-    limit: int | None = Field(8, ge=1, description="Entries listed (null: all).")
+    limit: int = Field(8, ge=1, le=MAX_ITEMS, description="Entries listed.")
 
 
-class CheckPackResult(BaseModel):
+class CheckPackResult(ToolReply):
     summary: str = Field("", description="Hits first; with none, says so and claims no speedup.")
     ok: bool = Field(description="Every replay matched (outputs, and gradients where captured) and every entry "
                      "that could be tested was hit.")
@@ -33,7 +34,9 @@ class CheckPackResult(BaseModel):
                                     "`limit` pack entries shared among them.")
 
 
+@tool
 def check_pack(req: CheckPackRequest, ctx: ToolContext) -> CheckPackResult:
+    """Replay a pack's captures with it, vs captured outputs and eager."""
     from modulelens.dispatch.check import check_pack as check
     from modulelens.dispatch.check import entry_coverage
     from modulelens.team.packs import pack_file
@@ -53,6 +56,11 @@ def check_pack(req: CheckPackRequest, ctx: ToolContext) -> CheckPackResult:
                                    f"{len(not_hit)} entries not hit" if matched else "a replay did not match"))
     result = CheckPackResult(summary=summary, ok=matched and hits > 0 and not not_hit, hits=hits, not_hit=not_hit,
                              untested=untested, checks=checks)
+    if hits == 0:
+        result.warnings.append("no pack kernel ran in any replay (0 hits): the pack changes nothing here")
+    result.warnings += [f"{c.capture}: with the pack, outputs differ from the captured ones ({c.detail})"
+                        for c in checks if not c.matches_captured][:3]
+    result.warnings += [f"{x} (ok needs every testable entry hit)" for x in not_hit[:3]]
     result.recorded = _record(repo, runtime.pack.sha256, result, req.captures)
     return keep_check_lists(result, req.limit)
 
@@ -76,17 +84,6 @@ def _record(repo: Repository, sha256: str, result: CheckPackResult, captures: li
 def keep_check_lists(result: CheckPackResult, limit: int | None) -> CheckPackResult:
     """``result`` with at most ``limit`` captures (None: all) and ``limit`` pack entries shared
     among them (``ok`` still covers every capture)."""
-    again = "check_pack again with a larger limit"
+    again = "check_pack again with a larger [--limit N]"
     result = keep_first(result, "checks", limit, again)
     return keep_first_each(result, "checks", "entries", limit, lambda i, check: again)
-
-
-TOOL = register(
-    Tool(
-        name="check_pack",
-        request=CheckPackRequest,
-        result=CheckPackResult,
-        fn=check_pack,
-        summary="Replay a pack's captures with it, vs captured outputs and eager.",
-    )
-)

@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
 from modulelens.errors import CaptureFailed
-from modulelens.listing import LeftOut, keep_first
-from modulelens.registry import Tool, ToolContext, register
+from modulelens.listing import MAX_ITEMS, LeftOut, keep_first
+from modulelens.registry import ToolContext, tool
+from modulelens.replies import ToolReply, call
 from modulelens.repo import Artifact, Repository, validate_name
 from modulelens.stats.collector import DEFAULT_EVERY
 from modulelens.stats.manifest import TypeRow, stats_manifest
-from modulelens.stats.runs import StatsFinding, TensorStatsRow, tensor_rows
+from modulelens.stats.runs import TensorStatsRow, tensor_rows
+from modulelens.stats.schema import RunSeries, StatsFinding, read_findings, read_series
 from modulelens.stats.series import DEFAULT_EMA
 from modulelens.stats.stats import DEFAULT_SAMPLE
 from modulelens.stats.worker import StatsWorkerRequest, gather_script_stats
@@ -33,29 +35,29 @@ class GatherStatsRequest(BaseModel):
     )
     capture: str | None = Field(
         None,
-        description="Or: a capture ref to describe.",
+        description="Or: a capture ref.",
     )
     every: int = Field(DEFAULT_EVERY, ge=1, description="Sample every N-th step.")
-    steps: int | None = Field(None, ge=1, description="Stop after this many steps.")
-    name: str | None = Field(None, description="Default: the script or capture name.")
+    steps: int | None = Field(None, ge=1, description="Stop after N steps.")
+    name: str | None = Field(None)
     ema: float = Field(DEFAULT_EMA, ge=0.0, lt=1.0, description="Smoothing alpha.")
     step_on: Literal["optimizer", "forward"] = Field(
-        "optimizer", description="forward: for loops without an optimizer.")
-    eager: bool = Field(True, description="Disable torch.compile; false: only sampled steps eager.")
-    params: bool = Field(True, description="Also weight, gradient and update statistics.")
-    fx: bool = Field(True, description="Order modules with torch.fx.")
-    sample: int = Field(DEFAULT_SAMPLE, ge=0, description="Moments from about this many elements (0: exact).")
-    plots: bool = Field(True, description="Write report plots.")
+        "optimizer", description="forward: no optimizer in the loop.")
+    eager: bool = Field(True, description="No torch.compile (false: on sampled steps only).")
+    params: bool = Field(True, description="Also weight and update statistics.")
+    fx: bool = Field(True)
+    sample: int = Field(DEFAULT_SAMPLE, ge=0, description="Elements sampled per tensor (0: all).")
+    plots: bool = Field(True)
     thresholds: dict[str, float] = Field(
         default_factory=dict,
-        description="Override: dead_zero_frac, explode_gain, explode_rms, explode_abs_rms, vanish_gain, "
-        "vanish_abs_rms, explode_grad_ratio, vanish_grad_ratio, saturation_frac.",
+        description="Finding thresholds (dead_zero_frac, ...).",
     )
     nproc: int = Field(1, ge=1, description="Processes under torchrun.")
-    wandb: bool = Field(False, description="Also log to Weights & Biases.")
+    nan_rerun: bool = Field(True, description="Rerun to find where NaN/Inf began.")
+    wandb: bool = Field(False, description="Also log to W&B.")
     wandb_project: str | None = Field(None)
-    timeout: float = Field(3600.0, gt=0, description="Seconds; stopped at a step boundary near the end.")
-    top: int | None = Field(20, ge=1, description="Modules, findings and tensors listed (null: all); all are stored.")
+    timeout: float = Field(3600.0, gt=0, description="Seconds (stops at a step).")
+    top: int = Field(20, ge=1, le=MAX_ITEMS, description="Items listed per list; all are stored.")
 
     @model_validator(mode="after")
     def _one_source(self) -> GatherStatsRequest:
@@ -77,7 +79,7 @@ _STATS_DOC = (
 )
 
 
-class GatherStatsResult(BaseModel):
+class GatherStatsResult(ToolReply):
     run_id: str = Field(description="Reference of the stored statistics (name:vN, kind 'stats' in the repository).")
     source: Literal["script", "capture"]
     modules: int = Field(description="Number of modules with statistics (1 for a capture).")
@@ -110,15 +112,14 @@ def _result(art: Artifact, source: str, top: int | None, tail: str = "", seconds
     """The result for the stored run ``art``: order, findings and tensors cut to ``top`` (the
     stored series and findings files have them all)."""
     summary = stats_manifest(art).summary
-    found = art.read_json("findings.json")
-    series = art.read_json("series.json")
+    series = read_series(art)
     files = summary.report_files
     result = GatherStatsResult(
         run_id=art.ref, source=source,  # type: ignore[arg-type]
         modules=summary.modules, steps_seen=summary.steps_seen, steps_sampled=summary.steps_sampled,
         order_source=summary.order_source,
-        order=list(series.get("order", list(series.get("tensors", {}))))[:200] if source == "script" else [],
-        findings=[StatsFinding.model_validate(f) for f in found],
+        order=series.order[:200] if isinstance(series, RunSeries) else [],
+        findings=read_findings(art),
         by_type=summary.by_type, by_type_step=summary.by_type_step,
         report_html=str(art.file("report.html")) if "report.html" in files else None,
         report_png=str(art.file("report.png")) if "report.png" in files else None,
@@ -126,12 +127,25 @@ def _result(art: Artifact, source: str, top: int | None, tail: str = "", seconds
         series_file=str(art.file("series.json")), path=str(art.path), notes=summary.notes,
         script_output_tail=tail[-1500:], seconds=round(seconds, 3),
     )
+    bad = [f for f in result.findings if f.kind.startswith("nan_inf")]
+    if bad and bad[0].found_by == "rerun":
+        f = bad[0]
+        result.warnings.append(f"NaN/Inf born in {f.module or 'the model'} at step {f.step} ({f.phase}, {f.tensor}; "
+                               "found by a rerun)")
+    elif bad:
+        result.warnings.append(f"NaN/Inf first seen in {bad[0].module or 'the model'} ({bad[0].kind})")
+    if source == "script" and result.steps_sampled == 0:
+        result.warnings.append("no step was sampled: the script ran no optimizer step (try [--step-on forward]) or "
+                               "fewer steps than [--every N]")
+    result.next = [call("show", kind="stats", ref=art.ref)]
     result = keep_first(result, "order", top, str(art.file("series.json")))
     result = keep_first(result, "findings", top, str(art.file("findings.json")))
     return keep_first(result, "tensors", top, str(art.file("series.json")))
 
 
+@tool
 def gather_stats(req: GatherStatsRequest, ctx: ToolContext) -> GatherStatsResult:
+    """Per-module activation, gradient and weight statistics and findings, of a script every N steps or a capture."""
     repo = Repository(ctx.repo_root)
     t0 = time.perf_counter()
     if req.capture:
@@ -153,7 +167,7 @@ def gather_stats(req: GatherStatsRequest, ctx: ToolContext) -> GatherStatsResult
     request = StatsWorkerRequest(
         script=str(script.resolve()), script_args=req.script_args, name=name, repo=str(repo.root), every=req.every,
         steps=req.steps, step_on=req.step_on, eager=req.eager, params=req.params, fx=req.fx, ema=req.ema,
-        plots=req.plots, sample=req.sample, thresholds=req.thresholds, nproc=req.nproc,
+        plots=req.plots, sample=req.sample, thresholds=req.thresholds, nproc=req.nproc, nan_rerun=req.nan_rerun,
         # Stop at a step boundary with time left to store the statistics before the hard limit.
         stop_at=time.time() + req.timeout - min(60.0, 0.2 * req.timeout),
     )
@@ -167,64 +181,3 @@ def gather_stats(req: GatherStatsRequest, ctx: ToolContext) -> GatherStatsResult
 
         out.wandb_run = log_to_wandb(art, req.wandb_project)
     return out
-
-
-def _render(r: GatherStatsResult):
-    from rich.console import Group
-    from rich.table import Table
-    from rich.text import Text
-
-    what = (f": {r.modules} modules, {r.steps_sampled} sampled step(s) of {r.steps_seen}, order from {r.order_source}"
-            if r.source == "script" else f": {len(r.tensors)} tensors of the capture")
-    head = Text.assemble(("statistics ", "bold"), (r.run_id, "bold cyan"), what)
-    parts: list[Any] = [head]
-    if r.findings:
-        t = Table(title="findings", show_lines=True, title_justify="left")
-        for c in ("kind", "module", "steps", "message", "action"):
-            t.add_column(c, overflow="fold")
-        for f in r.findings:
-            held = str(f.step) if f.first_step is None else f"{f.first_step}-{f.last_step} ({f.steps_held})"
-            t.add_row(f.kind, f.module or "(model)", held, f.message, f.action)
-        parts.append(t)
-    else:
-        parts.append(Text("no findings", style="green"))
-    if r.by_type:
-        t = Table(title=f"by module type (step {r.by_type_step})", title_justify="left")
-        for c in ("type", "modules", "act std", "zero frac", "grad std", "update ratio"):
-            t.add_column(c)
-
-        def f(v: float | None) -> str:
-            return "-" if v is None else f"{v:.3g}"
-
-        for row in r.by_type:
-            t.add_row(row.type, str(row.modules), f(row.activation_std), f(row.activation_zero_frac),
-                      f(row.gradient_std), f(row.update_ratio))
-        parts.append(t)
-    if r.tensors:
-        t = Table(title="tensors", title_justify="left")
-        for c in ("tensor", "group", "shape", "mean", "std", "kurtosis", "zero frac", "min", "max", "NaN/Inf"):
-            t.add_column(c)
-
-        def g(v: float | None) -> str:
-            return "-" if v is None else f"{v:.3g}"
-
-        for row in r.tensors:
-            t.add_row(row.key, row.group, str(row.shape), g(row.mean), g(row.std), g(row.kurtosis), g(row.zero_frac),
-                      g(row.min), g(row.max), f"{row.nan or 0}/{row.inf or 0}")
-        parts.append(t)
-    for n in r.notes:
-        parts.append(Text(f"note: {n}", style="yellow"))
-    parts.append(Text(f"report: {r.report_html or '-'}"))
-    return Group(*parts)
-
-
-TOOL = register(
-    Tool(
-        name="gather_stats",
-        request=GatherStatsRequest,
-        result=GatherStatsResult,
-        fn=gather_stats,
-        summary="Per-module activation, gradient and weight statistics of a training script every N steps, with findings; or of a capture.",
-        render=_render,
-    )
-)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from modulelens.kernels.source import BackendName
-from modulelens.registry import Tool, ToolContext, register
+from modulelens.registry import ToolContext, tool
+from modulelens.replies import call
 from modulelens.repo import Repository
 from modulelens.search.executors import make_executor
 from modulelens.search.loop import run_search, start_or_resume
@@ -21,17 +22,19 @@ class OptimizeRequest(BaseModel):
     time_budget: float | None = Field(None, gt=0, description="Seconds for this run.")
     max_cost: float | None = Field(None, ge=0, description="USD, whole search.")
     executor: ExecutorName = Field("local")
-    address: str | None = Field(None, description="Ray cluster.")
+    address: str | None = Field(None, description="Ray cluster address.")
     workers: int = Field(1, ge=1, description="Evaluations at once.")
-    top: int = Field(3, ge=1, description="Cards per capture.")
-    roofline_target: float = Field(1.0, gt=0, description="Stop at this fraction of the roofline.")
+    top: int = Field(3, ge=1, le=20, description="Cards per capture target.")
+    roofline_target: float = Field(1.0, gt=0, description="Stop a card at this roofline fraction.")
     patience: int = Field(2, ge=1, description="Prune after N results without gain.")
     compile_baseline: bool = Field(False, description="Also time torch.compile.")
     search_id: str | None = Field(None, description="Resume or name a search.")
     new: bool = Field(False, description="Start a new search.")
 
 
+@tool
 def optimize(req: OptimizeRequest, ctx: ToolContext) -> SearchResult:
+    """Tree-search kernels for cards, or a capture's top cards and the module itself (resumable)."""
     from modulelens.ops.model import is_card_id
     from modulelens.search.modules import search_module
 
@@ -51,15 +54,13 @@ def optimize(req: OptimizeRequest, ctx: ToolContext) -> SearchResult:
     result.modules = [search_module(repo, ref, settings, ctx.progress) for ref in req.targets if not is_card_id(ref)]
     result.pack_candidates = [t.best_candidate for t in result.targets if t.best_candidate]
     result.pack_candidates += [m.best_candidate for m in result.modules if m.best_candidate]
+    for t in result.targets:
+        if t.best_candidate is None:
+            result.warnings.append(f"{t.target}: no correct custom kernel faster than eager found"
+                                   + (f" ({t.stopped_because})" if t.stopped_because else ""))
+        elif not t.remeasured:
+            result.warnings.append(f"{t.target}: the best speedup was not re-measured at the end; treat it as a hint")
+    result.next = [call("show", kind="search", ref=result.search_id)]
+    if result.pack_candidates:
+        result.next.append(call("pack", candidates=result.pack_candidates))
     return result
-
-
-TOOL = register(
-    Tool(
-        name="optimize",
-        request=OptimizeRequest,
-        result=SearchResult,
-        fn=optimize,
-        summary="Tree-search kernels for cards, or a capture's top cards and the module itself.",
-    )
-)

@@ -8,14 +8,16 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from modulelens.registry import Tool, ToolContext, register
+from modulelens.paths import output_file
+from modulelens.registry import ToolContext, tool
+from modulelens.replies import ToolReply, call
 from modulelens.repo import Repository
 
 
 class PackRequest(BaseModel):
     candidates: list[str] = Field(description="Validated candidate ids.",
                                   json_schema_extra={"cli": "argument"})
-    out: str | None = Field(None, description="Also write this file.")
+    out: str | None = Field(None, description="Also write this file (relative: to the project).")
     force: bool = Field(False, description="Use entries even when not proven faster than eager.")
 
 
@@ -32,7 +34,7 @@ class PackedEntry(BaseModel):
     skip_reason: str | None = None
 
 
-class PackResult(BaseModel):
+class PackResult(ToolReply):
     ref: str = Field(description="The stored pack (NAME:vN): pass it to run and check_pack.")
     path: str = Field(description="The pack file: [--out], else the stored version's pack.json.")
     sha256: str = Field(description="sha256 of the pack's content; pass it as [--expect-sha256] to refuse any other pack.")
@@ -48,12 +50,14 @@ def _default_name(out: Path | None, candidates: list[str]) -> str | None:
     return first.split(".card")[0].removesuffix(".module") + "-pack"
 
 
+@tool
 def pack(req: PackRequest, ctx: ToolContext) -> PackResult:
+    """Pack validated candidates (stored as packs/NAME/vN)."""
     from modulelens.dispatch.build import make_pack
     from modulelens.team.packs import STORED_PACK_FILE, store_pack
 
     repo = Repository(ctx.repo_root)
-    out = Path(req.out).expanduser().resolve() if req.out else None
+    out = output_file(req.out, ctx.project) if req.out else None
     name = _default_name(out, req.candidates)
     if out is not None:
         sha, content = make_pack(repo, req.candidates, out, force=req.force)
@@ -65,21 +69,16 @@ def pack(req: PackRequest, ctx: ToolContext) -> PackResult:
             sha, content = make_pack(repo, req.candidates, file, force=req.force)
             stored = store_pack(repo, file, name)
         path = stored.path / STORED_PACK_FILE
-    return PackResult(ref=stored.ref, path=str(path), sha256=sha, environment=content.environment.model_dump(), entries=[
+    result = PackResult(ref=stored.ref, path=str(path), sha256=sha, environment=content.environment.model_dump(), entries=[
         PackedEntry(candidate_id=e.candidate_id, kind=e.kind,
                     target=e.op if e.kind == "op" else f"{e.class_path} at {e.module_path}", phase=e.phase,
                     backend=e.backend, verdict=e.report.verdict, speedup_vs_eager=e.speedup_vs_eager,
                     shape_rule=e.shape_rule.summary() if e.shape_rule else None,
                     dispatched=e.skip_reason() is None, skip_reason=e.skip_reason())
         for e in content.entries])
-
-
-TOOL = register(
-    Tool(
-        name="pack",
-        request=PackRequest,
-        result=PackResult,
-        fn=pack,
-        summary="Pack validated candidates (stored as packs/NAME/vN).",
-    )
-)
+    result.warnings = [f"{e.candidate_id} will not be used: {e.skip_reason}" for e in result.entries if not e.dispatched]
+    if not any(e.dispatched for e in result.entries):
+        result.warnings.insert(0, "no entry of this pack will be used: every call will run eager")
+    else:
+        result.next = [call("check_pack", pack=result.ref)]
+    return result

@@ -8,8 +8,9 @@ from pydantic import BaseModel, Field
 
 from modulelens.dispatch.runtime import DEFAULT_MECHANISM, EntryReport, Mechanism
 from modulelens.errors import ModuleLensError
-from modulelens.listing import LeftOut, keep_first
-from modulelens.registry import Tool, ToolContext, register
+from modulelens.listing import MAX_ITEMS, LeftOut, keep_first
+from modulelens.registry import ToolContext, tool
+from modulelens.replies import ToolReply, call
 
 OUTPUT_TAIL_CHARS = 2000  # of the script's output, in the result (all of it went to stderr)
 
@@ -19,17 +20,17 @@ class RunRequest(BaseModel):
     script_args: list[str] = Field(default_factory=list,
                                    json_schema_extra={"cli": "argument"})
     pack: str = Field(description="Pack file or stored pack NAME[:vN].")
-    compare: bool = Field(False, description="Also run without the pack.")
-    rtol: float = Field(1e-3, ge=0, description="Loss tolerance.")
-    atol: float = Field(1e-4, ge=0, description="Loss tolerance.")
+    compare: bool = Field(False, description="Also run without the pack and compare outputs.")
+    rtol: float = Field(1e-3, ge=0)
+    atol: float = Field(1e-4, ge=0)
     allow_env_mismatch: bool = Field(False, description="Allow another torch, device or compiler.")
     expect_sha256: str | None = Field(None, description="Refuse any other pack.")
     mechanism: Mechanism = Field(DEFAULT_MECHANISM)
-    timeout: float = Field(1800.0, gt=0, description="Seconds.")
-    limit: int | None = Field(10, ge=1, description="Entries listed (null: all).")
+    timeout: float = Field(1800.0, gt=0, description="Seconds per run.")
+    limit: int = Field(10, ge=1, le=MAX_ITEMS, description="Entries listed.")
 
 
-class RunResult(BaseModel):
+class RunResult(ToolReply):
     summary: str = Field("", description="Hits first; with none, says so and claims no speedup.")
     exit_code: int = Field(description="The script's exit code with the pack.")
     script_error: str | None = None
@@ -44,36 +45,29 @@ class RunResult(BaseModel):
     step_seconds_without: float | None = Field(None, description="With [--compare]: the same without the pack.")
     exit_code_without: int | None = Field(None, description="With [--compare]: the script's exit code without the pack.")
     speedup: float | None = Field(None, description="With [--compare]: step_seconds_without / step_seconds_with; "
-                                  "null when no call used the pack.")
+                                  "null when no pack kernel ran (hits 0).")
     outputs_match: bool | None = Field(None, description="With [--compare]: every output agrees within rtol/atol.")
     output_kind: str = ""
     outputs_with: list[float] = Field(default_factory=list)
     outputs_without: list[float] = Field(default_factory=list)
     max_output_difference: float | None = None
     environment_notes: list[str] = Field(default_factory=list)
-    warnings: list[str] = Field(default_factory=list, description="What the numbers do not show (no hits, ...).")
     recorded: str | None = Field(None, description="Where this run was recorded (the stored pack's results).")
     script_output_tail: str = Field("", description="The last lines the script printed (at most 2000 characters).")
     left_out: list[LeftOut] = Field(default_factory=list, description="Lists cut to `limit` items.")
 
 
 def hits_summary(hits: int, by_phase: dict[str, int], fallbacks: int) -> str:
-    """``12 hits (8 forward, 4 backward), 3 fallbacks``, or the zero-hit line."""
+    """``12 hits (4 backward, 8 forward), 3 fallbacks``, or the zero-hit line."""
     if hits == 0:
         return f"0 hits: no call used the pack ({fallbacks} fallbacks); no speedup claimed"
     phases = ", ".join(f"{n} {phase}" for phase, n in sorted(by_phase.items()) if n)
     return f"{hits} hits ({phases}), {fallbacks} fallbacks"
 
 
-def zero_hit_warning(entries: list[EntryReport]) -> str:
-    """Why nothing was used: entries never dispatched, or the most frequent fallback reasons."""
-    skipped = [f"{e.candidate_id}: {e.skip_reason}" for e in entries if not e.dispatched and e.skip_reason]
-    reasons = [f"{e.candidate_id}: {next(iter(e.fallback_reasons))}" for e in entries if e.fallback_reasons]
-    detail = "; ".join((skipped + reasons)[:3]) or "no call of a packed operator or module was made"
-    return f"no call used the pack, so timings compare two eager runs: {detail}"
-
-
+@tool
 def run(req: RunRequest, ctx: ToolContext) -> RunResult:
+    """Run a script with a pack: hits per phase, fallbacks, step times; with [--compare], vs no pack."""
     from modulelens.dispatch.script import ScriptRunRequest, outputs_agree, run_script, typical_step
     from modulelens.repo import Repository
     from modulelens.team.packs import pack_file
@@ -109,14 +103,50 @@ def run(req: RunRequest, ctx: ToolContext) -> RunResult:
         result.outputs_without = without.outputs
         result.outputs_match, result.max_output_difference = outputs_agree(with_pack.outputs, without.outputs,
                                                                             req.rtol, req.atol)
-        if result.step_seconds_with and result.step_seconds_without:
+        if result.step_seconds_with and result.step_seconds_without and result.hits > 0:
             result.speedup = result.step_seconds_without / result.step_seconds_with
-    if result.hits == 0:
-        result.speedup = None  # two eager runs: any ratio is noise, never a speedup
-        result.warnings.append(zero_hit_warning(report.entries))
     result.recorded = _record(repo, report, result, script.name)
     ctx.progress(2 if req.compare else 1, 2 if req.compare else 1, "done")
+    advise_run(result, req)
     return keep_run_lists(result, req.limit)
+
+
+def advise_run(result: RunResult, req: RunRequest) -> None:
+    """The warnings and next calls of a run: a pack that never ran (no speedup is claimed then),
+    fallbacks, entries not used, a failed script, outputs that disagree."""
+    warn = result.warnings
+    if result.hits == 0:  # said first: nothing else in the result means anything without it
+        warn.append("no pack kernel ran (0 hits): every packed call ran eager, so no speedup is claimed")
+    if result.exit_code != 0:
+        warn.append(f"the script failed with the pack (exit code {result.exit_code}): {result.script_error or 'see script_output_tail'}")
+    unused = [e for e in result.entries if not e.dispatched]
+    warn += [f"{e.candidate_id} was not used: {e.skip_reason}" for e in unused[:3]]
+    reasons: dict[str, int] = {}
+    for e in result.entries:
+        for why, n in e.fallback_reasons.items():
+            reasons[why] = reasons.get(why, 0) + n
+    if result.fallbacks:
+        top = ", ".join(f"{why} ({n})" for why, n in sorted(reasons.items(), key=lambda x: -x[1])[:3])
+        warn.append(f"{result.fallbacks} packed call(s) fell back to eager" + (f": {top}" if top else ""))
+    warn += result.environment_notes
+    if req.compare and result.outputs_match is False:
+        warn.append(f"outputs differ with and without the pack (max difference {result.max_output_difference})")
+    if result.speedup is not None and result.steps < 5:
+        warn.append(f"the speedup is a ratio of medians over {result.steps} step(s), without an interval: run more "
+                    "steps before relying on it")
+    if not req.compare and result.hits > 0:
+        result.next = [call("run", script=req.script, script_args=req.script_args or None, pack=req.pack,
+                            compare=True)]
+    elif result.hits == 0:
+        result.next = [call("check_pack", pack=req.pack)]
+
+
+def keep_run_lists(result: RunResult, limit: int | None) -> RunResult:
+    """``result`` with at most ``limit`` (None: all) pack entries and outputs of each run."""
+    again = "run again with a larger [--limit N]"
+    for field in ("entries", "outputs_with", "outputs_without"):
+        result = keep_first(result, field, limit, again)
+    return result
 
 
 def _record(repo, report, result: RunResult, script: str) -> str | None:
@@ -131,22 +161,3 @@ def _record(repo, report, result: RunResult, script: str) -> str | None:
                              ok=result.outputs_match, hits=result.hits, fallbacks=result.fallbacks,
                              summary=result.summary, entries=outcomes(report.entries))
     return record_result(repo, stored, report.sha256, rec).ref
-
-
-def keep_run_lists(result: RunResult, limit: int | None) -> RunResult:
-    """``result`` with at most ``limit`` (None: all) pack entries and outputs of each run."""
-    again = "run again with a larger limit"
-    for field in ("entries", "outputs_with", "outputs_without"):
-        result = keep_first(result, field, limit, again)
-    return result
-
-
-TOOL = register(
-    Tool(
-        name="run",
-        request=RunRequest,
-        result=RunResult,
-        fn=run,
-        summary="Run a script with a pack: hits, fallbacks, step times.",
-    )
-)

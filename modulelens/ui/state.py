@@ -1,4 +1,4 @@
-"""What every request handler of the UI shares: the settings, the job runner, the templates, and
+"""What every request handler of the UI shares: the settings, the jobs, the templates, and
 the one way to get data: calling a tool from the registry."""
 
 from __future__ import annotations
@@ -12,11 +12,10 @@ from pydantic import BaseModel, Field
 from starlette.requests import Request
 from starlette.responses import HTMLResponse
 
-from modulelens.errors import ModuleLensError
 from modulelens.listing import everything
 from modulelens.registry import ToolContext
 from modulelens.tools import get_tool
-from modulelens.ui.jobs import JobRunner
+from modulelens.ui.jobs import UiJobs
 
 
 class UiSettings(BaseModel):
@@ -28,7 +27,7 @@ class UiSettings(BaseModel):
 @dataclass
 class UiState:
     settings: UiSettings
-    jobs: JobRunner
+    jobs: UiJobs
     env: Environment
 
     def call(self, tool_name: str, **fields: Any) -> Any:
@@ -38,13 +37,6 @@ class UiState:
         tool = get_tool(tool_name)
         request = tool.request.model_validate({**everything(tool.request), **fields})
         return tool(request, ToolContext(repo_root=self.settings.repo_root))
-
-    def has_tool(self, tool_name: str) -> bool:
-        try:
-            get_tool(tool_name)
-        except ModuleLensError:
-            return False
-        return True
 
     def page(self, template: str, active: str, status: int = 200, **context: Any) -> HTMLResponse:
         """A rendered page; ``active`` names the section highlighted in the navigation."""

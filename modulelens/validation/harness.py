@@ -1,8 +1,10 @@
 """The candidate process: ``python -m modulelens.validation.harness REQ_FD REPLY_FD ARENA_FD SCRATCH MEMORY_MB [READ_ONLY_DIR]``.
 
-Started by :class:`modulelens.sandbox.candidate_process.CandidateProcess` (inside new namespaces
-where the kernel allows), it applies the remaining containment layers to itself *before* any
-candidate code exists in it (private /tmp, rlimits, Landlock, seccomp), then serves requests: load
+Started by :class:`modulelens.sandbox.candidate_process.CandidateProcess` (forked from a template
+that preloaded :data:`PRELOAD`, or fresh; inside new namespaces where the kernel allows), it hands
+the checker a descriptor of its own ``/proc/self/maps`` and then applies the remaining containment
+layers to itself *before* any candidate code exists in it (private /tmp and /dev, rlimits, not
+dumpable, Landlock, seccomp), then serves requests: load
 (compile) the candidate, call it on inputs the checker wrote into the shared arena and copy its
 outputs there, or call it again N times for the checker's clock. It holds no reference output,
 no checker and no verdict: the worst a candidate can do here is lie about itself, and the checker
@@ -17,21 +19,42 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+# What a template imports before forking candidate processes (modulelens.sandbox.forkserver): the
+# runtime every candidate process imports anyway, so a fork finds it imported.
+PRELOAD = ("modulelens.validation.candidate_messages", "modulelens.sandbox.containment", "modulelens.sandbox.mounts",
+           "modulelens.sandbox.seccomp", "modulelens.kernels.backends", "modulelens.kernels.module_candidates",
+           "modulelens.kernels.build_cache", "modulelens.kernels.module_builds", "torch.utils.cpp_extension",
+           "safetensors.torch", "triton.language", "triton.runtime.interpreter")
 
-def _contain(scratch: Path, memory_mb: int, read_only: list[str]) -> Any:
+
+def _contain(req_fd: int, scratch: Path, memory_mb: int, read_only: list[str]) -> Any:
     import torch
 
-    from modulelens.sandbox.containment import Isolation, apply_landlock, apply_rlimits, private_tmp, readable_roots
+    from modulelens.sandbox.containment import (
+        Isolation,
+        apply_landlock,
+        apply_rlimits,
+        hand_over_maps,
+        not_dumpable,
+        private_tmp,
+        readable_roots,
+    )
+    from modulelens.sandbox.mounts import private_dev
     from modulelens.sandbox.seccomp import apply_seccomp
 
+    hand_over_maps(req_fd)  # first: the checker reads it from outside, before any candidate code
     iso = Isolation()
     described = os.environ.pop("MODULELENS_NAMESPACES", "")
-    iso.add("namespaces", os.getpid() == 1 and bool(described),
-            described if os.getpid() == 1 else "not started in new namespaces")
+    missing = os.environ.pop("MODULELENS_NAMESPACES_MISSING", "")
+    in_namespaces = os.getpid() == 1 and bool(described)
+    iso.add("namespaces", in_namespaces, described if in_namespaces else (missing or "not started in new namespaces"))
     readable = readable_roots([str(scratch), *read_only])
     iso.layers.append(private_tmp(readable))
+    dev = private_dev()
+    iso.layers.append(dev)
     iso.layers.append(apply_rlimits(memory_mb, limit_address_space=not torch.cuda.is_available()))
-    iso.layers.append(apply_landlock([str(scratch)], readable))
+    iso.layers.append(not_dumpable())
+    iso.layers.append(apply_landlock([str(scratch)], readable, private_dev=dev.in_force))
     iso.layers.append(apply_seccomp())  # last: the layers above need mount and prctl
     return iso
 
@@ -58,10 +81,11 @@ def _overlaps(a, b) -> bool:
 
 
 class _Harness:
-    def __init__(self, arena_fd: int, isolation: Any):
-        from modulelens.sandbox.shm import SharedArena
+    def __init__(self, arena_fd: int, isolation: Any, scratch: Path):
+        from modulelens.sandbox.shm import MappedArena
 
-        self.arena = SharedArena(size=1 << 16, fd=arena_fd)
+        self.arena = MappedArena(arena_fd)
+        self.scratch = scratch
         self.isolation = isolation
         self.entry: Any = None
         self.again: Any = None  # the last call, repeated for the checker's clock
@@ -110,13 +134,19 @@ class _Harness:
         return Loaded(isolation=self.isolation, ok=True, build_name=name, library=library, fresh_build=fresh)
 
     def load_module(self, req) -> Any:
-        """Run a module candidate's source, build its class with the captured constructor
-        arguments and load the captured weights by name (strict)."""
+        """Run a module candidate's source (its ``load_inline`` extensions through the shared
+        build cache), build its class with the captured constructor arguments and load the
+        captured weights by name (strict)."""
         from safetensors.torch import load_file
 
+        from modulelens.kernels import build_cache
+        from modulelens.kernels.module_builds import route_load_inline
         from modulelens.kernels.module_candidates import construct, load_class
         from modulelens.validation.candidate_messages import Loaded
 
+        if req.shared_build_dir:
+            build_cache.use_shared_builds(Path(req.shared_build_dir))
+        route_load_inline(req.source, self.scratch / "build")
         try:
             cls = load_class(req.source, req.class_name)
         except BaseException as e:  # noqa: BLE001 - a source that fails to load is the candidate's answer
@@ -130,7 +160,9 @@ class _Harness:
             return Loaded(isolation=self.isolation, ok=False, failed_step="build",
                           error=text[0][:300] if text else type(e).__name__)
         self.entry = module
-        return Loaded(isolation=self.isolation, ok=True)
+        builds = build_cache.builds_in_process()
+        return Loaded(isolation=self.isolation, ok=True, fresh_extensions=[n for n, _, built in builds if built],
+                      shared_extensions=[n for n, _, built in builds if not built])
 
     def call(self, req) -> Any:
         import torch
@@ -138,7 +170,6 @@ class _Harness:
         from modulelens.sandbox.shm import aligned, decode_value
         from modulelens.validation.candidate_messages import Called
 
-        self.arena.remap(req.arena_size)
         inputs: list = []
 
         def get(slot):
@@ -343,7 +374,7 @@ def main(argv: list[str]) -> int:
 
     if not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    isolation = _contain(scratch, memory_mb, read_only)
+    isolation = _contain(req_fd, scratch, memory_mb, read_only)
     from modulelens.sandbox import protocol
     from modulelens.validation.candidate_messages import (
         CANDIDATE_REQUESTS,
@@ -353,11 +384,13 @@ def main(argv: list[str]) -> int:
         ReadyRequest,
     )
 
-    harness = _Harness(arena_fd, isolation)
+    harness = _Harness(arena_fd, isolation, scratch)
     while True:
-        req = protocol.receive(req_fd, CANDIDATE_REQUESTS)
+        req, fds = protocol.receive_with_fds(req_fd, CANDIDATE_REQUESTS)
         if req is None:
             return 0
+        if fds:  # the checker made a bigger arena: it comes with the request that needs it
+            harness.arena.replace(fds[0])
         try:
             if isinstance(req, ReadyRequest):
                 reply = harness.ready(req)

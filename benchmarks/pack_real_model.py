@@ -57,7 +57,7 @@ def bench_model(model: str, repo: Path, args: argparse.Namespace) -> tuple[list[
         return [], f"{model}: no winner to pack ({search.stopped_because})"
     packed = ml.pack(search.pack_candidates, force=args.force, repo=str(repo))
     run = ml.run(str(TRAIN), [*common, "--steps", str(args.steps), "--lengths", RUN_LENGTHS], pack=packed.ref,
-                 compare=True, limit=None, repo=str(repo))
+                 compare=True, limit=100, repo=str(repo))
     info = {e.candidate_id: e for e in packed.entries}
     rows = []
     for e in run.entries:

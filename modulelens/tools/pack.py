@@ -57,7 +57,7 @@ def pack(req: PackRequest, ctx: ToolContext) -> PackResult:
     from modulelens.team.packs import STORED_PACK_FILE, store_pack
 
     repo = Repository(ctx.repo_root)
-    out = output_file(req.out, ctx.project) if req.out else None
+    out = output_file(req.out, ctx.project) if req.out is not None else None  # "" is refused, not ignored
     name = _default_name(out, req.candidates)
     if out is not None:
         sha, content = make_pack(repo, req.candidates, out, force=req.force)

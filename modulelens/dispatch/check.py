@@ -7,7 +7,9 @@ outputs are compared with the captured outputs and with the eager replay (per-dt
 of :mod:`modulelens.numerics`). When the capture holds gradients, both runs also go backward with
 the captured output gradients, and the pack's input and parameter gradients are compared with
 eager's (so backward entries are exercised). Then the forward is timed in back-to-back pairs of
-calls (the pack paused for the eager side; the speedup is the median of the pairs' ratios). Module
+calls (the pack paused for the eager side; the speedup is the median of the pairs' ratios). Every
+run starts from the inputs as captured (rebuilt, untimed, when the captured call changed them, as a
+key/value cache grows). Module
 entries are matched with the module's path in its model (the capture's module path).
 
 The pack is ok only when every replay matched and every entry that could be tested was hit
@@ -75,22 +77,30 @@ def check_capture(repo: Repository, ref: str, make_runtime: Any, min_run_time: f
     cap = CaptureReplay(repo, ref)
     device = cap.device if not cap.device.startswith("cuda") or torch.cuda.is_available() else "cpu"
     cap.loaded.device = device
-    args, kwargs = cap.loaded.inputs()
+    inputs = [cap.loaded.inputs()]
     expected, _ = cap.loaded.expected_outputs()
     rng = cap.loaded.rng()
 
     grad_outputs = cap.grad_outputs()
 
+    def rebuild() -> None:
+        """The inputs as captured again: the last call may have changed them (a cache it grew)."""
+        inputs[0] = cap.loaded.inputs()
+
     def call(module: torch.nn.Module) -> Any:
+        args, kwargs = inputs[0]
         if rng:
             set_rng_states(rng)
         with torch.set_grad_enabled(cap.grad_enabled):
             return module(*args, **kwargs)
 
     def forward_backward(module: torch.nn.Module) -> tuple[Any, list[torch.Tensor]]:
-        """Outputs, and with captured output gradients the input and parameter gradients."""
+        """Outputs, and with captured output gradients the input and parameter gradients, of a
+        call on the inputs as captured."""
+        rebuild()
         if not grad_outputs:
             return call(module), []
+        args, kwargs = inputs[0]
         own = [a.detach().clone().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a for a in args]
         module.zero_grad(set_to_none=True)
         if rng:
@@ -116,8 +126,8 @@ def check_capture(repo: Repository, ref: str, make_runtime: Any, min_run_time: f
                 with applied.runtime.pause():
                     return call(module)
 
-            t_eager, t_pack, speedup, _ = paired_timing(paused, lambda: call(module), device,
-                                                        min_run_time=min_run_time)
+            t_eager, t_pack, speedup, _ = paired_timing(paused, lambda: call(module), device, min_run_time=min_run_time,
+                                                        setup=rebuild if cap.loaded.changed_inputs else None)
         finally:
             applied.remove()
         ok_cap, worst, why = _agree(packed, expected)

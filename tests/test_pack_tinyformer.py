@@ -51,7 +51,7 @@ def tiny_pack(tmp_path_factory, app):
     assert "contained candidate process" in module["reason"], module["reason"]
     candidates.append(module["candidate_id"])
     path = repo / "tiny.pack"
-    packed = cli("pack", *candidates, "--out", path)
+    packed = cli("pack", *candidates, "--force", "--out", path)  # used whatever this shared machine measured
     return repo, path, packed, candidates
 
 
@@ -94,7 +94,9 @@ def test_check_pack_replays_the_capture(tiny_pack, cli):
     assert check["matches_captured"] and check["matches_eager"], check["detail"]
     assert check["hits"] > 0 and check["eager_median_s"] > 0 and check["pack_median_s"] > 0 and check["speedup"] > 0
     hits = {e["candidate_id"]: e["hits"] for e in check["entries"]}
-    assert hits.get(candidates[2]) == 1  # the replayed block is the module entry's blocks.1
+    assert hits == {candidates[2]: 1}  # the replayed block is the module entry's blocks.1: it runs instead of the ops
+    assert [u.split(":")[0] for u in r["untested"]] == [c.split(":")[0] for c in candidates[:2]]
+    assert all("inside blocks.1.module:v1" in u for u in r["untested"]) and check["grads_match"] is True
 
 
 def test_apply_pack_to_the_model_in_python(tiny_pack):

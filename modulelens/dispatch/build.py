@@ -20,26 +20,29 @@ def build_recipe(backend: str) -> dict:
     return get_backend(backend).describe()
 
 
-def _entry(rec: CandidateRecord) -> PackEntry:
+def _entry(rec: CandidateRecord, force: bool) -> PackEntry:
     if rec.report is None:
         raise ModuleLensError(f"candidate {rec.candidate_id} has not been validated",
                               f"validate it first: {tool_call('validate_kernel', candidate=rec.candidate_id)}")
     if not rec.report.correct or rec.report.verdict == "rejected":
         raise ModuleLensError(f"candidate {rec.candidate_id} was rejected: {rec.report.reason}",
                               "only candidates validated correct can be packed")
+    rule = rec.report.shape_rule
     return PackEntry(candidate_id=rec.candidate_id, kind=rec.kind, target=rec.target, capture=rec.capture, op=rec.op,
-                     class_path=rec.class_path, module_path=rec.module_path, pattern=rec.pattern, backend=rec.backend,
+                     class_path=rec.class_path, module_path=rec.module_path, pattern=rec.pattern, phase=rec.phase,
+                     shape_rule=rule if rule is not None and rule.checked else None, backend=rec.backend,
                      entry=rec.entry, source=rec.source, source_sha256=rec.source_sha256,
                      build=build_recipe(rec.backend), init=rec.init, claims_training=rec.claims_training,
-                     report=rec.report, speedup_vs_eager=rec.report.speedup_vs_eager)
+                     report=rec.report, speedup_vs_eager=rec.report.speedup_vs_eager, forced=force)
 
 
-def make_pack(repo: Repository, candidate_ids: list[str], out: Path) -> tuple[str, PackContent]:
+def make_pack(repo: Repository, candidate_ids: list[str], out: Path, force: bool = False) -> tuple[str, PackContent]:
     """Write the pack of ``candidate_ids`` to ``out``; returns (sha256, content). Two candidates
-    for the same call pattern are refused (keep the faster one)."""
+    for the same call pattern are refused (keep the faster one). ``force``: entries validated
+    correct are used even when not proven faster than eager."""
     if not candidate_ids:
         raise ModuleLensError("no candidates given", f"e.g. {tool_call('pack', candidates=['blk.card2:v1', 'blk.card7:v1'], out='model.pack')}")
-    entries = [_entry(candidate_record(repo, c)) for c in candidate_ids]
+    entries = [_entry(candidate_record(repo, c), force) for c in candidate_ids]
     seen: dict[tuple, str] = {}
     for e in entries:
         where = (e.op or e.class_path, e.module_path, pattern_key(e.pattern))

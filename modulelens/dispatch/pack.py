@@ -1,4 +1,5 @@
-"""The kernel pack file: validated candidates keyed by the exact call pattern they were validated for.
+"""The kernel pack file: validated candidates keyed by the call pattern they were validated for
+(and, where their kernel declared one and validation checked it, the shape rule it admits calls by).
 
 One JSON file (never pickle)::
 
@@ -10,7 +11,8 @@ sha256 you were given (``expect_sha256``) to refuse a pack rewritten as a whole.
 
 ``content`` is a :class:`PackContent`: the environment the entries were validated in (torch
 version, device name, compiler) and the entries (:class:`PackEntry`): the call pattern, the
-source with its build recipe, the validation report and the measured speedup. A pack refuses to
+phase, the checked shape rule, the source with its build recipe, the validation report and the
+measured speedup. Packs written before shape rules and phases load as exact-shape forward entries. A pack refuses to
 load where the environment differs, saying what differs, unless ``allow_env_mismatch`` is set.
 
 A pack carries code that is compiled and run, so it loads only when **trusted** here (see
@@ -35,6 +37,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from modulelens.dispatch.patterns import CallPattern
 from modulelens.errors import ModuleLensError, tool_call
+from modulelens.kernels.shape_rules import ShapeRule
 from modulelens.paths import write_text
 from modulelens.repo.store import MANIFEST, sha256_file
 from modulelens.repo.trust import UntrustedArtifact, is_trusted, signature_of
@@ -78,6 +81,10 @@ class PackEntry(BaseModel):
     class_path: str | None = Field(None, description="module:Class of the replaced module, for module entries.")
     module_path: str | None = Field(None, description="Qualified name of the replaced module in its model (blocks.1).")
     pattern: CallPattern
+    phase: Literal["forward", "backward"] = Field("forward", description="Op entries: the phase its card was "
+                                                  "recorded in (backward: called by the autograd engine).")
+    shape_rule: ShapeRule | None = Field(None, description="The checked shape rule calls are admitted by (None: "
+                                         "the pattern's exact shapes).")
     backend: str = Field(description="cpp, cuda, triton (op entries) or module (a ModelNew Python source).")
     entry: str = Field("forward", description="Entry point: forward for op kernels, ModelNew for modules.")
     source: str
@@ -87,11 +94,15 @@ class PackEntry(BaseModel):
     claims_training: bool = Field(False, description="Module entries: validated for training (gradients).")
     report: ValidationReport
     speedup_vs_eager: float | None = None
+    forced: bool = Field(False, description="Packed with force: used without being proven faster than eager.")
 
     def skip_reason(self) -> str | None:
-        """Why this entry is never dispatched, or None when it is dispatched."""
+        """Why this entry is never dispatched, or None when it is dispatched (correct, and faster
+        than eager unless ``forced``)."""
         if not self.report.correct or self.report.verdict == "rejected":
             return f"not validated correct ({self.report.verdict}: {self.report.reason})"
+        if self.forced:
+            return None
         if self.speedup_vs_eager is None:
             return "not timed against eager"
         if self.speedup_vs_eager <= 1.0:

@@ -20,11 +20,15 @@ _perf_counter = time.perf_counter  # taken at import, before any candidate code 
 
 
 def paired_timing(a: Callable[[], Any], b: Callable[[], Any], device: str = "cpu", *, min_run_time: float = 0.6,
-                  warmup: int = 3, max_pairs: int = 2000) -> tuple[Timing, Timing, float, int]:
-    """(timing of a, timing of b, median of a/b over the pairs, pairs). At least 20 pairs."""
+                  warmup: int = 3, max_pairs: int = 2000, setup: Callable[[], Any] | None = None
+                  ) -> tuple[Timing, Timing, float, int]:
+    """(timing of a, timing of b, median of a/b over the pairs, pairs). At least 20 pairs.
+    ``setup``, when given, runs before every call of either side, untimed."""
     cuda = device.startswith("cuda")
 
     def once(fn: Callable[[], Any]) -> float:
+        if setup is not None:
+            setup()
         if cuda:
             torch.cuda.synchronize()
         t0 = _perf_counter()

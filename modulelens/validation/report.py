@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from modulelens.kernels.shape_rules import ShapeRule
 from modulelens.sandbox.containment import Isolation
 from modulelens.timing import Timing
 
@@ -109,4 +110,6 @@ class ValidationReport(BaseModel):
     varied_how: str = Field("", description="How they were drawn.")
     accuracy: list[Accuracy] = Field(default_factory=list, description="Errors against the float64 oracle, where "
                                      "the plain tolerance was not enough.")
+    shape_rule: ShapeRule | None = Field(None, description="The variable dimensions the candidate declared, checked at "
+                                         "sizes not captured: a pack entry admits sizes 1 to the largest checked.")
     seconds: float = 0.0

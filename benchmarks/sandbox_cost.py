@@ -113,8 +113,9 @@ def _per_call(samples: int) -> dict:
             t1 = time.perf_counter()
             proc.request(call, timeout=60)
             checked.append(time.perf_counter() - t1)
-        one = [time_calls(proc, 1, 60) for _ in range(samples)]
-        batch = time_calls(proc, samples, 60)
+        bare = call.model_copy(update={"trace": False})
+        one = [time_calls(proc, bare, 60)[0] for _ in range(samples)]
+        batch = time_calls(proc, bare.model_copy(update={"calls": samples}), 60)[0] / samples
     finally:
         proc.remove()
     return {"direct_s": direct, "setup_s": setup, "checked_call_s": statistics.median(checked),

@@ -4,14 +4,16 @@ For each capture the pack's entries came from (and any named): the module is reb
 capture (replay strategy ``auto``), run once eager with the captured RNG state and once with the
 pack applied (:func:`~modulelens.dispatch.api.apply_pack`) with the same RNG state; the pack's
 outputs are compared with the captured outputs and with the eager replay (per-dtype tolerances
-of :mod:`modulelens.numerics`); then both are timed in back-to-back pairs of calls (the pack paused for the eager side; the
-speedup is the median of the pairs' ratios). Module entries are matched with the module's path in
-its model (the capture's module path).
+of :mod:`modulelens.numerics`); then both are timed in interleaved paired rounds by
+:func:`modulelens.timing.measure_speedup` (the pack paused for the eager side): the speedup with its
+95% interval, a number only when determined. A replay on which no pack kernel ran is not timed
+(nothing to gain). Module entries are matched with the module's path in its model (the capture's
+module path).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, Field
@@ -32,7 +34,11 @@ class CaptureCheck(BaseModel):
     entries: list[EntryReport]
     eager_median_s: float | None = None
     pack_median_s: float | None = None
-    speedup: float | None = Field(None, description="Module replay time eager / with the pack (median of paired ratios).")
+    speedup: float | None = Field(None, description="Module replay time eager / with the pack (median of paired "
+                                  "rounds); null when undetermined or when no pack kernel ran.")
+    speedup_interval: list[float] | None = Field(None, description="95% interval [low, high] of the speedup.")
+    timing_status: Literal["ok", "undetermined"] = "undetermined"
+    timing_reason: str = ""
     detail: str = ""
 
 
@@ -62,7 +68,7 @@ def check_capture(repo: Repository, ref: str, make_runtime: Any, min_run_time: f
     """Replay capture ``ref`` with a fresh runtime from ``make_runtime()`` applied (see module doc)."""
     from modulelens.capture.tracer import set_rng_states
     from modulelens.dispatch.api import AppliedPack
-    from modulelens.timing import paired_timing
+    from modulelens.timing import CallableSide, TimingPlan, measure_speedup, thread_choice
 
     cap = CaptureReplay(repo, ref)
     device = cap.device if not cap.device.startswith("cuda") or torch.cuda.is_available() else "cpu"
@@ -83,23 +89,33 @@ def check_capture(repo: Repository, ref: str, make_runtime: Any, min_run_time: f
         try:
             packed = call(module)
             report = applied.runtime.report()
+            hits = sum(e.hits for e in report.entries)
 
             def paused() -> Any:
                 with applied.runtime.pause():
                     return call(module)
 
-            t_eager, t_pack, speedup, _ = paired_timing(paused, lambda: call(module), device,
-                                                        min_run_time=min_run_time)
+            m = None
+            if hits:
+                plan = TimingPlan(min_seconds=min_run_time, budget_s=max(2.0, 4 * min_run_time))
+                m = measure_speedup(CallableSide("eager (pack paused)", paused, device),
+                                    CallableSide("with the pack", lambda: call(module), device), plan,
+                                    thread_choice())
         finally:
             applied.remove()
         ok_cap, worst, why = _agree(packed, expected)
         ok_eager, _, why_eager = _agree(packed, eager)
         entries = [e for e in report.entries if e.hits or e.fallbacks]
-        return CaptureCheck(capture=cap.ref, strategy="", matches_captured=ok_cap, matches_eager=ok_eager,
-                            max_abs_error=worst, hits=sum(e.hits for e in entries),
-                            fallbacks=sum(e.fallbacks for e in entries), entries=entries,
-                            eager_median_s=t_eager.median_s, pack_median_s=t_pack.median_s, speedup=speedup,
-                            detail=why or why_eager)
+        out = CaptureCheck(capture=cap.ref, strategy="", matches_captured=ok_cap, matches_eager=ok_eager,
+                           max_abs_error=worst, hits=hits, fallbacks=sum(e.fallbacks for e in entries),
+                           entries=entries, detail=why or why_eager,
+                           timing_reason="no pack kernel ran on the replay: nothing to time")
+        if m is not None:
+            out.eager_median_s = m.base.median_s if m.base else None
+            out.pack_median_s = m.candidate.median_s if m.candidate else None
+            out.speedup, out.speedup_interval = m.speedup, m.interval
+            out.timing_status, out.timing_reason = m.status, m.note("the module replay, eager vs with the pack")
+        return out
 
     result, strategy, _, _ = cap.loaded.with_strategy("auto", False, lambda m: check(m.train(cap.training)))
     result.strategy = strategy

@@ -83,6 +83,11 @@ class SharedArena:
         self._map = mmap.mmap(self.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         self.size = size
 
+    def buffer(self) -> mmap.mmap:
+        """The mapped bytes (for byte-level access; release any memoryview before a remap)."""
+        assert self._map is not None
+        return self._map
+
     def view(self, slot: TensorSlot) -> torch.Tensor:
         """A CPU tensor viewing the slot's bytes in place (writes go to the shared file)."""
         if slot.offset + slot.nbytes > self.size:

@@ -16,7 +16,7 @@ class CheckPackRequest(BaseModel):
     captures: list[str] = Field(default_factory=list, description="Default: the pack's.", json_schema_extra={"cli": "argument"})
     allow_env_mismatch: bool = Field(False, description="Allow another torch, device or compiler.")
     mechanism: Mechanism = Field(DEFAULT_MECHANISM)
-    min_run_time: float = Field(0.3, gt=0, description="Timing seconds per side.")
+    min_run_time: float = Field(0.3, gt=0, description="Timing seconds at least.")
     limit: int | None = Field(8, ge=1, description="Entries listed (null: all).")
 
 

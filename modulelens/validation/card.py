@@ -24,9 +24,9 @@ from modulelens.ops.cards import open_card, sample_call
 from modulelens.ops.model import OpCard
 from modulelens.ops.recorder import resolve_op
 from modulelens.repo import Repository
-from modulelens.timing import Timing, time_callable
-from modulelens.validation.candidate_messages import Loaded, LoadRequest
-from modulelens.validation.checker import CandidateChecker, CandidateFailed, checker_timing, start_candidate
+from modulelens.timing import Timing, measure_speedup, thread_choice
+from modulelens.validation.candidate_messages import Loaded, LoadOpRequest, LoadRequest
+from modulelens.validation.checker import CandidateChecker, CandidateFailed, start_candidate
 from modulelens.validation.compare import compare_output, eager_noise, same_bits
 from modulelens.validation.evidence import FOREIGN_EVIDENCE, NOT_SEEN, computing_ops, library_symbols
 from modulelens.validation.inputs import fresh_inputs, tensors
@@ -42,6 +42,17 @@ from modulelens.validation.messages import (
 )
 from modulelens.validation.plausibility import speedup_flags
 from modulelens.validation.report import ValidationReport
+from modulelens.validation.timed import (
+    ReferenceFailed,
+    TimedProcess,
+    TimingFeed,
+    alone,
+    load_reference,
+    record_compile_timing,
+    record_timing,
+    settle_verification,
+    timing_plan,
+)
 
 DELAY_S = 0.2  # outputs are read again this long after a call returned (late writers)
 
@@ -63,7 +74,9 @@ class _Validator(CandidateChecker):
 
     def run(self) -> ValidationReport:
         shared = Path(self.task.build_dir)
+        self.threads = thread_choice()
         self.proc = start_candidate(self.task.memory_limit_mb, read_only=[shared])
+        self.references: list = []  # the eager (and torch.compile) reference processes, once started
         try:
             return self._run(shared)
         except CandidateFailed as e:
@@ -71,6 +84,15 @@ class _Validator(CandidateChecker):
         finally:
             self.report.stdout_bytes = self.proc.stdout_bytes()
             self.proc.remove()
+            for ref in self.references:
+                ref.remove()
+
+    def _start_references(self) -> None:
+        """Start the reference processes now, so that their start overlaps the checks: set up
+        exactly like the candidate's (same launcher, harness, limits and readable folders)."""
+        count = (1 + self.task.compile_baseline) if self.task.time else 0
+        self.references = [start_candidate(self.task.memory_limit_mb, read_only=list(self.proc.read_only))
+                           for _ in range(count)]
 
     # ----------------------------------------------------------------------------------------
     def _run(self, shared: Path) -> ValidationReport:
@@ -112,6 +134,8 @@ class _Validator(CandidateChecker):
                 a, k = fresh_inputs(base_args, base_kwargs, seed, dist)
                 cases.append((f"{dist} inputs, seed {seed}", a, k))
 
+        if status.can_time:
+            self._start_references()
         self.stage("check")
         for n, (label, args, kwargs) in enumerate(cases):
             problem = self.check_case(op, args, kwargs, inplace, label, settle=n in (0, len(cases) - 1))
@@ -125,7 +149,7 @@ class _Validator(CandidateChecker):
                 self.report.timing_note = status.why
             else:
                 self.stage("time")
-                self.time_it(op, base_args, base_kwargs, card, device)
+                self.time_it(op, base_args, base_kwargs, card, device, inplace)
                 self.stage("recheck")
                 # new values into the very buffers the timed calls used: a result kept per pointer is stale now
                 a, k = fresh_inputs(base_args, base_kwargs, 9973, "normal")
@@ -228,37 +252,99 @@ class _Validator(CandidateChecker):
                 return f"output {i} is wrong on {label}: {detail}"
         return None
 
-    def time_it(self, op, args: list, kwargs: dict, card: OpCard, device: str) -> None:
-        """Eager timed here while the candidate process is stopped; the candidate timed by this
-        process's clock around batches of calls it makes in its own process."""
-        min_run = self.task.min_run_time
+    def time_it(self, op, args: list, kwargs: dict, card: OpCard, device: str, inplace: bool) -> None:
+        """Eager (the card's operator, in a reference process set up like the candidate's) against
+        the candidate, by this process's clock through the same request, in interleaved rounds
+        (:mod:`.timed`); the candidate's timed outputs are checked on a random sample of batches."""
         want = tensors(op(*args, **kwargs))
         self.call(args, kwargs, want, trace=False, label="timing inputs")
-        eager, cand = self.time_rounds(lambda: op(*args, **kwargs), device, min_run)
-        self.report.eager, self.report.candidate = eager, cand
-        self.report.speedup_vs_eager = eager.median_s / cand.median_s
+        plan = timing_plan(self.task.min_run_time, self.task.timing_budget_s, self.task.target_width)
+        feed = TimingFeed(args, kwargs)
+        cand = TimedProcess(self, self.proc, "candidate", device, feed, want,
+                            verify=None if inplace else self._verify_timed(op))
+        load = LoadOpRequest(op=card.op, positional=len(args), kw_names=list(kwargs))
+        what = f"{card.op} on card {card.card_id}'s first sample shape (fresh values per round)"
+        eager_side, why = self._reference_side(self.references[0], load, "eager", device, feed, want, args, kwargs)
+        try:
+            if eager_side is None:
+                raise ReferenceFailed(why)
+            m = measure_speedup(eager_side, cand, plan, self.threads)
+        except ReferenceFailed as e:
+            self.report.timing_status, self.report.timing_reason = "undetermined", str(e)
+            self.report.timing_note = f"{what}: not timed: {e}"
+            return
+        settle_verification(cand)
+        record_timing(self.report, m, what)
+        if not inplace:
+            self.check("timed outputs match the reference", True,
+                       f"{cand.verified} timed batch(es) checked, chosen at random after they ran; fresh values "
+                       "each round and swaps between calls")
         if self.task.compile_baseline:
-            compiled = torch.compile(lambda *a: op(*a, **kwargs), dynamic=False)
-            compiled(*args)
-            ct = time_callable(lambda: compiled(*args), device, min_run_time=min_run / 2)
-            self.report.compiled_baseline = ct
-            self.report.speedup_vs_compile = ct.median_s / cand.median_s
-        self.report.timing_note = (f"eager: {eager.timer}; candidate: {cand.timer}; medians of the faster of two "
-                                   f"interleaved rounds each; {eager.threads} threads; {eager.cache}")
-        self.report.flags.extend(speedup_flags(eager, cand, self.report.compiled_baseline))
-        if card.kind == "memory" and card.bytes_per_call:
+            load = load.model_copy(update={"compiled": True})
+            compiled, why = self._reference_side(self.references[1], load, "torch.compile", device, feed, want,
+                                                 args, kwargs)
+            try:
+                if compiled is None:
+                    raise ReferenceFailed(why)
+                record_compile_timing(self.report, measure_speedup(compiled, cand, plan, self.threads))
+            except ReferenceFailed as e:
+                self.report.compile_timing_status, self.report.compile_timing_reason = "undetermined", str(e)
+        if self.report.eager and self.report.candidate:
+            self.report.flags.extend(speedup_flags(self.report.eager, self.report.candidate,
+                                                   self.report.compiled_baseline))
+        cand_t = self.report.candidate
+        if cand_t and card.kind == "memory" and card.bytes_per_call:
             from modulelens.profiling.bandwidth import copy_bandwidth
 
             floor = card.bytes_per_call / copy_bandwidth(device)["bytes_per_s"]
-            if cand.median_s < 0.5 * floor and card.bytes_per_call > 8 << 20:
+            if cand_t.median_s < 0.5 * floor and card.bytes_per_call > 8 << 20:
                 self.report.flags.append(
-                    f"suspicious: {cand.median_s * 1e6:.1f} us is under half the {floor * 1e6:.1f} us this machine "
+                    f"suspicious: {cand_t.median_s * 1e6:.1f} us is under half the {floor * 1e6:.1f} us this machine "
                     f"needs to move {card.bytes_per_call} bytes")
+
+    def _reference_side(self, proc, load: LoadOpRequest, label: str, device: str, feed: TimingFeed,
+                        want: list, args: list, kwargs: dict) -> tuple[TimedProcess | None, str]:
+        """The reference process ready to be timed (loaded, one call made), or None and why not."""
+        problem = load_reference(self, proc, self.task.candidate.backend, load, self.task.build_timeout)
+        if problem is None:
+            try:
+                request, _ = self.encode_call(args, kwargs, want, False, proc=proc)
+                self.read_reply(proc.request(request, self.call_timeout), f"the {label} reference", proc)
+            except Exception as e:  # noqa: BLE001 - a reference that cannot run leaves the speedup undetermined
+                problem = f"the {label} reference process failed: {e}"
+        if problem:
+            return None, problem
+        return TimedProcess(self, proc, label, device, feed, want, reference=True), ""
+
+    def _verify_timed(self, op):
+        """The check of a timed batch's outputs: against ``op`` on the inputs its last call saw,
+        with the tolerances of the checks (eager's own rounding sensitivity allowed)."""
+        def verify(outputs: list, args: list, kwargs: dict, label: str) -> str | None:
+            want = tensors(op(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args],
+                              **{k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}))
+            if len(outputs) < len(want):
+                return f"{len(outputs)} tensor(s) returned on {label}, {len(want)} expected"
+            noise = None
+            for i, (g, w) in enumerate(zip(outputs, want)):
+                ok, detail = compare_output(g.to(w.device), w, self.rtol, self.atol)
+                if not ok and g.shape == w.shape and w.is_floating_point():
+                    noise = noise if noise is not None else eager_noise(op, args, kwargs, False)
+                    if noise is not None and i < len(noise):
+                        ok, detail = compare_output(g.to(w.device), w, self.rtol, self.atol, noise=noise[i])
+                if not ok:
+                    self.check(f"output {i} values ({label})", False, detail)
+                    return f"output {i} is wrong on {label}: {detail}"
+            return None
+
+        return verify
 
 
 def time_candidate(task: TimeCandidateTask) -> Timing:
     """Time a candidate alone on its card's first captured sample (for ``profile``), by the
-    checker's clock around calls made in the candidate's own process."""
+    checker's clock around batches of calls made in the candidate's own process (fresh values
+    each batch, as in validation)."""
+    from modulelens.timing import TimingPlan
+
     cand = task.candidate
     status = get_backend(cand.backend).status()
     if not (status.can_run and status.can_time):
@@ -270,6 +356,7 @@ def time_candidate(task: TimeCandidateTask) -> Timing:
     settings = ValidateCardTask(repo=task.repo, candidate=cand, build_dir=task.build_dir, card_id=task.card_id,
                                 device=device, time=False)
     checker = _Validator(settings, lambda _: None)
+    checker.threads = thread_choice()
     checker.proc = start_candidate(settings.memory_limit_mb, read_only=[Path(task.build_dir)])
     try:
         loaded = checker._request(LoadRequest(candidate=cand, build_dir=str(checker.proc.scratch / "build"),
@@ -279,11 +366,13 @@ def time_candidate(task: TimeCandidateTask) -> Timing:
         checker._publish(loaded, Path(task.build_dir))
         want = tensors(resolve_op(card.op)(*args, **kwargs))
         checker.call(args, kwargs, want, trace=False, label="the first sample")
-        return checker_timing(checker.proc, device, task.min_run_time, settings.call_timeout, task.warmup)
+        side = TimedProcess(checker, checker.proc, "candidate", device, TimingFeed(args, kwargs), want)
+        return alone(side, TimingPlan(min_seconds=task.min_run_time), task.warmup)
     except CandidateFailed as e:
         raise ModuleLensError(f"the candidate failed while being timed: {e}", "validate it first") from None
     finally:
         checker.proc.remove()
+
 
 def validate_card(task: ValidateCardTask, stage: Callable[[str], None]) -> ValidationReport:
     """Validate the task's candidate against its card; every outcome, a failure to set up included,

@@ -27,9 +27,13 @@ hold neither the repository nor the signing key (the constructor's argument clas
 there): the report's ``isolation`` says what was in force, including whether the signing key and
 the repository were out of reach.
 
-Timing: the original module timed here while the candidate process is stopped, the candidate by
-this process's clock around batches of calls in its own process, in the mode the candidate is
-packed for (training with grad for a training candidate, else eval without grad).
+Timing: the original module runs in a reference process started and served exactly like the
+candidate's (the same harness loads the captured class by its class path, built with the same
+constructor arguments and weights), and both are timed by this process's clock through the same
+request in interleaved rounds (:mod:`modulelens.validation.timed`), in the mode the candidate is
+packed for (training with grad for a training candidate, forward only, the same RNG state set
+before every call on both sides; else eval without grad). The candidate's timed outputs are
+checked on a random sample of batches.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from typing import Any
 
 import torch
 
+from modulelens.timing import measure_speedup, thread_choice
 from modulelens.validation.candidate_messages import Loaded, LoadModuleRequest
 from modulelens.validation.checker import CandidateChecker, CandidateFailed, ModuleCall, start_candidate
 from modulelens.validation.compare import compare_output, same_bits
@@ -49,6 +54,15 @@ from modulelens.validation.evidence import FOREIGN_EVIDENCE, NOT_SEEN, computing
 from modulelens.validation.inputs import fresh_inputs, tensors
 from modulelens.validation.messages import ValidatedResult, ValidateModuleTask
 from modulelens.validation.report import ValidationReport
+from modulelens.validation.timed import (
+    ReferenceFailed,
+    TimedProcess,
+    TimingFeed,
+    load_reference,
+    record_timing,
+    settle_verification,
+    timing_plan,
+)
 
 EVAL_ONLY = "checked in eval mode only (dropout off, no gradients): not dispatched in training"
 SAME_RNG = ("training mode checked with the same RNG state before the original and the candidate "
@@ -98,7 +112,9 @@ class _ModuleValidator(CandidateChecker):
         device = manifest.environment.device if torch.cuda.is_available() else "cpu"
         loaded = LoadedCapture(art, device=device)
         read_only = [Path(self.task.build_dir), *readable_sys_path(manifest.sys_path, repo.root)]
+        self.threads = thread_choice()
         self.proc = start_candidate(self.task.memory_limit_mb, read_only=read_only)
+        self.reference_proc = None  # the original module's own process, started when checks begin
         try:
             return self._run(art, manifest, loaded, device)
         except CandidateFailed as e:
@@ -106,6 +122,8 @@ class _ModuleValidator(CandidateChecker):
         finally:
             self.report.stdout_bytes = self.proc.stdout_bytes()
             self.proc.remove()
+            if self.reference_proc is not None:
+                self.reference_proc.remove()
 
     def _load(self, art: Any, manifest: Any, reference: torch.nn.Module, device: str) -> Loaded:
         """Write the weights and the constructor's tensors into the candidate's scratch folder and
@@ -144,6 +162,8 @@ class _ModuleValidator(CandidateChecker):
         if not self.check("builds with the captured constructor arguments and weights", result.ok, result.error):
             return self.reject(f"cannot be built with the captured constructor arguments and weights: {result.error}")
 
+        if self.task.time:  # started now, so that its start overlaps the checks
+            self.reference_proc = start_candidate(self.task.memory_limit_mb, read_only=list(self.proc.read_only))
         args, kwargs = loaded.inputs()
         expected, _ = loaded.expected_outputs()
         cases = [("captured inputs", args, kwargs)]
@@ -165,7 +185,7 @@ class _ModuleValidator(CandidateChecker):
         self.report.ran, self.report.correct = True, True
         if self.task.time:
             self.stage("time")
-            self.time_it(reference, args, kwargs, claims, device)
+            self.time_it(reference, args, kwargs, claims, device, art, manifest)
             self.stage("recheck")
             a, k = fresh_inputs(args, kwargs, 9973, "normal")
             problem = self.check_case(reference, a, k, "fresh values in the timed buffers after timing",
@@ -283,25 +303,91 @@ class _ModuleValidator(CandidateChecker):
                     return problem
         return None
 
-    def time_it(self, reference: torch.nn.Module, args: list, kwargs: dict, training: bool, device: str) -> None:
-        """The original timed here while the candidate process is stopped; the candidate by this
-        process's clock around batches of its calls (see :meth:`CandidateChecker.time_rounds`)."""
-        reference.train(training)
-        want = tensors(self._reference(reference, args, kwargs, training, None))
-        self.call(args, kwargs, want, trace=False, label="timing inputs", module_call=ModuleCall(training))
+    def time_it(self, reference: torch.nn.Module, args: list, kwargs: dict, training: bool, device: str,
+                art: Any, manifest: Any) -> None:
+        """The original module (in its own reference process) against the candidate, in the mode
+        the candidate is packed for (see the module docstring)."""
+        from modulelens.capture.tracer import rng_states
 
-        def eager() -> Any:
-            with torch.set_grad_enabled(training):
-                return reference(*args, **kwargs)
-
-        eager_t, cand_t = self.time_rounds(eager, device, self.task.min_run_time)
-        self.report.eager, self.report.candidate = eager_t, cand_t
-        self.report.speedup_vs_eager = eager_t.median_s / cand_t.median_s
+        rng = rng_states() if training else None  # set before every timed call, on both sides
+        module_call = ModuleCall(training, rng)
+        want = tensors(self._reference(reference, args, kwargs, training, rng))
+        self.call(args, kwargs, want, trace=False, label="timing inputs", module_call=module_call)
         mode = "training mode with grad (forward)" if training else "eval mode without grad"
-        self.report.timing_note = (f"module forward in {mode}; original: {eager_t.timer}; candidate: {cand_t.timer}; "
-                                   f"medians of the faster of two interleaved rounds each; {eager_t.threads} threads")
-        if self.report.speedup_vs_eager > 10:
+        what = f"module forward in {mode} (fresh values per round)"
+        feed = TimingFeed(args, kwargs)
+        cand = TimedProcess(self, self.proc, "candidate", device, feed, want, module_call,
+                            verify=self._verify_timed(reference, training, rng))
+        try:
+            original = self._original_side(art, manifest, reference, device, feed, want, args, kwargs, module_call)
+            m = measure_speedup(original, cand, timing_plan(self.task.min_run_time, self.task.timing_budget_s,
+                                                            self.task.target_width), self.threads)
+        except ReferenceFailed as e:
+            self.report.timing_status, self.report.timing_reason = "undetermined", str(e)
+            self.report.timing_note = f"{what}: not timed: {e}"
+            return
+        settle_verification(cand)
+        record_timing(self.report, m, what)
+        self.check("timed outputs match the original", True,
+                   f"{cand.verified} timed batch(es) checked, chosen at random after they ran; fresh values each "
+                   "round and swaps between calls")
+        if self.report.speedup_vs_eager is not None and self.report.speedup_vs_eager > 10:
             self.report.flags.append(f"suspicious: {self.report.speedup_vs_eager:.1f}x faster than eager")
+
+    def _original_side(self, art: Any, manifest: Any, reference: torch.nn.Module, device: str, feed: TimingFeed,
+                       want: list, args: list, kwargs: dict, module_call: ModuleCall) -> TimedProcess:
+        """The reference process with the original module loaded (its captured class found as
+        replay finds it, built with the captured constructor arguments and weights) and called once."""
+        from safetensors.torch import save_file
+
+        from modulelens.capture.artifact import load_tensors
+
+        proc = self.reference_proc
+        if proc is None:
+            raise ReferenceFailed("no reference process")
+        state = proc.scratch / "state.safetensors"
+        save_file({k: v.detach().cpu().contiguous().clone() for k, v in reference.state_dict().items()}, str(state))
+        init = None
+        if art.has_file("init.safetensors"):
+            init = proc.scratch / "init.safetensors"
+            save_file({k: v.contiguous() for k, v in load_tensors(art, "init.safetensors").items()}, str(init))
+        sources = {mod: (art.file(stored.file).read_text(), stored.original) for mod, stored in manifest.sources.items()}
+        load = LoadModuleRequest(source=original_source(manifest.init.cls, sources, manifest.sys_path),
+                                 init_args=list(manifest.init.args or []), init_kwargs=dict(manifest.init.kwargs or {}),
+                                 init_tensors=str(init) if init else None, state=str(state),
+                                 sys_path=[str(p) for p in proc.read_only[1:]], device=device)
+        problem = load_reference(self, proc, "module", load, self.task.build_timeout)
+        if problem:
+            raise ReferenceFailed(f"the original module could not be loaded in its reference process: {problem}")
+        try:
+            request, _ = self.encode_call(args, kwargs, want, False, module_call, proc=proc)
+            self.read_reply(proc.request(request, self.call_timeout), "the original module", proc)
+        except Exception as e:  # noqa: BLE001 - a reference that cannot run leaves the speedup undetermined
+            raise ReferenceFailed(f"the original module failed in its reference process: {e}") from None
+        return TimedProcess(self, proc, "original module", device, feed, want, module_call, reference=True)
+
+    def _verify_timed(self, reference: torch.nn.Module, training: bool, rng: dict | None):
+        """The check of a timed batch's outputs: the original module on the inputs its last call saw."""
+        def verify(outputs: list, args: list, kwargs: dict, label: str) -> str | None:
+            want = tensors(self._reference(reference, args, kwargs, training, rng))
+            if len(outputs) != len(want):
+                return f"{len(outputs)} tensor(s) returned on {label}, {len(want)} expected"
+            for i, (g, w) in enumerate(zip(outputs, want)):
+                ok, detail = compare_output(g.detach().to(w.device), w.detach(), self.rtol, self.atol)
+                if not ok:
+                    self.check(f"output {i} values ({label})", False, detail)
+                    return f"output {i} is wrong on {label}: {detail}"
+            return None
+
+        return verify
+
+
+def original_source(class_path: str, sources: dict[str, tuple[str, str]], sys_path: list[str]) -> str:
+    """A module candidate's source whose ``ModelNew`` is the captured class itself, found as replay
+    finds it (script copies stored with the capture first, then ``sys_path``): the reference side
+    of a module timing, loaded by the harness like any candidate."""
+    return ("from modulelens.capture.sources import Resolver\n\n"
+            f"ModelNew = Resolver({sources!r}, {sys_path!r})({class_path!r})\n")
 
 
 def _reference_backward(module: torch.nn.Module, args: list, kwargs: dict, rng: dict) -> tuple[list, dict, list]:

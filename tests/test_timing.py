@@ -1,0 +1,380 @@
+"""The timing package on synthetic samples: the estimator and its interval, the decision, every
+noise detector, the thread policy, the interleaved driver (fake sides on a fake clock, fake
+scheduler counters) and the CUDA events path (a fake CUDA layer: compile-only here)."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from modulelens.timing import (
+    CallableSide,
+    CudaLayer,
+    Probe,
+    ThreadChoice,
+    TimingPlan,
+    choose_threads,
+    decide,
+    estimate_ratio,
+    fewer_threads,
+    measure_speedup,
+    measure_speedups,
+    median_interval,
+)
+from modulelens.timing import noise
+from modulelens.timing.callables import cuda_batch_seconds
+
+
+# -- estimator -------------------------------------------------------------------------------
+
+def test_median_interval_is_the_order_statistics_interval():
+    assert median_interval([1.0] * 5) is None  # 5 values: even the full range covers < 95%
+    assert median_interval([float(i) for i in range(1, 7)]) == (1.0, 6.0)  # n=6: 96.9%
+    assert median_interval([float(i) for i in range(1, 11)]) == (2.0, 9.0)  # n=10: 97.9%
+    lo, hi = median_interval([float(i) for i in range(1, 101)])
+    assert (lo, hi) == (40.0, 61.0)  # the textbook n=100 interval
+
+
+def test_interval_covers_the_true_ratio_about_95_percent_of_the_time():
+    rng = random.Random(1)
+    covered = 0
+    for _ in range(400):
+        ratios = [2.0 * math.exp(rng.gauss(0, 0.1)) for _ in range(20)]
+        est = estimate_ratio(ratios)
+        covered += est.low <= 2.0 <= est.high
+    assert 0.93 <= covered / 400 <= 1.0
+
+
+def test_a_few_wild_rounds_do_not_move_the_estimate():
+    calm = [3.0, 3.1, 2.9, 3.05, 2.95, 3.0, 3.02, 2.98, 3.01, 2.99, 3.0, 3.03]
+    wild = calm[:10] + [0.003, 4000.0]  # a descheduled side in two rounds
+    a, b = estimate_ratio(calm), estimate_ratio(wild)
+    assert abs(a.point - b.point) < 0.05 and b.high < 3.2 and b.low > 2.8
+
+
+def test_decide_needs_rounds_and_a_narrow_interval():
+    ok, why = decide(estimate_ratio([2.0, 2.01, 1.99, 2.02, 1.98]), 0.2)
+    assert not ok and "at least 6" in why
+    ok, why = decide(estimate_ratio([2.0 + 0.01 * i for i in range(10)]), 0.2)
+    assert ok and "median of 10 paired rounds" in why
+    ok, why = decide(estimate_ratio([1.0, 3.0, 1.5, 2.5, 2.0, 1.2, 2.8, 1.8, 2.2, 2.0]), 0.2)
+    assert not ok and "wider than the 20%" in why
+
+
+def test_decide_refuses_an_interval_that_straddles_one_far_from_the_point():
+    est = estimate_ratio([0.95, 1.5, 1.5, 1.5, 1.5, 1.5, 1.5, 1.5, 1.5, 1.05])  # point 1.5, interval 1.05..1.5
+    assert decide(est, 1.0)[0]
+    est = estimate_ratio([0.8, 0.95, 1.3, 1.3, 1.3, 1.3, 1.3, 1.3, 1.35, 1.4])  # 0.95..1.35 around 1.3
+    ok, why = decide(est, 0.5)
+    assert not ok and "straddles 1" in why
+
+
+def test_a_blocking_finding_makes_it_undetermined_however_narrow():
+    est = estimate_ratio([2.0] * 12)
+    ok, why = decide(est, 0.2, ["rounds split into two groups"])
+    assert not ok and "two groups" in why
+
+
+# -- detectors ---------------------------------------------------------------------------------
+
+def test_tick_quantised_batches_are_found():
+    calls = [100] * 20
+    clean = [0.010 + 0.00005 * (i % 3) for i in range(20)]
+    assert noise.tick_quantised(clean, calls) is None
+    ticked = [s + (0.004 if i % 3 == 0 else 0.0) for i, s in enumerate(clean)]
+    f = noise.tick_quantised(ticked, calls)
+    assert f is not None and f.kind == "tick" and "7 of 20" in f.detail
+
+
+def test_bimodal_rounds_are_found_and_block():
+    assert noise.bimodal([2.0 * (1 + 0.02 * math.sin(i)) for i in range(20)]) is None
+    two = [2.0 + 0.01 * (i % 3) for i in range(12)] + [0.5 + 0.01 * (i % 3) for i in range(8)]
+    f = noise.bimodal(two)
+    assert f is not None and f.blocking and "8 around 0.5" in f.detail and "12 around 2" in f.detail
+
+
+def test_rounds_that_disagree_or_drift_are_found():
+    assert noise.rounds_disagree([2.0 + 0.01 * (i % 4) for i in range(16)]) is None
+    scattered = [1.0, 4.0, 1.5, 3.0, 0.8, 2.5, 3.5, 1.2, 2.0, 4.2]
+    assert noise.rounds_disagree(scattered).kind == "disagree"
+    drifting = [2.0] * 8 + [3.0] * 8
+    assert noise.rounds_disagree(drifting).kind == "drift"
+
+
+def test_preempted_and_overloaded():
+    assert noise.preempted([False] * 9 + [True]) is None
+    assert "4 of 10 batches" in noise.preempted([True] * 4 + [False] * 6).detail
+    assert noise.overloaded(1.5, 2) is None
+    assert noise.overloaded(4.2, 2).detail == "load 4.2 on 2 core(s)"
+
+
+def test_disturbed_batches_by_run_queue_wait_or_involuntary_switches():
+    quiet = noise.SchedCounters(wait_ns=50_000, involuntary=0)
+    assert not noise.disturbed(quiet, 0.01)  # 50 us of wake-up in a 10 ms batch
+    assert noise.disturbed(noise.SchedCounters(wait_ns=1_000_000, involuntary=0), 0.01)
+    assert noise.disturbed(noise.SchedCounters(wait_ns=0, involuntary=1), 0.01)
+
+
+def test_sched_counters_read_this_process_and_pinning_works():
+    import os
+
+    c = noise.sched_counters([os.getpid()], [0])
+    assert c.wait_ns >= 0 and c.involuntary >= 0 and c.steal_ticks >= 0
+    assert noise.sched_counters([2 ** 22 + 7]) == noise.SchedCounters()  # no such process: zero
+    assert noise.disturbed(noise.SchedCounters(steal_ticks=1), 0.01)  # the hypervisor took the CPU
+    cpus = noise.quietest_cpus(1, window_s=0.01)
+    assert len(cpus) == 1 and cpus[0] in os.sched_getaffinity(0)
+    before = os.sched_getaffinity(0)
+    try:
+        noise.pin_threads([os.getpid()], cpus)
+        assert os.sched_getaffinity(0) == set(cpus)
+    finally:
+        noise.pin_threads([os.getpid()], sorted(before))
+
+
+# -- thread policy -------------------------------------------------------------------------------
+
+def test_thread_policy_uses_the_users_count_capped_at_free_cores():
+    c = choose_threads(4, "OMP_NUM_THREADS=4", cores=8, load=1.0)
+    assert c.threads == 4 and "as in your run (OMP_NUM_THREADS=4)" in c.why
+    c = choose_threads(8, "torch's default", cores=8, load=5.2)
+    assert c.threads == 3 and "capped at the free cores (load 5.2 on 8)" in c.why
+    assert choose_threads(2, "x", cores=2, load=7.0).threads == 1
+    assert fewer_threads(ThreadChoice(threads=1, why=""), "x") is None
+    assert fewer_threads(ThreadChoice(threads=4, why=""), "preempted").threads == 2
+
+
+# -- the driver on fake sides --------------------------------------------------------------------
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeSide:
+    """``per_call`` seconds per call, times a noise factor per batch; advances the fake clock."""
+
+    def __init__(self, clock: FakeClock, per_call: float, noise_fn=None, label="side"):
+        self.clock, self.per_call, self.noise_fn = clock, per_call, noise_fn or (lambda: 1.0)
+        self.label, self.timer, self.device = label, "fake clock", "cpu"
+        self.threads = None
+        self.held = 0
+        self.calls: list[int] = []
+
+    def prepare(self, calls, round_index):
+        pass
+
+    def batch(self, calls, round_index):
+        t = calls * self.per_call * self.noise_fn() + 1e-4  # a fixed cost per batch (a round trip)
+        self.clock.now += t + 1e-4
+        self.calls.append(calls)
+        return t
+
+    def pids(self):
+        return []
+
+    def hold(self):
+        self.held += 1
+
+    def release(self):
+        pass
+
+    def set_threads(self, threads):
+        self.threads = threads
+
+
+def fake_probe(counters=lambda pids, cpus: noise.SchedCounters(), load=lambda: (0.1, 2)):
+    return Probe(counters=counters, load=load, quietest=lambda n: list(range(n)), pin=lambda pids, cpus: None)
+
+
+QUIET = fake_probe()
+TWO = ThreadChoice(threads=2, why="test")
+
+
+def test_a_quiet_comparison_is_determined_near_the_true_ratio():
+    clock = FakeClock()
+    rng = random.Random(0)
+    base = FakeSide(clock, 40e-6, lambda: math.exp(rng.gauss(0, 0.03)))
+    cand = FakeSide(clock, 10e-6, lambda: math.exp(rng.gauss(0, 0.03)))
+    m = measure_speedup(base, cand, TimingPlan(), TWO, clock=clock, probe=QUIET)
+    # a fixed cost per batch (0.1 ms here) can only understate the speedup of 4
+    assert m.status == "ok" and 3.6 < m.speedup <= 4.0, m
+    assert m.interval[0] <= m.speedup <= m.interval[1] and m.lower == m.interval[0]
+    assert m.threads == 2 and base.threads == cand.threads == 2  # the same threads on both sides
+    assert m.base.median_s == pytest.approx(40e-6, rel=0.05) and m.candidate.median_s == pytest.approx(10e-6, rel=0.05)
+    # the same calls per batch on both sides, sized by the slower side (~10 ms)
+    assert cand.calls[-1] == base.calls[-1] and 150 < base.calls[-1] < 350
+    assert base.held > 0 and cand.held > 0  # each held while the other was timed
+    assert "ABBA batches of" in m.method and m.clean_rounds == m.rounds >= 6
+    assert "4" in m.note("softmax") and "2 thread(s)" in m.note("softmax")
+
+
+def test_noisy_rounds_end_undetermined_at_the_budget():
+    clock = FakeClock()
+    rng = random.Random(0)
+    base = FakeSide(clock, 40e-6, lambda: math.exp(rng.gauss(0, 0.8)))
+    cand = FakeSide(clock, 10e-6, lambda: math.exp(rng.gauss(0, 0.8)))
+    m = measure_speedup(base, cand, TimingPlan(budget_s=1.0), TWO, clock=clock, probe=QUIET)
+    assert m.status == "undetermined" and m.speedup is None
+    assert m.interval is not None and "wider than" in m.reason
+    assert clock.now < 1.2  # stopped at the budget
+
+
+def test_a_preempted_machine_is_retimed_with_fewer_threads_and_clean_rounds_only():
+    clock = FakeClock()
+    state = {"n": 0, "retimed": False}
+    base = FakeSide(clock, 40e-6)
+    cand = FakeSide(clock, 10e-6)
+
+    def counters(pids, cpus):  # every batch disturbed until the threads go down to 1
+        state["n"] += 1
+        disturbed = base.threads != 1 and state["n"] % 2 == 0
+        return noise.SchedCounters(wait_ns=10**9 * state["n"] if disturbed else 0, involuntary=state["n"] if disturbed else 0)
+
+    m = measure_speedup(base, cand, TimingPlan(budget_s=2.0, target_width=0.0001), TWO, clock=clock,
+                        probe=fake_probe(counters, lambda: (5.0, 2)))
+    assert m.retimed and m.threads == 1 and "retimed with 1 thread(s)" in m.method
+    assert "fewer than 2 because" in m.threads_why
+    assert any(f.kind == "load" for f in m.findings)
+
+
+def _always_switched_out():
+    n = {"i": 0}
+
+    def counters(pids, cpus):
+        n["i"] += 1
+        return noise.SchedCounters(involuntary=n["i"])  # every batch switched out
+
+    return counters
+
+
+def test_a_preempted_multithreaded_measurement_is_undetermined():
+    clock = FakeClock()
+    base, cand = FakeSide(clock, 40e-6), FakeSide(clock, 10e-6)
+    m = measure_speedup(base, cand, TimingPlan(budget_s=1.0), ThreadChoice(threads=4, why="x"), clock=clock,
+                        probe=fake_probe(_always_switched_out(), lambda: (0.5, 2)))
+    assert m.retimed and m.threads == 2  # halved once, still parallel
+    assert m.status == "undetermined" and m.speedup is None and "preempted" in m.reason
+    assert "with 2 threads each; only 0 round(s) were undisturbed" in m.reason and m.clean_rounds == 0
+
+
+def test_a_preempted_single_threaded_measurement_keeps_the_paired_median():
+    clock = FakeClock()
+    base, cand = FakeSide(clock, 40e-6), FakeSide(clock, 10e-6)
+    m = measure_speedup(base, cand, TimingPlan(budget_s=1.0), ThreadChoice(threads=1, why="x"), clock=clock,
+                        probe=fake_probe(_always_switched_out(), lambda: (0.5, 2)))
+    assert m.status == "ok" and 3.6 < m.speedup <= 4.0
+    assert any(f.kind == "preempted" and not f.blocking for f in m.findings)
+
+
+def test_bimodal_rounds_are_undetermined():
+    clock = FakeClock()
+
+    class TwoModes(FakeSide):  # every third round the candidate is 4x slower in both its batches
+        def batch(self, calls, round_index):
+            self.noise_fn = lambda: 4.0 if round_index % 3 == 0 else 1.0
+            return super().batch(calls, round_index)
+
+    base, cand = FakeSide(clock, 40e-6), TwoModes(clock, 10e-6)
+    m = measure_speedup(base, cand, TimingPlan(budget_s=1.5), TWO, clock=clock, probe=QUIET)
+    assert m.status == "undetermined" and "two groups" in m.reason, m.reason
+
+
+def test_several_candidates_are_measured_together_in_mirrored_rounds():
+    clock = FakeClock()
+    order: list[str] = []
+
+    class Named(FakeSide):
+        def batch(self, calls, round_index):
+            order.append(self.label)
+            return super().batch(calls, round_index)
+
+    base = Named(clock, 40e-6, label="b")
+    fast, slow = Named(clock, 10e-6, label="f"), Named(clock, 20e-6, label="s")
+    got = measure_speedups(base, [fast, slow], TimingPlan(), TWO, clock=clock, probe=QUIET)
+    assert 3.6 < got[0].speedup <= 4 and 1.8 < got[1].speedup <= 2
+    assert "mirrored" in got[0].method
+    rounds = order[-12:]
+    assert rounds in (["b", "f", "s", "s", "f", "b", "f", "s", "b", "b", "s", "f"],
+                      ["f", "s", "b", "b", "s", "f", "b", "f", "s", "s", "f", "b"])
+
+
+# -- in-process sides, CUDA path with a fake CUDA layer -----------------------------------------
+
+def test_callable_sides_time_in_this_process():
+    import torch
+
+    x = torch.randn(64, 64)
+    plan = TimingPlan(budget_s=0.6, min_seconds=0.1, batch_s=0.002)
+    m = measure_speedup(CallableSide("eager", lambda: torch.softmax(x, -1)),
+                        CallableSide("same", lambda: torch.softmax(x, -1)), plan, ThreadChoice(threads=1, why="t"))
+    assert m.rounds >= 1 and m.base.timer == "time.perf_counter around each batch in this process"
+    if m.status == "ok":  # the same function on both sides: about 1 (no timed assertion beyond sanity)
+        assert 0.3 < m.speedup < 3
+
+
+class FakeEvent:
+    def __init__(self, log, clock):
+        self.log, self.clock, self.t = log, clock, None
+
+    def record(self, stream=None):
+        self.log.append(("record", stream))
+        self.t = self.clock.now
+
+    def elapsed_time(self, other):
+        return (other.t - self.t) * 1e3  # milliseconds, as CUDA events report
+
+
+class FakeCuda:
+    def __init__(self, clock):
+        self.log: list = []
+        self.clock = clock
+
+    def Event(self, enable_timing=False):  # noqa: N802 - torch.cuda's name
+        assert enable_timing
+        return FakeEvent(self.log, self.clock)
+
+    def current_stream(self, device=None):
+        return "stream0"
+
+    def synchronize(self, device=None):
+        self.log.append(("sync", device))
+
+    def get_device_properties(self, device):
+        return type("P", (), {"L2_cache_size": 1 << 20})()
+
+
+def test_cuda_events_path_flushes_l2_records_on_the_current_stream_and_synchronises():
+    clock = FakeClock()
+    cuda = FakeCuda(clock)
+    layer = CudaLayer("cuda:0", cuda)
+    flushed = []
+    layer.flush_l2 = lambda: flushed.append(True)  # no device memory here
+
+    def kernel():
+        clock.now += 5e-6
+
+    seconds = cuda_batch_seconds(kernel, 10, layer)
+    assert seconds == pytest.approx(50e-6)
+    assert flushed == [True]
+    assert cuda.log == [("sync", "cuda:0"), ("record", "stream0"), ("record", "stream0"), ("sync", "cuda:0")]
+    side = CallableSide("k", kernel, "cuda:0", cuda=layer)
+    assert "CUDA events" in side.timer and side.batch(4, 0) == pytest.approx(20e-6)
+
+
+@pytest.mark.gpu
+def test_cuda_events_on_a_real_gpu():
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    x = torch.randn(1024, 1024, device="cuda")
+    m = measure_speedup(CallableSide("a", lambda: torch.softmax(x, -1), "cuda"),
+                        CallableSide("b", lambda: torch.softmax(x, -1), "cuda"),
+                        TimingPlan(budget_s=2.0), ThreadChoice(threads=1, why="gpu"))
+    assert m.rounds >= 6 and "CUDA events" in m.base.timer

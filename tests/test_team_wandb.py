@@ -311,11 +311,11 @@ def _softmax_pack(path: Path, speedup: float = 2.0) -> str:
     from modulelens.validation.report import ValidationReport
 
     report = ValidationReport(verdict="custom", correct=True, reason="test entry", stage="done", backend="triton",
-                              speedup_vs_eager=speedup)
+                              speedup_vs_eager=speedup, speedup_interval=[speedup * 0.9, speedup * 1.1])
     entry = PackEntry(candidate_id="sm.card0:v1", kind="op", target="sm:v1/0", capture="sm:v1",
                       op="aten._softmax.default", backend="triton", source=SOFTMAX_KERNEL, source_sha256="test",
                       pattern=describe_call([torch.randn(16, 24), -1, False], {}, grad_enabled=True),
-                      report=report, speedup_vs_eager=speedup)
+                      report=report, speedup_vs_eager=speedup, speedup_interval=report.speedup_interval)
     return write_pack(path, PackContent(environment=current_environment({"triton"}), entries=[entry]))
 
 

@@ -20,7 +20,7 @@ def build_recipe(backend: str) -> dict:
     return get_backend(backend).describe()
 
 
-def _entry(rec: CandidateRecord) -> PackEntry:
+def _entry(rec: CandidateRecord, force: bool) -> PackEntry:
     if rec.report is None:
         raise ModuleLensError(f"candidate {rec.candidate_id} has not been validated",
                               f"run validate-kernel {rec.candidate_id} (or validate-module) first")
@@ -31,15 +31,18 @@ def _entry(rec: CandidateRecord) -> PackEntry:
                      class_path=rec.class_path, module_path=rec.module_path, pattern=rec.pattern, backend=rec.backend,
                      entry=rec.entry, source=rec.source, source_sha256=rec.source_sha256,
                      build=build_recipe(rec.backend), init=rec.init, claims_training=rec.claims_training,
-                     report=rec.report, speedup_vs_eager=rec.report.speedup_vs_eager)
+                     report=rec.report, speedup_vs_eager=rec.report.speedup_vs_eager,
+                     speedup_interval=rec.report.speedup_interval, forced=force)
 
 
-def make_pack(repo: Repository, candidate_ids: list[str], out: Path) -> tuple[str, PackContent]:
+def make_pack(repo: Repository, candidate_ids: list[str], out: Path, force: bool = False) -> tuple[str, PackContent]:
     """Write the pack of ``candidate_ids`` to ``out``; returns (sha256, content). Two candidates
-    for the same call pattern are refused (keep the faster one)."""
+    for the same call pattern are refused (keep the faster one). An entry is used where the pack is
+    loaded only when the lower bound of its speedup interval is above 1, unless ``force``
+    (:meth:`PackEntry.skip_reason`)."""
     if not candidate_ids:
         raise ModuleLensError("no candidates given", "e.g. modulelens pack blk.card2:v1 blk.card7:v1 --out model.pack")
-    entries = [_entry(candidate_record(repo, c)) for c in candidate_ids]
+    entries = [_entry(candidate_record(repo, c), force) for c in candidate_ids]
     seen: dict[tuple, str] = {}
     for e in entries:
         where = (e.op or e.class_path, e.module_path, pattern_key(e.pattern))

@@ -18,6 +18,7 @@ class NodeLine(BaseModel):
     status: str
     verdict: str | None = None
     speedup_vs_eager: float | None = None
+    speedup_interval: list[float] | None = Field(None, description="95% interval; the node's value uses its low end.")
     latency_s: float | None = None
     candidate_id: str | None = None
     provider: str | None = None
@@ -49,7 +50,8 @@ class SearchSummary(BaseModel):
 
 def _line(n: NodeRecord, on_path: set[int]) -> NodeLine:
     return NodeLine(node=n.node, parent=n.parent, depth=len(n.lineage), status=n.status, verdict=n.verdict,
-                    speedup_vs_eager=n.speedup_vs_eager, latency_s=n.latency_s, candidate_id=n.candidate_id,
+                    speedup_vs_eager=n.speedup_vs_eager, speedup_interval=n.speedup_interval, latency_s=n.latency_s,
+                    candidate_id=n.candidate_id,
                     provider=n.provider, variant=n.variant, cost_usd=n.cost_usd, worker=n.worker, report=n.report,
                     reason=n.reason, best=n.node in on_path)
 

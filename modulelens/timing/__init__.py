@@ -18,12 +18,20 @@ without pulling in anything else of modulelens.
 
 from modulelens.timing.callables import CallableSide, CudaLayer
 from modulelens.timing.estimate import RatioEstimate, decide, estimate_ratio, median_interval, round_ratios
-from modulelens.timing.interleaved import Probe, Side, SpeedupMeasurement, TimingPlan, measure_speedup, measure_speedups
+from modulelens.timing.interleaved import (
+    Probe,
+    Side,
+    SpeedupMeasurement,
+    TimingPlan,
+    measure_speedup,
+    measure_speedups,
+    measurement_from_rounds,
+)
 from modulelens.timing.noise import Finding
 from modulelens.timing.samples import Timing, percentile, time_callable
 from modulelens.timing.threads import ThreadChoice, choose_threads, fewer_threads, thread_choice, user_threads
 
 __all__ = ["CallableSide", "CudaLayer", "Finding", "Probe", "RatioEstimate", "Side", "SpeedupMeasurement", "ThreadChoice",
            "Timing", "TimingPlan", "choose_threads", "decide", "estimate_ratio", "fewer_threads", "measure_speedup",
-           "measure_speedups", "median_interval", "percentile", "round_ratios", "thread_choice", "time_callable",
+           "measure_speedups", "measurement_from_rounds", "median_interval", "percentile", "round_ratios", "thread_choice", "time_callable",
            "user_threads"]

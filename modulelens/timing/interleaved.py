@@ -260,11 +260,21 @@ def _findings(attempt: _Attempt, j: int, pairs: _Pairs, ratios: list[float], pro
     return found
 
 
-def _timing(values: list[float], calls: int, side: Side, threads: int, warmup: int) -> Timing:
+def _timing(values: list[float], calls: int, timer: str, device: str, threads: int, warmup: int) -> Timing:
     return Timing(median_s=statistics.median(values), p20_s=percentile(values, 0.2), p80_s=percentile(values, 0.8),
-                  runs=calls, samples=len(values), warmup=warmup, timer=side.timer, device=side.device,
+                  runs=calls, samples=len(values), warmup=warmup, timer=timer, device=device,
                   threads=threads, cache="warm (caches are not flushed between calls)"
-                  if not side.device.startswith("cuda") else "cold L2 (flushed before every batch)")
+                  if not device.startswith("cuda") else "cold L2 (flushed before every batch)")
+
+
+def _decided(est: Any, target_width: float, found: list[noise.Finding]) -> tuple[bool, str]:
+    """:func:`decide`, the findings added to the reason of an undetermined ratio (blocking first)."""
+    ok, reason = decide(est, target_width, [f.detail for f in found if f.blocking])
+    if not ok:
+        context = [f.detail for f in sorted(found, key=lambda f: not f.blocking) if f.detail not in reason]
+        if context:
+            reason += " (" + "; ".join(context) + ")"
+    return ok, reason
 
 
 def _measurement(attempt: _Attempt, sides: list[Side], j: int, plan: TimingPlan, retimed: bool,
@@ -273,11 +283,7 @@ def _measurement(attempt: _Attempt, sides: list[Side], j: int, plan: TimingPlan,
     ratios = round_ratios(pairs.base, pairs.cand)
     est = estimate_ratio(ratios)
     found = _findings(attempt, j, pairs, ratios, probe)
-    ok, reason = decide(est, plan.target_width, [f.detail for f in found if f.blocking])
-    if not ok:
-        context = [f.detail for f in sorted(found, key=lambda f: not f.blocking) if f.detail not in reason]
-        if context:
-            reason += " (" + "; ".join(context) + ")"
+    ok, reason = _decided(est, plan.target_width, found)
     mine = [b for b in attempt.batches if b.side in (0, j)]
     calls = attempt.calls
     what = (f"{len(ratios)} {'undisturbed ' if pairs.used_clean_only else ''}rounds of "
@@ -289,10 +295,10 @@ def _measurement(attempt: _Attempt, sides: list[Side], j: int, plan: TimingPlan,
         reason=reason, rounds=len(ratios), clean_rounds=pairs.clean, batches=len(mine),
         disturbed_batches=sum(b.disturbed for b in mine), threads=attempt.threads.threads,
         threads_why=attempt.threads.why, retimed=retimed, method=what, findings=found,
-        base=_timing(pairs.base, calls * len(pairs.base), sides[0], attempt.threads.threads, plan.warmup_batches)
-        if pairs.base else None,
-        candidate=_timing(pairs.cand, calls * len(pairs.cand), sides[j], attempt.threads.threads,
-                          plan.warmup_batches) if pairs.cand else None,
+        base=_timing(pairs.base, calls * len(pairs.base), sides[0].timer, sides[0].device, attempt.threads.threads,
+                     plan.warmup_batches) if pairs.base else None,
+        candidate=_timing(pairs.cand, calls * len(pairs.cand), sides[j].timer, sides[j].device,
+                          attempt.threads.threads, plan.warmup_batches) if pairs.cand else None,
         seconds=seconds)
 
 
@@ -400,3 +406,21 @@ def measure_speedup(base: Side, candidate: Side, plan: TimingPlan, threads: Thre
                     **kw: Any) -> SpeedupMeasurement:
     """:func:`measure_speedups` for one candidate (ABBA rounds)."""
     return measure_speedups(base, [candidate], plan, threads, **kw)[0]
+
+
+def measurement_from_rounds(base_s: list[float], candidate_s: list[float], *, target_width: float, method: str,
+                            threads: ThreadChoice, timer: str, device: str = "cpu") -> SpeedupMeasurement:
+    """A :class:`SpeedupMeasurement` from rounds the caller paired itself (``run --compare``
+    switches a pack on and off between a script's steps): per-round times of the base and the
+    candidate, the same estimator, detectors of the rounds and decision as :func:`measure_speedups`."""
+    ratios = round_ratios(base_s, candidate_s)
+    est = estimate_ratio(ratios)
+    found = [f for f in (noise.bimodal(ratios), noise.rounds_disagree(ratios), noise.overloaded(*noise.machine_load()))
+             if f]
+    ok, reason = _decided(est, target_width, found)
+    return SpeedupMeasurement(
+        status="ok" if ok else "undetermined", speedup=est.point if ok else None,
+        interval=[est.low, est.high] if est.low is not None and est.high is not None else None, reason=reason,
+        rounds=len(ratios), threads=threads.threads, threads_why=threads.why, method=method, findings=found,
+        base=_timing(base_s, len(base_s), timer, device, threads.threads, 0) if base_s else None,
+        candidate=_timing(candidate_s, len(candidate_s), timer, device, threads.threads, 0) if candidate_s else None)

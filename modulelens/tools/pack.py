@@ -14,6 +14,7 @@ class PackRequest(BaseModel):
     candidates: list[str] = Field(description="Validated candidate ids.",
                                   json_schema_extra={"cli": "argument"})
     out: str = Field(description="Pack file to write.")
+    force: bool = Field(False, description="Use entries whose speedup is not surely above 1.")
 
 
 class PackedEntry(BaseModel):
@@ -22,8 +23,11 @@ class PackedEntry(BaseModel):
     target: str = Field(description="aten overload, or module class at module path.")
     backend: str
     verdict: str
-    speedup_vs_eager: float | None = Field(None, description="Measured at validation; null when not timed.")
-    dispatched: bool = Field(description="Whether it will be used: only entries validated correct and faster than eager.")
+    speedup_vs_eager: float | None = Field(None, description="Measured at validation; null when not timed or undetermined.")
+    speedup_interval: list[float] | None = Field(None, description="Its 95% interval at validation.")
+    dispatched: bool = Field(description="Whether it will be used: only entries validated correct whose speedup "
+                             "interval's lower bound is above 1 (or forced).")
+    forced: bool = Field(False, description="Used because of force, whatever its speedup interval says.")
     skip_reason: str | None = None
 
 
@@ -38,12 +42,13 @@ def pack(req: PackRequest, ctx: ToolContext) -> PackResult:
     from modulelens.dispatch.build import make_pack
 
     out = Path(req.out).expanduser().resolve()
-    sha, content = make_pack(Repository(ctx.repo_root), req.candidates, out)
+    sha, content = make_pack(Repository(ctx.repo_root), req.candidates, out, force=req.force)
     return PackResult(path=str(out), sha256=sha, environment=content.environment.model_dump(), entries=[
         PackedEntry(candidate_id=e.candidate_id, kind=e.kind,
                     target=e.op if e.kind == "op" else f"{e.class_path} at {e.module_path}",
                     backend=e.backend, verdict=e.report.verdict, speedup_vs_eager=e.speedup_vs_eager,
-                    dispatched=e.skip_reason() is None, skip_reason=e.skip_reason())
+                    speedup_interval=e.speedup_interval, dispatched=e.skip_reason() is None, forced=e.forced,
+                    skip_reason=e.skip_reason())
         for e in content.entries])
 
 

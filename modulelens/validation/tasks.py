@@ -7,16 +7,20 @@ from collections.abc import Callable
 
 from modulelens.sandbox.worker_messages import TaskRunner
 from modulelens.validation import card
-from modulelens.validation.messages import TASKS, SandboxResult, SandboxTask, ValidateModuleTask
+from modulelens.validation.messages import TASKS, RemeasureTask, SandboxResult, SandboxTask, ValidateModuleTask
 
 
 def run_task(task: SandboxTask, stage: Callable[[str], None]) -> SandboxResult:
-    """Run one validation task in this (worker) process: a module validation, or a card task
-    (card validation, timing, ping)."""
+    """Run one validation task in this (worker) process: a module validation, finalists
+    re-measured together, or a card task (card validation, timing, ping)."""
     if isinstance(task, ValidateModuleTask):
         from modulelens.validation import module  # only workers that validate modules need it
 
         return module.run_task(task, stage)
+    if isinstance(task, RemeasureTask):
+        from modulelens.validation.remeasure import remeasure
+
+        return remeasure(task)
     return card.run_task(task, stage)
 
 

@@ -145,13 +145,14 @@ class TimedProcess:
         assert self.verify is not None
         a, k, flat = final_inputs(args, kwargs, seed, calls)
         self.verified += 1
+        who = "" if self.label == "candidate" else f"{self.label}: "
         for i, (slot, want) in enumerate(zip(slots, flat)):
             if not same_bits(self.proc.arena.read(slot), want):
-                raise CandidateFailed(f"its timed batches change their inputs: input {i} after {label} is not what "
-                                      "the checker wrote (with the swaps between calls)")
+                raise CandidateFailed(f"{who}its timed batches change their inputs: input {i} after {label} is not "
+                                      "what the checker wrote (with the swaps between calls)")
         problem = self.verify(outputs, a, k, label)
         if problem:
-            raise CandidateFailed(f"its timed outputs disagree with the reference: {problem}")
+            raise CandidateFailed(f"{who}its timed outputs disagree with the reference: {problem}")
 
     def check_extra(self, round_index: int, calls: int) -> None:
         """A batch built like a timed one (fresh values, swaps), not timed, its outputs checked."""

@@ -65,7 +65,7 @@ def make_pack(repo: Path, out: Path) -> list[str]:
         ids.append(gen.candidate_id)
     from modulelens.tools import get_tool
 
-    module_tool = get_tool("validate_module")
+    module_tool = get_tool("validate_kernel")
     from modulelens.registry import ToolContext
 
     mod = module_tool(module_tool.request(source=str(FUSED), target=ops.capture, claims_training=True),

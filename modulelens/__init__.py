@@ -21,7 +21,7 @@ from modulelens.dispatch.api import apply_pack, use_pack  # noqa: E402
 from modulelens.errors import ModuleLensError  # noqa: E402
 
 
-def _tool_function(name: str):
+def _tool_function(name: str, **preset: Any):
     def call(*args: Any, repo: str | None = None, **kwargs: Any):
         from pathlib import Path
 
@@ -30,20 +30,23 @@ def _tool_function(name: str):
         from modulelens.tools import get_tool
 
         tool = get_tool(name)
-        fields = [n for n, f in tool.request.model_fields.items() if (f.json_schema_extra or {}).get("cli") == "argument"]
-        kwargs.update(dict(zip(fields, args)))
+        fields = [n for n, f in tool.request.model_fields.items()
+                  if (f.json_schema_extra or {}).get("cli") == "argument" and n not in preset]
+        kwargs.update(preset, **dict(zip(fields, args)))
         ctx = ToolContext(repo_root=Path(repo) if repo else default_repo_root())
         return tool(tool.request(**kwargs), ctx)
 
     call.__name__ = name
     call.__doc__ = f"Run the {name} tool; keyword arguments are its request fields (see the CLI's --help)."
+    if preset:
+        call.__doc__ = f"Run the {name} tool with {preset}; other keyword arguments are its request fields."
     return call
 
 
 capture_module = _tool_function("capture_module")
 replay_module = _tool_function("replay_module")
-list_captures = _tool_function("list_captures")
-show_capture = _tool_function("show_capture")
+list_captures = _tool_function("list", kind="captures")
+show_capture = _tool_function("show", kind="capture")
 export_repro = _tool_function("export_repro")
 capture_ops = _tool_function("capture_ops")
 profile = _tool_function("profile")

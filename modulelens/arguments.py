@@ -10,6 +10,7 @@ over MCP) through ``label`` and how argument markers in messages read through ``
 from __future__ import annotations
 
 import difflib
+import json
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -17,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 from modulelens.errors import Front, render
 
-__all__ = ["argument_errors", "did_you_mean", "unknown_names"]
+__all__ = ["argument_errors", "did_you_mean", "parse_json_text", "unknown_names"]
 
 Label = Callable[[str], str]
 """field name -> how the front end names it."""
@@ -44,6 +45,24 @@ def unknown_names(model: type[BaseModel], given: Iterable[str], label: Label = s
         parts.append(f"{name!r}" + (f" (did you mean {label(close)}?)" if close else ""))
     noun = "argument" if len(unknown) == 1 else "arguments"
     return f"unknown {noun} {', '.join(parts)}; valid: {', '.join(label(v) for v in valid)}"
+
+
+def parse_json_text(model: type[BaseModel], data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with the values of ``model``'s non-text fields that were sent as JSON text (a list,
+    an object, null or a boolean written as a string, as some MCP clients do) parsed; other values
+    as given (numbers in text are left to the model's own coercion)."""
+    out = dict(data)
+    for name, value in data.items():
+        field = model.model_fields.get(name)
+        if field is None or not isinstance(value, str) or field.annotation is str:
+            continue
+        try:
+            parsed = json.loads(value)
+        except (ValueError, RecursionError):
+            continue
+        if not isinstance(parsed, (str, int, float)) or isinstance(parsed, bool):
+            out[name] = parsed
+    return out
 
 
 def _shown(value: Any) -> str:

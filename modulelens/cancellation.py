@@ -1,7 +1,7 @@
 """Cancelling a tool call that is running in a thread, down to the processes it started.
 
 A front end that can cancel a call (the MCP server, when the client sends
-``notifications/cancelled`` or the job table's ``cancel_job``) gives the call a
+``notifications/cancelled`` or the job table's ``job_status`` with ``cancel``) gives the call a
 :class:`threading.Event` (``ToolContext.cancelled``) and runs the tool inside
 :func:`cancellable`. The code that waits on a worker process (the capture, statistics and run
 workers, the sandbox) polls :func:`cancel_requested` while it waits, and on a request kills the

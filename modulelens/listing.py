@@ -6,10 +6,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, Field
 from pydantic.fields import FieldInfo
 
-__all__ = ["LeftOut", "everything", "keep_first", "keep_first_each"]
+__all__ = ["MAX_ITEMS", "LeftOut", "everything", "keep_first", "keep_first_each"]
+
+MAX_ITEMS = 100
+"""The most items a reply lists from one list (the maximum of every ``top`` and ``limit``): a
+larger value is refused when the request is checked. The stored files have every item."""
 
 
 class LeftOut(BaseModel):
@@ -23,23 +27,25 @@ class LeftOut(BaseModel):
 
 M = TypeVar("M", bound=BaseModel)
 
-# Request fields that cut a reply short, and their values for the whole data (what resources give).
-_WHOLE = {"top": None, "limit": None, "points": None, "source_lines": None, "manifest": True, "definitions": True}
+# Request fields that cut a reply short (set to their maximum for the whole data), and detail flags.
+_CUTS = ("top", "limit", "points")
+_DETAIL = {"full": True}
 
 
-def _accepts(field: FieldInfo, value: object) -> bool:
-    try:
-        TypeAdapter(field.annotation).validate_python(value)
-    except ValidationError:
-        return False
-    return True
+def _maximum(field: FieldInfo) -> int | None:
+    for constraint in field.metadata:
+        if isinstance(getattr(constraint, "le", None), int):
+            return constraint.le
+    return None
 
 
 def everything(request: type[BaseModel]) -> dict[str, object]:
-    """The request fields of ``request`` that cut a reply short (``top``, ``limit``, detail flags),
-    set so that nothing is left out (only those that take that setting)."""
+    """The request fields of ``request`` that cut a reply short, set to show as much as they allow:
+    ``top``, ``limit`` and ``points`` at their maximum, detail flags on."""
     fields = request.model_fields
-    return {name: value for name, value in _WHOLE.items() if name in fields and _accepts(fields[name], value)}
+    out: dict[str, object] = {name: _maximum(fields[name]) for name in _CUTS if name in fields}
+    out = {name: value for name, value in out.items() if value is not None}
+    return out | {name: value for name, value in _DETAIL.items() if name in fields}
 
 
 def keep_first(result: M, field: str, top: int | None, full: str) -> M:

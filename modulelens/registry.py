@@ -1,23 +1,35 @@
 """The one registry of tools.
 
 Every capability is a :class:`Tool`: a name, a pydantic request model, a pydantic result model
-and a plain function ``fn(request, ctx) -> result``. The MCP server and the CLI are generated from
-this list, so a tool cannot exist in one front end and not the other, and argument names match.
+(or a union of them) and a plain function ``fn(request, ctx) -> result``. A tool is declared once,
+with :func:`tool` over its typed function::
 
-The registry knows no tool: each module of :mod:`modulelens.tools` registers itself on import, and
-:func:`modulelens.tools.all_tools` is the one place that imports them all.
+    @tool
+    def tag_capture(req: TagCaptureRequest, ctx: ToolContext) -> TagCaptureResult:
+        \"\"\"Point a tag at one version of a capture (name@tag).\"\"\"
+
+The name is the function's (a trailing underscore, PEP 8's way around a builtin, is dropped:
+``list_`` is ``list``), the summary is the first paragraph of its docstring, and the request and
+result models are its annotations. Declaring registers nothing: a :class:`ToolRegistry` is built
+from an explicit list (:func:`modulelens.tools.all_tools`) and handed to the front ends (MCP
+server, CLI, UI), which are generated from it, so argument names match everywhere.
 """
 
 from __future__ import annotations
 
+import inspect
 import threading
-from collections.abc import Callable
+import types
+import typing
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
 
+from modulelens.errors import ModuleLensError
+from modulelens.replies import ToolReply
 from modulelens.repo import default_repo_root
 
 Req = TypeVar("Req", bound=BaseModel)
@@ -39,7 +51,7 @@ class ToolContext:
     stdout_is_protocol: bool = False
     # Set by the MCP server when the connected client can sample: asks the client's own model.
     sample: SampleFn | None = None
-    # Set by a front end that cancels the call (MCP cancellation, cancel_job). Worker processes
+    # Set by a front end that cancels the call (MCP cancellation, a cancelled job). Worker processes
     # see it through modulelens.cancellation (the front end runs the tool inside ``cancellable``).
     cancelled: threading.Event = field(default_factory=threading.Event)
 
@@ -48,30 +60,94 @@ class ToolContext:
 class Tool(Generic[Req, Res]):
     name: str
     request: type[Req]
-    result: type[Res]
+    result: Any  # a result model, or a union of result models (see ``result_models``)
     fn: Callable[[Req, ToolContext], Res]
     summary: str
     # Optional human renderer for the CLI: result -> rich renderable. None uses a generic table.
     render: Callable[[Res], object] | None = None
+    # False for a tool people run but agents never need over MCP (it sets MCP up, for one).
+    mcp: bool = True
 
     @property
     def cli_name(self) -> str:
         return self.name.replace("_", "-")
 
+    @property
+    def result_models(self) -> tuple[type[BaseModel], ...]:
+        """The result model, or each model of a union of them."""
+        return _models(self.result)
+
     def __call__(self, request: Req, ctx: ToolContext | None = None) -> Res:
         return self.fn(request, ctx or ToolContext())
 
 
-_TOOLS: dict[str, Tool] = {}
+def _models(annotation: Any) -> tuple[type[BaseModel], ...]:
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return tuple(m for a in typing.get_args(annotation) for m in _models(a))
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return (annotation,)
+    raise TypeError(f"{annotation!r} is not a pydantic model or a union of them")
 
 
-def register(tool: Tool) -> Tool:
-    if tool.name in _TOOLS:
-        raise ValueError(f"tool {tool.name!r} registered twice")
-    _TOOLS[tool.name] = tool
-    return tool
+def _summary(fn: Callable[..., Any]) -> str:
+    doc = inspect.getdoc(fn)
+    if not doc:
+        raise TypeError(f"tool {fn.__name__!r} needs a docstring: its first paragraph is the summary")
+    return " ".join(doc.split("\n\n", 1)[0].split())
 
 
-def registered() -> list[Tool]:
-    """The tools registered so far, in registration order."""
-    return list(_TOOLS.values())
+def tool(fn: Callable[..., Any] | None = None, *, render: Callable[[Any], object] | None = None,
+         mcp: bool = True) -> Any:
+    """Declare ``fn(req: Request, ctx: ToolContext) -> Result`` a :class:`Tool` (module docstring).
+
+    Every model of the result must extend :class:`~modulelens.replies.ToolReply` (``warnings``
+    and ``next``). Used bare (``@tool``) or with options (``@tool(mcp=False)``)."""
+
+    def declare(f: Callable[..., Any]) -> Tool:
+        try:
+            hints = typing.get_type_hints(f)
+        except NameError as exc:
+            raise TypeError(f"tool {f.__name__!r}: its annotations cannot be resolved ({exc}); declare its models "
+                            "at module level") from None
+        params = list(inspect.signature(f).parameters)
+        if len(params) != 2 or "return" not in hints or params[0] not in hints:
+            raise TypeError(f"tool {f.__name__!r} must be typed as fn(req: Request, ctx: ToolContext) -> Result")
+        request, result = hints[params[0]], hints["return"]
+        if not (isinstance(request, type) and issubclass(request, BaseModel)):
+            raise TypeError(f"tool {f.__name__!r}: its request {request!r} is not a pydantic model")
+        for model in _models(result):
+            if not issubclass(model, ToolReply):
+                raise TypeError(f"tool {f.__name__!r}: its result {model.__name__} does not extend ToolReply")
+        return Tool(f.__name__.removesuffix("_"), request, result, f, _summary(f), render=render, mcp=mcp)
+
+    return declare if fn is None else declare(fn)
+
+
+class ToolRegistry:
+    """Tools by name, in a fixed order (the CLI's and the MCP server's); a name is there once."""
+
+    def __init__(self, tools: Iterable[Tool] = ()):
+        self._tools: dict[str, Tool] = {}
+        for t in tools:
+            if t.name in self._tools:
+                raise ValueError(f"tool {t.name!r} given twice")
+            self._tools[t.name] = t
+
+    def get(self, name: str) -> Tool:
+        """The tool called ``name``; a clear error names the known ones otherwise."""
+        found = self._tools.get(name)
+        if found is None:
+            raise ModuleLensError(f"no tool named {name!r}", f"tools: {', '.join(self._tools)}")
+        return found
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    def __iter__(self) -> Iterator[Tool]:
+        return iter(list(self._tools.values()))
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    def names(self) -> list[str]:
+        return list(self._tools)

@@ -25,10 +25,10 @@ modulelens export-repro demo-block --out "$ROOT/repros"
 
 say "5. record the aten operators the block runs, ranked by measured time share (operator cards)"
 modulelens capture-ops demo-block
-modulelens list-op-cards demo-block --kind memory --top 5
+modulelens list cards demo-block --op-kind memory --limit 5
 
 say "6. generate a C++ template kernel for the softmax card and validate it in the sandbox"
-card=$(modulelens list-op-cards demo-block --json | python -c "import json,sys; print(next(c['card_id'] for c in json.load(sys.stdin)['cards'] if 'softmax' in c['op']))")
+card=$(modulelens list cards demo-block --limit 100 --json | python -c "import json,sys; print(next(c['card_id'] for c in json.load(sys.stdin)['cards'] if 'softmax' in c['op']))")
 cand=$(modulelens generate-kernel "$card" --backend cpp --provider template --json | python -c "import json,sys; print(json.load(sys.stdin)['candidate_id'])")
 modulelens validate-kernel "$cand"
 
@@ -37,4 +37,4 @@ modulelens pack "$cand" --out "$ROOT/repros/demo.pack"
 modulelens run examples/tinyformer/train.py --pack "$ROOT/repros/demo.pack" --compare -- --steps 6
 
 say "8. what the repository ($MODULELENS_HOME) holds"
-modulelens list-captures
+modulelens list captures

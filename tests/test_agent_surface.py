@@ -1,7 +1,10 @@
-"""What an agent sees, in-process: strict arguments (unknown names, types and values refused one
-line per field), hints phrased per front end (tool arguments over MCP, flags in the CLI), a
-``tools/list`` within budget, one-line text summaries, and long lists cut with a pointer to the
-full data. The stdio run of the whole loop is tests/test_mcp_agent_e2e.py."""
+"""What an agent sees, in-process: tools declared once (the decorator and the registry), strict
+arguments (unknown names, types and values refused one line per field), hints and warnings phrased
+per front end (tool arguments over MCP, flags in the CLI), next calls as tool calls over MCP and
+command lines in the CLI, a ``tools/list`` within budget (at most 24 tools, 15,000 characters),
+replies whose text is their structured content as compact JSON, capped ``top``/``limit``, and long
+lists cut with a pointer to the full data. The stdio run of the whole loop is
+tests/test_mcp_agent_e2e.py."""
 
 from __future__ import annotations
 
@@ -20,7 +23,8 @@ from modulelens.errors import ModuleLensError, arg, render
 from modulelens.listing import LeftOut, everything, keep_first
 from modulelens.mcp_server.schema import compact_schema
 from modulelens.mcp_server.server import build_server
-from modulelens.registry import Tool, ToolContext
+from modulelens.registry import Tool, ToolContext, ToolRegistry, tool
+from modulelens.replies import ToolReply, call
 from modulelens.stats.runs import ModuleSeries, StatsRunEntry, StatsRunView, thin_steps
 
 # --------------------------------------------------------------------------------------------
@@ -34,7 +38,7 @@ class BuildRequest(BaseModel):
     target: str | None = Field(None, description="With a source: its card id.")
     backend: Literal["cpp", "cuda", "triton"] | None = None
     seeds: int = Field(2, ge=1, le=10)
-    top: int | None = Field(3, ge=1, description="Items listed (null: all).")
+    top: int = Field(3, ge=1, le=100, description="Items listed.")
 
     @model_validator(mode="after")
     def _one_input(self) -> BuildRequest:
@@ -43,7 +47,7 @@ class BuildRequest(BaseModel):
         return self
 
 
-class BuildResult(BaseModel):
+class BuildResult(ToolReply):
     card: str
     seeds: int
     items: list[int]
@@ -55,10 +59,14 @@ def _build(req: BuildRequest, ctx: ToolContext) -> BuildResult:
         raise ModuleLensError("[--source] needs [--target CARD] and [--backend]",
                               "e.g. [--source k.cpp] [--target blk/6] [--backend cpp]")
     result = BuildResult(card=req.card or "blk/0", seeds=req.seeds, items=list(range(12)))
+    result.warnings = [f"timing undetermined: pass {arg('seeds', 'N')} above {req.seeds}"]
+    result.next = [call("build", card="blk/3", top=5, backend="cpp")]
     return keep_first(result, "items", req.top, "modulelens://items")
 
 
 BUILD = Tool("build", BuildRequest, BuildResult, _build, "Build a kernel for a card.")
+MAX_TOOLS = 24
+MAX_TOOLS_LIST_CHARS = 15_000  # tools/list as the client receives it (compact JSON)
 
 
 def _mcp(tools: list[Tool], body) -> Any:
@@ -183,7 +191,7 @@ def test_mcp_type_and_enum_errors_name_the_field():
 
 
 def test_mcp_lists_and_objects_sent_as_json_text_are_still_accepted():
-    r = _call({"card": "blk/1", "seeds": "3", "top": "null"})
+    r = _call({"card": "blk/1", "seeds": "3", "top": "12", "backend": "null"})
     assert not r.is_error, r.content
     assert r.structured_content["seeds"] == 3 and len(r.structured_content["items"]) == 12
 
@@ -240,13 +248,41 @@ def test_cli_top_is_an_option_and_the_output_keeps_its_shape(cli):
 # --------------------------------------------------------------------------------------------
 
 
-def test_mcp_reply_text_is_a_one_line_summary_not_the_json_again():
+def test_mcp_reply_text_is_the_structured_content_as_compact_json():
     r = _call({"card": "blk/2"})
     assert not r.is_error
     (block,) = r.content
-    assert block.text.startswith("build: card=blk/2, seeds=2, items: 3 items") and "\n" not in block.text
+    assert json.loads(block.text) == r.structured_content  # text-only clients see everything
+    assert block.text == json.dumps(r.structured_content, separators=(",", ":"), ensure_ascii=False)
     assert r.structured_content["left_out"] == [{"field": "items", "shown": 3, "total": 12,
                                                  "full": "modulelens://items"}]
+    assert r.structured_content["warnings"] == ["timing undetermined: pass seeds above 2"]  # markers as names
+    assert r.structured_content["next"] == [{"tool": "build", "arguments": {"card": "blk/3", "top": 5,
+                                                                           "backend": "cpp"}}]
+
+
+def test_cli_shows_warnings_with_flags_and_next_calls_as_command_lines(cli):
+    r = cli("build", "--card", "blk/2")
+    assert r.exit_code == 0, r.output
+    assert "warning: timing undetermined: pass --seeds N above 2" in r.stdout
+    assert "next: modulelens build --card blk/3 --backend cpp --top 5" in r.stdout
+    r = cli("build", "--card", "blk/2", "--json")
+    assert json.loads(r.stdout)["warnings"] == ["timing undetermined: pass --seeds N above 2"]
+
+
+def test_next_calls_become_command_lines_with_positional_arguments_in_order():
+    from modulelens.cli.app import cli_command
+    from modulelens.tools import all_tools
+
+    tools = all_tools()
+    assert cli_command(call("replay_module", ref="blk:v1", strategy="export"), tools) == (
+        "modulelens replay-module blk:v1 --strategy export")
+    assert cli_command(call("list", kind="cards", of="blk"), tools) == "modulelens list cards blk"
+    assert cli_command(call("pack", candidates=["a.card1:v1", "b.module:v2"], out="x y.pack"), tools) == (
+        "modulelens pack a.card1:v1 b.module:v2 --out 'x y.pack'")
+    assert cli_command(call("run", script="t.py", pack="p", compare=True), tools) == (
+        "modulelens run t.py --pack p --compare")
+    assert cli_command(call("job_status", job="j1"), tools) == 'job_status {"job": "j1"}'  # MCP only
 
 
 def test_every_real_tool_lists_within_budget_and_documents_its_result():
@@ -257,17 +293,135 @@ def test_every_real_tool_lists_within_budget_and_documents_its_result():
     async def body(c):
         listed = await c.list_tools()
         schemas = {t.name: json.loads((await c.read_resource(f"modulelens://schemas/{t.name}")).contents[0].text)
-                   for t in tools}
+                   for t in tools if t.mcp}
         return listed, schemas
 
     listed, schemas = _mcp(tools, body)
-    assert len(listed.model_dump_json(by_alias=True, exclude_none=True)) <= 20_000
-    for tool in listed.tools:
-        assert "Arguments:" not in tool.description and "[--" not in tool.description
-        assert "title" not in tool.input_schema["properties"].get(next(iter(tool.input_schema["properties"]), ""), {})
-        assert "[--" not in json.dumps(tool.input_schema)  # argument markers are written as names
-    for tool in tools:
-        assert set(schemas[tool.name]["properties"]) == set(tool.result.model_fields)
+    assert len(listed.model_dump_json(by_alias=True, exclude_none=True)) <= MAX_TOOLS_LIST_CHARS
+    assert len(listed.tools) <= MAX_TOOLS
+    assert {t.name for t in listed.tools} == {t.name for t in tools if t.mcp} | {"start_job", "job_status"}
+    for listed_tool in listed.tools:
+        assert "Arguments:" not in listed_tool.description and "[--" not in listed_tool.description
+        props = listed_tool.input_schema["properties"]
+        assert "title" not in props.get(next(iter(props), ""), {})
+        assert "[--" not in json.dumps(listed_tool.input_schema)  # argument markers are written as names
+    for t in tools:
+        if not t.mcp:
+            continue
+        schema = schemas[t.name]
+        models = t.result_models
+        if len(models) == 1:
+            assert set(schema["properties"]) == set(models[0].model_fields)
+        else:  # a union: one $defs entry per model, each documented in full
+            assert len(schema["anyOf"]) == len(models)
+            for model in models:
+                assert set(schema["$defs"][model.__name__]["properties"]) == set(model.model_fields)
+
+
+def test_every_real_tool_result_carries_warnings_and_next_and_every_cut_has_a_maximum():
+    from modulelens.listing import MAX_ITEMS
+    from modulelens.tools import all_tools
+
+    for t in all_tools():
+        for model in t.result_models:
+            assert issubclass(model, ToolReply), (t.name, model)
+            assert list(model.model_fields)[:2] == ["warnings", "next"], (t.name, model)  # read first
+        for name in ("top", "limit"):
+            field = t.request.model_fields.get(name)
+            if field is not None:
+                maxima = [c.le for c in field.metadata if hasattr(c, "le")]
+                assert maxima and maxima[0] <= MAX_ITEMS, (t.name, name)
+
+
+def test_a_huge_limit_is_refused_in_one_line_naming_the_maximum(tmp_path):
+    from modulelens.tools import all_tools
+
+    async def body(c):
+        return await c.call_tool("list", {"kind": "captures", "limit": 10**6})
+
+    async def main():
+        async with Client(build_server(all_tools(), repo_root=tmp_path)) as client:
+            return await body(client)
+
+    r = anyio.run(main)
+    assert r.is_error
+    assert r.content[0].text == "invalid arguments:\nlimit: got 1000000, expected less than or equal to 100"
+
+
+def test_list_and_show_check_their_kind_strictly(tmp_path):
+    from modulelens.tools import all_tools
+
+    async def main():
+        async with Client(build_server(all_tools(), repo_root=tmp_path)) as c:
+            return [await c.call_tool("list", {"kind": "captures"}),
+                    await c.call_tool("list", {"kind": "capture"}),
+                    await c.call_tool("list", {"kind": "cards"}),
+                    await c.call_tool("show", {"kind": "card", "ref": "blk/0", "tensors": True}),
+                    await c.call_tool("list", {"kind": "searches", "of_": "x"}),
+                    await c.call_tool("show", {"kind": "pack", "ref": "nothing"})]
+
+    empty, singular, cards, tensors, misspelt, missing = anyio.run(main)
+    assert not empty.is_error and empty.structured_content["captures"] == []
+    assert empty.structured_content["warnings"] == [f"no captures in {tmp_path}: is this the repository you meant?"]
+    assert singular.is_error and "(did you mean 'captures'?)" in singular.content[0].text
+    assert cards.is_error and "kind cards needs the opset" in cards.content[0].text
+    assert tensors.is_error and "tensors goes with kind capture, not card" in tensors.content[0].text
+    assert misspelt.is_error and "did you mean of?" in misspelt.content[0].text
+    assert missing.is_error and "nothing" in missing.content[0].text
+
+
+# --------------------------------------------------------------------------------------------
+# Tools declared once
+# --------------------------------------------------------------------------------------------
+
+
+class PingRequest(BaseModel):
+    n: int = 1
+
+
+class PingResult(ToolReply):
+    n: int
+
+
+def test_the_decorator_takes_name_summary_and_models_from_the_function():
+    @tool
+    def list_(req: PingRequest, ctx: ToolContext) -> PingResult:
+        """Ping back, n times.
+
+        The rest of the docstring is for people reading the code."""
+        return PingResult(n=req.n)
+
+    assert (list_.name, list_.summary, list_.request, list_.result) == ("list", "Ping back, n times.", PingRequest,
+                                                                         PingResult)
+    assert list_.mcp and list_(PingRequest(n=3)).n == 3
+
+
+class Plain(BaseModel):
+    n: int
+
+
+def test_the_decorator_refuses_what_cannot_be_a_tool():
+    def undocumented(req: PingRequest, ctx: ToolContext) -> PingResult:
+        return PingResult(n=1)
+
+    def no_reply(req: PingRequest, ctx: ToolContext) -> Plain:
+        """Has no warnings."""
+        return Plain(n=1)
+
+    def untyped(req, ctx):
+        """No annotations."""
+
+    for fn, words in ((undocumented, "docstring"), (no_reply, "ToolReply"), (untyped, "typed")):
+        with pytest.raises(TypeError, match=words):
+            tool(fn)
+
+
+def test_the_registry_holds_each_name_once_and_names_the_known_ones():
+    with pytest.raises(ValueError, match="given twice"):
+        ToolRegistry([BUILD, BUILD])
+    with pytest.raises(ModuleLensError) as e:
+        ToolRegistry([BUILD]).get("biuld")
+    assert e.value.hint == "tools: build"
 
 
 def test_compact_schema_keeps_meaning():
@@ -275,24 +429,26 @@ def test_compact_schema_keeps_meaning():
         "title": {"title": "Title", "type": "string"},
         "device": {"anyOf": [{"type": "string"}, {"type": "null"}], "default": None, "title": "Device"},
         "top": {"anyOf": [{"minimum": 1, "type": "integer"}, {"type": "null"}], "default": 10},
+        "repeats": {"minimum": 3, "type": "integer", "exclusiveMinimum": 0, "maximum": 9},
         "mode": {"enum": ["a", "b"], "type": "string", "default": "a"},
     }}
     assert compact_schema(schema) == {"type": "object", "properties": {
         "title": {"type": "string"},
         "device": {"type": "string"},
-        "top": {"minimum": 1, "type": ["integer", "null"], "default": 10},
+        "top": {"type": ["integer", "null"], "default": 10},  # counts start at 1: said once
+        "repeats": {"minimum": 3, "type": "integer", "maximum": 9},
         "mode": {"enum": ["a", "b"], "default": "a"},
     }}
 
 
-def test_everything_lifts_every_cut_the_request_allows():
-    assert everything(BuildRequest) == {"top": None}
+def test_everything_lifts_every_cut_to_its_maximum():
+    assert everything(BuildRequest) == {"top": 100}
 
     class Fixed(BaseModel):
-        limit: int = 10
-        manifest: bool = False
+        limit: int = 10  # no maximum: left alone
+        full: bool = False
 
-    assert everything(Fixed) == {"manifest": True}
+    assert everything(Fixed) == {"full": True}
 
 
 def test_keep_first_and_thin_steps():

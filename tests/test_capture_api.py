@@ -184,7 +184,7 @@ def test_tag_capture(cli, tmp_path):
         nn.Linear(2, 2)(torch.randn(1, 2))
     code, data, r = cli("tag-capture", "tg:v1", "prod", "--repo", tmp_path, "--json")
     assert code == 0 and data["ref"] == "tg:v1", r.output
-    code, data, _ = cli("show-capture", "tg@prod", "--repo", tmp_path, "--json")
+    code, data, _ = cli("show", "capture", "tg@prod", "--repo", tmp_path, "--json")
     assert data["version"] == 1 and data["aliases"] == ["prod"]
     code, err, _ = cli("tag-capture", "tg", "latest", "--repo", tmp_path, "--json")
     assert code == 2 and "automatically" in err["error"]

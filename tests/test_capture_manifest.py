@@ -4,6 +4,7 @@ their value specs decode, and a damaged manifest is a clear error."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,9 @@ from modulelens.capture.sources import Resolver
 from modulelens.capture.spec import ModuleSpec
 from modulelens.capture.values import Decoder, TensorSource
 from modulelens.errors import ChecksumMismatch
+from modulelens.registry import ToolContext
 from modulelens.repo import Repository
+from modulelens.tools.trust_artifact import TrustRequest, trust
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MODEL_PY = Path(__file__).resolve().parent.parent / "examples" / "tinyformer" / "model.py"
@@ -72,7 +75,7 @@ def test_show_capture_returns_the_manifest_as_stored(tmp_path):
         nn.Linear(3, 2)(torch.randn(4, 3))
     assert cap.artifact is not None
     stored = json.loads((cap.artifact.path / "manifest.json").read_text())
-    shown = modulelens.show_capture("lin", repo=str(tmp_path), manifest=True)
+    shown = modulelens.show_capture("lin", repo=str(tmp_path), full=True)
     assert shown.manifest == stored and shown.inputs[0].shape == [4, 3] and shown.weights == 2
     m = capture_manifest(cap.artifact)
     assert m.source.kind == "api" and m.init is not None and m.init.kwargs == {"in_features": 3, "out_features": 2}
@@ -88,3 +91,18 @@ def test_damaged_manifest_is_a_clear_error(tmp_path, change, where):
     art = repo.create("captures", "bad", lambda folder: {**_fixture("capture_manifest_blk.json"), **change})
     with pytest.raises(ChecksumMismatch, match=f"manifest of bad:v1 does not have the expected form \\({where}"):
         capture_manifest(repo.open("captures", art.ref))
+
+
+def test_a_capture_written_by_the_previous_version_replays_by_source_and_export(tmp_path):
+    """Schema 1: its export program holds its weights (no ``export.weights`` field); it is copied
+    into a repository, trusted, and replayed exactly by both strategies, gradients included."""
+    folder = tmp_path / "captures" / "seq"
+    shutil.copytree(FIXTURES / "capture_v1_seq", folder / "v1")
+    (folder / "aliases.json").write_text(json.dumps({"latest": 1}))
+    trust(TrustRequest(ref="seq", yes=True), ToolContext(repo_root=tmp_path))
+    m = capture_manifest(Repository(tmp_path).open("captures", "seq"))
+    assert m.schema_version == 1 and m.export.weights == "embedded" and m.export.custom_ops == {}
+    for strategy in ("source", "export"):
+        rep = modulelens.replay_module("seq", strategy=strategy, backward=strategy == "source", repo=str(tmp_path))
+        assert rep.strategy == strategy and rep.exact and rep.max_abs_error == 0.0, (strategy, rep.notes)
+        assert strategy == "export" or rep.backward_match

@@ -52,21 +52,21 @@ def test_auto_uses_source_first_and_human_output(cli, repo, block_ref):
 
 
 def test_list_and_show(cli, repo, block_ref):
-    code, data, _ = cli("list-captures", "--repo", repo, "--json")
+    code, data, _ = cli("list", "captures", "--repo", repo, "--json")
     assert code == 0 and block_ref in [c["ref"] for c in data["captures"]]
-    code, data, _ = cli("show-capture", "blk@latest", "--manifest", "--repo", repo, "--json")
+    code, data, _ = cli("show", "capture", "blk@latest", "--full", "--repo", repo, "--json")
     assert code == 0 and data["ref"] == block_ref and "latest" in data["aliases"]
     init = data["manifest"]["init"]
     assert init["cls"] == "model:Block"
     cfg = init["kwargs"]["cfg"]
     assert cfg["$"] == "dataclass" and cfg["fields"]["activation"] == {"$": "enum", "cls": "model:Activation", "name": "GELU"}
-    code, _, r = cli("show-capture", block_ref, "--repo", repo)  # human output keeps bracket-free text intact
+    code, _, r = cli("show", "capture", block_ref, "--repo", repo)  # human output keeps bracket-free text intact
     assert code == 0 and "model:Block" in r.stdout
 
 
 def test_repository_from_env(cli, repo, block_ref, monkeypatch):
     monkeypatch.setenv("MODULELENS_HOME", str(repo))
-    code, data, _ = cli("show-capture", block_ref, "--json")
+    code, data, _ = cli("show", "capture", block_ref, "--json")
     assert code == 0 and data["ref"] == block_ref
 
 

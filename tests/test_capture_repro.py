@@ -21,7 +21,7 @@ FIXTURES = Path(__file__).parent / "fixtures"
 def _evaluate(expr: str, imports: set[str], tmp_path: Path):
     """Evaluate a rendered expression after the generated file's header (its helpers and imports)."""
     namespace = {"__file__": str(tmp_path / "repro.py"), "__name__": "repro"}
-    header = _HEADER.format(ref="x:v1", class_path="m:C", module_path="", data_name="data",
+    header = _HEADER.format(ref="x:v1", class_path="m:C", module_path="", data_name="data", needs="",
                             imports="".join(f"import {m}\n" for m in sorted(imports)))
     exec(compile(header, "repro.py", "exec"), namespace)
     return eval(expr, namespace)
@@ -44,6 +44,24 @@ def test_every_kind_renders_to_what_the_decoder_gives(tmp_path):
         else:
             assert got == want and type(got) is type(want), key
     assert {"urllib.parse", "pstats", "argparse", "collections", "http"} <= renderer.imports
+
+
+def test_container_kinds_added_later_render_to_what_the_decoder_gives(tmp_path):
+    import collections
+    import datetime
+    import pathlib
+
+    from modulelens.capture.values import Encoder, TensorSink
+
+    value = {"set": {3, 1}, "frozen": frozenset({"a"}), "range": range(1, 9, 4), "path": pathlib.PurePosixPath("/x/y"),
+             "when": datetime.datetime(2024, 3, 1, 8, 0, tzinfo=datetime.UTC), "day": datetime.date(2024, 3, 1),
+             "every": datetime.timedelta(hours=3), "groups": collections.defaultdict(set, {"k": {1}})}
+    spec = json.loads(json.dumps(Encoder(TensorSink()).encode(value, "v")))
+    renderer = ReproRenderer(set())
+    rendered = _evaluate(renderer.visit(spec), renderer.imports, tmp_path)
+    decoded = Decoder(TensorSource({}), Resolver()).decode(spec)
+    assert rendered == decoded == value
+    assert all(type(rendered[k]) is type(value[k]) for k in value) and rendered["groups"].default_factory is set
 
 
 def test_inlined_and_foreign_classes(tmp_path):

@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import datetime
 import enum
+import pathlib
 import http
 import json
 import math
@@ -57,6 +59,44 @@ class Box:
         self.content = content
 
 
+class Perm(enum.Flag):
+    R = 1
+    W = 2
+
+
+class Mode(enum.StrEnum):
+    FAST = "fast"
+
+
+@dataclasses.dataclass(frozen=True)
+class Span:
+    start: int
+    end: int
+
+
+@dataclasses.dataclass
+class Options:
+    """A config-like dataclass holding every new container kind, nested."""
+
+    keys: set = dataclasses.field(default_factory=set)
+    spans: frozenset = frozenset()
+    steps: range = range(0)
+    window: Any = None
+    mode: Mode = Mode.FAST
+    perm: Perm = Perm.R
+    where: pathlib.Path = pathlib.Path(".")
+    when: datetime.datetime | None = None
+    day: datetime.date | None = None
+    at: datetime.time | None = None
+    every: datetime.timedelta = datetime.timedelta(0)
+    table: collections.OrderedDict = dataclasses.field(default_factory=collections.OrderedDict)
+    groups: collections.defaultdict = dataclasses.field(default_factory=lambda: collections.defaultdict(list))
+    point: Any = None
+
+
+Pair = collections.namedtuple("Pair", "left right")
+
+
 def _one_of_each() -> dict[ValueKind, Any]:
     """A value of every kind the encoder writes (module and unrecorded are tested apart)."""
     return {
@@ -76,6 +116,12 @@ def _one_of_each() -> dict[ValueKind, Any]:
         ValueKind.LIST: [1, "a", None],
         ValueKind.TUPLE: (True, 2.5),
         ValueKind.DICT: collections.OrderedDict([("k", 1), ((1, 2), "tuple key")]),
+        ValueKind.DEFAULTDICT: collections.defaultdict(list, {"a": [1]}),
+        ValueKind.SET: frozenset({"b", "a", 3}),
+        ValueKind.RANGE: range(2, 11, 3),
+        ValueKind.PATH: pathlib.PurePosixPath("/data/shard-0"),
+        ValueKind.DATETIME: datetime.datetime(2024, 5, 1, 12, 30, 5, 123, tzinfo=datetime.UTC),
+        ValueKind.TIMEDELTA: datetime.timedelta(days=2, seconds=7, microseconds=9),
         ValueKind.NAMEDTUPLE: urllib.parse.SplitResult("http", "h", "/p", "", ""),
         ValueKind.DATACLASS: Point(3),
         ValueKind.OBJECT: Box([torch.float64]),
@@ -102,6 +148,57 @@ def test_every_kind_round_trips_through_json(kind):
         assert out == value
     else:
         assert out == value and type(out) is type(value)
+
+
+def _round_trip(value: Any) -> tuple[Any, dict[str, Any]]:
+    sink = TensorSink()
+    enc = Encoder(sink)
+    spec = json.loads(json.dumps(enc.encode(value, "v")))
+    assert not enc.unrecorded, enc.unrecorded
+    assert SpecWriter().visit(spec) == spec
+    return Decoder(TensorSource(sink.tensors), _resolver()).decode(spec), spec
+
+
+def test_every_container_kind_round_trips_with_nested_dataclasses():
+    opts = Options(
+        keys={"rope_theta", "mrope_section"}, spans=frozenset({Span(0, 3), Span(4, 9)}), steps=range(0, 8, 2),
+        window=slice(Span(1, 2), None, -1), mode=Mode.FAST, perm=Perm.R | Perm.W, where=pathlib.Path("/tmp/ckpt"),
+        when=datetime.datetime(2024, 1, 2, 3, 4, 5, tzinfo=datetime.timezone(datetime.timedelta(hours=2))),
+        day=datetime.date(2024, 2, 29), at=datetime.time(23, 59, 1, 7), every=datetime.timedelta(minutes=90),
+        table=collections.OrderedDict([("b", Span(1, 1)), ("a", [Span(2, 2)])]),
+        groups=collections.defaultdict(list, {"x": [Pair(Span(0, 1), {Span(5, 6)})]}),
+        point=Pair(left=Point(1, 2.0), right=frozenset({Pair(1, 2)})),
+    )
+    out, spec = _round_trip(opts)
+    assert out == opts and type(out) is Options
+    assert type(out.keys) is set and type(out.spans) is frozenset and type(out.mode) is Mode
+    assert out.perm == Perm.R | Perm.W and type(out.where) is type(opts.where) and out.when.utcoffset().seconds == 7200
+    assert type(out.table) is collections.OrderedDict and list(out.table) == ["b", "a"]
+    assert type(out.groups) is collections.defaultdict and out.groups.default_factory is list
+    assert out.groups["missing"] == [] and type(out.point) is Pair and type(out.point.left) is Point
+    assert out.window.start == Span(1, 2) and out.steps == range(0, 8, 2)
+    # a set's items are stored in one canonical order, whatever order the process iterates them in
+    assert _round_trip({"mrope_section", "rope_theta"})[1] == _round_trip({"rope_theta", "mrope_section"})[1]
+    assert _round_trip(Perm(0))[0] == Perm(0) and _round_trip(Mode.FAST)[1][KIND] == "enum"
+
+
+def test_what_cannot_be_stored_keeps_its_repr_and_type_and_only_its_own_field():
+    import threading
+
+    lock = threading.Lock()
+    enc = Encoder(TensorSink())
+    spec = json.loads(json.dumps(enc.encode(Box({"lock": lock, "n": 1}), "init.cfg")))
+    assert spec[KIND] == "object" and spec["state"]["content"]["items"][1][1] == 1  # the rest is kept
+    bad = spec["state"]["content"]["items"][0][1]
+    assert bad[KIND] == "unrecorded" and bad["at"] == "init.cfg.content.lock" and bad["type"] == "_thread:lock"
+    assert bad["repr"].startswith("<unlocked _thread.lock object") and enc.found[0].attribute == "content"
+    with pytest.raises(ReplayFailed, match=r"init\.cfg\.content\.lock \(a _thread:lock"):
+        Decoder(TensorSource({}), _resolver()).decode(spec)
+    held = Decoder(TensorSource({}), _resolver(), placeholders=True).decode(spec)
+    assert held.content["n"] == 1 and "init.cfg.content.lock" in repr(held.content["lock"])
+    with pytest.raises(ReplayFailed, match="the rebuilt module uses init.cfg.content.lock"):
+        with held.content["lock"]:
+            pass
 
 
 def test_module_and_unrecorded_specs():
@@ -140,7 +237,8 @@ def test_fixture_of_every_kind_written_by_the_previous_version_decodes():
     stored = json.loads((FIXTURES / "value_specs_all_kinds.json").read_text())
     spec = stored["value"]
     kinds_in_fixture = {node[KIND] for node in _nodes(spec) if isinstance(node, dict) and KIND in node}
-    assert kinds_in_fixture == {k.value for k in ValueKind} - {"module", "unrecorded"}
+    added_since = {"defaultdict", "set", "range", "path", "datetime", "timedelta"}
+    assert kinds_in_fixture == {k.value for k in ValueKind} - {"module", "unrecorded"} - added_since
     assert SpecWriter().visit(spec) == spec
     source = TensorSource({})
     value = Decoder(source, _resolver()).decode(spec)

@@ -140,3 +140,74 @@ def test_the_export_repro_runs_alone(captures, tmp_path):
     repo, refs = captures
     out = modulelens.export_repro(refs["llama-layer-cached-decode"], out=str(tmp_path), repo=str(repo))
     assert out.flavor == "export" and out.verified and out.max_abs_error == 0.0
+
+
+# -- MoE and Phi models: one model per architecture, several modules captured from it ----------
+
+def _mixtral():
+    cfg = transformers.MixtralConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                                     num_experts_per_tok=2, router_jitter_noise=0.1, attention_dropout=0.2)
+    return transformers.MixtralForCausalLM(cfg)
+
+
+def _qwen2_moe():
+    cfg = transformers.Qwen2MoeConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
+                                      shared_expert_intermediate_size=24, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, attention_dropout=0.2)
+    return transformers.Qwen2MoeForCausalLM(cfg)
+
+
+def _phi():
+    cfg = transformers.PhiConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                 num_attention_heads=4, attention_dropout=0.2, resid_pdrop=0.2)
+    return transformers.PhiForCausalLM(cfg)
+
+
+# architecture -> (model builder, {case: target}); the MoE blocks run in training mode (Mixtral's router
+# jitter scales the block's input in place), Phi's config holds a set (ignore_keys_at_rope_validation)
+MOE_CASES = {
+    "mixtral": (_mixtral, {"mixtral-moe": "model.layers.0.mlp", "mixtral-attn": "model.layers.0.self_attn",
+                           "mixtral-mlp": "model.layers.1.mlp.experts"}),
+    "qwen2moe": (_qwen2_moe, {"qwen2moe-moe": "model.layers.0.mlp", "qwen2moe-attn": "model.layers.1.self_attn",
+                              "qwen2moe-mlp": "model.layers.0.mlp.shared_expert"}),
+    "phi": (_phi, {"phi-attn": "model.layers.0.self_attn", "phi-mlp": "model.layers.1.mlp"}),
+}
+
+
+@pytest.fixture(scope="module")
+def moe_captures(tmp_path_factory):
+    """Each architecture's model built once (constructors recorded), then one training step per case."""
+    from modulelens.capture import init_args
+
+    repo = tmp_path_factory.mktemp("hf-moe-repo")
+    refs = {}
+    for build, targets in MOE_CASES.values():
+        torch.manual_seed(0)
+        with init_args.recording():
+            model = build().train()
+        for case, target in targets.items():
+            with modulelens.capture(target, name=case, repo=repo) as cap:
+                model(input_ids=torch.randint(0, VOCAB, (2, 7)))
+            refs[case] = cap.artifact.ref
+    return repo, refs
+
+
+@pytest.mark.parametrize("case", [case for _, targets in MOE_CASES.values() for case in targets])
+def test_moe_and_phi_modules_replay_exactly_by_source_and_export(moe_captures, case):
+    repo, refs = moe_captures
+    shown = modulelens.show_capture(refs[case], repo=str(repo))
+    assert shown.strategies == ["source", "export"] and shown.unrecorded == [], shown.notes
+    for strategy in ("source", "export"):
+        rep = modulelens.replay_module(refs[case], strategy=strategy, repo=str(repo))
+        assert rep.match and rep.exact and rep.max_abs_error == 0.0, (strategy, rep.notes, rep.outputs, rep.state)
+
+
+def test_the_jittered_moe_block_changes_its_input_in_place_as_in_the_run(moe_captures):
+    from modulelens.capture.manifest import capture_manifest
+    from modulelens.repo import Repository
+
+    repo, refs = moe_captures
+    man = capture_manifest(Repository(repo).open("captures", refs["mixtral-moe"]))
+    assert man.inputs.tensor_leaves()[0].leaf is False and list(man.state_after) == ["args.0"]
+    assert man.export.custom_ops == {"transformers::grouped_mm_fallback": ["transformers.integrations.moe"]}

@@ -92,7 +92,7 @@ def test_help_off_a_terminal_is_plain(plain_app):
 
 
 def test_every_tool_result_has_a_view():
-    missing = [t.name for t in all_tools() if view_for(t.result) is None]
+    missing = [(t.name, m.__name__) for t in all_tools() for m in t.result_models if view_for(m) is None]
     assert not missing
 
 

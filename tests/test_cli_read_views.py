@@ -1,5 +1,5 @@
 """The read-only tools the web UI shares with the CLI, on a small hand-written repository: a
-capture's tensor statistics through show_capture, stored statistics runs filtered by name, and
+capture's tensor statistics through show (kind capture), stored statistics runs filtered by name, and
 their human views at 80 columns with every reference whole."""
 
 from __future__ import annotations
@@ -51,10 +51,10 @@ def repo(tmp_path_factory) -> Path:
 
 
 def test_show_capture_gives_tensor_statistics_on_request(cli, repo):
-    code, plain, out = cli("show-capture", "encoder_layer_with_a_long_name", "--repo", repo, "--json")
+    code, plain, out = cli("show", "capture", "encoder_layer_with_a_long_name", "--repo", repo, "--json")
     assert code == 0, out.output
     assert plain["tensors"] == [] and plain["ref"] == "encoder_layer_with_a_long_name:v1"
-    code, full, out = cli("show-capture", "encoder_layer_with_a_long_name", "--tensors", "--repo", repo, "--json")
+    code, full, out = cli("show", "capture", "encoder_layer_with_a_long_name", "--tensors", "--repo", repo, "--json")
     assert code == 0, out.output
     assert [(t["key"], t["group"], t["std"]) for t in full["tensors"]] == [
         ("args.0", "input", 1.0), ("output", "output", 1.0), ("lin.weight", "weight", 1.0)]
@@ -62,23 +62,23 @@ def test_show_capture_gives_tensor_statistics_on_request(cli, repo):
 
 
 def test_list_stats_runs_by_name(cli, repo):
-    code, every, out = cli("list-stats-runs", "--repo", repo, "--json")
+    code, every, out = cli("list", "stats", "--repo", repo, "--json")
     assert code == 0, out.output
     assert [r["run_id"] for r in every["runs"]] == ["other:v1", "training_run_with_a_long_name:v1",
                                                   "training_run_with_a_long_name:v2"]
-    code, named, out = cli("list-stats-runs", "--name", "other", "--repo", repo, "--json")
+    code, named, out = cli("list", "stats", "other", "--repo", repo, "--json")
     assert code == 0 and [r["run_id"] for r in named["runs"]] == ["other:v1"], out.output
-    code, none, out = cli("list-stats-runs", "--name", "missing", "--repo", repo, "--json")
+    code, none, out = cli("list", "stats", "missing", "--repo", repo, "--json")
     assert code == 0 and none["runs"] == [], out.output
 
 
 @pytest.mark.parametrize("args, ids", [
-    (["show-capture", "encoder_layer_with_a_long_name", "--tensors"],
+    (["show", "capture", "encoder_layer_with_a_long_name", "--tensors"],
      ["encoder_layer_with_a_long_name:v1", "lin.weight", "args.0"]),
-    (["list-stats-runs"], ["training_run_with_a_long_name:v2", "other:v1", "train.py"]),
-    (["show-stats-run", "training_run_with_a_long_name"], ["training_run_with_a_long_name:v2", "dead_activation"]),
-    (["list-opsets"], []),
-    (["list-candidates"], []),
+    (["list", "stats"], ["training_run_with_a_long_name:v2", "other:v1", "train.py"]),
+    (["show", "stats", "training_run_with_a_long_name"], ["training_run_with_a_long_name:v2", "dead_activation"]),
+    (["list", "opsets"], []),
+    (["list", "candidates"], []),
 ])
 def test_read_views_keep_ids_whole_at_80_columns(app, repo, args, ids):
     from typer.testing import CliRunner

@@ -27,7 +27,7 @@ def demo(tmp_path_factory, app):
     r = runner.invoke(app, ["capture-module", str(TRAIN), "--module", "blocks.1", "--name", "demo-block",
                             "--repo", str(repo), "--json", "--", "--steps", "2"])
     assert r.exit_code == 0, r.output
-    r = runner.invoke(app, ["capture-ops", "demo-block", "--top", "1000", "--repo", str(repo), "--json"])
+    r = runner.invoke(app, ["capture-ops", "demo-block", "--top", "100", "--repo", str(repo), "--json"])
     assert r.exit_code == 0, r.output
     return repo, json.loads(r.stdout)
 
@@ -55,7 +55,7 @@ def _fits(text: str, width: int = 80) -> None:
 
 def test_card_table_at_80_columns_keeps_every_id_and_op_whole(app, demo):
     repo, cards = demo
-    r = _run(app, "list-op-cards", "demo-block", "--top", "1000", "--repo", repo, env=NARROW)
+    r = _run(app, "list", "cards", "demo-block", "--limit", "100", "--repo", repo, env=NARROW)
     _fits(r.stdout)
     for c in cards["cards"]:
         _row(r.stdout, c["card_id"], c["op"])  # one row per line, id and op whole on it
@@ -65,14 +65,14 @@ def test_card_table_at_80_columns_keeps_every_id_and_op_whole(app, demo):
 def test_capture_list_at_80_columns_keeps_every_ref_whole(app, demo):
     repo, _ = demo
     _run(app, "tag-capture", "demo-block:v1", "prod", "--repo", repo)
-    r = _run(app, "list-captures", "--repo", repo, env=NARROW)
+    r = _run(app, "list", "captures", "--repo", repo, env=NARROW)
     _fits(r.stdout)
     _row(r.stdout, "demo-block:v1", "blocks.1")
 
 
 def test_wide_shows_every_column(app, demo):
     repo, cards = demo
-    r = _run(app, "list-op-cards", "demo-block", "--top", "1000", "--repo", repo, "--wide", env=NARROW)
+    r = _run(app, "list", "cards", "demo-block", "--limit", "100", "--repo", repo, "--wide", env=NARROW)
     header = next(line for line in r.stdout.splitlines() if line.startswith("card"))
     assert header.split() == ["card", "op", "kind", "shapes", "dtypes", "calls", "time/run", "share", "roofline"]
     norm = next(c for c in cards["cards"] if c["op"] == "aten.native_layer_norm.default")
@@ -81,23 +81,24 @@ def test_wide_shows_every_column(app, demo):
 
 def test_colour_and_boxes_only_on_a_terminal(app, demo):
     repo, _ = demo
-    term = _run(app, "list-op-cards", "demo-block", "--repo", repo, "--top", "3", env={**NARROW, "FORCE_COLOR": "1"})
+    term = _run(app, "list", "cards", "demo-block", "--repo", repo, "--limit", "3", env={**NARROW, "FORCE_COLOR": "1"})
     assert COLOUR.search(term.stdout) and "─" in term.stdout
-    no_colour = _run(app, "list-op-cards", "demo-block", "--repo", repo, "--top", "3",
+    no_colour = _run(app, "list", "cards", "demo-block", "--repo", repo, "--limit", "3",
                      env={**NARROW, "FORCE_COLOR": "1", "NO_COLOR": "1"})
     assert not COLOUR.search(no_colour.stdout) and "─" in no_colour.stdout
     _fits(ANSI.sub("", term.stdout))
 
 
-@pytest.mark.parametrize("command", ["show-capture", "replay-module", "show-op-card", "replay-op-card"])
-def test_other_views_keep_ids_whole_at_60_columns(app, demo, command):
+@pytest.mark.parametrize("command,of_card", [(["show", "capture"], False), (["replay-module"], False),
+                                            (["show", "card"], True), (["replay-module"], True)])
+def test_other_views_keep_ids_whole_at_60_columns(app, demo, command, of_card):
     repo, cards = demo
     card = cards["cards"][0]
-    target = card["card_id"] if "op-card" in command else "demo-block:v1"
-    r = _run(app, command, target, "--repo", repo, env={**NARROW, "COLUMNS": "60"})
+    target = card["card_id"] if of_card else "demo-block:v1"
+    r = _run(app, *command, target, "--repo", repo, env={**NARROW, "COLUMNS": "60"})
     _fits(r.stdout, 60)
     assert any(_whole(target, line) for line in r.stdout.splitlines()), r.stdout
-    if "op-card" in command:
+    if of_card:
         assert any(_whole(card["op"], line) for line in r.stdout.splitlines()), r.stdout
 
 

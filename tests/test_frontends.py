@@ -86,7 +86,7 @@ class Empty(BaseModel):
 
 def _fail(req: FailRequest, ctx: ToolContext) -> Empty:
     raise ReferenceNotFound(
-        f"no capture {req.ref!r}", hint="run `modulelens list-captures`"
+        f"no capture {req.ref!r}", hint="run `modulelens list captures`"
     )
 
 
@@ -109,15 +109,17 @@ class CaptureRow(BaseModel):
     version: int
 
 
-class ListCapturesRequest(BaseModel):
-    limit: int = Field(10, description="At most this many.")
+class ListRequest(BaseModel):
+    kind: Literal["captures", "stats"] = Field(json_schema_extra={"cli": "argument"})
+    limit: int = Field(10, le=100, description="At most this many.")
 
 
 class ListCapturesResult(BaseModel):
     captures: list[CaptureRow]
 
 
-class ShowCaptureRequest(BaseModel):
+class ShowRequest(BaseModel):
+    kind: Literal["capture", "stats"] = Field(json_schema_extra={"cli": "argument"})
     ref: str = Field(
         description="name, name:vN or name@tag", json_schema_extra={"cli": "argument"}
     )
@@ -128,16 +130,16 @@ class ShowCaptureResult(BaseModel):
     tensors: dict[str, list[int]]
 
 
-def _list_captures(req: ListCapturesRequest, ctx: ToolContext) -> ListCapturesResult:
+def _list(req: ListRequest, ctx: ToolContext) -> ListCapturesResult:
     return ListCapturesResult(
         captures=[CaptureRow(name="enc0", version=2), CaptureRow(name="a", version=1)]
     )
 
 
-def _show_capture(req: ShowCaptureRequest, ctx: ToolContext) -> ShowCaptureResult:
+def _show(req: ShowRequest, ctx: ToolContext) -> ShowCaptureResult:
     if req.ref.startswith("missing"):
         raise ReferenceNotFound(
-            f"no capture {req.ref!r}", hint="run `modulelens list-captures`"
+            f"no capture {req.ref!r}", hint="run `modulelens list captures`"
         )
     return ShowCaptureResult(ref=req.ref, tensors={"input.0": [2, 3]})
 
@@ -147,20 +149,8 @@ FAIL = Tool("fail_always", FailRequest, Empty, _fail, "Always fails.")
 STEPS = Tool(
     "with_progress", StepsRequest, StepsResult, _with_progress, "Reports progress."
 )
-LIST = Tool(
-    "list_captures",
-    ListCapturesRequest,
-    ListCapturesResult,
-    _list_captures,
-    "List captures.",
-)
-SHOW = Tool(
-    "show_capture",
-    ShowCaptureRequest,
-    ShowCaptureResult,
-    _show_capture,
-    "Show one capture.",
-)
+LIST = Tool("list", ListRequest, ListCapturesResult, _list, "List captures.")
+SHOW = Tool("show", ShowRequest, ShowCaptureResult, _show, "Show one capture.")
 TOOLS = [ECHO, FAIL, STEPS, LIST, SHOW]
 
 
@@ -242,8 +232,8 @@ def test_cli_flag_off_and_help(cli):
         "echo",
         "fail-always",
         "with-progress",
-        "list-captures",
-        "show-capture",
+        "list",
+        "show",
         "mcp",
         "version",
     ):
@@ -260,7 +250,7 @@ def test_cli_human_output(cli):
     r = cli("echo", "hi", "--count", "2")
     assert r.exit_code == 0, r.output
     assert "hi hi" in r.stdout and "count" in r.stdout
-    r = cli("list-captures")
+    r = cli("list", "captures")
     assert r.exit_code == 0, r.output
     assert "enc0" in r.stdout and "version" in r.stdout
 
@@ -284,13 +274,13 @@ def test_cli_tool_error_exits_2_with_hint(cli):
     assert r.exit_code == 2
     assert r.stdout == ""
     assert "error: no capture 'enc9'" in r.stderr
-    assert "hint: run `modulelens list-captures`" in r.stderr
+    assert "hint: run `modulelens list captures`" in r.stderr
 
     r = cli("fail-always", "--ref", "enc9", "--json")
     assert r.exit_code == 2
     assert json.loads(r.stdout) == {
         "error": "no capture 'enc9'",
-        "hint": "run `modulelens list-captures`",
+        "hint": "run `modulelens list captures`",
         "type": "ReferenceNotFound",
     }
 
@@ -352,15 +342,15 @@ def test_mcp_lists_flat_input_and_result_output_schemas():
         "echo",
         "fail_always",
         "with_progress",
-        "list_captures",
-        "show_capture",
+        "list",
+        "show",
     }
     echo = tools["echo"]
     props = echo.input_schema["properties"]
     assert set(props) == set(EchoRequest.model_fields)
     assert echo.input_schema.get("required") == ["script"]
     assert props["count"]["description"] == "How many times."
-    assert props["count"]["default"] == 1 and props["count"]["minimum"] == 1
+    assert props["count"]["default"] == 1 and "minimum" not in props["count"]  # said once; still checked
     assert "cli" not in json.dumps(echo.input_schema)
     # tools/list stays small: the result's fields are described by the schema resource, the
     # arguments only by the input schema (not again in the description).
@@ -399,7 +389,7 @@ def test_mcp_tool_error_carries_message_and_hint():
     assert res.is_error
     text = res.content[0].text
     assert (
-        "no capture 'enc9'" in text and "hint: run `modulelens list-captures`" in text
+        "no capture 'enc9'" in text and "hint: run `modulelens list captures`" in text
     )
 
 
@@ -451,8 +441,8 @@ def test_mcp_capture_resources():
         return listed, templates, all_, shown, missing
 
     listed, templates, all_, shown, missing = _mcp(TOOLS, body)
-    assert listed == ["modulelens://captures"]
-    assert templates == ["modulelens://schemas/{tool}", "modulelens://captures/{ref}"]
+    assert listed == ["modulelens://captures", "modulelens://stats"]
+    assert templates == ["modulelens://schemas/{tool}", "modulelens://captures/{ref}", "modulelens://stats/{ref}"]
     assert all_ == {
         "captures": [{"name": "enc0", "version": 2}, {"name": "a", "version": 1}]
     }

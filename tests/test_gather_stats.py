@@ -22,7 +22,7 @@ def repo(tmp_path_factory) -> Path:
 
 
 def _gather(cli, repo, script, *script_args, every=5, extra=(), plots=False):
-    extra = (*extra, "--plots" if plots else "--no-plots", "--top", "1000")
+    extra = (*extra, "--plots" if plots else "--no-plots", "--top", "100")
     code, data, r = cli("gather-stats", script, "--every", every, *extra, "--repo", repo, "--json", "--", *script_args)
     assert code == 0, r.output
     return data

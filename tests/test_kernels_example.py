@@ -21,7 +21,7 @@ def cards(tmp_path_factory, app):
     from typer.testing import CliRunner
 
     repo = tmp_path_factory.mktemp("kernels-repo")
-    r = CliRunner().invoke(app, ["capture-ops", str(TRAIN), "--module", "blocks.1", "--top", "1000", "--repo", str(repo), "--json",
+    r = CliRunner().invoke(app, ["capture-ops", str(TRAIN), "--module", "blocks.1", "--top", "100", "--repo", str(repo), "--json",
                                  "--", "--steps", "2"])
     assert r.exit_code == 0, r.output
     by_op = {c["op"]: c["card_id"] for c in json.loads(r.stdout)["cards"]}

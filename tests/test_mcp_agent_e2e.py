@@ -1,7 +1,9 @@
 """The whole loop as an agent drives it: the MCP server as a stdio subprocess, driven by the Python
 SDK's stdio client on the example training script (capture, replay, export_repro, capture_ops,
-generate_kernel, validate_kernel, gather_stats), every reply within the size an agent can read
-(text + structured content <= 8k characters) and ``tools/list`` within 20k characters.
+generate_kernel, validate_kernel, pack, run, gather_stats, list, show): every reply's structured
+content carries ``warnings`` and ``next``, its text is the same data as compact JSON within the size
+an agent can read (8k characters), a pack run in which no kernel ran says so and claims no speedup,
+and ``tools/list`` holds at most 24 tools in at most 15k characters.
 
 One server session runs every step in order (each step uses what the one before made).
 """
@@ -22,14 +24,14 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = ROOT / "examples" / "tinyformer" / "train.py"
 MAX_REPLY = 8_000
-MAX_TOOLS_LIST = 20_000
+MAX_TOOLS_LIST = 15_000
+MAX_TOOLS = 24
 
 
 def reply_size(result) -> int:
-    """Characters an agent reads: every text block plus the structured content as JSON."""
-    text = sum(len(block.text) for block in result.content if getattr(block, "text", None) is not None)
-    structured = json.dumps(result.structured_content, separators=(",", ":")) if result.structured_content else ""
-    return text + len(structured)
+    """Characters an agent reads: the text, which is the structured content as compact JSON (a
+    client shows one or the other)."""
+    return sum(len(block.text) for block in result.content if getattr(block, "text", None) is not None)
 
 
 class Agent:
@@ -45,9 +47,12 @@ class Agent:
         size = reply_size(result)
         self.sizes[tool] = size
         assert size <= MAX_REPLY, f"{tool} replied {size} characters"
-        text = result.content[0].text
-        assert text.startswith(f"{tool}: ") and "\n" not in text, text  # a one-line summary, not the JSON again
+        (block,) = result.content
         assert isinstance(result.structured_content, dict)
+        assert json.loads(block.text) == result.structured_content  # text-only clients see everything
+        assert isinstance(result.structured_content["warnings"], list), tool
+        assert isinstance(result.structured_content["next"], list), tool
+        assert all(set(n) == {"tool", "arguments"} for n in result.structured_content["next"]), tool
         return result.structured_content
 
 
@@ -59,7 +64,8 @@ async def _run_loop(repo: Path, out: Path) -> dict:
         listed = await session.list_tools()
         tools_list_chars = len(listed.model_dump_json(by_alias=True, exclude_none=True))
         agent = Agent(session)
-        seen: dict = {"tools_list_chars": tools_list_chars, "tools": {t.name for t in listed.tools}}
+        seen: dict = {"tools_list_chars": tools_list_chars, "tools": {t.name for t in listed.tools},
+                      "tools_count": len(listed.tools)}
 
         cap = await agent.call("capture_module", {"script": str(TRAIN), "module": "blocks.1", "name": "blk",
                                                   "script_args": ["--steps", "2"]})
@@ -72,10 +78,18 @@ async def _run_loop(repo: Path, out: Path) -> dict:
         gen = await agent.call("generate_kernel", {"card": card, "backend": "cpp", "provider": "template"})
         seen["generated"] = gen
         seen["validated"] = await agent.call("validate_kernel", {"candidate": gen["candidate_id"], "seeds": 1})
+        # Validated again without timing: correct, speed undetermined, so a pack will not use it.
+        untimed = await agent.call("validate_kernel", {"candidate": gen["candidate_id"], "seeds": 1, "time": False})
+        seen["untimed"] = untimed
+        pack_file = str(out / "untimed.pack")
+        seen["pack"] = await agent.call("pack", {"candidates": [gen["candidate_id"]], "out": pack_file})
+        seen["run"] = await agent.call("run", {"script": str(TRAIN), "script_args": ["--steps", "3"],
+                                               "pack": pack_file, "compare": True})
+        seen["listed_candidates"] = await agent.call("list", {"kind": "candidates"})
         seen["stats"] = await agent.call("gather_stats", {"script": str(TRAIN), "script_args": ["--steps", "3"],
                                                           "every": 1})
-        seen["stats_shown"] = await agent.call("show_stats_run", {"run": seen["stats"]["run_id"]})
-        seen["capture_shown"] = await agent.call("show_capture", {"ref": "blk", "tensors": True})
+        seen["stats_shown"] = await agent.call("show", {"kind": "stats", "ref": seen["stats"]["run_id"]})
+        seen["capture_shown"] = await agent.call("show", {"kind": "capture", "ref": "blk", "tensors": True})
         misspelt = await session.call_tool("replay_module", {"ref": "blk", "strategi": "export"})
         seen["misspelt"] = (misspelt.is_error, misspelt.content[0].text)
         seen["sizes"] = agent.sizes
@@ -90,6 +104,7 @@ def loop(tmp_path_factory) -> dict:
 
 def test_tools_list_fits_the_budget(loop):
     assert loop["tools_list_chars"] <= MAX_TOOLS_LIST, loop["tools_list_chars"]
+    assert loop["tools_count"] <= MAX_TOOLS, loop["tools"]
     assert {"capture_module", "replay_module", "export_repro", "capture_ops", "generate_kernel",
             "validate_kernel", "gather_stats"} <= loop["tools"]
 
@@ -113,6 +128,28 @@ def test_generated_kernel_validates(loop):
     validated = loop["validated"]
     assert validated["candidate_id"] == loop["generated"]["candidate_id"]
     assert validated["verdict"] == "custom" and validated["correct"] is True, validated["reason"]
+
+
+def test_results_say_what_to_do_next_and_what_could_mislead(loop):
+    assert loop["capture"]["next"][0] == {"tool": "replay_module", "arguments": {"ref": "blk:v1"}}
+    assert loop["ops"]["next"][0]["tool"] == "generate_kernel"
+    assert loop["generated"]["next"] == [{"tool": "validate_kernel",
+                                          "arguments": {"candidate": loop["generated"]["candidate_id"]}}]
+    untimed = loop["untimed"]
+    assert untimed["correct"] and untimed["speedup_vs_eager"] is None
+    assert any(w.startswith("speed undetermined") for w in untimed["warnings"]), untimed["warnings"]
+    pack = loop["pack"]
+    assert [e["dispatched"] for e in pack["entries"]] == [False]
+    assert pack["warnings"][0] == "no entry of this pack will be used: every call will run eager"
+
+
+def test_a_pack_run_in_which_no_kernel_ran_says_so_and_claims_no_speedup(loop):
+    run = loop["run"]
+    assert run["exit_code"] == 0 and run["hits"] == 0
+    assert run["speedup"] is None and run["step_seconds_with"] is not None  # timings kept, no claim made
+    assert any("no pack kernel ran (0 hits)" in w for w in run["warnings"]), run["warnings"]
+    assert any("was not used" in w for w in run["warnings"]), run["warnings"]
+    assert run["next"] and run["next"][0]["tool"] == "check_pack"
 
 
 def test_stats_reply_and_views_fit(loop):

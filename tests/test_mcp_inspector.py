@@ -47,9 +47,9 @@ def test_the_inspector_cli_lists_calls_and_runs_a_long_tool_as_a_job(tmp_path):
     if listed.returncode != 0 and ("npm ERR" in listed.stderr or "npm error" in listed.stderr):
         pytest.skip(f"cannot fetch {INSPECTOR} with npx: {listed.stderr.strip().splitlines()[-1]}")
     names = {t["name"] for t in _json(listed)["tools"]}
-    assert {"capture_module", "validate_kernel", "list_captures", "start_job", "job_status", "cancel_job"} <= names
+    assert {"capture_module", "validate_kernel", "list", "start_job", "job_status"} <= names
 
-    cheap = _json(_inspector(repo, "tools/call", "list_captures"))
+    cheap = _json(_inspector(repo, "tools/call", "list", kind="captures"))
     assert not cheap["isError"] and cheap["structuredContent"]["captures"] == []
 
     script = tmp_path / "train.py"

@@ -195,7 +195,7 @@ def test_a_cancelled_module_validation_leaves_an_interrupted_report(tmp_path, mo
     with modulelens.capture("", name="sm", repo=tmp_path, export=False):
         torch.nn.Softmax(dim=-1)(torch.randn(4, 6))
     monkeypatch.setattr(sandboxed, "pool", lambda: CancelledSandbox())
-    tool = get_tool("validate_module")
+    tool = get_tool("validate_kernel")
     with pytest.raises(CallCancelled):
         tool(tool.request(source_text=MODEL_NEW, target="sm"), ToolContext(repo_root=tmp_path))
     store = Repository(tmp_path)
@@ -273,11 +273,11 @@ def test_start_job_then_poll_and_cancel(tmp_path, marker):
                                                      "arguments": {"script": str(script), "module": "0"}})
             job2 = second.structured_content["job"]
             await anyio.to_thread.run_sync(_wait_until, ready.exists, 120, "the second job's script to start")
-            cancelled = await c.call_tool("cancel_job", {"job": job2})
+            cancelled = await c.call_tool("job_status", {"job": job2, "cancel": True})
             assert cancelled.structured_content["state"] == "cancelled", cancelled.structured_content
             unknown = await c.call_tool("job_status", {"job": "nope"})
             assert unknown.is_error and "no job 'nope'" in unknown.content[0].text
-            wrong = await c.call_tool("start_job", {"tool": "list_captures", "arguments": {}})
+            wrong = await c.call_tool("start_job", {"tool": "list", "arguments": {"kind": "captures"}})
             assert wrong.is_error and "capture_module" in wrong.content[0].text
 
     anyio.run(main)

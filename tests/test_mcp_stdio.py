@@ -22,7 +22,7 @@ def test_stdio_capture_of_a_printing_script_keeps_the_session_working(tmp_path):
     async def session():
         async with mcp.Client(params) as c:
             names = {t.name for t in (await c.list_tools()).tools}
-            assert {"capture_module", "replay_module", "list_captures", "show_capture", "export_repro"} <= names
+            assert {"capture_module", "replay_module", "list", "show", "export_repro"} <= names
             r = await c.call_tool("capture_module", {"script": str(script), "module": "1", "name": "gated"})
             assert not r.is_error, r.content
             cap = r.structured_content
@@ -34,7 +34,7 @@ def test_stdio_capture_of_a_printing_script_keeps_the_session_working(tmp_path):
             assert r.is_error and "no capture named 'nosuch'" in r.content[0].text
             res = await c.read_resource("modulelens://captures/gated:v1")
             assert json.loads(res.contents[0].text)["class_path"] == "__main__:Scale"
-            r = await c.call_tool("list_captures", {})
+            r = await c.call_tool("list", {"kind": "captures"})
             assert [x["ref"] for x in r.structured_content["captures"]] == ["gated:v1"]
 
     anyio.run(session)
@@ -67,7 +67,7 @@ def test_script_output_reaches_the_servers_stderr_not_the_wire(tmp_path):
                 assert not r.is_error, r.content
                 r = await c.call_tool("gather_stats", {"script": str(stats_script), "every": 1, "plots": False})
                 assert not r.is_error, r.content
-                r = await c.call_tool("list_captures", {})
+                r = await c.call_tool("list", {"kind": "captures"})
                 assert [x["ref"] for x in r.structured_content["captures"]] == ["loud:v1"]
 
     anyio.run(session)

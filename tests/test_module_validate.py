@@ -16,7 +16,8 @@ import modulelens
 from modulelens.validation.module import readable_sys_path
 from modulelens.registry import ToolContext
 from modulelens.sandbox.containment import landlock_abi, namespace_prefix
-from modulelens.tools.validate_module import ValidateModuleRequest, validate_module
+from modulelens.tools.validate_kernel import ValidateKernelRequest as ValidateModuleRequest
+from modulelens.tools.validate_kernel import validate_kernel as validate_module
 
 pytestmark = pytest.mark.slow
 CONTAINED = bool(namespace_prefix()[0]) and landlock_abi() >= 1

@@ -21,7 +21,7 @@ def block_cards(repo, app):
 
     from typer.testing import CliRunner
 
-    r = CliRunner().invoke(app, ["capture-ops", str(TRAIN), "--module", "blocks.1", "--top", "1000", "--repo", str(repo), "--json",
+    r = CliRunner().invoke(app, ["capture-ops", str(TRAIN), "--module", "blocks.1", "--top", "100", "--repo", str(repo), "--json",
                                  "--", "--steps", "2"])
     assert r.exit_code == 0, r.output
     return json.loads(r.stdout)
@@ -50,19 +50,19 @@ def test_every_card_replays_exactly(cli, repo, block_cards):
     for c in block_cards["cards"]:
         if not c["shapes"]:
             continue  # factories (ones, scalar_tensor) have no inputs; tested below
-        code, data, r = cli("replay-op-card", c["card_id"], "--repo", repo, "--json")
+        code, data, r = cli("replay-module", c["card_id"], "--repo", repo, "--json")
         assert code == 0, r.output
         assert data["exact"] is True, (c["op"], data)
 
 
 def test_list_and_show_cards(cli, repo, block_cards):
     name = block_cards["opset"].split(":")[0]
-    code, data, _ = cli("list-op-cards", name, "--kind", "compute", "--top", "3", "--repo", repo, "--json")
+    code, data, _ = cli("list", "cards", name, "--op-kind", "compute", "--limit", "3", "--repo", repo, "--json")
     assert code == 0 and len(data["cards"]) == 3 and all(c["kind"] == "compute" for c in data["cards"])
     first = block_cards["cards"][0]["card_id"]
-    code, data, _ = cli("show-op-card", first, "--repo", repo, "--json")
+    code, data, _ = cli("show", "card", first, "--repo", repo, "--json")
     assert code == 0 and data["card_id"] == first and data["samples"]
-    code, _, r = cli("show-op-card", first, "--repo", repo)
+    code, _, r = cli("show", "card", first, "--repo", repo)
     assert code == 0 and "of the module" in r.stdout
 
 
@@ -97,7 +97,7 @@ def test_cards_from_kernelbench_file(cli, repo):
 
 
 def test_backward_cards(cli, repo, block_cards):
-    code, data, r = cli("capture-ops", block_cards["capture"], "--backward", "--top", "1000", "--repo", repo, "--json")
+    code, data, r = cli("capture-ops", block_cards["capture"], "--backward", "--top", "100", "--repo", repo, "--json")
     assert code == 0, r.output
     phases = {c["phase"] for c in data["cards"]}
     assert phases == {"forward", "backward"}
@@ -109,11 +109,11 @@ def test_bad_inputs(cli, repo, block_cards, tmp_path):
     import torch
 
     opset = block_cards["opset"]
-    code, err, _ = cli("show-op-card", f"{opset}/999", "--repo", repo, "--json")
+    code, err, _ = cli("show", "card", f"{opset}/999", "--repo", repo, "--json")
     assert code == 2 and "has no card 999" in err["error"]
-    code, err, _ = cli("replay-op-card", "nosuch/0", "--repo", repo, "--json")
+    code, err, _ = cli("replay-module", "nosuch/0", "--repo", repo, "--json")
     assert code == 2 and "no opset named 'nosuch'" in err["error"]
-    code, err, _ = cli("show-op-card", opset, "--repo", repo, "--json")
+    code, err, _ = cli("show", "card", opset, "--repo", repo, "--json")
     assert code == 2 and "invalid card id" in err["error"]
     factory = next(c for c in block_cards["cards"] if not c["shapes"])
     code, err, _ = cli("profile", factory["card_id"], "--repo", repo, "--json")

@@ -105,10 +105,10 @@ def test_old_opset_through_the_repository(old_repo):
 
 
 def test_old_opset_through_the_cli(cli, old_repo):
-    code, data, r = cli("list-op-cards", "blk", "--top", "3", "--repo", old_repo.root, "--json")
+    code, data, r = cli("list", "cards", "blk", "--limit", "3", "--repo", old_repo.root, "--json")
     assert code == 0, r.output
     assert [c["card_id"] for c in data["cards"]] == ["blk:v1/0", "blk:v1/1", "blk:v1/2"]
-    code, data, r = cli("show-op-card", "blk/2", "--repo", old_repo.root, "--json")
+    code, data, r = cli("show", "card", "blk/2", "--repo", old_repo.root, "--json")
     assert code == 0 and data["card_id"] == "blk:v1/2" and data["opset"] == "blk:v1"
 
 
@@ -151,4 +151,4 @@ def test_opset_summary_carries_the_share_warning(tmp_path):
     repo = Repository(tmp_path)
     repo.create("opsets", "blk", lambda folder: _profile([2.0, 1.19]))
     summary = summarize_opset(repo, "blk")
-    assert any("319%" in n for n in summary.notes)
+    assert any("319%" in w for w in summary.warnings)  # a warning the agent reads first, not a note

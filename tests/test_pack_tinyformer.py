@@ -36,7 +36,7 @@ def tiny_pack(tmp_path_factory, app):
         assert r.exit_code == 0, r.output
         return json.loads(r.stdout)
 
-    ops = cli("capture-ops", TRAIN, "--module", "blocks.1", "--backward", "--top", "1000", "--", "--steps", "2")
+    ops = cli("capture-ops", TRAIN, "--module", "blocks.1", "--backward", "--top", "100", "--", "--steps", "2")
     cards = {c["op"]: c["card_id"] for c in ops["cards"] if c["phase"] == "forward"}
     candidates = []
     for op in OPS:
@@ -44,7 +44,8 @@ def tiny_pack(tmp_path_factory, app):
         rep = cli("validate-kernel", gen["candidate_id"])
         assert rep["verdict"] == "custom" and rep["correct"], rep["reason"]
         candidates.append(gen["candidate_id"])
-    module = cli("validate-module", "--source", FUSED_BLOCK, "--target", ops["capture"], "--claims-training")
+    module = cli("validate-kernel", "--source", FUSED_BLOCK, "--target", ops["capture"], "--claims-training",
+                 "--limit", "100")
     assert module["correct"] and module["verdict"] == "wrapper", module["reason"]
     assert "same RNG state" in module["reason"]
     assert any("against the captured gradients" in c["name"] for c in module["checks"])

@@ -1,6 +1,6 @@
-"""Replies that stay within an agent's budget however large the input: show_search, validate_kernel,
+"""Replies that stay within an agent's budget however large the input: show (search), validate_kernel,
 profile, run and check_pack cut their long lists by default (``limit``), say in ``left_out`` what
-they cut and where the whole data is, and give everything with ``limit`` null. Each is fed a
+they cut and where the whole data is, and give more up to the schema's maximum. Each is fed a
 fabricated large result at the level of the function that cuts it (or the tool, its domain call
 replaced)."""
 
@@ -19,7 +19,7 @@ from modulelens.tools import get_tool
 from modulelens.tools.check_pack import CheckPackRequest, CheckPackResult, keep_check_lists
 from modulelens.tools.profile import ProfileRequest, keep_breakdown
 from modulelens.tools.run import RunRequest, RunResult, keep_run_lists
-from modulelens.tools.show_search import ShowSearchRequest
+from modulelens.tools.show import DEFAULT_TOP, ShowRequest
 
 BUDGET = 8_000  # characters of structured content in a default reply
 
@@ -48,12 +48,12 @@ def test_show_search_cuts_nodes_shared_among_targets():
                      reason="correct on captured and fresh inputs; faster than eager") for n in range(200)])
         for t in range(3)])
     assert _size(summary) > 10 * BUDGET
-    cut = keep_first_each(summary, "targets", "nodes", _default_limit(ShowSearchRequest), lambda i, t: f"/j/{i}")
+    cut = keep_first_each(summary, "targets", "nodes", DEFAULT_TOP["search"], lambda i, t: f"/j/{i}")
     assert _size(cut) <= BUDGET
     assert [(c.field, c.shown, c.total, c.full) for c in cut.left_out] == [
         (f"targets.{i}.nodes", 4, 200, f"/j/{i}") for i in range(3)]
     assert keep_first_each(summary, "targets", "nodes", None, lambda i, t: "") is summary
-    assert everything(ShowSearchRequest) == {"limit": None}
+    assert everything(ShowRequest) == {"top": 100, "points": 2000, "full": True}
 
 
 def test_validate_kernel_lists_its_first_checks_and_names_the_stored_report(softmax_card, monkeypatch):
@@ -85,8 +85,8 @@ def test_validate_kernel_lists_its_first_checks_and_names_the_stored_report(soft
     (cut,) = result.left_out
     assert (cut.field, cut.shown, cut.total) == ("checks", 20, 300)
     assert cut.full.endswith("report.json") and stored["ref"].split(":")[0] in cut.full
-    whole = tool(tool.request(candidate=cand.candidate_id, seeds=10, limit=None), ToolContext(repo_root=repo))
-    assert len(whole.checks) == 300 and whole.left_out == []
+    most = tool(tool.request(candidate=cand.candidate_id, seeds=10, limit=100), ToolContext(repo_root=repo))
+    assert len(most.checks) == 100 and most.left_out[0].total == 300
 
 
 def test_profile_lists_the_operators_that_took_most_time():
@@ -147,23 +147,22 @@ def test_cli_views_say_what_a_result_left_out(softmax_card):
     repo, _ = softmax_card
     runner = CliRunner()
     app = build_app(all_tools())
-    r = runner.invoke(app, ["show-capture", "sm", "--tensors", "--top", "1", "--repo", str(repo)])
+    r = runner.invoke(app, ["show", "capture", "sm", "--tensors", "--top", "1", "--repo", str(repo)])
     assert r.exit_code == 0, r.output
-    (line,) = [x for x in r.stdout.splitlines() if "not shown" in x]
-    assert line.startswith("1 more tensors not shown (--top N to see more; full data: show_capture sm:v1")
-    whole = runner.invoke(app, ["show-capture", "sm", "--tensors", "--repo", str(repo)])
+    text = " ".join(r.stdout.split())
+    assert "1 more tensors not shown (--top N to see more; full data: modulelens://captures/sm:v1)" in text
+    whole = runner.invoke(app, ["show", "capture", "sm", "--tensors", "--repo", str(repo)])
     assert whole.exit_code == 0 and "not shown" not in whole.stdout
 
 
 def test_left_out_notes_name_the_option_that_shows_more():
     from modulelens.cli.views import left_out_notes
     from modulelens.listing import LeftOut
-    from modulelens.tools.show_stats_run import ShowStatsRunRequest
 
     cut = CheckPackResult(ok=True, checks=[], left_out=[LeftOut(field="checks", shown=8, total=30, full="again")])
     (note,) = left_out_notes(cut, CheckPackRequest)
     assert note.plain == "22 more checks not shown (--limit N to see more; full data: again)"
     view = SearchSummary.model_construct(left_out=[
         LeftOut(field="steps", shown=5, total=9, full="/s.json"), LeftOut(field="modules", shown=3, total=4, full="/s.json")])
-    assert [n.plain.split("(")[1].split(" N")[0] for n in left_out_notes(view, ShowStatsRunRequest)] == ["--points",
+    assert [n.plain.split("(")[1].split(" N")[0] for n in left_out_notes(view, ShowRequest)] == ["--points",
                                                                                                        "--top"]

@@ -21,7 +21,7 @@ def _one_line_error(code: int, result) -> str:
     (["validate-kernel", "--source-text", "x", "--target", "a/1", "--backend", "cpp", "--rtol", "-1"], "rtol"),
     (["validate-kernel", "--source-text", "x", "--target", "a/1", "--backend", "cpp", "--atol", "-1"], "atol"),
     (["validate-kernel", "--source-text", "x", "--target", "a/1", "--backend", "nonsense"], "backend"),
-    (["list-op-cards", "a", "--kind", "nonsense"], "kind"),
+    (["list", "cards", "a", "--op-kind", "nonsense"], "kind"),
     (["capture-ops", "a", "--max-tensor-bytes", "-1"], "max-tensor-bytes"),
 ])
 def test_invalid_numbers_and_unknown_enum_values_are_refused(cli, tmp_path, args, word):
@@ -72,8 +72,8 @@ def test_a_corrupt_aliases_file_breaks_neither_listing_nor_resolving(tmp_path):
 
 
 @pytest.mark.parametrize("args, word", [
-    (["validate-module", "--source-text", "x", "--target", "a", "--rtol", "-1"], "rtol"),
-    (["validate-module", "--source-text", "x", "--target", "a", "--atol", "-1"], "atol"),
+    (["validate-kernel", "--source-text", "x", "--target", "a", "--rtol", "-1"], "rtol"),
+    (["validate-kernel", "--source-text", "x", "--target", "a", "--atol", "-1"], "atol"),
     (["capture-module", "x.py", "--module", "m", "--max-tensor-bytes", "-1"], "max-tensor-bytes"),
 ])
 def test_module_tools_refuse_negative_numbers(cli, tmp_path, args, word):
@@ -133,7 +133,7 @@ def test_a_corrupt_aliases_file_does_not_break_list_captures(cli, tmp_path):
 
     Repository(tmp_path).create("captures", "blk", lambda folder: {})
     (tmp_path / "captures" / "blk" / "aliases.json").write_text("{not json")
-    code, data, result = cli("list-captures", "--repo", str(tmp_path), "--json")
+    code, data, result = cli("list", "captures", "--repo", str(tmp_path), "--json")
     assert code == 0 and "Traceback" not in result.output, result.output
 
 
@@ -145,7 +145,7 @@ def test_validate_module_over_mcp_does_not_read_etc_passwd(tmp_path):
 
     async def session():
         async with mcp.Client(build_server(all_tools(), repo_root=tmp_path)) as c:
-            r = await c.call_tool("validate_module", {"source": "/etc/passwd", "target": "a"})
+            r = await c.call_tool("validate_kernel", {"source": "/etc/passwd", "target": "a"})
             text = " ".join(getattr(x, "text", "") for x in r.content)
             assert r.is_error and "not named like a kernel source" in text, text
             assert f"{first}:x" not in text

@@ -198,9 +198,9 @@ def test_template_search_finds_a_custom_kernel_and_reports_it(gelu_card, templat
     if target["best_candidate"]:
         assert tree.best_path[0] == 0
 
-    code, shown, r = cli("show-search", "tpl", "--repo", repo, "--json")
+    code, shown, r = cli("show", "search", "tpl", "--repo", repo, "--json")
     assert code == 0 and shown["targets"][0]["best_path"] == tree.best_path
-    code, _, r = cli("show-search", "tpl", "--repo", repo)
+    code, _, r = cli("show", "search", "tpl", "--repo", repo)
     assert code == 0 and (target["best_candidate"] or "custom") in r.stdout and "custom" in r.stdout
 
     # Rerunning continues the same tree: the budget is spent, nothing new is evaluated.
@@ -399,7 +399,7 @@ def test_optimize_and_show_search_through_mcp_with_progress(gelu_card, template_
         async with Client(build_server(all_tools(), repo_root=repo)) as client:
             run = await client.call_tool("optimize", {"targets": [card], "max_evals": 2, "search_id": "tpl"},
                                          progress_callback=on_progress)
-            shown = await client.call_tool("show_search", {"search_id": "tpl"})
+            shown = await client.call_tool("show", {"kind": "search", "ref": "tpl"})
             return run, shown
 
     run, shown = anyio.run(main)

@@ -70,8 +70,8 @@ def test_isolate_module_walkthrough_runs_on_the_example(cli, tmp_path, monkeypat
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MODULELENS_HOME", str(tmp_path / "repo"))  # the lines as written, no --repo added
     lines = _runnable_isolate_lines()
-    assert [a[0] for a in lines] == ["capture-module", "replay-module", "tag-capture", "list-captures",
-                                     "show-capture", "export-repro"]
+    assert [a[0] for a in lines] == ["capture-module", "replay-module", "tag-capture", "list", "show",
+                                     "export-repro"]
     for argv in lines:
         argv = [str(TRAIN) if a == "train.py" else a for a in argv]
         code, _, result = cli(*argv)

@@ -1,4 +1,4 @@
-"""Statistics runs as MCP resources (over list_stats_runs and show_stats_run): modulelens://stats lists
+"""Statistics runs as MCP resources (over list and show): modulelens://stats lists
 them, modulelens://stats/{ref} shows one."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def test_stats_runs_are_mcp_resources(tmp_path):
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
-    server = build_server([get_tool("list_stats_runs"), get_tool("show_stats_run")], repo_root=tmp_path)
+    server = build_server([get_tool("list"), get_tool("show")], repo_root=tmp_path)
 
     async def body():
         async with Client(server) as c:

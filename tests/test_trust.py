@@ -168,8 +168,8 @@ def crafted_repo(repo_with_cards, tmp_path, monkeypatch):
 
 def test_showing_and_listing_a_crafted_capture_runs_no_code(cli, crafted_repo):
     repo, marker = crafted_repo
-    for args in (["show-capture", "tiny"], ["show-capture", "tiny", "--tensors"], ["list-captures"],
-                 ["list-opsets"], ["list-op-cards", "tiny"], ["trust", "tiny"]):
+    for args in (["show", "capture", "tiny"], ["show", "capture", "tiny", "--tensors"], ["list", "captures"],
+                 ["list", "opsets"], ["list", "cards", "tiny"], ["trust", "tiny"]):
         code, _, r = cli(*args, "--repo", repo, "--json")
         assert "Traceback" not in r.output, (args, r.output)
         assert not marker.exists(), f"{args} ran code from the crafted capture"

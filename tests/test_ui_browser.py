@@ -49,7 +49,7 @@ def demo(tmp_path_factory, app) -> DemoRepo:
         assert r.exit_code == 0, r.output
         return json.loads(r.stdout)
 
-    ops = run("capture-ops", TRAIN, "--module", "blocks.1", "--top", "1000", "--repo", root, "--json", "--", "--steps", "2")
+    ops = run("capture-ops", TRAIN, "--module", "blocks.1", "--top", "100", "--repo", root, "--json", "--", "--steps", "2")
     softmax = next(c["card_id"] for c in ops["cards"] if c["op"] == "aten._safe_softmax.default")
     gen = run("generate-kernel", softmax, "--backend", "cpp", "--repo", root, "--json")
     report = run("validate-kernel", gen["candidate_id"], "--repo", root, "--json")
@@ -97,31 +97,31 @@ def test_every_page_shows_real_content(demo):
 def test_the_read_only_tools_behind_the_pages(demo, cli):
     """The tools the pages read through, from the CLI (the same results over MCP)."""
     r = demo.root
-    code, opsets, out = cli("list-opsets", "--capture", demo.capture, "--repo", r, "--json")
+    code, opsets, out = cli("list", "opsets", demo.capture, "--repo", r, "--json")
     assert code == 0, out.output
     assert [(o["ref"], o["capture"], o["cards"] > 5) for o in opsets["opsets"]] == [(demo.opset, demo.capture, True)]
-    code, roof, out = cli("list-op-cards", demo.opset, "--top", "1000", "--repo", r, "--json")
+    code, roof, out = cli("list", "cards", demo.opset, "--limit", "100", "--repo", r, "--json")
     assert code == 0 and roof["copy_bytes_per_s"] > 0, out.output
     by_kind = {c["kind"]: c for c in roof["cards"]}
     assert by_kind["memory"]["roofline_fraction"] > 0 and by_kind["compute"]["roofline_fraction"] is None
-    code, tensors, out = cli("show-capture", demo.capture, "--tensors", "--repo", r, "--json")
+    code, tensors, out = cli("show", "capture", demo.capture, "--tensors", "--repo", r, "--json")
     assert code == 0, out.output
     groups = {t["group"] for t in tensors["tensors"]}
     assert groups == {"input", "output", "weight"} and all(t["std"] is not None for t in tensors["tensors"])
-    code, cands, out = cli("list-candidates", "--card", demo.softmax_card, "--repo", r, "--json")
+    code, cands, out = cli("list", "candidates", demo.softmax_card, "--repo", r, "--json")
     assert code == 0, out.output
     (entry,) = cands["candidates"]
     assert (entry["candidate_id"], entry["verdict"], entry["reports"]) == (demo.candidate, "custom", 1)
     assert entry["speedup_vs_eager"] is None or entry["speedup_vs_eager"] > 0  # null when undetermined
-    code, view, out = cli("show-candidate", demo.candidate, "--source-lines", "100000", "--repo", r, "--json")
+    code, view, out = cli("show", "candidate", demo.candidate, "--full", "--repo", r, "--json")
     assert code == 0 and "forward" in view["source"] and view["report"]["verdict"] == "custom", out.output
-    code, runs, out = cli("list-stats-runs", "--repo", r, "--json")
+    code, runs, out = cli("list", "stats", "--repo", r, "--json")
     assert code == 0 and [x["run_id"] for x in runs["runs"]] == [demo.stats_run], out.output
-    code, run, out = cli("show-stats-run", demo.stats_run, "--stats", "std", "--top", "1000", "--points", "1000", "--repo", r, "--json")
+    code, run, out = cli("show", "stats", demo.stats_run, "--stats", "std", "--top", "100", "--points", "2000", "--repo", r, "--json")
     assert code == 0, out.output
     assert {f["module"] for f in run["findings"]} == {"blocks.2.act"}
     assert all(set(m["activation"]) <= {"std"} for m in run["modules"]) and len(run["steps"]) == 4
-    code, _, out = cli("show-candidate", "nope:v1", "--repo", r)
+    code, _, out = cli("show", "candidate", "nope:v1", "--repo", r)
     assert code == 2 and "no candidate named" in out.output
 
 

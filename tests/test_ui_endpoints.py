@@ -1,6 +1,6 @@
 """The web UI's endpoints through Starlette's TestClient, on a small hand-written repository:
 escaping of user text, path traversal, the token on a non-loopback bind, requests from other
-sites, the limits on actions, the "none yet" sections and their extension point, and jobs that run
+sites, the limits on actions, the list-backed sections ("none yet" while empty), and jobs that run
 a real tool in a child process (failing, and stopped while a script runs)."""
 
 from __future__ import annotations
@@ -356,53 +356,39 @@ def test_searches_and_packs_say_none_yet(client):
         assert r.status_code == 200 and "None yet." in r.text
 
 
-def test_a_registered_list_tool_fills_its_section(client, monkeypatch):
-    from pydantic import BaseModel
-
-    from modulelens.registry import Tool
-    from modulelens.ui import state
-
-    class Pack(BaseModel):
-        name: str
-        hits: int
-
-    class ListPacksRequest(BaseModel):
-        pass
-
-    class ListPacksResult(BaseModel):
-        packs: list[Pack]
-
-    fake = Tool(name="list_packs", request=ListPacksRequest, result=ListPacksResult, summary="",
-                fn=lambda req, ctx: ListPacksResult(packs=[Pack(name="<b>softmax</b>", hits=12)]))
-    real = state.get_tool
-    monkeypatch.setattr(state, "get_tool", lambda name: fake if name == "list_packs" else real(name))
-    r = client.get("/packs")
-    assert r.status_code == 200 and "None yet." not in r.text
-    assert "&lt;b&gt;softmax&lt;/b&gt;" in r.text and ">12<" in r.text
-
-
 def _fake_list_tool(monkeypatch, packs):
-    """Register a list_packs tool listing ``packs()`` (which may raise) and cutting them to its
-    ``limit`` (2 by default) like the real list tools."""
+    """Replace the registry's ``list`` tool by one listing ``packs()`` (which may raise) and cutting
+    them to its ``limit`` (2 by default, at most 100) like the real one."""
+    from typing import Literal
+
     from pydantic import BaseModel, Field
 
     from modulelens.listing import LeftOut, keep_first
     from modulelens.registry import Tool
+    from modulelens.replies import ToolReply
     from modulelens.ui import state
 
-    class ListPacksRequest(BaseModel):
-        limit: int | None = Field(2, ge=1)
+    class ListRequest(BaseModel):
+        kind: Literal["packs", "searches"]
+        limit: int = Field(2, ge=1, le=100)
 
-    class ListPacksResult(BaseModel):
+    class ListPacksResult(ToolReply):
         packs: list[str]
         left_out: list[LeftOut] = Field(default_factory=list)
 
-    def list_packs(req: ListPacksRequest, ctx) -> ListPacksResult:
+    def list_packs(req: ListRequest, ctx) -> ListPacksResult:
         return keep_first(ListPacksResult(packs=packs()), "packs", req.limit, "packs/")
 
-    fake = Tool(name="list_packs", request=ListPacksRequest, result=ListPacksResult, summary="", fn=list_packs)
+    fake = Tool(name="list", request=ListRequest, result=ListPacksResult, summary="", fn=list_packs)
     real = state.get_tool
-    monkeypatch.setattr(state, "get_tool", lambda name: fake if name == "list_packs" else real(name))
+    monkeypatch.setattr(state, "get_tool", lambda name: fake if name == "list" else real(name))
+
+
+def test_a_section_shows_what_the_list_tool_gives_for_its_kind(client, monkeypatch):
+    _fake_list_tool(monkeypatch, lambda: ["<b>softmax</b>"])
+    r = client.get("/packs")
+    assert r.status_code == 200 and "None yet." not in r.text
+    assert "&lt;b&gt;softmax&lt;/b&gt;" in r.text
 
 
 def test_pages_show_whole_lists_whatever_a_tool_lists_by_default(client, monkeypatch):
@@ -425,10 +411,10 @@ def test_error_text_names_form_fields_not_cli_flags(client, monkeypatch):
     assert error.startswith("invalid gather_stats request: ") and "[--" not in error and "capture" in error
 
 
-def test_a_validation_job_asks_for_whole_lists(client):
+def test_a_validation_job_asks_for_the_longest_lists(client):
     r = _post(client, "/api/jobs", {"action": "validate", "params": {"candidate": "nothing.card0:v1"}})
     assert r.status_code == 202, r.text
-    assert r.json()["request"]["limit"] is None
+    assert r.json()["request"]["limit"] == 100  # the most the schema allows
     _wait(client, r.json()["id"], {"done", "failed", "stopped"})
 
 

@@ -164,7 +164,7 @@ def test_mcp_session_survives_a_segfaulting_candidate(softmax_card):
             r = await c.call_tool("validate_kernel", {"source_text": crash, "target": card_id, "backend": "triton"})
             assert not r.is_error and r.structured_content["verdict"] == "rejected"
             assert "SIGSEGV" in r.structured_content["reason"]
-            r = await c.call_tool("list_op_cards", {"ref": card_id.split("/")[0]})
+            r = await c.call_tool("list", {"kind": "cards", "of": card_id.split("/")[0]})
             assert not r.is_error and r.structured_content["cards"]
             r = await c.call_tool("validate_kernel", {"source_text": "import torch\n\ndef forward(x, dim, h):\n"
                                                       "    return torch.softmax(x, dim)\n",

@@ -28,6 +28,7 @@ from safetensors.torch import load_file, save_file
 
 from modulelens.capture.manifest import (
     KIND,
+    SCHEMA,
     BackwardInfo,
     CallInputs,
     CaptureEnvironment,
@@ -39,13 +40,26 @@ from modulelens.capture.manifest import (
 )
 from modulelens.capture.spec import ModuleSpec, referenced_modules
 from modulelens.capture.tracer import CapturedCall
-from modulelens.capture.values import TensorSink, class_path
+from modulelens.capture.values import class_path
 from modulelens.repo import Artifact, Repository
 
 
 def _save_tensors(folder: Path, filename: str, tensors: dict[str, torch.Tensor]) -> None:
     if tensors:
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / filename))
+
+
+def _save_program(program: torch.export.ExportedProgram, path: Path) -> None:
+    """Save ``program`` without the data of its parameters and buffers (on the meta device): the
+    capture's weights file holds them once; replay fills them from it."""
+    kept = dict(program.state_dict)
+    try:
+        for key, t in kept.items():
+            meta = torch.empty_like(t, device="meta")
+            program.state_dict[key] = torch.nn.Parameter(meta, t.requires_grad) if isinstance(t, torch.nn.Parameter) else meta
+        torch.export.save(program, str(path))
+    finally:
+        program.state_dict.update(kept)
 
 
 def load_tensors(artifact: Artifact, filename: str) -> dict[str, torch.Tensor]:
@@ -85,7 +99,7 @@ def _import_roots(names: set[str]) -> list[str]:
     return roots
 
 
-def _replay_strategies(captured: CapturedCall, init_spec: ModuleSpec | None, init_unrecorded: list[str],
+def _replay_strategies(captured: CapturedCall, init_spec: ModuleSpec | None,
                        pickle_module: bool) -> tuple[list[str], list[str]]:
     """The replay strategies a capture supports, in auto order, and notes on those it does not."""
     cls_path = class_path(captured.module)
@@ -98,8 +112,10 @@ def _replay_strategies(captured: CapturedCall, init_spec: ModuleSpec | None, ini
         )
     elif "<locals>" in cls_path:
         notes.append(f"{cls_path} is defined inside a function; source replay is unavailable")
-    elif init_unrecorded:
-        notes.append("some constructor arguments could not be recorded; source replay is unavailable")
+    elif any("source" in u.blocks for u in captured.unrecorded):
+        read = ", ".join(u.path for u in captured.unrecorded if "source" in u.blocks)
+        notes.append(f"the captured call reads or takes values that could not be recorded ({read}); "
+                     "source replay is unavailable")
     elif init_spec.bind_error:
         notes.append(f"constructor arguments did not bind to the signature: {init_spec.bind_error}")
     else:
@@ -150,7 +166,7 @@ def _environment(captured: CapturedCall) -> CaptureEnvironment:
         python=platform.python_version(),
         platform=platform.platform(),
         host=socket.gethostname(),
-        device=str(next((t.device for t in captured.weights.values()), "cpu")),
+        device=next((spec.get("device", "cpu") for spec in captured.weight_specs.values()), "cpu"),
         num_threads=torch.get_num_threads(),
     )
 
@@ -170,27 +186,28 @@ def save_capture(
     program, optional pickle and script copies, and a :class:`CaptureManifest` describing them."""
     module = captured.module
     init_spec, init_sink = captured.init_spec, captured.init_sink
-    strategies, notes = _replay_strategies(captured, init_spec, captured.init_unrecorded, pickle_module)
+    strategies, notes = _replay_strategies(captured, init_spec, pickle_module)
     notes += captured.backward_notes
     cls_path = class_path(module)
     modules = (referenced_modules(init_spec.to_json()) if init_spec is not None else set()) | {cls_path.split(":", 1)[0]}
     file_modules = _file_backed_modules(modules)
     shape_only = captured.inputs_sink.shape_only + captured.outputs_sink.shape_only + captured.state_sink.shape_only
 
-    weight_sink = TensorSink("", captured.inputs_sink.max_bytes)
-    weights_spec = {n: weight_sink.add(n, t) for n, t in captured.weights.items()}
-    shape_only += weight_sink.shape_only
+    shape_only += sorted(captured.weights_shape_only)
+    notes += captured.notes
+    if captured.weights_storage is not None and captured.weights_storage.mode != "full":
+        notes.append(captured.weights_storage.reason)
 
     def write(folder: Path) -> CaptureManifest:
         _save_tensors(folder, "inputs.safetensors", captured.inputs_sink.tensors)
         _save_tensors(folder, "outputs.safetensors", captured.outputs_sink.tensors)
         _save_tensors(folder, "state.safetensors", captured.state_sink.tensors)
-        _save_tensors(folder, "weights.safetensors", weight_sink.tensors)
+        _save_tensors(folder, "weights.safetensors", captured.weights)
         _save_tensors(folder, "init.safetensors", init_sink.tensors)
         _save_tensors(folder, "rng.safetensors", captured.rng)
         backward = _save_grads(folder, captured)
         if captured.program is not None:
-            torch.export.save(captured.program, str(folder / "program.pt2"))
+            _save_program(captured.program, folder / "program.pt2")
         if pickle_module:
             torch.save(module, str(folder / "module.pkl"))
         inputs = CallInputs(args=captured.args_spec, kwargs=captured.kwargs_spec)
@@ -203,7 +220,7 @@ def save_capture(
             init=init_spec,
             inputs=inputs,
             outputs=captured.outputs_spec,
-            weights=weights_spec,
+            weights=captured.weight_specs,
             training=captured.training,
             grad_enabled=captured.grad_enabled,
             autocast=captured.autocast,
@@ -211,13 +228,16 @@ def save_capture(
             export=ExportInfo(
                 ok=captured.program is not None, error=captured.export_error, seconds=round(captured.export_seconds, 4),
                 calling="leaves", input_keys=[t.key for t in inputs.tensor_leaves()],
-                returned_keys=captured.returned_keys,
+                returned_keys=captured.returned_keys, custom_ops=captured.custom_ops,
+                weights="separate" if captured.program is not None else "embedded",
             ),
             state_after=captured.state_sink.specs,
             activations=captured.activations,
+            weights_storage=captured.weights_storage,
             backward=backward,
             shape_only=shape_only,
-            unrecorded=list(captured.unrecorded) + captured.init_unrecorded,
+            unrecorded=[u.text() for u in captured.unrecorded],
+            unrecorded_values=captured.unrecorded,
             attributes=captured.attributes,
             notes=notes,
             source=source,
@@ -228,4 +248,4 @@ def save_capture(
             input_tensors=len(inputs.tensor_leaves()),
         )
 
-    return repo.create(KIND, name, write)
+    return repo.create(KIND, name, write, schema_version=SCHEMA)

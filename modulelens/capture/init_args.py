@@ -24,7 +24,7 @@ from modulelens.capture.values import Encoder, class_path
 _state = threading.local()
 _active = False
 _records: dict[int, tuple[weakref.ref, InitRecord]] = {}
-_patched: dict[type, Any] = {}
+_patched: dict[type, tuple[Any, Any]] = {}  # class -> (its own __init__, our wrapper of it)
 _had_init_subclass = False
 _orig_init_subclass: Any = None
 
@@ -186,7 +186,7 @@ def _wrap(cls: type) -> None:
                 _records[key] = (ref, InitRecord(type(self), pos, named, err))
 
     wrapper.__modulelens_wrapped__ = True  # type: ignore[attr-defined]
-    _patched[cls] = init
+    _patched[cls] = (init, wrapper)
     type.__setattr__(cls, "__init__", wrapper)
 
 
@@ -227,13 +227,19 @@ def uninstall() -> None:
     """Stop recording and restore the original ``__init__`` of the classes that existed before.
 
     Classes defined while recording keep an inert wrapper (they cannot be unwrapped safely while
-    instances of them may still be under construction)."""
+    instances of them may still be under construction), and so do classes whose ``__init__`` was
+    replaced again after ours was installed (a class decorator wrapping it): restoring the original
+    would drop the decorator's work."""
     global _active
     if not _active:
         return
     _active = False
-    for cls, init in list(_patched.items()):
-        type.__setattr__(cls, "__init__", init)
+    for cls, (init, wrapper) in list(_patched.items()):
+        if cls.__dict__.get("__init__") is wrapper:
+            type.__setattr__(cls, "__init__", init)
+        # else a decorator replaced the wrapper after the class was defined (transformers'
+        # ``use_experts_implementation`` wraps ``__init__`` once more): its replacement stays, and the
+        # inert wrapper it calls stays with it
     _patched.clear()
     if _had_init_subclass:
         nn.Module.__init_subclass__ = _orig_init_subclass  # type: ignore[assignment]

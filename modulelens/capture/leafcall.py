@@ -83,9 +83,14 @@ class LeafCall(nn.Module):
         self.input_keys = input_keys(args_spec, kwargs_spec)
         self.returned_keys = list(returned_keys)
         self._resolve = resolve
+        specs = tensor_leaves(args_spec) + tensor_leaves(kwargs_spec)
+        self._activations = {s.key for s in specs if not s.leaf}
 
     def forward(self, *leaves: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        decoder = Decoder(LeafSource(dict(zip(self.input_keys, leaves))), self._resolve)
+        # Inputs that were activations in the run (not autograd leaves) are cloned, as they were
+        # computed there: the module may change them in place, and the program returns them changed.
+        given = {k: (t.clone() if k in self._activations else t) for k, t in zip(self.input_keys, leaves)}
+        decoder = Decoder(LeafSource(given), self._resolve)
         args, kwargs = decoder.decode(self.args_spec), decoder.decode(self.kwargs_spec)
         out = self.inner(*args, **kwargs)
         _, found = keyed_tensors(out, "output")

@@ -20,6 +20,9 @@ from modulelens.capture.spec import ModuleSpec, TensorSpec, ValueKind, tensor_le
 from modulelens.repo import Artifact, ManifestBase
 
 KIND = "captures"
+SCHEMA = 2
+"""The schema captures are written with: 2 since export programs are stored without their weights
+(``export.weights == "separate"``), which a reader of schema 1 would load as empty parameters."""
 
 
 def _unset(value: Any) -> bool:
@@ -45,7 +48,10 @@ class ExportInfo(BaseModel):
     """The saved ``torch.export`` program. ``calling`` is ``call`` for programs of the module itself
     (captures of earlier versions: called with the captured args and kwargs) and ``leaves`` for a
     :class:`~modulelens.capture.leafcall.LeafCall` program: called with the input tensors in the
-    order of ``input_keys``, returning the tensors of ``returned_keys``."""
+    order of ``input_keys``, returning the tensors of ``returned_keys``. ``custom_ops`` maps each
+    operator of the program outside torch's namespaces to the modules to import before loading it.
+    ``weights`` is ``separate`` when the program was saved without its parameters and buffers (they
+    are on the meta device; the capture's weights fill them), ``embedded`` for earlier captures."""
 
     ok: bool = False
     error: str | None = None
@@ -53,21 +59,55 @@ class ExportInfo(BaseModel):
     calling: Literal["call", "leaves"] = Field("call", exclude_if=lambda v: v == "call")
     input_keys: list[str] = Field(default_factory=list, exclude_if=_unset)
     returned_keys: list[str] = Field(default_factory=list, exclude_if=_unset)
+    custom_ops: dict[str, list[str]] = Field(default_factory=dict, exclude_if=_unset)
+    weights: Literal["embedded", "separate"] = Field("embedded", exclude_if=lambda v: v == "embedded")
 
 
 class ActivationStorage(BaseModel):
     """How the call's activations (inputs and outputs) were stored against the capture's byte
-    budget: ``full``; ``batch_slice`` (the first ``rows`` of ``batch_rows`` rows, the module having
-    matched the real output on them within tolerance: ``check_max_abs_error``); or ``shape_only``
-    (statistics only). ``reason`` says why, in words."""
+    budget (what the stored weights left of it): ``full``; ``batch_slice`` (the first ``rows`` of
+    ``batch_rows`` rows along dimension ``batch_dim``, the module having matched the real output on
+    them within tolerance: ``check_max_abs_error``); or ``shape_only`` (statistics only).
+    ``reason`` says why, in words."""
 
     mode: Literal["full", "batch_slice", "shape_only"]
     budget_bytes: int
     total_bytes: int = Field(description="inputs and outputs of the real call")
     rows: int | None = None
     batch_rows: int | None = None
+    batch_dim: int = Field(0, exclude_if=lambda v: v == 0)
     check_max_abs_error: float | None = None
     reason: str = ""
+
+
+class WeightStorage(BaseModel):
+    """How the module's parameters and buffers were stored against the capture's byte budget:
+    ``full``, or ``shape_only`` (statistics only: replay makes values up and cannot compare)."""
+
+    mode: Literal["full", "shape_only"]
+    total_bytes: int
+    budget_bytes: int
+    reason: str = ""
+
+
+class UnrecordedField(BaseModel):
+    """A value the capture could not store as data, and what that costs: ``blocks`` lists the replay
+    strategies it rules out (``source``, ``export``) or ``comparison`` (an output value not compared);
+    ``read_by_call`` says whether the captured call read it (constructor arguments whose reads could
+    be watched; None otherwise); ``effect`` says it in words."""
+
+    path: str = Field(description="where it was: init.config.field, args.1.x, output.meta")
+    type: str = Field(description="module:QualName of its type")
+    repr: str = ""
+    why: str = ""
+    blocks: list[str] = Field(default_factory=list)
+    read_by_call: bool | None = None
+    effect: str = ""
+
+    def text(self) -> str:
+        """One line: the path, why it was not recorded, and what it blocks."""
+        cost = f"blocks {' and '.join(self.blocks)}" if self.blocks else "blocks nothing"
+        return f"{self.path} ({self.type}: {self.repr[:60]}): {self.why}; {cost} ({self.effect})"
 
 
 class BackwardInfo(BaseModel):
@@ -124,6 +164,7 @@ class CaptureManifest(ManifestBase):
     inputs: CallInputs = Field(default_factory=CallInputs)
     outputs: Any = None
     activations: ActivationStorage | None = Field(None, exclude_if=_unset)
+    weights_storage: WeightStorage | None = Field(None, exclude_if=_unset)
     state_after: dict[str, Any] = Field(
         default_factory=dict, exclude_if=_unset,
         description="tensor specs of the state the forward changed, as it was after it: input tensors "
@@ -138,7 +179,9 @@ class CaptureManifest(ManifestBase):
     export: ExportInfo = Field(default_factory=ExportInfo)
     backward: BackwardInfo | None = None
     shape_only: list[str] = Field(default_factory=list)
-    unrecorded: list[str] = Field(default_factory=list)
+    unrecorded: list[str] = Field(default_factory=list, description="one line per value not recorded (the text of "
+                                  "unrecorded_values; captures of earlier versions: path and why only)")
+    unrecorded_values: list[UnrecordedField] = Field(default_factory=list, exclude_if=_unset)
     notes: list[str] = Field(default_factory=list)
     source: RunSource = Field(default_factory=RunSource)
     sources: dict[str, StoredSource] = Field(default_factory=dict)

@@ -18,6 +18,7 @@ from safetensors import safe_open
 
 from modulelens.capture import init_args
 from modulelens.capture.artifact import load_tensors
+from modulelens.capture.custom_ops import import_op_modules, missing_op_error, missing_ops
 from modulelens.capture.leafcall import LEAF_PROGRAM_PREFIX, LeafProgramCall
 from modulelens.capture.manifest import CaptureManifest, capture_manifest
 from modulelens.capture.sources import Resolver
@@ -39,10 +40,17 @@ T = TypeVar("T")
 
 
 def _materialized(module: torch.nn.Module, device: str | None) -> torch.nn.Module:
-    """``module`` with storage for parameters it was built with on the ``meta`` device (models built
-    on meta and materialised later record ``device="meta"``); the captured weights fill them."""
-    if any(t.is_meta for t in [*module.parameters(), *module.buffers()]):
-        return module.to_empty(device=device or "cpu")
+    """``module`` with storage for its parameters and buffers on the ``meta`` device (models built
+    on meta and materialised later record ``device="meta"``; programs are saved without their
+    weights); the captured weights fill them. Tensors that have data keep it."""
+    target = torch.device(device or "cpu")
+    for sub in module.modules():
+        for name, p in list(sub._parameters.items()):
+            if p is not None and p.is_meta:
+                sub._parameters[name] = torch.nn.Parameter(torch.empty_like(p, device=target), p.requires_grad)
+        for name, b in list(sub._buffers.items()):
+            if b is not None and b.is_meta:
+                sub._buffers[name] = torch.empty_like(b, device=target)
     return module
 
 
@@ -63,17 +71,20 @@ class LoadedCapture:
         }
         self.resolver = Resolver(sources, self.manifest.sys_path)
         self.synthesized: list[str] = []
+        self.input_leaves: dict[int, torch.Tensor] = {}  # id of an input given as an activation -> its leaf
 
     # -- data ---------------------------------------------------------------------------------
-    def _decoder(self, filename: str, *, device: str | None, dtype: torch.dtype | None) -> Decoder:
+    def _decoder(self, filename: str, *, device: str | None, dtype: torch.dtype | None,
+                 placeholders: bool = False) -> Decoder:
         source = TensorSource(load_tensors(self.artifact, filename), device=device, dtype=dtype)
-        return Decoder(source, self.resolver, self._build_nested)
+        return Decoder(source, self.resolver, self._build_nested, placeholders=placeholders)
 
     def inputs(self) -> tuple[list[Any], dict[str, Any]]:
         dec = self._decoder("inputs.safetensors", device=self.device, dtype=self.dtype)
         args = dec.decode(self.manifest.inputs.args)
         kwargs = dec.decode(self.manifest.inputs.kwargs)
         self.synthesized += dec.source.synthesized
+        self.input_leaves.update(dec.source.leaves)
         return list(args), dict(kwargs)
 
     def expected_outputs(self) -> Any:
@@ -96,8 +107,9 @@ class LoadedCapture:
     # -- modules ------------------------------------------------------------------------------
     @functools.cached_property
     def _init_decoder(self) -> Decoder:
-        """Decodes constructor arguments (their tensors are read once, for all nested modules)."""
-        return self._decoder("init.safetensors", device=None, dtype=None)
+        """Decodes constructor arguments (their tensors are read once, for all nested modules). A
+        value that was not recorded becomes a placeholder that fails, naming it, only if used."""
+        return self._decoder("init.safetensors", device=None, dtype=None, placeholders=True)
 
     def _build_nested(self, spec: ModuleSpec) -> torch.nn.Module:
         init_dec = self._init_decoder
@@ -109,6 +121,8 @@ class LoadedCapture:
             init_args.uninstall()
         try:
             return cls(*args, **kwargs)
+        except ModuleLensError:
+            raise  # a value that was not recorded, used by the constructor: the error names it
         except Exception as e:
             raise ReplayFailed(
                 f"constructing {spec.cls} from the recorded arguments failed: {type(e).__name__}: {e}",
@@ -188,15 +202,30 @@ class LoadedCapture:
             "see the errors above",
         )
 
+    def _load_program(self) -> torch.nn.Module:
+        """The saved program as a module, its custom operators registered first (see
+        :mod:`modulelens.capture.custom_ops`); parameters saved without data are materialised."""
+        info = self.manifest.export
+        import_op_modules(info.custom_ops, self.resolver.module)
+        path = self.artifact.file("program.pt2")
+        try:
+            program = torch.export.load(str(path)).module()
+        except Exception:
+            missing = missing_ops(path)  # a capture that did not record its operators' modules
+            if missing:
+                raise missing_op_error(missing[0], info.custom_ops.get(missing[0], [])) from None
+            raise
+        return _materialized(program, self.device)
+
     def _exported(self) -> torch.nn.Module:
         """The saved program as a module called like the captured one, with the captured weights."""
-        program = torch.export.load(str(self.artifact.file("program.pt2"))).module()
+        program = self._load_program()
         info = self.manifest.export
         if info.calling == "call":
-            self._load_weights(program, strict=False)
+            self._load_weights(program, strict=False, complete=info.weights == "separate")
             return program
         module = LeafProgramCall(program, info.input_keys, info.returned_keys, self.manifest.outputs, self.resolver)
-        self._load_weights(module, strict=False, prefix=LEAF_PROGRAM_PREFIX)
+        self._load_weights(module, strict=False, prefix=LEAF_PROGRAM_PREFIX, complete=info.weights == "separate")
         return module
 
     def expected_values(self) -> dict[str, Any]:
@@ -218,7 +247,11 @@ class LoadedCapture:
             present = set(f.keys())
             return {k: f.get_tensor(k) for k in keys if k in present}
 
-    def _load_weights(self, module: torch.nn.Module, strict: bool = True, prefix: str = "") -> None:
+    def _load_weights(self, module: torch.nn.Module, strict: bool = True, prefix: str = "",
+                      complete: bool = False) -> None:
+        """Copy the captured weights into ``module``'s parameters and buffers under ``prefix``.
+        ``strict``: every captured weight must have a place. ``complete``: every parameter of the
+        module must get a captured value (a program saved without its weights)."""
         weights = self.weights()
         own = {n[len(prefix):]: t for n, t in module.named_parameters(remove_duplicate=False) if n.startswith(prefix)}
         own.update({n[len(prefix):]: t for n, t in module.named_buffers(remove_duplicate=False) if n.startswith(prefix)})
@@ -228,6 +261,11 @@ class LoadedCapture:
                 f"the rebuilt module has no parameter or buffer named {', '.join(missing[:5])}",
                 "the model's code changed since the capture; use [--strategy export]",
             )
+        unfilled = [n for n, _ in module.named_parameters(remove_duplicate=False) if n.startswith(prefix)
+                    and n[len(prefix):] not in weights]
+        if complete and unfilled:
+            raise ReplayFailed(f"the capture has no weights for the program's parameters {', '.join(unfilled[:5])}",
+                               "the capture is damaged; capture it again")
         with torch.no_grad():
             for name, value in weights.items():
                 if name not in own:

@@ -80,7 +80,10 @@ class ReproRenderer(SpecVisitor[str]):
         else:
             stats = spec.stats.to_json() if spec.stats is not None else {}
             expr = f"_synthesize({spec.shape!r}, torch.{spec.dtype}, {stats!r})"
-        return expr + (".requires_grad_(True)" if spec.requires_grad else "")
+        if not spec.requires_grad:
+            return expr
+        # an activation in the run (not a leaf) is given as one: in-place operations on it are allowed
+        return expr + (".requires_grad_(True)" if spec.leaf else ".requires_grad_(True).clone()")
 
     def nonfinite_float(self, text: str) -> str:
         return f"float({text!r})"
@@ -127,6 +130,27 @@ class ReproRenderer(SpecVisitor[str]):
         lit = "{" + ", ".join(f"{self.visit(k)}: {self.visit(v)}" for k, v in items) + "}"
         return f"{self.class_expr(cls)}({lit})" if cls is not None else lit
 
+    def default_mapping(self, items: list[tuple[Any, Any]], factory: Any, cls: str | None) -> str:
+        lit = "{" + ", ".join(f"{self.visit(k)}: {self.visit(v)}" for k, v in items) + "}"
+        return f"{self.class_expr(cls or 'collections:defaultdict')}({self.visit(factory)}, {lit})"
+
+    def set_value(self, items: list[Any], frozen: bool, cls: str | None) -> str:
+        lit = "[" + ", ".join(self.visit(v) for v in items) + "]"
+        return f"{self.class_expr(cls) if cls is not None else 'frozenset' if frozen else 'set'}({lit})"
+
+    def range_value(self, start: int, stop: int, step: int) -> str:
+        return f"range({start!r}, {stop!r}, {step!r})"
+
+    def path(self, cls: str, text: str) -> str:
+        return f"{self.class_expr(cls)}({text!r})"
+
+    def datetime_value(self, cls: str, iso: str) -> str:
+        return f"{self.class_expr(cls)}.fromisoformat({iso!r})"
+
+    def timedelta_value(self, days: int, seconds: int, microseconds: int) -> str:
+        self.imports.add("datetime")
+        return f"datetime.timedelta(days={days!r}, seconds={seconds!r}, microseconds={microseconds!r})"
+
     def record(self, kind: ValueKind, cls: str, fields: dict[str, Any]) -> str:
         if kind == ValueKind.NAMEDTUPLE:
             return f"{self.class_expr(cls)}({', '.join(f'{k}={self.visit(v)}' for k, v in fields.items())})"
@@ -142,8 +166,8 @@ class ReproRenderer(SpecVisitor[str]):
         parts = [self.visit(a) for a in spec.args] + [f"{k}={self.visit(v)}" for k, v in spec.kwargs.items()]
         return f"{self.class_expr(spec.cls)}({', '.join(parts)})"
 
-    def unrecorded(self, type_path: str, text: str, why: str) -> str:
-        raise NotStandalone(f"a value of type {type_path} was not recorded")
+    def unrecorded(self, type_path: str, text: str, why: str, at: str = "") -> str:
+        raise NotStandalone(f"a value of type {type_path} was not recorded" + (f" ({at})" if at else ""))
 
     def unknown_kind(self, kind: str, spec: dict[str, Any]) -> str:
         raise NotStandalone(f"a value of type {kind} was not recorded")
@@ -192,7 +216,7 @@ def _check_imports(source: str, module: str) -> None:
 
 _HEADER = '''"""Standalone repro of capture {ref} ({class_path} at {module_path!r}), written by modulelens.
 
-KernelBench format: Model, get_inputs(), get_init_inputs(). Needs only torch and safetensors.
+KernelBench format: Model, get_inputs(), get_init_inputs(). Needs only torch and safetensors{needs}.
 Captured data lives in {data_name}/. Run this file to check Model against the captured outputs
 and the state the captured call changed; it exits with status 1 when they differ.
 """
@@ -225,6 +249,20 @@ def _restore(cls, state):
     obj = cls.__new__(cls)
     obj.__dict__.update(state)
     return obj
+
+
+def _program(path):
+    """A saved torch.export program as a module; parameters saved without data (on the meta device)
+    get storage, which the captured weights then fill."""
+    module = torch.export.load(str(path)).module()
+    for sub in module.modules():
+        for name, p in list(sub._parameters.items()):
+            if p is not None and p.is_meta:
+                sub._parameters[name] = nn.Parameter(torch.empty_like(p, device="cpu"), p.requires_grad)
+        for name, b in list(sub._buffers.items()):
+            if b is not None and b.is_meta:
+                sub._buffers[name] = torch.empty_like(b, device="cpu")
+    return module
 
 
 def _dataclass(cls, state):
@@ -354,7 +392,7 @@ class Model(nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.inner = torch.export.load(str(_HERE / "program.pt2")).module()
+        self.inner = _program(_HERE / "program.pt2")
         self.inner.load_state_dict({{"inner." + k: v for k, v in _stored("weights.safetensors").items()}}, strict=False)
 
     def forward(self, *inputs):
@@ -434,11 +472,13 @@ def _export_class(manifest: CaptureManifest, r: ReproRenderer) -> str:
     info = manifest.export
     if info.calling == "call":
         # A program of the module itself (earlier captures) keeps the train/eval behaviour it was exported with.
-        build = ("        self.inner = torch.export.load(str(_HERE / 'program.pt2')).module()\n"
+        build = ("        self.inner = _program(_HERE / 'program.pt2')\n"
                  "        self.inner.load_state_dict(_stored('weights.safetensors'), strict=False)")
         return _call_class(manifest, build, r)
     specs = {t.key: t for t in manifest.inputs.tensor_leaves()}
     leaves = ", ".join(r.tensor(specs[k]) for k in info.input_keys)
+    for modules in info.custom_ops.values():  # they register the program's custom operators
+        r.imports.update(modules)
     return _LEAVES_CLASS.format(input_keys=info.input_keys, returned_keys=info.returned_keys, leaves=leaves)
 
 
@@ -500,8 +540,11 @@ def write_repro(art: Artifact, out: Path, flavor: str = "auto") -> ReproFile:
     if rendered.flavor == "export":
         shutil.copyfile(art.file("program.pt2"), data_dir / "program.pt2")
     imports = "".join(f"import {mod}\n" for mod in sorted(rendered.imports))
+    op_modules = sorted({mod for mods in m.export.custom_ops.values() for mod in mods}) if rendered.flavor == "export" else []
+    needs = f" (and {', '.join(op_modules)}, for the program's custom operators)" if op_modules else ""
     text = (
-        _HEADER.format(ref=art.ref, class_path=m.class_path, module_path=m.module_path, data_name=data_name, imports=imports)
+        _HEADER.format(ref=art.ref, class_path=m.class_path, module_path=m.module_path, data_name=data_name,
+                       imports=imports, needs=needs)
         + rendered.body
         + _FOOTER.format(model=rendered.model, training=m.training, grad_enabled=m.grad_enabled, autocast=m.autocast,
                          state_keys=sorted(m.state_after), tolerance=VERIFY_TOLERANCE)

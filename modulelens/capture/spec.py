@@ -59,6 +59,12 @@ class ValueKind(StrEnum):
     LIST = "list"
     TUPLE = "tuple"
     DICT = "dict"
+    DEFAULTDICT = "defaultdict"  # a dict with its default factory
+    SET = "set"  # a set or frozenset (items in a canonical order)
+    RANGE = "range"
+    PATH = "path"  # a pathlib path
+    DATETIME = "datetime"  # a datetime, date or time, as ISO 8601 text
+    TIMEDELTA = "timedelta"
     NAMEDTUPLE = "namedtuple"
     DATACLASS = "dataclass"
     OBJECT = "object"  # an object written as its class and its ``__dict__``
@@ -121,7 +127,10 @@ class TensorSpec(_SpecModel):
 
     ``stored`` is False for a tensor kept shape-only (too big): ``stats`` then holds its summary,
     so that similar data can be made up.
-    ``stride`` is None for non-strided layouts, whose name is in ``layout``."""
+    ``stride`` is None for non-strided layouts, whose name is in ``layout``.
+    ``leaf`` is False for a tensor that requires grad and was computed in the run (an activation,
+    not a leaf of autograd): replay gives it back as such (a clone of a leaf), so that in-place
+    operations on it are allowed as they were."""
 
     kind: Literal[ValueKind.TENSOR] = Field(ValueKind.TENSOR, alias=KIND)
     key: str
@@ -132,6 +141,7 @@ class TensorSpec(_SpecModel):
     contiguous: bool = True
     requires_grad: bool = False
     parameter: bool = False
+    leaf: bool = True
     layout: str | None = None
     stored: bool = True
     stats: TensorStats | None = None
@@ -145,6 +155,8 @@ class TensorSpec(_SpecModel):
         }
         if self.parameter:
             out["parameter"] = True
+        if not self.leaf:
+            out["leaf"] = False
         if self.layout is not None:
             out["layout"] = self.layout
         out["stored"] = self.stored
@@ -208,6 +220,20 @@ def _pairs(spec: dict[str, Any]) -> list[tuple[Any, Any]]:
     return [(k, v) for k, v in pairs]
 
 
+def _int(spec: dict[str, Any], field: str) -> int:
+    value = spec[field]
+    if type(value) is not int:
+        raise TypeError(f"{field} must be an integer")
+    return value
+
+
+def _range_items(spec: dict[str, Any]) -> tuple[int, int, int]:
+    items = _list(spec, "items")
+    if len(items) != 3 or not all(type(i) is int for i in items):
+        raise TypeError("items must be three integers [start, stop, step]")
+    return items[0], items[1], items[2]
+
+
 def _slice_items(spec: dict[str, Any]) -> tuple[Any, Any, Any]:
     items = _list(spec, "items")
     if len(items) != 3:
@@ -233,11 +259,18 @@ _READERS: dict[ValueKind, tuple[str, Any]] = {
     ValueKind.LIST: ("sequence", lambda s: (ValueKind.LIST, _list(s, "items"), _optional_text(s, "cls"))),
     ValueKind.TUPLE: ("sequence", lambda s: (ValueKind.TUPLE, _list(s, "items"), _optional_text(s, "cls"))),
     ValueKind.DICT: ("mapping", lambda s: (_pairs(s), _optional_text(s, "cls"))),
+    ValueKind.DEFAULTDICT: ("default_mapping", lambda s: (_pairs(s), s["factory"], _optional_text(s, "cls"))),
+    ValueKind.SET: ("set_value", lambda s: (_list(s, "items"), bool(s.get("frozen", False)), _optional_text(s, "cls"))),
+    ValueKind.RANGE: ("range_value", _range_items),
+    ValueKind.PATH: ("path", lambda s: (_text(s, "cls"), _text(s, "v"))),
+    ValueKind.DATETIME: ("datetime_value", lambda s: (_text(s, "cls"), _text(s, "v"))),
+    ValueKind.TIMEDELTA: ("timedelta_value", lambda s: (_int(s, "days"), _int(s, "seconds"), _int(s, "us"))),
     ValueKind.NAMEDTUPLE: ("record", lambda s: (ValueKind.NAMEDTUPLE, _text(s, "cls"), _object(s, "fields"))),
     ValueKind.DATACLASS: ("record", lambda s: (ValueKind.DATACLASS, _text(s, "cls"), _object(s, "fields"))),
     ValueKind.OBJECT: ("object_state", lambda s: (_text(s, "cls"), _object(s, "state"))),
     ValueKind.MODULE: ("module", lambda s: (ModuleSpec.from_json(s),)),
-    ValueKind.UNRECORDED: ("unrecorded", lambda s: (_text(s, "type"), _text(s, "repr"), _text(s, "why"))),
+    ValueKind.UNRECORDED: ("unrecorded", lambda s: (_text(s, "type"), _text(s, "repr"), _text(s, "why"),
+                                                    _optional_text(s, "at") or "")),
 }
 
 
@@ -326,6 +359,31 @@ class SpecVisitor(Generic[R]):
         """A dict as (key spec, value spec) pairs in order; ``cls`` for a subclass."""
         raise NotImplementedError
 
+    def default_mapping(self, items: list[tuple[Any, Any]], factory: Any, cls: str | None) -> R:
+        """A ``collections.defaultdict`` (``cls`` for a subclass): its pairs as in :meth:`mapping`,
+        and the spec of its default factory (None when it has none)."""
+        raise NotImplementedError
+
+    def set_value(self, items: list[Any], frozen: bool, cls: str | None) -> R:
+        """A set, or a frozenset when ``frozen``; ``cls`` for a subclass. Items are specs, stored
+        in a canonical order (a set has none of its own)."""
+        raise NotImplementedError
+
+    def range_value(self, start: int, stop: int, step: int) -> R:
+        raise NotImplementedError
+
+    def path(self, cls: str, text: str) -> R:
+        """A ``pathlib`` path of class ``cls`` (``pathlib:PosixPath``...) and its text."""
+        raise NotImplementedError
+
+    def datetime_value(self, cls: str, iso: str) -> R:
+        """A ``datetime``, ``date`` or ``time`` (``cls``), as its ISO 8601 text (a time zone as its
+        UTC offset)."""
+        raise NotImplementedError
+
+    def timedelta_value(self, days: int, seconds: int, microseconds: int) -> R:
+        raise NotImplementedError
+
     def record(self, kind: ValueKind, cls: str, fields: dict[str, Any]) -> R:
         """A namedtuple or dataclass (``kind``) with its fields as specs."""
         raise NotImplementedError
@@ -337,8 +395,9 @@ class SpecVisitor(Generic[R]):
     def module(self, spec: ModuleSpec) -> R:
         raise NotImplementedError
 
-    def unrecorded(self, type_path: str, text: str, why: str) -> R:
-        """A value that could not be written as data: its type, a short repr, and why."""
+    def unrecorded(self, type_path: str, text: str, why: str, at: str = "") -> R:
+        """A value that could not be written as data: its type, a short repr, why, and where it
+        was in the recorded value (``init.config.field``; empty in specs of earlier versions)."""
         raise NotImplementedError
 
     # -- the other cases ---------------------------------------------------------------------
@@ -417,6 +476,32 @@ class SpecWriter(SpecVisitor[Any]):
             spec["cls"] = cls
         return spec
 
+    def default_mapping(self, items: list[tuple[Any, Any]], factory: Any, cls: str | None) -> dict[str, Any]:
+        spec = {KIND: ValueKind.DEFAULTDICT.value, "items": [[k, v] for k, v in items], "factory": factory}
+        if cls is not None:
+            spec["cls"] = cls
+        return spec
+
+    def set_value(self, items: list[Any], frozen: bool, cls: str | None) -> dict[str, Any]:
+        spec: dict[str, Any] = {KIND: ValueKind.SET.value, "items": list(items)}
+        if frozen:
+            spec["frozen"] = True
+        if cls is not None:
+            spec["cls"] = cls
+        return spec
+
+    def range_value(self, start: int, stop: int, step: int) -> dict[str, Any]:
+        return {KIND: ValueKind.RANGE.value, "items": [start, stop, step]}
+
+    def path(self, cls: str, text: str) -> dict[str, Any]:
+        return {KIND: ValueKind.PATH.value, "cls": cls, "v": text}
+
+    def datetime_value(self, cls: str, iso: str) -> dict[str, Any]:
+        return {KIND: ValueKind.DATETIME.value, "cls": cls, "v": iso}
+
+    def timedelta_value(self, days: int, seconds: int, microseconds: int) -> dict[str, Any]:
+        return {KIND: ValueKind.TIMEDELTA.value, "days": days, "seconds": seconds, "us": microseconds}
+
     def record(self, kind: ValueKind, cls: str, fields: dict[str, Any]) -> dict[str, Any]:
         if kind not in (ValueKind.NAMEDTUPLE, ValueKind.DATACLASS):
             raise ValueError(f"a record is a namedtuple or a dataclass, not {kind.value}")
@@ -428,8 +513,11 @@ class SpecWriter(SpecVisitor[Any]):
     def module(self, spec: ModuleSpec) -> dict[str, Any]:
         return spec.to_json()
 
-    def unrecorded(self, type_path: str, text: str, why: str) -> dict[str, Any]:
-        return {KIND: ValueKind.UNRECORDED.value, "type": type_path, "repr": text, "why": why}
+    def unrecorded(self, type_path: str, text: str, why: str, at: str = "") -> dict[str, Any]:
+        spec = {KIND: ValueKind.UNRECORDED.value, "type": type_path, "repr": text, "why": why}
+        if at:
+            spec["at"] = at
+        return spec
 
 
 class SpecWalker(SpecVisitor[None]):
@@ -496,6 +584,28 @@ class SpecWalker(SpecVisitor[None]):
             self.visit(key)
             self.visit(value)
 
+    def default_mapping(self, items: list[tuple[Any, Any]], factory: Any, cls: str | None) -> None:
+        self.mapping(items, cls)
+        self.visit(factory)
+
+    def set_value(self, items: list[Any], frozen: bool, cls: str | None) -> None:
+        if cls is not None:
+            self.class_ref(cls)
+        for item in items:
+            self.visit(item)
+
+    def range_value(self, start: int, stop: int, step: int) -> None:
+        pass
+
+    def path(self, cls: str, text: str) -> None:
+        self.class_ref(cls)
+
+    def datetime_value(self, cls: str, iso: str) -> None:
+        self.class_ref(cls)
+
+    def timedelta_value(self, days: int, seconds: int, microseconds: int) -> None:
+        pass
+
     def record(self, kind: ValueKind, cls: str, fields: dict[str, Any]) -> None:
         self.class_ref(cls)
         for value in fields.values():
@@ -513,7 +623,7 @@ class SpecWalker(SpecVisitor[None]):
         for value in spec.kwargs.values():
             self.visit(value)
 
-    def unrecorded(self, type_path: str, text: str, why: str) -> None:
+    def unrecorded(self, type_path: str, text: str, why: str, at: str = "") -> None:
         pass
 
 

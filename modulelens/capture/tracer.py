@@ -8,18 +8,18 @@ capture. At the selected matching call the tracer snapshots, *before* the forwar
 (detached copies: forwards may mutate them), the constructor arguments as they are now, the
 parameters and buffers, the RNG states, train/grad mode and autocast regions; then runs the real
 forward and records the outputs and the state the forward changed (inputs, buffers), within the
-capture's byte budget (:mod:`modulelens.capture.budget`); optionally exports the call's
+capture's byte budget (:mod:`modulelens.capture.budget`, :mod:`modulelens.capture.slicing`);
+optionally exports the call's
 :class:`~modulelens.capture.leafcall.LeafCall`; and either ends the run (:class:`CaptureComplete`)
 or, when backward is asked for, waits for the gradients to arrive.
 """
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -28,20 +28,29 @@ import torch.nn as nn
 from modulelens.capture import init_args
 from modulelens.capture.budget import (
     DEFAULT_CAPTURE_BYTES,
-    SliceSink,
-    batch_size,
-    first_rows,
-    is_batched,
-    rows_within,
+    WeightSnapshot,
+    batch_candidates,
+    snapshot_weights,
     tensors_bytes,
 )
-from modulelens.capture.leafcall import BUFFER_PREFIX, LeafSource, call_state, changed_state, export_leaf_call
+from modulelens.capture.call import (  # noqa: F401 - rng and autocast helpers are imported from here too
+    CapturedCall,
+    autocast_regions,
+    autocast_state,
+    call_input,
+    load_buffers,
+    rng_states,
+    set_rng_states,
+)
+from modulelens.capture.custom_ops import op_modules
+from modulelens.capture.leafcall import BUFFER_PREFIX, call_state, changed_state, export_leaf_call
 from modulelens.capture.manifest import ActivationStorage
-from modulelens.capture.sources import Resolver
-from modulelens.capture.spec import ModuleSpec, TensorSpec, tensor_leaves
-from modulelens.capture.values import Decoder, Encoder, TensorSink, keyed_tensors, parse_dtype
+from modulelens.capture.sharded import gathered, read_inside_call, substituted
+from modulelens.capture.slicing import RowSlicer, preslice
+from modulelens.capture.spec import tensor_leaves
+from modulelens.capture.unrecorded import describe, watch_points, watching_reads
+from modulelens.capture.values import Encoder, TensorSink, Unrecorded, keyed_tensors
 from modulelens.errors import CaptureFailed
-from modulelens.numerics import diff, tolerances
 from modulelens.wrappers import WRAPPER_CLASSES, strip_wrapper_prefix
 
 
@@ -81,74 +90,6 @@ class Target:
         return name == self.text
 
 
-def rng_states() -> dict[str, torch.Tensor]:
-    states = {"cpu": torch.random.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        for i, s in enumerate(torch.cuda.get_rng_state_all()):
-            states[f"cuda.{i}"] = s
-    return states
-
-
-def set_rng_states(states: dict[str, torch.Tensor]) -> None:
-    torch.random.set_rng_state(states["cpu"])
-    cuda = [states[k] for k in sorted(states) if k.startswith("cuda.")]
-    if cuda and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(cuda[: torch.cuda.device_count()])
-
-
-_AUTOCAST_DEVICES = ("cpu", "cuda")
-
-
-def autocast_state() -> dict[str, str]:
-    """The ``torch.autocast`` regions active now: device type -> dtype name."""
-    active = {}
-    for device in _AUTOCAST_DEVICES:
-        if torch.is_autocast_enabled(device):
-            active[device] = str(torch.get_autocast_dtype(device)).removeprefix("torch.")
-    return active
-
-
-def autocast_regions(state: dict[str, str]) -> contextlib.ExitStack:
-    """Enter the recorded autocast regions again (a context manager)."""
-    stack = contextlib.ExitStack()
-    for device, dtype in state.items():
-        stack.enter_context(torch.autocast(device, dtype=parse_dtype(dtype)))
-    return stack
-
-
-@dataclass
-class CapturedCall:
-    module: nn.Module
-    module_path: str
-    call_index: int
-    inputs_sink: TensorSink
-    args_spec: Any
-    kwargs_spec: Any
-    outputs_sink: TensorSink
-    outputs_spec: Any
-    weights: dict[str, torch.Tensor]
-    rng: dict[str, torch.Tensor]
-    training: bool
-    grad_enabled: bool
-    unrecorded: list[str]
-    forward_seconds: float
-    program: Any = None
-    export_error: str | None = None
-    export_seconds: float = 0.0
-    grad_output: list[torch.Tensor | None] | None = None
-    grad_input: list[torch.Tensor | None] | None = None
-    param_grads: dict[str, torch.Tensor] = field(default_factory=dict)
-    backward_notes: list[str] = field(default_factory=list)
-    calls_after_capture: int = 0
-    init_spec: ModuleSpec | None = None
-    init_sink: TensorSink = field(default_factory=lambda: TensorSink("init."))
-    init_unrecorded: list[str] = field(default_factory=list)
-    attributes: dict[str, dict[str, Any]] = field(default_factory=dict)
-    state_sink: TensorSink = field(default_factory=TensorSink)  # inputs and buffers the forward changed
-    returned_keys: list[str] = field(default_factory=list)  # what the exported LeafCall returns
-    activations: ActivationStorage | None = None
-    autocast: dict[str, str] = field(default_factory=dict)  # device type -> dtype of enabled autocast
-
 
 @dataclass
 class TraceOptions:
@@ -157,7 +98,7 @@ class TraceOptions:
     backward: bool = False
     export: bool = True
     max_tensor_bytes: int | None = None  # per tensor; None: no limit
-    max_capture_bytes: int = DEFAULT_CAPTURE_BYTES  # inputs and outputs together
+    max_capture_bytes: int = DEFAULT_CAPTURE_BYTES  # weights, inputs and outputs together
     record: bool = True  # False on ranks that only follow along (distributed runs)
     stop: bool = True  # end the run once the capture is complete
 
@@ -288,39 +229,47 @@ class Tracer:
         try:
             rng = rng_states()
             training, grad_enabled, autocast = module.training, torch.is_grad_enabled(), autocast_state()
+            weights = snapshot_weights(module, opts.max_capture_bytes, opts.max_tensor_bytes)
+            budget = max(0, opts.max_capture_bytes - weights.stored_bytes)  # what the weights leave
             _, given = keyed_tensors([list(args), dict(kwargs)], "")
-            in_bytes, batch = tensors_bytes(list(given.values())), batch_size(list(given.values()))
-            presliced = batch is not None and batch > 1 and in_bytes > opts.max_capture_bytes
+            inputs = list(given.values())
+            in_bytes = tensors_bytes(inputs)
+            candidates = batch_candidates(inputs)
+            presliced = (preslice(args, kwargs, candidates, in_bytes, budget, opts.max_tensor_bytes, self.module_spec)
+                         if in_bytes > budget and candidates else {})
             if presliced:  # the inputs alone are over the budget: snapshot their first rows only
-                assert batch is not None
-                rows = rows_within(batch, 2 * in_bytes, opts.max_capture_bytes)
-                in_sink: TensorSink = SliceSink(rows, batch, opts.max_tensor_bytes)
+                first = next(iter(presliced.values()))
+                in_sink, args_spec, kwargs_spec, found = first.sink, first.args_spec, first.kwargs_spec, first.found
             else:
                 in_sink = TensorSink("", opts.max_tensor_bytes)
-            enc = Encoder(in_sink, self.module_spec)
-            args_spec = enc.encode(list(args), "args")
-            kwargs_spec = enc.encode(dict(kwargs), "kwargs")
+                enc = Encoder(in_sink, self.module_spec)
+                args_spec, kwargs_spec = enc.encode(list(args), "args"), enc.encode(dict(kwargs), "kwargs")
+                found = enc.found
             init_sink = TensorSink("init.")
             init_enc = Encoder(init_sink)
             init_enc.module_spec = lambda m, p: init_args.construction_spec(m, p, init_enc)
             init_spec = init_args.construction_spec(module, "init", init_enc)
             attributes = init_args.plain_attributes(module)
-            weights = {n: _plain(t) for n, t in module.named_parameters()}
-            weights.update({n: _plain(t) for n, t in module.named_buffers()})
         finally:
             self.busy = False
         captured = CapturedCall(
             module=module, module_path=name, call_index=self.matches, inputs_sink=in_sink,
             args_spec=args_spec, kwargs_spec=kwargs_spec, outputs_sink=TensorSink("", opts.max_tensor_bytes),
-            outputs_spec=None, weights=weights, rng=rng, training=training, grad_enabled=grad_enabled,
-            unrecorded=list(enc.unrecorded), forward_seconds=0.0, init_spec=init_spec, init_sink=init_sink,
-            init_unrecorded=list(init_enc.unrecorded), attributes=attributes,
-            state_sink=TensorSink("", opts.max_tensor_bytes), autocast=autocast,
+            outputs_spec=None, weights=weights.sink.tensors, weight_specs=weights.sink.specs, rng=rng,
+            training=training, grad_enabled=grad_enabled, unrecorded=describe(found, None, set()),
+            forward_seconds=0.0, init_spec=init_spec, init_sink=init_sink, attributes=attributes,
+            state_sink=TensorSink("", opts.max_tensor_bytes), autocast=autocast, weights_storage=weights.storage,
         )
+        self._read_sharded_inside_call(module, weights, captured)
         if opts.backward:
             self._install_backward_hooks(module, captured)
         t0 = time.perf_counter()
-        out = self._forward(module, args, kwargs)
+        try:
+            out = self._watched_forward(module, args, kwargs, init_enc.found, captured)
+        except RuntimeError as e:
+            if not (opts.backward and _HOOKED_INPUT_CHANGED in str(e)):
+                raise
+            out = self._forward_without_module_hook(module, args, kwargs, init_enc.found, captured)
         captured.forward_seconds = time.perf_counter() - t0
         _, out_tensors = keyed_tensors(out, "output")
         total = in_bytes + tensors_bytes(list(out_tensors.values()))
@@ -330,11 +279,11 @@ class Tracer:
         side = torch.autograd.graph.saved_tensors_hooks(_same, _same)
         try:
             side.__enter__()
-            if presliced or total > opts.max_capture_bytes:
-                self._store_within_budget(module, args, kwargs, out, out_tensors, captured, batch, total)
+            if presliced or total > budget:
+                self._slicer(module, captured).store(args, kwargs, out, inputs, total, budget, presliced)
             else:
-                captured.activations = ActivationStorage(mode="full", budget_bytes=opts.max_capture_bytes,
-                                                         total_bytes=total, reason="within the budget")
+                captured.activations = ActivationStorage(mode="full", budget_bytes=budget, total_bytes=total,
+                                                         reason="within the budget")
                 self._store_outputs(out, captured, captured.outputs_sink)
                 self._record_state_after(module, args, kwargs, captured)
             if opts.export:
@@ -357,114 +306,67 @@ class Tracer:
             raise CaptureComplete()
         return out
 
+    def _read_sharded_inside_call(self, module: nn.Module, weights: WeightSnapshot, captured: CapturedCall) -> None:
+        """Sharded parameters are read when the forward starts, after FSDP gathered them (see
+        :mod:`modulelens.capture.sharded`); ones still sharded then keep their local shard, noted."""
+        if not weights.inside_call:
+            return
+
+        def read(name: str, t: torch.Tensor) -> None:
+            if type(t).__name__ == "DTensor" and t.device_mesh.size() > 1:
+                captured.notes.append(f"parameter {name} stays sharded during the call (tensor parallelism?): its "
+                                      "local shard is stored, and replay on one process will not match")
+                t = t.to_local()
+            weights.sink.add(name, t.detach())
+
+        read_inside_call(module, weights.inside_call, read)
+
+    def _slicer(self, module: nn.Module, captured: CapturedCall) -> RowSlicer:
+        return RowSlicer(module, captured, self._forward, self._store_outputs, self.options.max_tensor_bytes,
+                         self.module_spec)
+
+    def _watched_forward(self, module: nn.Module, args: tuple, kwargs: dict, init_found: list[Unrecorded],
+                         captured: CapturedCall) -> Any:
+        """The real forward, watching reads of the constructor values that were not recorded (see
+        :mod:`modulelens.capture.unrecorded`); notes what each of them blocks."""
+        points = watch_points(module, init_found) if init_found else []
+        with watching_reads([(obj, name) for obj, name, _ in points]) as seen:
+            out = self._forward(module, args, kwargs)
+        read = {i for obj, name, i in points if (id(obj), name) in seen}
+        captured.unrecorded += describe(init_found, read, {i for _, _, i in points})
+        return out
+
     def _store_outputs(self, out: Any, captured: CapturedCall, sink: TensorSink) -> None:
         out_enc = Encoder(sink, self.module_spec)
         captured.outputs_sink = sink
         captured.outputs_spec = out_enc.encode(out, "output")
-        captured.unrecorded += out_enc.unrecorded
-
-    def _store_within_budget(self, module: nn.Module, args: tuple, kwargs: dict, out: Any,
-                             out_tensors: dict[str, torch.Tensor], captured: CapturedCall, batch: int | None,
-                             total: int) -> None:
-        """The call's activations are over the budget: keep the first batch rows when the module
-        treats rows independently, else store shape-only with statistics. Says which and why.
-
-        Inputs whose first rows only were snapshotted get their statistics from the live tensors,
-        after the call (an input the forward changed in place is described as it changed)."""
-        budget = self.options.max_capture_bytes
-        over = f"the activations total {total / 2**20:.1f} MiB, over the budget of {budget / 2**20:.1f} MiB"
-        why, worst = None, None
-        if batch is None or batch < 2:
-            why = "the inputs have no batch dimension of 2 or more rows to slice"
-        elif not out_tensors or not all(is_batched(t, batch) for t in out_tensors.values()):
-            why = f"not every output tensor has the batch dimension ({batch} rows) first"
-        elif captured.inputs_sink.shape_only:
-            why = "some inputs are over the per-tensor limit and were not snapshotted"
-        if why is None:
-            assert batch is not None
-            rows = rows_within(batch, total, budget)
-            why, worst = self._capture_rows(module, out_tensors, captured, batch, rows)
-            if why is None:
-                captured.activations = ActivationStorage(
-                    mode="batch_slice", budget_bytes=budget, total_bytes=total, rows=rows, batch_rows=batch,
-                    check_max_abs_error=worst, reason=f"{over}; the module treats batch rows independently (its output on the first {rows} "
-                    f"rows matched those rows of the real output), so the first {rows} of {batch} rows are stored "
-                    "and replay is exact on them")
-                return
-        if isinstance(captured.inputs_sink, SliceSink):
-            captured.args_spec, captured.kwargs_spec, captured.inputs_sink = _stats_specs(args, kwargs)
-        self._store_outputs(out, captured, TensorSink("", 0))
-        captured.activations = ActivationStorage(
-            mode="shape_only", budget_bytes=budget, total_bytes=total, batch_rows=batch,
-            check_max_abs_error=worst, reason=f"{over}; {why}: tensors are stored shape-only with statistics and replay cannot compare outputs")
-
-    def _capture_rows(self, module: nn.Module, out_tensors: dict[str, torch.Tensor], captured: CapturedCall,
-                      batch: int, rows: int) -> tuple[str | None, float]:
-        """Run the module on the first ``rows`` rows of the snapshotted inputs, from the RNG and buffer
-        state the real call started with; when that output matches the same rows of the real output,
-        store the sliced run as the capture (inputs, outputs, changed state). Returns why not (None
-        when stored) and the largest difference found. The module's buffers and the RNG are left as
-        the real call left them."""
-        sink = captured.inputs_sink
-        batched = sink.sliced if isinstance(sink, SliceSink) else {k for k, t in sink.tensors.items() if is_batched(t, batch)}
-        specs = {s.key: s for s in tensor_leaves(captured.args_spec) + tensor_leaves(captured.kwargs_spec)}
-        leaves = {k: _snapshot(specs[k], t) for k, t in first_rows(sink.tensors, batched, rows).items()}
-        decoder = Decoder(LeafSource(leaves), Resolver())
-        args, kwargs = decoder.decode(captured.args_spec), decoder.decode(captured.kwargs_spec)
-        in_sink = TensorSink("", self.options.max_tensor_bytes)
-        enc = Encoder(in_sink, self.module_spec)
-        args_spec, kwargs_spec = enc.encode(list(args), "args"), enc.encode(dict(kwargs), "kwargs")
-        after_real = {n: b.detach().clone() for n, b in module.named_buffers()}
-        rng_after = rng_states()
-        try:
-            _load_buffers(module, captured.weights)
-            set_rng_states(captured.rng)
-            with torch.set_grad_enabled(captured.grad_enabled):
-                sliced_out = self._forward(module, list(args), dict(kwargs))
-            _, sliced = keyed_tensors(sliced_out, "output")
-            worst, ok = 0.0, sliced.keys() == out_tensors.keys()
-            for key, t in sliced.items() if ok else ():
-                real = out_tensors[key][:rows]
-                d = diff(t, real, *tolerances(t.dtype))
-                worst, ok = max(worst, d.max_abs_error), ok and d.allclose
-            if not ok:
-                return (f"the module does not treat batch rows independently (on the first {rows} rows its output "
-                        f"differs from those rows of the real output by up to {worst:.3g}; BatchNorm in training "
-                        "mode and other batch statistics do this)"), worst
-            captured.inputs_sink, captured.args_spec, captured.kwargs_spec = in_sink, args_spec, kwargs_spec
-            self._store_outputs(sliced_out, captured, TensorSink("", self.options.max_tensor_bytes))
-            before = dict(in_sink.tensors)
-            before.update({BUFFER_PREFIX + n: t for n, t in captured.weights.items()})
-            for key, t in changed_state(before, call_state(module, args, kwargs)).items():
-                captured.state_sink.add(key, t)
-            return None, worst
-        finally:
-            _load_buffers(module, after_real)
-            set_rng_states(rng_after)
+        captured.unrecorded += describe(out_enc.found, None, set())
 
     def _record_state_after(self, module: nn.Module, args: tuple, kwargs: dict, captured: CapturedCall) -> None:
         """Keep the input tensors and buffers the forward changed (in place or by replacing them,
-        as caches do), as they are after it."""
+        as caches do), as they are after it. Tensors kept shape-only are not compared."""
         before = dict(captured.inputs_sink.tensors)
         before.update({BUFFER_PREFIX + n: t for n, t in captured.weights.items()})
-        after = {k: t for k, t in call_state(module, args, kwargs).items()
-                 if k not in captured.inputs_sink.shape_only}
+        skip = set(captured.inputs_sink.shape_only) | {BUFFER_PREFIX + n for n in captured.weights_shape_only}
+        after = {k: t for k, t in call_state(module, args, kwargs).items() if k not in skip}
         for key, t in changed_state(before, after).items():
             captured.state_sink.add(key, t)
 
     def _export(self, module: nn.Module, captured: CapturedCall) -> None:
         """Export the call's LeafCall on the snapshotted inputs, now that the keys it returns are
-        known; the run's RNG state is left as the forward left it."""
+        known; the run's RNG state is left as the forward left it. A sharded module is exported on
+        the whole parameter values read during its call, with FSDP's hooks set aside."""
         rng = rng_states()
         t0 = time.perf_counter()
         specs = tensor_leaves(captured.args_spec) + tensor_leaves(captured.kwargs_spec)
-        leaves = {s.key: _snapshot(s, captured.inputs_sink.tensors.get(s.key)) for s in specs}
+        leaves = {s.key: call_input(s, captured.inputs_sink.tensors.get(s.key), as_in_run=False) for s in specs}
         returned = [s.key for s in tensor_leaves(captured.outputs_spec)]
         returned += [k for k in captured.state_sink.specs if not k.startswith(BUFFER_PREFIX)]
         try:
-            with torch.set_grad_enabled(captured.grad_enabled):
+            with torch.set_grad_enabled(captured.grad_enabled), substituted(module, gathered(module, captured.weights)):
                 captured.program = export_leaf_call(module, captured.args_spec, captured.kwargs_spec, leaves, returned)
             captured.returned_keys = returned
+            captured.custom_ops = op_modules(captured.program, type(module).__module__)
         except Exception as e:  # noqa: BLE001 - any export failure is reported, never fatal
             first = str(e).strip().splitlines()[0] if str(e).strip() else ""
             captured.export_error = f"{type(e).__name__}: {first[:300]}"
@@ -491,10 +393,49 @@ class Tracer:
                     captured.param_grads[pname] = g.detach().clone()
                 self._hooks.append(p.register_hook(on_param))
 
+    def _forward_without_module_hook(self, module: nn.Module, args: tuple, kwargs: dict,
+                                     init_found: list[Unrecorded], captured: CapturedCall) -> Any:
+        """The module changes an input in place, which its full backward hook forbids (the hook
+        hands it views of its inputs): the call runs again without the hook, from the RNG and buffer
+        state it started with (the refused operation changed nothing). The gradient reaching the
+        outputs is read from the output tensors; input and parameter gradients are computed at the
+        end by running the module again on the captured inputs (:mod:`modulelens.capture.slicing`)."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+        set_rng_states(captured.rng)
+        load_buffers(module, captured.weights)
+        captured.gradients_by_rerun = True
+        out = self._watched_forward(module, args, kwargs, init_found, captured)
+        outputs = _tensors(out)
+
+        def on_output(g: torch.Tensor, i: int) -> None:
+            if captured.grad_output is None:
+                captured.grad_output = [None] * len(outputs)
+            captured.grad_output[i] = g.detach().clone()
+            self._backward_seen = True
+
+        for i, t in enumerate(outputs):
+            if t.requires_grad:
+                self._hooks.append(t.register_hook(lambda g, i=i: on_output(g, i)))
+        return out
+
     def _finish_backward(self) -> None:
         c = self.captured
         assert c is not None
-        if c.calls_after_capture:
+        if c.gradients_by_rerun:
+            self.busy = True
+            try:
+                self._slicer(c.module, c).rerun_gradients()
+            finally:
+                self.busy = False
+        elif c.activations is not None and c.activations.mode == "batch_slice":
+            self.busy = True
+            try:  # the gradients of the stored rows (parameter gradients recomputed on the slice)
+                self._slicer(c.module, c).slice_gradients()
+            finally:
+                self.busy = False
+        elif c.calls_after_capture:
             c.backward_notes.append(
                 f"the module ran {c.calls_after_capture} more time(s) before backward: parameter "
                 "gradients include those calls and are not compared"
@@ -544,37 +485,9 @@ def _tensors(value: Any) -> list[torch.Tensor]:
     return [x for x in flatten(value) if isinstance(x, torch.Tensor)]
 
 
-def _plain(t: torch.Tensor) -> torch.Tensor:
-    """A detached copy of a parameter or buffer as a plain tensor: a DTensor (FSDP2's ``fully_shard``,
-    tensor parallelism) gives its whole value when its mesh has one rank, else its local shard."""
-    t = t.detach()
-    if type(t).__name__ == "DTensor":
-        t = t.full_tensor() if t.device_mesh.size() == 1 else t.to_local()
-    return t.clone()
-
-
 def _same(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def _stats_specs(args: tuple, kwargs: dict) -> tuple[Any, Any, TensorSink]:
-    """The inputs encoded shape-only with statistics (full shapes): kept for the case the module
-    turns out not to treat batch rows independently."""
-    sink = TensorSink("", 0)
-    enc = Encoder(sink)
-    return enc.encode(list(args), "args"), enc.encode(dict(kwargs), "kwargs"), sink
-
-
-def _load_buffers(module: nn.Module, values: dict[str, torch.Tensor]) -> None:
-    with torch.no_grad():
-        for name, b in module.named_buffers():
-            if name in values:
-                b.copy_(values[name])
-
-
-def _snapshot(spec: TensorSpec, stored: torch.Tensor | None) -> torch.Tensor:
-    """An input tensor to call the module with: a copy of its snapshot, or an uninitialised tensor
-    of its shape when it was kept shape-only (export needs shapes and dtypes, not values)."""
-    dtype = parse_dtype(spec.dtype)
-    t = stored.to(spec.device, copy=True) if stored is not None else torch.empty(spec.shape, dtype=dtype, device=spec.device)
-    return t.requires_grad_(True) if spec.requires_grad and t.is_floating_point() else t
+_HOOKED_INPUT_CHANGED = "of BackwardHookFunction is a view and is being modified inplace"
+"""What autograd says when a module changes in place an input its full backward hook wrapped."""

@@ -5,17 +5,24 @@
 :class:`~modulelens.capture.spec.TensorSpec` (key, shape, dtype, strides, device).
 :class:`Decoder` is the inverse, given a :class:`TensorSource` and a class resolver.
 
-Everything that cannot be represented as data becomes ``{"$": "unrecorded", ...}`` and is listed
-in ``Encoder.unrecorded``: reported, never silently dropped.
+Everything that cannot be represented as data becomes ``{"$": "unrecorded", ...}`` (its type, repr,
+why, and where it was) and is listed in ``Encoder.found``: reported, never silently dropped. A
+decoder given ``placeholders=True`` turns such a value into an :class:`UnrecordedValue`, which
+fails with an error naming it as soon as the rebuilt code uses it (so a constructor argument that is
+never used costs nothing).
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import datetime
 import enum
+import json
 import math
+import pathlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -52,9 +59,11 @@ def _finite(x: torch.Tensor) -> torch.Tensor:
     return x if bool(mask.all()) else x[mask]
 
 
-def tensor_stats(t: torch.Tensor, chunk: int = 1 << 22) -> TensorStats:
+def tensor_stats(t: torch.Tensor, chunk: int = 1 << 16) -> TensorStats:
     """Summary statistics kept for shape-only tensors (enough to synthesise similar data),
-    computed chunk by chunk: a multi-GiB tensor never gets a whole float64 copy."""
+    computed chunk by chunk on one float64 copy of the chunk, with in-place arithmetic and no
+    widening temporaries: the memory it takes stays a few MiB whatever the tensor's size (the
+    tensor is shape-only because it is too big to copy)."""
     if t.numel() == 0:
         return TensorStats()
     x = t.detach()
@@ -66,19 +75,20 @@ def tensor_stats(t: torch.Tensor, chunk: int = 1 << 22) -> TensorStats:
     total = total_sq = 0.0
     lo, hi = math.inf, -math.inf
     for start in range(0, n, chunk):
-        part = flat[start: start + chunk].to(torch.float64)
-        zeros += int((part == 0).sum())
+        part = flat[start: start + chunk].to(torch.float64, copy=True)
+        zeros += part.numel() - int(torch.count_nonzero(part))  # NaN counts as non-zero, as ``== 0`` says
         ok = _finite(part)
         if ok.numel():
             finite += ok.numel()
             total += float(ok.sum())
-            lo, hi = min(lo, float(ok.min())), max(hi, float(ok.max()))
+            low, high = torch.aminmax(ok)
+            lo, hi = min(lo, float(low)), max(hi, float(high))
     stats = TensorStats(zero_fraction=zeros / n, nonfinite_fraction=1.0 - finite / n)
     if finite:
         mean = total / finite
         for start in range(0, n, chunk):  # second pass: the spread around the mean, stably
-            ok = _finite(flat[start: start + chunk].to(torch.float64))
-            total_sq += float(((ok - mean) ** 2).sum())
+            ok = _finite(flat[start: start + chunk].to(torch.float64, copy=True)).sub_(mean)
+            total_sq += float(torch.dot(ok, ok))
         stats.mean, stats.std, stats.min, stats.max = mean, math.sqrt(total_sq / finite), lo, hi
     return stats
 
@@ -88,7 +98,7 @@ def tensor_spec(key: str, t: torch.Tensor) -> TensorSpec:
     return TensorSpec(
         key=key, shape=list(t.shape), dtype=dtype_name(t.dtype), device=str(t.device),
         stride=list(t.stride()) if t.layout == torch.strided else None, contiguous=t.is_contiguous(),
-        requires_grad=bool(t.requires_grad), parameter=isinstance(t, torch.nn.Parameter),
+        requires_grad=bool(t.requires_grad), parameter=isinstance(t, torch.nn.Parameter), leaf=bool(t.is_leaf),
         layout=str(t.layout) if t.layout != torch.strided or t.is_quantized else None,
     )
 
@@ -104,10 +114,13 @@ class TensorSink:
         self.specs: dict[str, dict[str, Any]] = {}
         self.shape_only: list[str] = []
 
-    def add(self, key: str, t: torch.Tensor) -> dict[str, Any]:
-        """Keep ``t`` (under ``prefix + key``) and return its spec."""
+    def add(self, key: str, t: torch.Tensor, part_of: torch.Tensor | None = None) -> dict[str, Any]:
+        """Keep ``t`` (under ``prefix + key``) and return its spec. ``part_of``: the tensor ``t`` was
+        cut from, whose autograd role (requires grad, leaf) the spec keeps."""
         key = self.prefix + key
         spec = tensor_spec(key, t)
+        if part_of is not None:
+            spec.requires_grad, spec.leaf = bool(part_of.requires_grad), bool(part_of.is_leaf)
         t = t.detach()
         if self.max_bytes is not None and t.numel() * t.element_size() > self.max_bytes:
             spec.stored = False
@@ -177,6 +190,7 @@ class TensorSource:
         self.device = device
         self.dtype = dtype
         self.synthesized: list[str] = []
+        self.leaves: dict[int, torch.Tensor] = {}  # id of a non-leaf given out -> the leaf it was cloned from
         self._gen = torch.Generator().manual_seed(seed)
 
     def get(self, spec: TensorSpec) -> torch.Tensor:
@@ -197,6 +211,9 @@ class TensorSource:
             out = t.to(device=device, dtype=target_dtype, copy=True)
         if spec.requires_grad and out.is_floating_point():
             out.requires_grad_(True)
+            if not spec.leaf:  # an activation in the run: in-place operations on it were allowed
+                leaf, out = out, out.clone()
+                self.leaves[id(out)] = leaf
         return out
 
 
@@ -212,15 +229,47 @@ def synthesize(shape: list[int], dtype: torch.dtype, stats: TensorStats, gen: to
     if not (dtype.is_floating_point or dtype.is_complex):
         return torch.randint(int(lo), int(hi) + 1, shape, generator=gen).to(dtype)
     std = stats.std if stats.std is not None else 1.0
-    x = torch.randn(shape, generator=gen, dtype=torch.float64) * std + (stats.mean or 0.0)
-    x = x.clamp(lo, hi)
+    # drawn in float32 (float64 for float64), in place: a multi-GiB weight needs one buffer, not several
+    work = torch.float64 if dtype in (torch.float64, torch.complex128) else torch.float32
+    x = torch.randn(shape, generator=gen, dtype=work).mul_(std).add_(stats.mean or 0.0).clamp_(lo, hi)
     if zero > 0:
-        x = x.masked_fill(torch.rand(shape, generator=gen, dtype=torch.float64) < zero, 0.0)
+        x.masked_fill_(torch.rand(shape, generator=gen) < zero, 0.0)
     return x.to(dtype)
 
 
 # ---------------------------------------------------------------------------------------------
 _WRITE = SpecWriter()
+
+
+@dataclasses.dataclass
+class Unrecorded:
+    """A value the encoder could not write as data: where it was (``path``), its type (``module:
+    QualName``), a short ``repr``, and ``why``. ``owner`` and ``attribute`` name the object attribute
+    that holds it (the innermost one) when it sits in an object's state, such as a config field:
+    reads of that attribute can be watched."""
+
+    path: str
+    type: str
+    repr: str
+    why: str
+    owner: Any = None
+    attribute: str = ""
+    value: Any = None
+
+    def text(self) -> str:
+        return f"{self.path}: {self.why}"
+
+
+def _short_repr(value: Any) -> str:
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - repr of user objects may fail
+        text = f"<{type(value).__name__}>"
+    return text[:200]
+
+
+def _canonical(spec: Any) -> str:
+    return json.dumps(spec, sort_keys=True, default=str)
 
 
 class Encoder:
@@ -233,15 +282,27 @@ class Encoder:
     def __init__(self, sink: TensorSink, module_spec: Callable[[torch.nn.Module, str], ModuleSpec | None] | None = None):
         self.sink = sink
         self.module_spec = module_spec
-        self.unrecorded: list[str] = []
+        self.found: list[Unrecorded] = []
+
+    @property
+    def unrecorded(self) -> list[str]:
+        """What could not be recorded, one ``path: why`` line each."""
+        return [u.text() for u in self.found]
 
     def unrecorded_spec(self, value: Any, path: str, why: str) -> dict[str, Any]:
-        self.unrecorded.append(f"{path}: {why}")
-        try:
-            text = repr(value)
-        except Exception:  # noqa: BLE001 - repr of user objects may fail
-            text = f"<{type(value).__name__}>"
-        return _WRITE.unrecorded(class_path(value), text[:200], why)
+        entry = Unrecorded(path=path, type=class_path(value), repr=_short_repr(value), why=why, value=value)
+        self.found.append(entry)
+        return _WRITE.unrecorded(entry.type, entry.repr, why, path)
+
+    def _attribute(self, owner: Any, name: str, value: Any, path: str) -> Any:
+        """Encode attribute ``name`` of ``owner``; values inside it that cannot be recorded are
+        noted as held by that attribute (unless a deeper object holds them)."""
+        before = len(self.found)
+        spec = self.encode(value, path)
+        for entry in self.found[before:]:
+            if entry.owner is None:
+                entry.owner, entry.attribute = owner, name
+        return spec
 
     def _dataclass_state(self, value: Any, path: str) -> dict[str, Any]:
         """The declared fields of a dataclass instance, then every other attribute it holds
@@ -250,10 +311,20 @@ class Encoder:
         names = [f.name for f in dataclasses.fields(value)]
         names += [k for k in getattr(value, "__dict__", {}) if k not in names]
         state = getattr(value, "__dict__", {})
-        return {name: self.encode(state[name] if name in state else getattr(value, name), f"{path}.{name}")
+        return {name: self._attribute(value, name, state[name] if name in state else getattr(value, name),
+                                      f"{path}.{name}")
                 for name in names if name in state or hasattr(value, name)}
 
+    def _set(self, value: set | frozenset, path: str) -> dict[str, Any]:
+        """Items in a canonical order (their specs sorted), so that a capture does not depend on
+        the process's hash seed."""
+        items = sorted((self.encode(v, f"{path}.{i}") for i, v in enumerate(value)), key=_canonical)
+        exact = type(value) in (set, frozenset)
+        return _WRITE.set_value(items, isinstance(value, frozenset), None if exact else class_path(value))
+
     def encode(self, value: Any, path: str) -> Any:
+        if isinstance(value, enum.Enum):  # before str and int: StrEnum and IntEnum members keep their class
+            return _WRITE.enum(class_path(value), value.name or "")  # "A|B": flags combined; "": no flag
         if value is None or isinstance(value, (bool, str)):
             return value
         if isinstance(value, int) and type(value) is int:
@@ -270,8 +341,6 @@ class Encoder:
             return _WRITE.torch_constant(str(value).removeprefix("torch."))
         if isinstance(value, torch.Size):
             return _WRITE.size(list(value))
-        if isinstance(value, enum.Enum):
-            return _WRITE.enum(class_path(value), value.name)
         if isinstance(value, torch.nn.Module):
             spec = self.module_spec(value, path) if self.module_spec else None
             if spec is None:
@@ -296,7 +365,20 @@ class Encoder:
             return _WRITE.sequence(kind, items, None if type(value) in (list, tuple) else class_path(value))
         if isinstance(value, dict):
             pairs = [(self.encode(k, f"{path}.<key>"), self.encode(v, f"{path}.{k}")) for k, v in value.items()]
+            if isinstance(value, collections.defaultdict):
+                cls = None if type(value) is collections.defaultdict else class_path(value)
+                return _WRITE.default_mapping(pairs, self.encode(value.default_factory, f"{path}.<default>"), cls)
             return _WRITE.mapping(pairs, None if type(value) is dict else class_path(value))
+        if isinstance(value, (set, frozenset)):
+            return self._set(value, path)
+        if isinstance(value, range):
+            return _WRITE.range_value(value.start, value.stop, value.step)
+        if isinstance(value, pathlib.PurePath):
+            return _WRITE.path(class_path(value), str(value))
+        if isinstance(value, (datetime.date, datetime.time)):  # datetime is a date
+            return _WRITE.datetime_value(class_path(value), value.isoformat())
+        if isinstance(value, datetime.timedelta):
+            return _WRITE.timedelta_value(value.days, value.seconds, value.microseconds)
         if dataclasses.is_dataclass(value):
             return _WRITE.record(ValueKind.DATACLASS, class_path(value), self._dataclass_state(value, path))
         if callable(value) and hasattr(value, "__qualname__") and hasattr(value, "__module__"):
@@ -306,11 +388,9 @@ class Encoder:
             return _WRITE.callable_ref(f"{value.__module__}:{qual}")
         state = getattr(value, "__dict__", None)
         if isinstance(state, dict) and not isinstance(value, (torch.nn.Module,)):
-            before = len(self.unrecorded)
-            encoded = {k: self.encode(v, f"{path}.{k}") for k, v in state.items()}
-            if len(self.unrecorded) == before:
-                return _WRITE.object_state(class_path(value), encoded)
-            del self.unrecorded[before:]
+            # attribute by attribute: one that cannot be stored is noted alone, the rest is kept
+            encoded = {k: self._attribute(value, k, v, f"{path}.{k}") for k, v in list(state.items())}
+            return _WRITE.object_state(class_path(value), encoded)
         return self.unrecorded_spec(value, path, f"values of type {class_path(value)} cannot be stored as data")
 
 
@@ -329,27 +409,77 @@ def flatten(value: Any) -> list[Any]:
 
 def restore_dataclass(cls: type, state: dict[str, Any]) -> Any:
     """A dataclass instance with exactly ``state``: built from its init fields, then every recorded
-    attribute set as recorded (what ``__post_init__`` derived, extras and private attributes)."""
-    init_names = {f.name for f in dataclasses.fields(cls) if f.init}
+    attribute set as recorded (what ``__post_init__`` derived, extras and private attributes).
+    A field held by an :class:`UnrecordedValue` is left to its default while the instance is built
+    (validation would reject the placeholder), then set like the others."""
+    fields = [f for f in dataclasses.fields(cls) if f.init]
+    has_default = {f.name for f in fields
+                   if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING}
+    init_names = {f.name for f in fields if not (isinstance(state.get(f.name), UnrecordedValue) and f.name in has_default)}
     obj = cls(**{k: v for k, v in state.items() if k in init_names})
     for k, v in state.items():
         object.__setattr__(obj, k, v)
     return obj
 
 
+class UnrecordedValue:
+    """Stands for a value that was not recorded (:class:`Decoder` with ``placeholders``): holding or
+    passing it on is harmless; using it (calling it, reading an attribute, testing, iterating,
+    comparing, hashing, doing arithmetic) raises :class:`ReplayFailed` naming where it was."""
+
+    __slots__ = ("_at", "_type", "_why")
+
+    def __init__(self, at: str, type_path: str, why: str):
+        object.__setattr__(self, "_at", at)
+        object.__setattr__(self, "_type", type_path)
+        object.__setattr__(self, "_why", why)
+
+    def _used(self, *_: Any, **__: Any) -> NoReturn:
+        at = object.__getattribute__(self, "_at") or "a value"
+        raise ReplayFailed(
+            f"the rebuilt module uses {at} (a {object.__getattribute__(self, '_type')}), which was not recorded "
+            f"at capture ({object.__getattribute__(self, '_why')})",
+            "use [--strategy export], or make the value serialisable and capture again",
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        self._used()
+
+    def __repr__(self) -> str:
+        return f"<unrecorded {object.__getattribute__(self, '_at') or 'value'}>"
+
+    def __copy__(self) -> UnrecordedValue:
+        return self
+
+    def __deepcopy__(self, memo: dict) -> UnrecordedValue:
+        return self
+
+
+for _name in ("__call__", "__bool__", "__len__", "__iter__", "__contains__", "__getitem__", "__setitem__",
+              "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__hash__", "__int__", "__float__",
+              "__index__", "__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__",
+              "__rtruediv__", "__floordiv__", "__mod__", "__pow__", "__neg__", "__and__", "__or__", "__rand__",
+              "__ror__", "__xor__", "__setattr__", "__enter__", "__exit__", "__format__", "__str__"):
+    setattr(UnrecordedValue, _name, UnrecordedValue._used)
+
+
 class Decoder(SpecVisitor[Any]):
     """Turns specs back into values. ``resolve(path)`` imports ``module:qualname`` objects;
-    ``build_module(spec)`` rebuilds nested modules from their recorded construction."""
+    ``build_module(spec)`` rebuilds nested modules from their recorded construction. A value that
+    was not recorded raises :class:`ReplayFailed` naming it, or with ``placeholders`` becomes an
+    :class:`UnrecordedValue` that does so only when used."""
 
     def __init__(
         self,
         source: TensorSource,
         resolve: Callable[[str], Any],
         build_module: Callable[[ModuleSpec], torch.nn.Module] | None = None,
+        placeholders: bool = False,
     ):
         self.source = source
         self.resolve = resolve
         self.build_module = build_module
+        self.placeholders = placeholders
 
     def decode(self, spec: Any) -> Any:
         return self.visit(spec)
@@ -376,7 +506,15 @@ class Decoder(SpecVisitor[Any]):
         return torch.Size(dims)
 
     def enum(self, cls: str, member: str) -> Any:
-        return self.resolve(cls)[member]
+        target = self.resolve(cls)
+        if member in target.__members__:
+            return target[member]
+        if issubclass(target, enum.Flag):  # flags combined ("A|B"), or none ("")
+            value = target(0)
+            for part in filter(None, member.split("|")):
+                value |= target[part]
+            return value
+        return target[member]  # the KeyError names what is missing
 
     def type_ref(self, cls: str) -> Any:
         return self.resolve(cls)
@@ -406,6 +544,26 @@ class Decoder(SpecVisitor[Any]):
         d = {self._key(k): self.visit(v) for k, v in items}
         return self.resolve(cls)(d) if cls is not None else d
 
+    def default_mapping(self, items: list[tuple[Any, Any]], factory: Any, cls: str | None) -> Any:
+        target = self.resolve(cls) if cls is not None else collections.defaultdict
+        return target(self.visit(factory), {self._key(k): self.visit(v) for k, v in items})
+
+    def set_value(self, items: list[Any], frozen: bool, cls: str | None) -> Any:
+        values = [self._key(v) for v in items]
+        return (self.resolve(cls) if cls is not None else frozenset if frozen else set)(values)
+
+    def range_value(self, start: int, stop: int, step: int) -> range:
+        return range(start, stop, step)
+
+    def path(self, cls: str, text: str) -> Any:
+        return self.resolve(cls)(text)
+
+    def datetime_value(self, cls: str, iso: str) -> Any:
+        return self.resolve(cls).fromisoformat(iso)
+
+    def timedelta_value(self, days: int, seconds: int, microseconds: int) -> datetime.timedelta:
+        return datetime.timedelta(days=days, seconds=seconds, microseconds=microseconds)
+
     def record(self, kind: ValueKind, cls: str, fields: dict[str, Any]) -> Any:
         target = self.resolve(cls)
         values = {k: self.visit(v) for k, v in fields.items()}
@@ -424,10 +582,12 @@ class Decoder(SpecVisitor[Any]):
             raise ReplayFailed("nested module cannot be rebuilt here")
         return self.build_module(spec)
 
-    def unrecorded(self, type_path: str, text: str, why: str) -> Any:
+    def unrecorded(self, type_path: str, text: str, why: str, at: str = "") -> Any:
+        if self.placeholders:
+            return UnrecordedValue(at, type_path, why)
         raise ReplayFailed(
-            f"a value of type {type_path} was not recorded ({why})",
-            "use the export strategy, or make the value serialisable",
+            f"{at or 'a value'} (a {type_path}: {text[:80]}) was not recorded at capture ({why})",
+            "use the export strategy, or make the value serialisable and capture again",
         )
 
     def unknown_kind(self, kind: str, spec: dict[str, Any]) -> Any:

@@ -46,22 +46,20 @@ class ScriptCaptureOptions(BaseModel):
         "",
         description="blocks.1.attn, glob blocks.*.mlp or type:Class; empty: whole model.",
     )
-    name: str | None = Field(None, description="Capture name (default: from the target).")
-    call: int = Field(1, ge=1, description="Which matching call (1: the first).")
-    kind: Literal["auto", "script", "kernelbench"] = Field(
-        "auto", description="auto detects KernelBench files."
-    )
-    backward: bool = Field(False, description="Also capture output, input and parameter gradients.")
+    name: str | None = Field(None)
+    call: int = Field(1, ge=1, description="Which matching call.")
+    kind: Literal["auto", "script", "kernelbench"] = Field("auto")
+    backward: bool = Field(False, description="Also capture gradients.")
     export: bool = Field(True, description="Save a torch.export program.")
     pickle: bool = Field(False, description="Also pickle the module.")
     max_tensor_bytes: int | None = Field(
         None, ge=0, description="Larger tensors are stored shape-only."
     )
     max_capture_bytes: int = Field(
-        DEFAULT_CAPTURE_BYTES, gt=0, description="Budget for inputs+outputs; above it, first batch rows or shape-only."
+        DEFAULT_CAPTURE_BYTES, gt=0, description="Weights+inputs+outputs budget (above: rows or shapes only)."
     )
     nproc: int = Field(1, ge=1, description="Processes under torchrun.")
-    ranks: str = Field("0", description="Capturing ranks: '0', '0,1' or 'all'.")
+    ranks: str = Field("0", description="'0', '0,1' or 'all'.")
     timeout: float = Field(900.0, gt=0, description="Seconds.")
 
 

@@ -24,8 +24,9 @@ import collections.abc
 import enum
 import inspect
 import json
+import shlex
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import Annotated, Any, Literal, NoReturn, Union, get_args, get_origin
@@ -33,8 +34,9 @@ from typing import Annotated, Any, Literal, NoReturn, Union, get_args, get_origi
 import typer
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.markup import escape
+from rich.text import Text
 
 from modulelens.arguments import argument_errors
 from modulelens.cli.examples import example_line
@@ -42,7 +44,8 @@ from modulelens.cli.formats import printable, printable_value
 from modulelens.cli.progress import ProgressReporter, progress_mode
 from modulelens.cli.views import generic_view, left_out_notes, view_for
 from modulelens.errors import ModuleLensError, render
-from modulelens.registry import Tool, ToolContext
+from modulelens.registry import Tool, ToolContext, ToolRegistry
+from modulelens.replies import NextCall, rendered_reply
 from modulelens.repo import default_repo_root
 from modulelens.tools import all_tools
 from modulelens.version import package_version
@@ -261,7 +264,8 @@ class _CommonOptions:
     wide: bool
 
 
-def _run_tool(tool: Tool, data: dict[str, Any], specs: dict[str, _FieldSpec], common: _CommonOptions) -> None:
+def _run_tool(tool: Tool, data: dict[str, Any], specs: dict[str, _FieldSpec], common: _CommonOptions,
+              tools: ToolRegistry) -> None:
     try:
         request = tool.request.model_validate(data)
     except ValidationError as exc:
@@ -280,12 +284,44 @@ def _run_tool(tool: Tool, data: dict[str, Any], specs: dict[str, _FieldSpec], co
     except ModuleLensError as exc:
         _fail(exc.message, exc.hint, type(exc).__name__, common.as_json)
     if common.as_json:
-        typer.echo(result.model_dump_json(indent=2))
+        typer.echo(json.dumps(rendered_reply(result, "cli"), indent=2))
         return
-    _show(tool, result, common.wide)
+    _show(tool, result, common.wide, tools)
 
 
-def _show(tool: Tool, result: BaseModel, wide: bool) -> None:
+def cli_command(suggested: NextCall, tools: ToolRegistry) -> str:
+    """A suggested call as a command line: ``modulelens replay-module blk:v1 --strategy export``
+    (positional arguments in order, then options); a tool the CLI does not have (the MCP job
+    tools) as its name and arguments."""
+    if suggested.tool not in tools:
+        return f"{suggested.tool} {json.dumps(suggested.arguments)}"
+    target = tools.get(suggested.tool)
+    words, options = ["modulelens", target.cli_name], []
+    for name, field in target.request.model_fields.items():
+        if name not in suggested.arguments:
+            continue
+        value = suggested.arguments[name]
+        values = value if isinstance(value, list) else [value]
+        flag = "--" + name.replace("_", "-")
+        if is_argument_field(field):
+            words += [str(v) for v in values]
+        elif isinstance(value, bool):
+            options.append(flag if value else f"--no-{flag[2:]}")
+        else:
+            for v in values:
+                options += [flag, v if isinstance(v, str) else json.dumps(v)]
+    return shlex.join(words + options)
+
+
+def advice_lines(result: BaseModel, tools: ToolRegistry) -> list[RenderableType]:
+    """The result's warnings (argument markers as flags) and its next calls as command lines."""
+    lines: list[RenderableType] = [Text(f"warning: {render(w, 'cli')}", style="yellow")
+                                   for w in getattr(result, "warnings", None) or []]
+    lines += [Text(f"next: {cli_command(c, tools)}", style="cyan") for c in getattr(result, "next", None) or []]
+    return lines
+
+
+def _show(tool: Tool, result: BaseModel, wide: bool, tools: ToolRegistry) -> None:
     """Print the result for a person: the CLI's view of its model, else the tool's own renderer,
     else one row per field. ``crop=False``: a table whose ids do not fit is wider than the terminal,
     never cut (see :mod:`modulelens.cli.tables`). Lists the result cut short get one line each
@@ -299,7 +335,8 @@ def _show(tool: Tool, result: BaseModel, wide: bool) -> None:
         renderable = tool.render(result)
     else:
         renderable = generic_view(result, wide)
-    Console().print(Group(renderable, *left_out_notes(result, tool.request)), crop=False)
+    Console().print(Group(renderable, *left_out_notes(result, tool.request), *advice_lines(result, tools)),
+                    crop=False)
 
 
 # --------------------------------------------------------------------------------------------
@@ -333,7 +370,7 @@ def _common_parameters() -> list[inspect.Parameter]:
     return params
 
 
-def _make_command(tool: Tool, rich_help: bool) -> Callable[..., None]:
+def _make_command(tool: Tool, rich_help: bool, tools: ToolRegistry) -> Callable[..., None]:
     params: list[inspect.Parameter] = []
     specs: dict[str, _FieldSpec] = {}
     for name, field in tool.request.model_fields.items():
@@ -361,7 +398,7 @@ def _make_command(tool: Tool, rich_help: bool) -> Callable[..., None]:
             if source is None or source.name == "DEFAULT":
                 continue
             data[name] = _convert(specs[name], value)
-        _run_tool(tool, data, specs, common)
+        _run_tool(tool, data, specs, common, tools)
 
     command.__name__ = tool.name
     command.__qualname__ = tool.name
@@ -388,7 +425,7 @@ def _epilog(tool: Tool, rich_help: bool) -> str | None:
     return f"Example:\n\n  {escape(line)}" if rich_help else f"\b\nExample:\n  {line}"
 
 
-def build_app(tools: list[Tool], rich_help: bool | None = None) -> typer.Typer:
+def build_app(tools: Iterable[Tool], rich_help: bool | None = None) -> typer.Typer:
     """A Typer application with one command per tool, plus ``mcp``, ``ui`` and ``version``.
 
     ``rich_help``: draw ``--help`` and usage errors with rich (colours, panels); by default only
@@ -409,8 +446,9 @@ def build_app(tools: list[Tool], rich_help: bool | None = None) -> typer.Typer:
     def _root() -> None:
         """Capture, store and replay the inputs and outputs of PyTorch modules."""
 
+    registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
     seen: set[str] = set(_EXTRA_COMMANDS)
-    for tool in tools:
+    for tool in registry:
         if tool.cli_name in seen:
             raise ValueError(f"two commands named {tool.cli_name!r}")
         seen.add(tool.cli_name)
@@ -420,7 +458,7 @@ def build_app(tools: list[Tool], rich_help: bool | None = None) -> typer.Typer:
             help=summary,
             short_help=summary.strip().splitlines()[0] if summary else None,
             epilog=_epilog(tool, rich_help),
-        )(_make_command(tool, rich_help))
+        )(_make_command(tool, rich_help, registry))
 
     @app.command("mcp")
     def mcp_command(repo: Path | None = _repo_option()) -> None:  # noqa: B008

@@ -19,6 +19,7 @@ from rich.text import Text
 
 from modulelens.capture.summary import CaptureSummary, TensorInfo
 from modulelens.cli.formats import dtypes_cell, list_cell, number, percent, seconds, shape, shapes_cell
+from modulelens.cli.repo_views import REPO_VIEWS
 from modulelens.cli.tables import Cell, Column, FittedTable, kv_table
 from modulelens.dispatch.runtime import EntryReport
 from modulelens.ops.replay import CardReplay
@@ -34,19 +35,16 @@ from modulelens.tools.export_repro import ExportReproResult
 from modulelens.tools.gather_stats import GatherStatsResult
 from modulelens.tools.generate_kernel import GenerateKernelResult
 from modulelens.tools.install_skills import InstallSkillsResult
-from modulelens.tools.list_candidates import ListCandidatesResult
-from modulelens.tools.list_captures import ListCapturesResult
-from modulelens.tools.list_opsets import ListOpsetsResult
-from modulelens.tools.list_stats_runs import ListStatsRunsResult
+from modulelens.tools.lists import ListCandidatesResult, ListCapturesResult, ListOpsetsResult, ListStatsRunsResult
 from modulelens.tools.pack import PackResult
 from modulelens.tools.pull import PullResult
 from modulelens.tools.push import PushResult
 from modulelens.tools.replay_module import ReplayModuleResult, TensorMatch
 from modulelens.tools.run import RunResult
-from modulelens.tools.show_capture import ShowCaptureResult
+from modulelens.tools.show import ShowCaptureResult
 from modulelens.tools.tag_capture import TagCaptureResult
 from modulelens.tools.trust_artifact import TrustResult
-from modulelens.tools.validate_module import ValidateModuleResult
+from modulelens.tools.validate_kernel import ValidateModuleResult
 from modulelens.validation.catalog import CandidateView
 from modulelens.validation.sandboxed import CandidateValidation
 
@@ -684,7 +682,7 @@ _VIEWS: dict[type[BaseModel], View] = {
     ReplayModuleResult: replay_module_view,
     ExportReproResult: export_repro_view,
     TagCaptureResult: tag_capture_view,
-    OpSetSummary: cards_view,  # capture_ops, list_op_cards
+    OpSetSummary: cards_view,  # capture_ops, list of cards
     CardDetail: show_op_card_view,
     CardReplay: replay_op_card_view,
     ProfileResult: profile_view,
@@ -703,6 +701,9 @@ _VIEWS: dict[type[BaseModel], View] = {
     PushResult: push_view,
     PullResult: pull_view,
 }
+
+
+_VIEWS.update(REPO_VIEWS)
 
 
 def view_for(result_type: type[BaseModel]) -> View | None:
@@ -761,7 +762,7 @@ def generic_view(result: BaseModel, wide: bool) -> RenderableType:
     :func:`left_out_notes`)."""
     rows: list[tuple[str, str | Cell]] = []
     tables: list[RenderableType] = []
-    for name, value in result.model_dump(mode="json", exclude={"left_out"}).items():
+    for name, value in result.model_dump(mode="json", exclude={"left_out", "warnings", "next"}).items():
         if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
             tables.append(_records_table(name, value, wide))
         else:

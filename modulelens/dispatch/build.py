@@ -23,7 +23,7 @@ def build_recipe(backend: str) -> dict:
 def _entry(rec: CandidateRecord, force: bool) -> PackEntry:
     if rec.report is None:
         raise ModuleLensError(f"candidate {rec.candidate_id} has not been validated",
-                              f"run validate-kernel {rec.candidate_id} (or validate-module) first")
+                              f"validate it first (validate_kernel {rec.candidate_id})")
     if not rec.report.correct or rec.report.verdict == "rejected":
         raise ModuleLensError(f"candidate {rec.candidate_id} was rejected: {rec.report.reason}",
                               "only candidates validated correct can be packed")

@@ -19,6 +19,7 @@ from modulelens.errors import ModuleLensError
 from modulelens.mcp_server.calls import error_text
 from modulelens.mcp_server.jobs import JobStatus, load_request, write_status
 from modulelens.registry import ToolContext
+from modulelens.replies import rendered_reply
 from modulelens.repo.owners import this_process
 
 
@@ -49,7 +50,7 @@ def run_job(base: Path) -> None:
                           cancelled=cancelled)
         with cancellable(cancelled):
             result = tool.fn(request, ctx)
-        final = {"state": "done", "result": result.model_dump(mode="json")}
+        final = {"state": "done", "result": rendered_reply(result, "args")}  # read over MCP
     except CallCancelled as exc:
         final = {"state": "cancelled", "error": error_text(exc)}
     except ModuleLensError as exc:

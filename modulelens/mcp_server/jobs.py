@@ -10,8 +10,8 @@ tools of its own:
 * ``job_status(job, wait)`` says how the job stands (state, last progress message, seconds
   elapsed), waiting up to ``wait`` seconds for it to finish; a finished job carries the tool's
   result (``result``, as the tool returns it) or its error text;
-* ``cancel_job(job)`` stops the job: its worker processes are killed as for a cancelled call (see
-  :mod:`modulelens.cancellation`), and it ends ``cancelled``.
+* ``job_status(job, cancel=true)`` stops the job first: its worker processes are killed as for a
+  cancelled call (see :mod:`modulelens.cancellation`), and it ends ``cancelled``.
 
 A job is a detached process (``python -m modulelens.mcp_server.job_runner``) that writes its
 status to ``<repo>/.jobs/<id>.json``, so it survives the server that started it and any server on
@@ -34,15 +34,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
-from modulelens.arguments import unknown_names
+from modulelens.arguments import parse_json_text, unknown_names
 from modulelens.errors import ModuleLensError
 from modulelens.mcp_server.calls import validation_text
-from modulelens.registry import Tool, ToolContext
+from modulelens.registry import Tool, ToolContext, ToolRegistry, tool
+from modulelens.replies import NextCall, ToolReply, call
 from modulelens.repo import default_repo_root
 from modulelens.repo.owners import owner_alive
 
 # The tools that may outlast a client's request timeout: the job tools are offered for these.
-LONG_TOOLS = ("capture_module", "gather_stats", "validate_kernel", "validate_module", "generate_kernel",
+LONG_TOOLS = ("capture_module", "gather_stats", "validate_kernel", "generate_kernel",
               "optimize", "capture_ops", "profile", "export_repro", "replay_module", "run")
 JOBS_DIR = ".jobs"
 MAX_WAIT_S = 50.0  # below the common 60 s client request timeout
@@ -62,10 +63,10 @@ class JobRequest(BaseModel):
     repo: str
 
 
-class JobStatus(BaseModel):
+class JobStatus(ToolReply):
     """Where a background job stands (``<id>.json``, rewritten by the job process)."""
 
-    job: str = Field(description="Job id, for job_status and cancel_job.")
+    job: str = Field(description="Job id, for job_status.")
     tool: str
     state: JobState
     started_at: str = Field(description="ISO time the job started.")
@@ -184,55 +185,61 @@ def _signal(pid: int, sig: signal.Signals, *, group: bool = False) -> None:
 
 
 class StartJobRequest(BaseModel):
-    tool: str = Field(description="The long tool to run (capture_module, validate_kernel, ...).")
+    tool: str = Field(description="A long tool (capture_module, validate_kernel, ...).")
     arguments: dict[str, Any] = Field(default_factory=dict, description="Its arguments.")
 
 
 class JobStatusRequest(BaseModel):
     job: str = Field(description="Job id from start_job.")
-    wait: float = Field(0.0, ge=0, description=f"Seconds to wait for it to end (at most {MAX_WAIT_S:.0f}).")
+    wait: float = Field(0.0, ge=0, le=MAX_WAIT_S, description="Seconds to wait for it to end.")
+    cancel: bool = Field(False, description="Stop it first.")
 
 
-class CancelJobRequest(BaseModel):
-    job: str = Field(description="Job id from start_job.")
-
-
-def job_tools(tools: dict[str, Tool]) -> list[Tool]:
-    """``start_job``, ``job_status`` and ``cancel_job`` as tools (served like the registry's, on
+def job_tools(tools: ToolRegistry) -> list[Tool]:
+    """``start_job`` and ``job_status`` as tools (served like the registry's, on
     the repository of the call's context), for those of ``tools`` named in ``LONG_TOOLS``; none
     when there is none of them."""
-    long_tools = {name: tool for name, tool in tools.items() if name in LONG_TOOLS}
+    long_tools = {t.name: t for t in tools if t.name in LONG_TOOLS}
     if not long_tools:
         return []
 
+    @tool
     def start_job(request: StartJobRequest, ctx: ToolContext) -> JobStatus:
+        """Run a long tool call in the background; returns a job id at once."""
         chosen = long_tools.get(request.tool)
         if chosen is None:
             raise ModuleLensError(f"start_job cannot run {request.tool!r}",
                                   f"it runs: {', '.join(sorted(long_tools))}")
-        unknown = unknown_names(chosen.request, request.arguments)
+        arguments = parse_json_text(chosen.request, request.arguments)
+        unknown = unknown_names(chosen.request, arguments)
         if unknown is not None:
             raise ModuleLensError(f"invalid arguments for {chosen.name}: {unknown}", None)
         try:
-            checked = chosen.request.model_validate(request.arguments)
+            checked = chosen.request.model_validate(arguments)
         except ValidationError as exc:
             raise ModuleLensError(validation_text(exc), None) from None
-        return JobTable(ctx.repo_root).start(chosen, checked.model_dump(mode="json", exclude_unset=True))
+        return advised(JobTable(ctx.repo_root).start(chosen, checked.model_dump(mode="json", exclude_unset=True)))
 
+    @tool
     def job_status(request: JobStatusRequest, ctx: ToolContext) -> JobStatus:
-        return _answer(JobTable(ctx.repo_root).wait, request.job, min(request.wait, MAX_WAIT_S))
+        """How a background job stands (or stop it); once ended, its result or error."""
+        table = JobTable(ctx.repo_root)
+        if request.cancel:
+            return advised(_answer(lambda job_id, _: table.cancel(job_id), request.job, 0.0))
+        return advised(_answer(table.wait, request.job, request.wait))
 
-    def cancel_job(request: CancelJobRequest, ctx: ToolContext) -> JobStatus:
-        return _answer(lambda job_id, _: JobTable(ctx.repo_root).cancel(job_id), request.job, 0.0)
+    return [start_job, job_status]
 
-    return [
-        Tool("start_job", StartJobRequest, JobStatus, start_job,
-             "Run a long tool call in the background; returns a job id at once (poll job_status)."),
-        Tool("job_status", JobStatusRequest, JobStatus, job_status,
-             "How a background job stands; once ended, the tool's result or error."),
-        Tool("cancel_job", CancelJobRequest, JobStatus, cancel_job,
-             "Stop a background job and its worker processes."),
-    ]
+
+def advised(status: JobStatus) -> JobStatus:
+    """``status`` with its next call: poll a running job; once done, the next calls of its result."""
+    if status.state == "running":
+        status.next = [call("job_status", job=status.job, wait=MAX_WAIT_S)]
+    elif status.state == "done" and status.result:
+        status.next = [NextCall.model_validate(n) for n in status.result.get("next", [])]
+    else:
+        status.warnings = [f"the job {status.state}: {status.error or 'no reason recorded'}"]
+    return status
 
 
 def _answer(ask: Any, job_id: str, seconds: float) -> JobStatus:

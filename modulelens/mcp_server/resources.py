@@ -1,8 +1,10 @@
-"""Resources over a pair of list/show tools (captures, statistics runs), as JSON: the whole data,
-with no ``top``/``limit`` cut (:func:`modulelens.listing.everything`)."""
+"""Resources over the ``list`` and ``show`` tools for one kind (captures, statistics runs), as JSON:
+as much data as the tools give (``top``/``limit`` at their maximum, see
+:func:`modulelens.listing.everything`)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -15,14 +17,16 @@ from modulelens.errors import ModuleLensError, ReferenceNotFound
 from modulelens.listing import everything
 from modulelens.mcp_server.calls import call_tool, error_text, validation_text
 from modulelens.registry import Tool
+from modulelens.replies import rendered_reply
 
 
 def add_listing_resources(
     server: MCPServer, list_tool: Tool, show_tool: Tool, repo_root: Path | None, *,
-    uri: str, template: str, name: str, item: str, ref_field: str,
+    uri: str, template: str, name: str, item: str, kinds: tuple[str, str],
 ) -> None:
-    """Two resources over a list tool (``uri``, called with its defaults) and a show tool
-    (``template``, its ``ref_field`` set to the template's ``ref``), as JSON."""
+    """Two resources: ``uri`` lists one kind (``list_tool`` for ``kinds[0]``) and ``template``
+    shows one of them (``show_tool`` for ``kinds[1]`` and the template's ``ref``), as JSON."""
+    list_kind, show_kind = kinds
 
     async def read(tool: Tool, request_data: dict[str, Any]) -> str:
         try:
@@ -34,16 +38,16 @@ def add_listing_resources(
             raise ResourceError(error_text(exc)) from exc
         except ValidationError as exc:
             raise ResourceError(validation_text(exc)) from exc
-        return result.model_dump_json(indent=2)
+        return json.dumps(rendered_reply(result, "args"), indent=2)
 
     @server.resource(
         uri,
         name=name,
-        description=f"Every {item} in the repository ({list_tool.name} with its defaults), as JSON.",
+        description=f"Every {item} in the repository ({list_tool.name} of {list_kind}), as JSON.",
         mime_type="application/json",
     )
     async def listing() -> str:
-        return await read(list_tool, {})
+        return await read(list_tool, {"kind": list_kind})
 
     # The default ResourceSecurity rejects values that look like absolute paths, and a one-letter
     # name with a version ("a:v2") looks like a Windows drive ("a:"). Refs are validated by the
@@ -51,9 +55,9 @@ def add_listing_resources(
     @server.resource(
         template,
         name=item.replace(" ", "_"),
-        description=f"One {item} ({show_tool.name} for ref, e.g. enc0, enc0:v2, enc0@prod), as JSON.",
+        description=f"One {item} ({show_tool.name} of a {show_kind} ref, e.g. enc0, enc0:v2, enc0@prod), as JSON.",
         mime_type="application/json",
         security=ResourceSecurity(exempt_params={"ref"}),
     )
     async def one(ref: str) -> str:
-        return await read(show_tool, {ref_field: ref})
+        return await read(show_tool, {"kind": show_kind, "ref": ref})

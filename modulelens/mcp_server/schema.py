@@ -1,8 +1,7 @@
 """How a registry tool looks to an MCP client: its description, its arguments and its result.
 
-The input schema is the request model's fields as flat keyword arguments (same names as the CLI
-options, with underscores), built as a handler signature that the MCP SDK reads, then compacted
-(:func:`compact_schema`). ``tools/list`` must stay small for agents (every tool's schemas are read
+The input schema is the request model's JSON schema: its fields as flat arguments (same names as
+the CLI options, with underscores), compacted (:func:`compact_schema`). ``tools/list`` must stay small for agents (every tool's schemas are read
 into the model's context), so it publishes no output schema: the result model's full schema, every
 field described, is the resource ``modulelens://schemas/{tool}`` (:func:`result_schema`), named
 once in the server's instructions.
@@ -10,12 +9,10 @@ once in the server's instructions.
 
 from __future__ import annotations
 
-import inspect
 import json
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import Field
-from pydantic.fields import FieldInfo
+from pydantic import TypeAdapter
 
 from modulelens.errors import render
 from modulelens.registry import Tool
@@ -46,8 +43,10 @@ def compact_schema(node: Any) -> Any:
     """A JSON schema without what restates other parts of it: ``title`` (the property's own name,
     capitalised), ``type`` next to an ``enum`` of strings, ``default: null`` with the null
     alternative of ``anyOf [X, null]`` (an optional argument left out is None), and
-    ``anyOf [X, null]`` written as X with ``"type": [t, "null"]``, and ``default: false`` of a
-    boolean (a flag left out is off). Descriptions, other defaults and constraints are kept."""
+    ``anyOf [X, null]`` written as X with ``"type": [t, "null"]``, ``default: false`` of a
+    boolean (a flag left out is off), and lower bounds of 0 or 1 (no number is negative, counts
+    start at 1: the server instructions say so once; the request model still checks them).
+    Descriptions, other defaults and constraints are kept."""
     if isinstance(node, list):
         return [compact_schema(item) for item in node]
     if not isinstance(node, dict):
@@ -62,6 +61,10 @@ def compact_schema(node: Any) -> Any:
             out[key] = compact_schema(value)
     if out.get("type") == "boolean" and out.get("default") is False:
         del out["default"]  # a flag left out is off (the server instructions say so)
+    if out.get("minimum") in (0, 1) and not isinstance(out.get("minimum"), bool):
+        del out["minimum"]  # no number is negative; counts start at 1 (the instructions say so)
+    if out.get("exclusiveMinimum") == 0 and not isinstance(out.get("exclusiveMinimum"), bool):
+        del out["exclusiveMinimum"]
     if out.get("type") == "string" and all(isinstance(v, str) for v in out.get("enum", [None])):
         del out["type"]
     other = _without_null(out.get("anyOf", []))
@@ -80,8 +83,10 @@ def compact_schema(node: Any) -> Any:
 SHARED_ARGUMENTS: dict[str, str] = {
     "ref": "Capture ref.",
     "candidate": "Candidate id (blk.card6:v1).",
+    "card": "Card id (blk/6).",
     "job": "Job id from start_job.",
-    "limit": "Entries listed (null: all).",
+    "limit": "Entries listed.",
+    "top": "Items listed per list; all are stored.",
     "rtol": "Default: per dtype.",
     "atol": "Default: per dtype.",
     "timeout": "Seconds.",
@@ -89,6 +94,7 @@ SHARED_ARGUMENTS: dict[str, str] = {
     "nproc": "Processes under torchrun.",
     "seeds": "Fresh adversarial input seeds.",
     "compile_baseline": "Also time torch.compile.",
+    "source": "Or: your source file.",
     "source_text": "Or: the source itself.",
     "allow_env_mismatch": "Allow another torch, device or compiler.",
     "name": "Only this name's versions.",
@@ -113,45 +119,19 @@ def without_shared_descriptions(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def result_schema(tool: Tool) -> dict[str, Any]:
-    """The full JSON schema of ``tool``'s result, every field described (compacted), argument
-    markers in descriptions written as argument names."""
-    return json.loads(render(json.dumps(compact_schema(tool.result.model_json_schema())), "args"))
+    """The full JSON schema of ``tool``'s result (for a union of result models, ``anyOf`` them),
+    every field described (compacted), argument markers in descriptions written as argument names."""
+    schema = TypeAdapter(tool.result).json_schema()
+    return json.loads(render(json.dumps(compact_schema(schema)), "args"))
 
 
-
-def _schema_extra(field: FieldInfo) -> dict[str, Any] | None:
-    extra = field.json_schema_extra
-    if not isinstance(extra, dict):
-        return None
-    extra = {
-        k: v for k, v in extra.items() if k != "cli"
-    }  # the CLI marker means nothing here
-    return extra or None
-
-
-def parameter(name: str, field: FieldInfo) -> inspect.Parameter:
-    """A keyword-only parameter ``name: Annotated[type, *constraints, Field(...)] = default``."""
-    description = None if field.description is None else render(field.description, "args")
-    field_kwargs: dict[str, Any] = {"description": description}
-    if field.title is not None:
-        field_kwargs["title"] = field.title
-    if field.examples is not None:
-        field_kwargs["examples"] = field.examples
-    if (extra := _schema_extra(field)) is not None:
-        field_kwargs["json_schema_extra"] = extra
-    default: Any = inspect.Parameter.empty
-    if field.default_factory is not None:
-        field_kwargs["default_factory"] = field.default_factory
-    elif not field.is_required():
-        default = field.default
-    annotation = Annotated[(field.annotation, *field.metadata, Field(**field_kwargs))]  # type: ignore[misc]
-    return inspect.Parameter(
-        name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation
-    )
-
-
-def context_name(fields: dict[str, FieldInfo]) -> str:
-    name = "ctx"
-    while name in fields:
-        name = "mcp_" + name
-    return name
+def input_schema(tool: Tool) -> dict[str, Any]:
+    """The input schema of ``tool``: its request model's fields as flat arguments, compacted, the
+    CLI's marker dropped, argument markers in descriptions written as argument names, and shared
+    arguments without their description (the instructions say it once)."""
+    schema = tool.request.model_json_schema()
+    for prop in schema.get("properties", {}).values():
+        if isinstance(prop, dict) and prop.get("cli") == "argument":
+            del prop["cli"]
+    schema = json.loads(render(json.dumps(schema), "args"))
+    return without_shared_descriptions(compact_schema(schema))

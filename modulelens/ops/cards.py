@@ -13,7 +13,7 @@ from modulelens.capture.artifact import load_tensors
 from modulelens.capture.sources import Resolver
 from modulelens.capture.values import Decoder, TensorSource, flatten
 from modulelens.errors import ModuleLensError, ReferenceNotFound
-from modulelens.ops.model import KIND, SAMPLES_FILE, OpCard, OpSetManifest, parse_card_id
+from modulelens.ops.model import KIND, SAMPLES_FILE, OpCard, OpSetManifest, format_card_id, parse_card_id
 from modulelens.ops.recorder import resolve_op
 from modulelens.repo import Artifact, Repository
 from modulelens.repo.trust import require_trusted
@@ -23,6 +23,14 @@ def open_opset(repo: Repository, ref: str) -> tuple[Artifact, OpSetManifest]:
     """The opset artifact ``ref`` resolves to (``blk``, ``blk:v2``, ``blk@tag``) and its manifest."""
     art = repo.open(KIND, ref)
     return art, art.manifest_as(OpSetManifest)
+
+
+def resolved_card_id(repo: Repository, card_id: str) -> str:
+    """``card_id`` with its opset reference resolved (``blk/6`` gives ``blk:v2/6``, the id cards are
+    stored under); a clear error for an unknown opset."""
+    ref, index = parse_card_id(card_id)
+    name, version = repo.resolve(KIND, ref)
+    return format_card_id(f"{name}:v{version}", index)
 
 
 def open_card(repo: Repository, card_id: str) -> tuple[Artifact, OpCard]:

@@ -45,7 +45,7 @@ def parse_card_id(card_id: str) -> tuple[str, int]:
     if not sep or not ref or not index.isdigit():
         raise ModuleLensError(
             f"invalid card id {card_id!r}",
-            "card ids look like 'blk/0' (latest opset of blk) or 'blk:v2/3'; list them with list-op-cards",
+            "card ids look like 'blk/0' (latest opset of blk) or 'blk:v2/3'; list an opset's cards with list (kind cards)",
         )
     return ref, int(index)
 
@@ -159,6 +159,6 @@ class OpSetManifest(ManifestBase):
         if not 0 <= index < len(self.cards):
             raise ReferenceNotFound(
                 f"opset {self.ref} has no card {index}",
-                f"it has cards 0 to {len(self.cards) - 1}; list them with list-op-cards {self.ref}",
+                f"it has cards 0 to {len(self.cards) - 1}; list them with list (kind cards, of {self.ref})",
             )
         return self.cards[index]

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import time
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from modulelens.numerics import diff, tolerances
 from modulelens.ops.cards import open_card, output_tensors, require_tensor_inputs, run_card, sample_call
+from modulelens.replies import ToolReply
 from modulelens.repo import Repository
 
 
-class CardReplay(BaseModel):
+class CardReplay(ToolReply):
     card_id: str
     op: str
     sample: int

@@ -10,12 +10,13 @@ from pydantic import BaseModel, Field
 from modulelens.listing import LeftOut, keep_first
 from modulelens.ops.cards import open_card, open_opset
 from modulelens.ops.model import CardSample, OpCard, OpKind, OpSetManifest, Phase
+from modulelens.replies import ToolReply
 from modulelens.repo import Repository
 from modulelens.repo.store import MANIFEST
 
 
 class CardSummary(BaseModel):
-    card_id: str = Field(description="Use with show-op-card, replay-op-card, profile.")
+    card_id: str = Field(description="Use with show (kind card), replay_module, profile.")
     op: str = Field(description="aten operator overload.")
     kind: OpKind = Field(description="memory (bandwidth-bound), compute (matmul/conv/attention) or view.")
     phase: Phase = Field(description="forward or backward.")
@@ -84,7 +85,7 @@ CopyBandwidth = Callable[[str], float | None]
 """device -> this machine's copy bandwidth in bytes per second, or None when unknown here."""
 
 
-class OpSetSummary(BaseModel):
+class OpSetSummary(ToolReply):
     opset: str = Field(description="Reference of the stored opset (cards are <opset>/<index>).")
     capture: str
     strategy: str
@@ -102,7 +103,7 @@ class OpSetSummary(BaseModel):
     left_out: list[LeftOut] = Field(default_factory=list, description="Lists cut to `top` items.")
 
 
-class CardDetail(CardSummary):
+class CardDetail(CardSummary, ToolReply):
     opset: str
     capture: str
     samples: list[CardSample] = Field(description="Stored sample calls: args, kwargs and output as value specs.")
@@ -116,7 +117,7 @@ def summarize_opset(repo: Repository, ref: str, kind: str | None = None, top: in
     machine has no bandwidth for the opset's device)."""
     art, m = open_opset(repo, ref)
     ceiling = copy_bandwidth(m.device) if copy_bandwidth is not None else None
-    notes = list(m.notes) + time_share_warnings(m)
+    notes = list(m.notes)
     if copy_bandwidth is not None and not ceiling:
         notes.append(f"no copy bandwidth for device {m.device!r} on this machine: no roofline fractions")
     cards = [CardSummary.of(c, ceiling) for c in m.cards if kind is None or c.kind == kind]
@@ -125,7 +126,7 @@ def summarize_opset(repo: Repository, ref: str, kind: str | None = None, top: in
         opset=art.ref, capture=m.capture, strategy=m.strategy, device=m.device, copy_bytes_per_s=ceiling,
         module_time_s=mt.median_s, module_time_p20_s=mt.p20_s, module_time_p80_s=mt.p80_s, repeats=mt.repeats,
         cards_time_share=m.cards_time_share, views_time_share=m.views_time_share,
-        cards=cards, notes=notes,
+        cards=cards, notes=notes, warnings=time_share_warnings(m),
     )
     return keep_first(summary, "cards", top, str(art.path / MANIFEST))
 

@@ -26,6 +26,7 @@ from modulelens.ops.model import OpCard, is_card_id
 from modulelens.profiling.bandwidth import copy_bandwidth
 from modulelens.profiling.breakdown import OpTime, profile_breakdown
 from modulelens.registry import ProgressFn
+from modulelens.replies import ToolReply
 from modulelens.repo import Repository
 from modulelens.timing import Timing, time_callable
 
@@ -36,11 +37,11 @@ class ProfileOptions(BaseModel):
     device: str | None = Field(None, description="Default: the captured one.")
     min_run_time: float = Field(0.5, gt=0, description="Seconds of timed calls.")
     warmup: int = Field(3, ge=0, description="Untimed calls first.")
-    breakdown: bool = Field(True, description="Add a torch.profiler breakdown and peak memory.")
+    breakdown: bool = Field(True, description="Add a profiler breakdown.")
     strategy: str = Field("auto")
 
 
-class ProfileResult(Timing):
+class ProfileResult(Timing, ToolReply):
     target: str
     target_kind: str = Field(description="capture, card or candidate.")
     what: str = Field(description="What one timed call does.")

@@ -37,7 +37,11 @@ from modulelens.repo.owners import owner_alive, this_process
 from modulelens.repo.refs import Ref, parse_ref, validate_name
 from modulelens.repo.trust import SIGNATURE, is_confined, sign_folder
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""The newest manifest schema this version reads. A kind is written with a newer schema only when
+its stored form changed in a way an earlier reader would misread (captures: 2, since their export
+programs are stored without weights); every other kind is written with :data:`BASE_SCHEMA`."""
+BASE_SCHEMA = 1
 MANIFEST = "manifest.json"
 ALIASES = "aliases.json"
 TMP_DIR = ".tmp"
@@ -329,7 +333,7 @@ class Repository:
         return _remove_stale(self.root / TMP_DIR)
 
     def create(self, kind: str, name: str, write: Callable[[Path], dict[str, Any] | BaseModel], *,
-               signed: bool = True) -> Artifact:
+               signed: bool = True, schema_version: int = BASE_SCHEMA) -> Artifact:
         """Write a new version of ``name``.
 
         ``write(folder)`` fills an empty temporary folder and returns the manifest fields (a dict,
@@ -337,6 +341,7 @@ class Repository:
         version number, checksums and bookkeeping fields are added here; then the folder is
         renamed into place under the name's lock. If ``write`` raises, nothing is left behind.
         ``signed=False`` stores it unsigned, so untrusted until ``trust`` (files pulled from elsewhere).
+        ``schema_version`` is the schema the stored form follows (see :data:`SCHEMA_VERSION`).
         """
         name_dir = self._name_dir(kind, name)
         tmp_root = self.root / TMP_DIR
@@ -356,7 +361,7 @@ class Repository:
                 version = (self.versions(kind, name) or [0])[-1] + 1
                 manifest = {
                     **fields,
-                    "schema_version": SCHEMA_VERSION,
+                    "schema_version": schema_version,
                     "kind": kind,
                     "name": name,
                     "version": version,

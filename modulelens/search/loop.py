@@ -378,7 +378,7 @@ def add_child(repo: Repository, search_id: str, target: str, parent: int, src: K
     tree = load_tree(repo, search_id, spec.index)
     if parent not in tree.nodes:
         raise ModuleLensError(f"the tree of {spec.card_id} has no node {parent}",
-                              f"its nodes: 0 to {max(tree.nodes)}; see show-search {search_id}")
+                              f"its nodes: 0 to {max(tree.nodes)}; see show (kind search, ref {search_id})")
     own = executor or LocalExecutor(1)
     run = _Run(repo=repo, search=search, targets=[], executor=own, progress=_no_progress)
     t = _Target(spec=spec, card=card, tree=tree, expander=Expander(card=card, target=spec, settings=search.settings))

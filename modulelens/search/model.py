@@ -16,6 +16,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from modulelens.kernels.source import BackendName
+from modulelens.replies import ToolReply
 from modulelens.repo import ManifestBase
 
 SEARCHES = "searches"
@@ -151,7 +152,7 @@ class NodeRecord(ManifestBase):
                 and bool(self.speedup_vs_eager) and not self.flagged)
 
 
-class SearchResult(BaseModel):
+class SearchResult(ToolReply):
     """What optimize returns."""
 
     search_id: str

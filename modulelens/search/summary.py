@@ -5,8 +5,10 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from modulelens.listing import LeftOut, keep_first_each
+from modulelens.ops.cards import resolved_card_id
+from modulelens.replies import ToolReply
 from modulelens.repo import Repository
-from modulelens.search.model import NODES, NodeRecord, SearchSettings, TargetOutcome
+from modulelens.search.model import NODES, SEARCHES, NodeRecord, SearchSettings, TargetOutcome
 from modulelens.search.store import journal_name, load_tree, open_search
 from modulelens.search.tree import ROOT
 
@@ -38,7 +40,7 @@ class TargetTree(BaseModel):
     outcome: TargetOutcome | None = None
 
 
-class SearchSummary(BaseModel):
+class SearchSummary(ToolReply):
     search_id: str
     settings: SearchSettings
     executor: str
@@ -84,3 +86,33 @@ def _depth_first(tree) -> list[NodeRecord]:
         out.append(tree.nodes[node])
         stack.extend(reversed([c.node for c in tree.children(node)]))
     return out
+
+
+class SearchEntry(BaseModel):
+    """One search, in a listing: its targets and, per target, the best result so far."""
+
+    search_id: str
+    provider: str
+    backend: str
+    executor: str
+    runs: int
+    created_at: str
+    targets: list[str] = Field(description="The card ids searched.")
+    best: list[TargetOutcome] = Field(default_factory=list, description="Per target, after the last run.")
+    stopped_because: str | None = None
+
+
+def search_entries(repo: Repository, card: str | None = None) -> list[SearchEntry]:
+    """Every search in the repository, oldest first; only those searching ``card`` when given (a
+    card id such as ``blk/6``; its opset reference is resolved first)."""
+    wanted = resolved_card_id(repo, card) if card else None
+    out = []
+    for name in repo.names(SEARCHES):
+        s = open_search(repo, name)
+        cards = [t.card_id for t in s.targets]
+        if wanted is not None and wanted not in cards:
+            continue
+        out.append(SearchEntry(search_id=s.search_id, provider=s.settings.provider, backend=s.settings.backend,
+                               executor=s.executor, runs=s.runs, created_at=s.created_at, targets=cards,
+                               best=s.outcome, stopped_because=s.stopped_because))
+    return sorted(out, key=lambda e: e.created_at)

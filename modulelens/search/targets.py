@@ -68,7 +68,7 @@ def resolve_targets(repo: Repository, refs: list[str], settings: SearchSettings,
         if not fitting:
             raise ModuleLensError(f"no card of {opset.ref} can be searched with the {settings.provider} provider "
                                   f"and the {settings.backend} backend",
-                                  "list them with list-op-cards; name a card, or use [--provider anthropic]")
+                                  "list its cards with list (kind cards); name a card, or use [--provider anthropic]")
         bw = bandwidth(opset.device)
         ranked = sorted(fitting, key=lambda c: -c.time_share * _headroom(_target(c, 0, bw)))
         cards.extend(ranked[:top])

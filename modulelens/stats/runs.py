@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from modulelens.listing import LeftOut
+from modulelens.replies import ToolReply
 from modulelens.repo import Artifact, Repository
 from modulelens.stats.artifact import capture_series
 from modulelens.stats.manifest import KIND, stats_manifest
@@ -73,8 +74,8 @@ class StatsFinding(BaseModel):
 
 
 class TensorStatsRow(BaseModel):
-    """The statistics of one tensor of a capture (what gather_stats, show_capture and
-    show_stats_run return for it)."""
+    """The statistics of one tensor of a capture (what gather_stats and show, of a capture
+    or a statistics run, return for it)."""
 
     key: str = Field(description="args.0, output, a parameter name, grad.<key>.")
     group: Literal["input", "output", "weight", "gradient"]
@@ -127,7 +128,7 @@ class TypeSeries(BaseModel):
     update_ratio: Column = Field(default_factory=list)
 
 
-class StatsRunView(BaseModel):
+class StatsRunView(ToolReply):
     entry: StatsRunEntry
     steps: list[int] = Field(default_factory=list)
     order_source: str = ""

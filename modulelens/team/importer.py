@@ -127,7 +127,7 @@ def import_folder(repo: Repository, folder: Path, *, kind: str, origin: str,
             shutil.copyfile(folder / rel, dest / rel)
         return {**_content(raw), PULLED_FROM: {"address": origin, "ref": manifest.ref, "created_at": manifest.created_at}}
 
-    art = repo.create(kind, manifest.name, write, signed=False)
+    art = repo.create(kind, manifest.name, write, signed=False, schema_version=manifest.schema_version or 1)
     return _pulled(art.ref, art.path, kind, origin, manifest, already_present=False)
 
 

@@ -94,3 +94,34 @@ def open_pack(repo: Repository, ref: str) -> Artifact:
 def usable_path(kind: str, folder: Path) -> Path:
     """What a stored version is used by: a pack's file (``run --pack PATH``), else its folder."""
     return folder / STORED_PACK_FILE if kind == PACKS else folder
+
+
+class PackListEntry(BaseModel):
+    """One stored pack version, in a listing."""
+
+    ref: str = Field(description="name:vN of the stored pack.")
+    path: str = Field(description="Its pack file (what `run` and `check_pack` take as pack).")
+    sha256: str
+    trusted: bool = Field(description="Signed here: loadable. Else review and trust it first.")
+    entries: int
+    dispatched: int = Field(description="Entries that will be used (validated correct and faster than eager).")
+    created_at: str
+
+
+def pack_entries(repo: Repository, name: str | None = None) -> list[PackListEntry]:
+    """Every stored pack version (pushed, pulled or stored by ``push``), by name then version; only
+    the versions of ``name`` when given (an unknown name is a clear error). Pack files written by
+    ``pack`` elsewhere are not in the repository until pushed."""
+    from modulelens.repo.trust import is_trusted
+
+    if name:
+        repo.resolve(PACKS, name)
+    out = []
+    for n in [name] if name else repo.names(PACKS):
+        for v in repo.versions(PACKS, n):
+            art = repo.open(PACKS, f"{n}:v{v}")
+            m = art.manifest_as(PackManifest)
+            out.append(PackListEntry(ref=art.ref, path=str(art.file(STORED_PACK_FILE)), sha256=m.sha256,
+                                     trusted=is_trusted(art.path), entries=len(m.entries),
+                                     dispatched=sum(e.dispatched for e in m.entries), created_at=m.created_at))
+    return out

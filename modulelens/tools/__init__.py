@@ -1,53 +1,67 @@
-"""One module per tool; importing this package registers them all (the order is the CLI's).
+"""One module per tool, each declared with :func:`modulelens.registry.tool`; :func:`all_tools` is the
+one place that gathers them into the registry the front ends receive (its order is the CLI's and
+the MCP server's).
 
 Tools never import each other: what two tools share lives in a domain package.
 """
 
-from modulelens.tools import (  # noqa: F401, I001  (CLI order)
-    capture_module,
-    replay_module,
-    list_captures,
-    show_capture,
-    tag_capture,
-    trust_artifact,
-    push,
-    pull,
-    export_repro,
-    capture_ops,
-    list_opsets,
-    list_op_cards,
-    show_op_card,
-    replay_op_card,
-    profile,
-    generate_kernel,
-    validate_kernel,
-    optimize,
-    show_search,
-    add_search_child,
-    validate_module,
-    list_candidates,
-    show_candidate,
-    install_skills,
-    gather_stats,
-    list_stats_runs,
-    show_stats_run,
-    pack,
-    run,
-    check_pack,
-)
+from __future__ import annotations
 
-from modulelens.errors import ModuleLensError  # noqa: E402
-from modulelens.registry import Tool, registered  # noqa: E402
+from functools import cache
+
+from modulelens.registry import Tool, ToolRegistry
 
 
-def all_tools() -> list[Tool]:
-    """Every tool, in registration order (the CLI's and the MCP server's order)."""
-    return registered()
+@cache
+def all_tools() -> ToolRegistry:
+    """Every tool, in the CLI's and the MCP server's order."""
+    from modulelens.tools import (
+        add_search_child,
+        capture_module,
+        capture_ops,
+        check_pack,
+        export_repro,
+        gather_stats,
+        generate_kernel,
+        install_skills,
+        lists,
+        optimize,
+        pack,
+        profile,
+        pull,
+        push,
+        replay_module,
+        run,
+        show,
+        tag_capture,
+        trust_artifact,
+        validate_kernel,
+    )
+
+    return ToolRegistry([
+        capture_module.capture_module,
+        replay_module.replay_module,
+        lists.list_,
+        show.show,
+        tag_capture.tag_capture,
+        trust_artifact.trust,
+        push.push,
+        pull.pull,
+        export_repro.export_repro,
+        capture_ops.capture_ops,
+        profile.profile,
+        generate_kernel.generate_kernel,
+        validate_kernel.validate_kernel,
+        optimize.optimize,
+        add_search_child.add_search_child,
+        install_skills.install_skills,
+        gather_stats.gather_stats,
+        pack.pack,
+        run.run,
+        check_pack.check_pack,
+    ])
 
 
 def get_tool(name: str) -> Tool:
     """The tool called ``name``; a clear error names the known ones otherwise."""
-    for tool in registered():
-        if tool.name == name:
-            return tool
-    raise ModuleLensError(f"no tool named {name!r}", f"tools: {', '.join(t.name for t in registered())}")
+    return all_tools().get(name)

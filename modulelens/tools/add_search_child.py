@@ -8,7 +8,8 @@ from pydantic import BaseModel, Field
 
 from modulelens.errors import ModuleLensError
 from modulelens.kernels.source import KernelSource
-from modulelens.registry import Tool, ToolContext, register
+from modulelens.registry import ToolContext, tool
+from modulelens.replies import ToolReply, call
 from modulelens.repo import Repository
 from modulelens.search.loop import add_child
 from modulelens.search.model import NodeRecord
@@ -19,16 +20,18 @@ class AddSearchChildRequest(BaseModel):
     search_id: str = Field(json_schema_extra={"cli": "argument"})
     parent: int = Field(0, ge=0, description="Node (0: the root).")
     target: str = Field("0", description="Card id or target index.")
-    source: str | None = Field(None, description="Kernel source file.")
+    source: str | None = Field(None, description="Or: your source file.")
     source_text: str | None = Field(None, description="Or: the source itself.")
 
 
-class AddSearchChildResult(NodeRecord):
+class AddSearchChildResult(NodeRecord, ToolReply):
     search_id: str
     target: str
 
 
+@tool
 def add_search_child(req: AddSearchChildRequest, ctx: ToolContext) -> AddSearchChildResult:
+    """Add your own kernel under a node of an optimize search (validated)."""
     if bool(req.source) == bool(req.source_text):
         raise ModuleLensError("give exactly one of [--source FILE] or [--source-text TEXT]",
                               "e.g. [--parent 2] [--source my_kernel.cpp]")
@@ -42,15 +45,10 @@ def add_search_child(req: AddSearchChildRequest, ctx: ToolContext) -> AddSearchC
     search = open_search(repo, req.search_id)
     card_id, node = add_child(repo, req.search_id, req.target, req.parent,
                               KernelSource(backend=search.settings.backend, source=text, provider="agent"))
-    return AddSearchChildResult(**node.model_dump(), search_id=req.search_id, target=card_id)
-
-
-TOOL = register(
-    Tool(
-        name="add_search_child",
-        request=AddSearchChildRequest,
-        result=AddSearchChildResult,
-        fn=add_search_child,
-        summary="Add your own kernel under a node of an optimize search (validated).",
-    )
-)
+    result = AddSearchChildResult(**node.model_dump(), search_id=req.search_id, target=card_id)
+    if not node.correct:
+        result.warnings.append(f"rejected: {node.reason}")
+    elif node.speedup_vs_eager is None:
+        result.warnings.append("correct, but its speed was not determined here")
+    result.next = [call("show", kind="search", ref=req.search_id)]
+    return result

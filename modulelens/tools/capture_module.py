@@ -8,9 +8,10 @@ from pathlib import Path
 from pydantic import Field
 
 from modulelens.capture.manifest import KIND
-from modulelens.capture.summary import CaptureSummary, summarize
+from modulelens.capture.summary import CaptureSummary, capture_warnings, summarize
 from modulelens.capture.worker import ScriptCaptureOptions, capture_script
-from modulelens.registry import Tool, ToolContext, register
+from modulelens.registry import ToolContext, tool
+from modulelens.replies import ToolReply, call
 from modulelens.repo import Repository
 from modulelens.team.handover import check_push_target, push
 
@@ -20,14 +21,17 @@ class CaptureModuleRequest(ScriptCaptureOptions):
     push: str | None = Field(None, description="Then push it to wandb://ENTITY/PROJECT.")
 
 
-class CaptureModuleResult(CaptureSummary):
+class CaptureModuleResult(CaptureSummary, ToolReply):
     captures: list[str] = Field(default_factory=list, description="All refs written (one per capturing rank).")
     script_output_tail: str = Field("", description="Last lines the script printed.")
     seconds: float = Field(0.0, description="Wall time of the whole capture run.")
     pushed: str | None = Field(None, description="Where --push sent the capture (wandb://ENTITY/PROJECT/NAME:ALIAS).")
 
 
+@tool
 def capture_module(req: CaptureModuleRequest, ctx: ToolContext) -> CaptureModuleResult:
+    """Capture one module call (inputs, outputs, weights, init args) from an unmodified script or
+    KernelBench file."""
     repo = Repository(ctx.repo_root)
     if req.push:
         check_push_target(req.push)  # before the run: a bad address or missing login fails fast
@@ -40,17 +44,7 @@ def capture_module(req: CaptureModuleRequest, ctx: ToolContext) -> CaptureModule
     ctx.progress(1, 1, f"captured {summary.ref}")
     pushed = push(repo, KIND, done.ref, req.push).pushed[0].address if req.push else None
     return CaptureModuleResult(
+        warnings=capture_warnings(summary), next=[call("replay_module", ref=summary.ref), call("capture_ops", ref=summary.ref)],
         **summary.model_dump(), captures=done.refs, script_output_tail=done.output_tail[-4000:],
         seconds=round(seconds, 3), pushed=pushed,
     )
-
-
-TOOL = register(
-    Tool(
-        name="capture_module",
-        request=CaptureModuleRequest,
-        result=CaptureModuleResult,
-        fn=capture_module,
-        summary="Capture one submodule call (inputs, outputs, weights, init args, RNG) from an unmodified script or KernelBench file.",
-    )
-)

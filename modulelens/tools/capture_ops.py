@@ -7,9 +7,11 @@ from pathlib import Path
 from pydantic import Field
 
 from modulelens.capture.worker import ScriptCaptureOptions, capture_script
+from modulelens.listing import MAX_ITEMS
 from modulelens.ops.build import RecordOptions, record_opset
 from modulelens.ops.summary import OpSetSummary, summarize_opset
-from modulelens.registry import Tool, ToolContext, register
+from modulelens.registry import ToolContext, tool
+from modulelens.replies import call
 from modulelens.repo import Repository
 
 
@@ -21,7 +23,7 @@ class CaptureOpsRequest(RecordOptions):
     script_args: list[str] = Field(default_factory=list,
                                    json_schema_extra={"cli": "argument"})
     module: str = Field("", description="With a script: the module to capture.")
-    top: int | None = Field(10, ge=1, description="Cards listed (null: all); all are stored.")
+    top: int = Field(10, ge=1, le=MAX_ITEMS, description="Items listed per list; all are stored.")
 
 
 def _capture_first(req: CaptureOpsRequest, ctx: ToolContext) -> str:
@@ -31,19 +33,14 @@ def _capture_first(req: CaptureOpsRequest, ctx: ToolContext) -> str:
     return capture_script(options, Repository(ctx.repo_root)).ref
 
 
+@tool
 def capture_ops(req: CaptureOpsRequest, ctx: ToolContext) -> OpSetSummary:
+    """Record a capture's aten operators as cards with samples, ranked by time share."""
     repo = Repository(ctx.repo_root)
     ref = _capture_first(req, ctx) if Path(req.ref).suffix == ".py" or Path(req.ref).is_file() else req.ref
     opset = record_opset(repo, ref, req)
-    return summarize_opset(repo, opset.ref, top=req.top)
-
-
-TOOL = register(
-    Tool(
-        name="capture_ops",
-        request=CaptureOpsRequest,
-        result=OpSetSummary,
-        fn=capture_ops,
-        summary="Record a capture's aten operators as cards with samples, ranked by time share.",
-    )
-)
+    summary = summarize_opset(repo, opset.ref, top=req.top)
+    if summary.cards:
+        top = summary.cards[0].card_id
+        summary.next = [call("generate_kernel", card=top), call("profile", target=top)]
+    return summary

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
 from modulelens.errors import CaptureFailed
-from modulelens.listing import LeftOut, keep_first
-from modulelens.registry import Tool, ToolContext, register
+from modulelens.listing import MAX_ITEMS, LeftOut, keep_first
+from modulelens.registry import ToolContext, tool
+from modulelens.replies import ToolReply, call
 from modulelens.repo import Artifact, Repository, validate_name
 from modulelens.stats.collector import DEFAULT_EVERY
 from modulelens.stats.manifest import TypeRow, stats_manifest
@@ -33,29 +34,28 @@ class GatherStatsRequest(BaseModel):
     )
     capture: str | None = Field(
         None,
-        description="Or: a capture ref to describe.",
+        description="Or: a capture ref.",
     )
     every: int = Field(DEFAULT_EVERY, ge=1, description="Sample every N-th step.")
-    steps: int | None = Field(None, ge=1, description="Stop after this many steps.")
-    name: str | None = Field(None, description="Default: the script or capture name.")
+    steps: int | None = Field(None, ge=1, description="Stop after N steps.")
+    name: str | None = Field(None)
     ema: float = Field(DEFAULT_EMA, ge=0.0, lt=1.0, description="Smoothing alpha.")
     step_on: Literal["optimizer", "forward"] = Field(
-        "optimizer", description="forward: for loops without an optimizer.")
-    eager: bool = Field(True, description="Disable torch.compile; false: only sampled steps eager.")
-    params: bool = Field(True, description="Also weight, gradient and update statistics.")
-    fx: bool = Field(True, description="Order modules with torch.fx.")
-    sample: int = Field(DEFAULT_SAMPLE, ge=0, description="Moments from about this many elements (0: exact).")
-    plots: bool = Field(True, description="Write report plots.")
+        "optimizer", description="forward: no optimizer in the loop.")
+    eager: bool = Field(True, description="No torch.compile (false: on sampled steps only).")
+    params: bool = Field(True, description="Also weight and update statistics.")
+    fx: bool = Field(True)
+    sample: int = Field(DEFAULT_SAMPLE, ge=0, description="Elements sampled per tensor (0: all).")
+    plots: bool = Field(True)
     thresholds: dict[str, float] = Field(
         default_factory=dict,
-        description="Override: dead_zero_frac, explode_gain, explode_rms, explode_abs_rms, vanish_gain, "
-        "vanish_abs_rms, explode_grad_ratio, vanish_grad_ratio, saturation_frac.",
+        description="Override finding thresholds (dead_zero_frac, explode_gain, ...).",
     )
     nproc: int = Field(1, ge=1, description="Processes under torchrun.")
-    wandb: bool = Field(False, description="Also log to Weights & Biases.")
+    wandb: bool = Field(False, description="Also log to W&B.")
     wandb_project: str | None = Field(None)
-    timeout: float = Field(3600.0, gt=0, description="Seconds; stopped at a step boundary near the end.")
-    top: int | None = Field(20, ge=1, description="Modules, findings and tensors listed (null: all); all are stored.")
+    timeout: float = Field(3600.0, gt=0, description="Seconds (stops at a step).")
+    top: int = Field(20, ge=1, le=MAX_ITEMS, description="Items listed per list; all are stored.")
 
     @model_validator(mode="after")
     def _one_source(self) -> GatherStatsRequest:
@@ -77,7 +77,7 @@ _STATS_DOC = (
 )
 
 
-class GatherStatsResult(BaseModel):
+class GatherStatsResult(ToolReply):
     run_id: str = Field(description="Reference of the stored statistics (name:vN, kind 'stats' in the repository).")
     source: Literal["script", "capture"]
     modules: int = Field(description="Number of modules with statistics (1 for a capture).")
@@ -126,12 +126,22 @@ def _result(art: Artifact, source: str, top: int | None, tail: str = "", seconds
         series_file=str(art.file("series.json")), path=str(art.path), notes=summary.notes,
         script_output_tail=tail[-1500:], seconds=round(seconds, 3),
     )
+    bad = [f for f in result.findings if f.kind.startswith("nan_inf")]
+    if bad:
+        result.warnings.append(f"NaN/Inf first seen in {bad[0].module or 'the model'} ({bad[0].kind})")
+    if source == "script" and result.steps_sampled == 0:
+        result.warnings.append("no step was sampled: the script ran no optimizer step (try [--step-on forward]) or "
+                               "fewer steps than [--every N]")
+    result.next = [call("show", kind="stats", ref=art.ref)]
     result = keep_first(result, "order", top, str(art.file("series.json")))
     result = keep_first(result, "findings", top, str(art.file("findings.json")))
     return keep_first(result, "tensors", top, str(art.file("series.json")))
 
 
+@tool
 def gather_stats(req: GatherStatsRequest, ctx: ToolContext) -> GatherStatsResult:
+    """Per-module activation, gradient and weight statistics, with findings, of a training script every N steps
+    or of a capture."""
     repo = Repository(ctx.repo_root)
     t0 = time.perf_counter()
     if req.capture:
@@ -167,64 +177,3 @@ def gather_stats(req: GatherStatsRequest, ctx: ToolContext) -> GatherStatsResult
 
         out.wandb_run = log_to_wandb(art, req.wandb_project)
     return out
-
-
-def _render(r: GatherStatsResult):
-    from rich.console import Group
-    from rich.table import Table
-    from rich.text import Text
-
-    what = (f": {r.modules} modules, {r.steps_sampled} sampled step(s) of {r.steps_seen}, order from {r.order_source}"
-            if r.source == "script" else f": {len(r.tensors)} tensors of the capture")
-    head = Text.assemble(("statistics ", "bold"), (r.run_id, "bold cyan"), what)
-    parts: list[Any] = [head]
-    if r.findings:
-        t = Table(title="findings", show_lines=True, title_justify="left")
-        for c in ("kind", "module", "steps", "message", "action"):
-            t.add_column(c, overflow="fold")
-        for f in r.findings:
-            held = str(f.step) if f.first_step is None else f"{f.first_step}-{f.last_step} ({f.steps_held})"
-            t.add_row(f.kind, f.module or "(model)", held, f.message, f.action)
-        parts.append(t)
-    else:
-        parts.append(Text("no findings", style="green"))
-    if r.by_type:
-        t = Table(title=f"by module type (step {r.by_type_step})", title_justify="left")
-        for c in ("type", "modules", "act std", "zero frac", "grad std", "update ratio"):
-            t.add_column(c)
-
-        def f(v: float | None) -> str:
-            return "-" if v is None else f"{v:.3g}"
-
-        for row in r.by_type:
-            t.add_row(row.type, str(row.modules), f(row.activation_std), f(row.activation_zero_frac),
-                      f(row.gradient_std), f(row.update_ratio))
-        parts.append(t)
-    if r.tensors:
-        t = Table(title="tensors", title_justify="left")
-        for c in ("tensor", "group", "shape", "mean", "std", "kurtosis", "zero frac", "min", "max", "NaN/Inf"):
-            t.add_column(c)
-
-        def g(v: float | None) -> str:
-            return "-" if v is None else f"{v:.3g}"
-
-        for row in r.tensors:
-            t.add_row(row.key, row.group, str(row.shape), g(row.mean), g(row.std), g(row.kurtosis), g(row.zero_frac),
-                      g(row.min), g(row.max), f"{row.nan or 0}/{row.inf or 0}")
-        parts.append(t)
-    for n in r.notes:
-        parts.append(Text(f"note: {n}", style="yellow"))
-    parts.append(Text(f"report: {r.report_html or '-'}"))
-    return Group(*parts)
-
-
-TOOL = register(
-    Tool(
-        name="gather_stats",
-        request=GatherStatsRequest,
-        result=GatherStatsResult,
-        fn=gather_stats,
-        summary="Per-module activation, gradient and weight statistics of a training script every N steps, with findings; or of a capture.",
-        render=_render,
-    )
-)

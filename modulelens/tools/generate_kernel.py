@@ -7,8 +7,10 @@ from pydantic import BaseModel, Field
 from modulelens.kernels.candidates import candidate_manifest, load_candidate
 from modulelens.kernels.generation import generate_candidate
 from modulelens.kernels.source import BackendName
-from modulelens.registry import Tool, ToolContext, register
+from modulelens.registry import ToolContext, tool
+from modulelens.replies import ToolReply, call
 from modulelens.repo import Repository
+from modulelens.validation.advice import report_next, report_warnings
 from modulelens.validation.report import ValidationSettings
 from modulelens.validation.sandboxed import DEFAULT_TIMEOUT_S, CandidateValidation, validate_candidate
 from modulelens.validation.stored_reports import latest_report
@@ -24,7 +26,7 @@ class GenerateKernelRequest(BaseModel):
     validate_now: bool = Field(False, description="Validate it right away.")
 
 
-class GenerateKernelResult(BaseModel):
+class GenerateKernelResult(ToolReply):
     candidate_id: str = Field(description="Use with validate-kernel.")
     card: str
     backend: str
@@ -37,7 +39,9 @@ class GenerateKernelResult(BaseModel):
     validation: CandidateValidation | None = Field(None, description="The validation result when validate_now was set.")
 
 
+@tool
 def generate_kernel(req: GenerateKernelRequest, ctx: ToolContext) -> GenerateKernelResult:
+    """Generate a candidate kernel for a card (or repair/improve a parent)."""
     repo = Repository(ctx.repo_root)
     parent_report = None
     if req.parent:
@@ -55,15 +59,9 @@ def generate_kernel(req: GenerateKernelRequest, ctx: ToolContext) -> GenerateKer
         result.validation = validate_candidate(repo, cand, src, ValidationSettings(card_id=m.target.card_id),
                                                timeout=DEFAULT_TIMEOUT_S, progress=ctx.progress)
     ctx.progress(1, 1, cand.ref)
+    if result.validation is None:
+        result.next = [call("validate_kernel", candidate=cand.ref)]
+    else:
+        result.warnings = report_warnings(result.validation)
+        result.next = report_next(result.validation, cand.ref, result.card)
     return result
-
-
-TOOL = register(
-    Tool(
-        name="generate_kernel",
-        request=GenerateKernelRequest,
-        result=GenerateKernelResult,
-        fn=generate_kernel,
-        summary="Generate a candidate kernel for a card (or repair/improve a parent).",
-    )
-)

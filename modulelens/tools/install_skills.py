@@ -29,7 +29,8 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from modulelens.errors import ModuleLensError
-from modulelens.registry import Tool, ToolContext, register
+from modulelens.registry import ToolContext, tool
+from modulelens.replies import ToolReply
 
 MCP_SERVER_NAME = "modulelens"
 MCP_SERVER_ENTRY: dict[str, Any] = {"command": "modulelens", "args": ["mcp"]}
@@ -136,7 +137,7 @@ class InstallSkillsRequest(BaseModel):
     skills: list[str] = Field(default_factory=list, description="Default: all.")
 
 
-class InstallSkillsResult(BaseModel):
+class InstallSkillsResult(ToolReply):
     target: str = Field(description="The project folder, absolute.")
     skills: list[str] = Field(description="The skills installed.")
     written: list[str] = Field(default_factory=list, description="Files created or changed (relative to target).")
@@ -228,7 +229,9 @@ def _next_steps(target: Path, skipped: list[str]) -> str:
     return "\n".join(f"- {s}" for s in steps)
 
 
+@tool(mcp=False)  # it sets the MCP server up: people run it, before any agent can
 def install_skills(req: InstallSkillsRequest, ctx: ToolContext) -> InstallSkillsResult:
+    """Install agent skills and the MCP server entry into a project."""
     target = Path(req.target).expanduser().resolve()
     if not target.is_dir():
         raise ModuleLensError(f"target folder {req.target!r} does not exist", "create it, or pass a project folder")
@@ -270,14 +273,3 @@ def install_skills(req: InstallSkillsRequest, ctx: ToolContext) -> InstallSkills
     return InstallSkillsResult(
         target=str(target), skills=names, **by, next_steps=_next_steps(target, by["skipped"]),
     )
-
-
-TOOL = register(
-    Tool(
-        name="install_skills",
-        request=InstallSkillsRequest,
-        result=InstallSkillsResult,
-        fn=install_skills,
-        summary="Install agent skills and the MCP server entry into a project.",
-    )
-)

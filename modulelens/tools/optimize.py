@@ -5,7 +5,8 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from modulelens.kernels.source import BackendName
-from modulelens.registry import Tool, ToolContext, register
+from modulelens.registry import ToolContext, tool
+from modulelens.replies import call
 from modulelens.repo import Repository
 from modulelens.search.executors import make_executor
 from modulelens.search.loop import run_search, start_or_resume
@@ -21,17 +22,19 @@ class OptimizeRequest(BaseModel):
     time_budget: float | None = Field(None, gt=0, description="Seconds for this run.")
     max_cost: float | None = Field(None, ge=0, description="USD for the whole search.")
     executor: ExecutorName = Field("local")
-    address: str | None = Field(None, description="Ray cluster (default: local).")
+    address: str | None = Field(None, description="Ray cluster address.")
     workers: int = Field(1, ge=1, description="Evaluations at once.")
-    top: int = Field(3, ge=1, description="Cards per capture target.")
-    roofline_target: float = Field(1.0, gt=0, description="Stop a card at this fraction of its roofline.")
-    patience: int = Field(2, ge=1, description="Prune after this many non-improving results.")
+    top: int = Field(3, ge=1, le=20, description="Cards per capture target.")
+    roofline_target: float = Field(1.0, gt=0, description="Stop a card at this roofline fraction.")
+    patience: int = Field(2, ge=1, description="Prune after N results without gain.")
     compile_baseline: bool = Field(False, description="Also time torch.compile.")
-    search_id: str | None = Field(None, description="Resume or name a search (default: latest match).")
+    search_id: str | None = Field(None, description="Resume or name a search.")
     new: bool = Field(False, description="Start a new search.")
 
 
+@tool
 def optimize(req: OptimizeRequest, ctx: ToolContext) -> SearchResult:
+    """Tree-search kernels for cards or a capture's top cards (resumable, budgeted)."""
     repo = Repository(ctx.repo_root)
     settings = SearchSettings(provider=req.provider, backend=req.backend, max_evals=req.max_evals,
                               time_budget_s=req.time_budget, max_cost_usd=req.max_cost,
@@ -42,17 +45,17 @@ def optimize(req: OptimizeRequest, ctx: ToolContext) -> SearchResult:
                                       new=req.new)
     executor = make_executor(req.executor, req.workers, req.address)
     try:
-        return run_search(repo, search, executor, ctx=ctx, progress=ctx.progress, resumed=resumed)
+        result = run_search(repo, search, executor, ctx=ctx, progress=ctx.progress, resumed=resumed)
     finally:
         executor.close()
-
-
-TOOL = register(
-    Tool(
-        name="optimize",
-        request=OptimizeRequest,
-        result=SearchResult,
-        fn=optimize,
-        summary="Tree-search kernels for cards or a capture's top cards (resumable, budgeted, local or Ray).",
-    )
-)
+    for t in result.targets:
+        if t.best_candidate is None:
+            result.warnings.append(f"{t.target}: no correct custom kernel with a determined, believable speedup found"
+                                   + (f" ({t.stopped_because})" if t.stopped_because else ""))
+        elif not t.remeasured:
+            result.warnings.append(f"{t.target}: the best speedup was not re-measured at the end; treat it as a hint")
+    best = [t.best_candidate for t in result.targets if t.best_candidate]
+    result.next = [call("show", kind="search", ref=result.search_id)]
+    if best:
+        result.next.append(call("pack", candidates=best, out=f"{result.search_id}.pack"))
+    return result

@@ -6,7 +6,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from modulelens.registry import Tool, ToolContext, register
+from modulelens.registry import ToolContext, tool
+from modulelens.replies import ToolReply, call
 from modulelens.repo import Repository
 
 
@@ -31,33 +32,37 @@ class PackedEntry(BaseModel):
     skip_reason: str | None = None
 
 
-class PackResult(BaseModel):
+class PackResult(ToolReply):
     path: str
     sha256: str = Field(description="sha256 of the pack's content; pass it as [--expect-sha256] to refuse any other pack.")
     environment: dict = Field(description="torch version, device name and compiler the pack is tied to.")
     entries: list[PackedEntry]
 
 
+def _interval(interval: list[float] | None) -> str:
+    return f"95% interval {interval[0]:.2f}x..{interval[1]:.2f}x" if interval else "no speedup interval"
+
+
+@tool
 def pack(req: PackRequest, ctx: ToolContext) -> PackResult:
+    """Bundle validated candidates into one checksummed pack file."""
     from modulelens.dispatch.build import make_pack
 
     out = Path(req.out).expanduser().resolve()
     sha, content = make_pack(Repository(ctx.repo_root), req.candidates, out, force=req.force)
-    return PackResult(path=str(out), sha256=sha, environment=content.environment.model_dump(), entries=[
+    result = PackResult(path=str(out), sha256=sha, environment=content.environment.model_dump(), entries=[
         PackedEntry(candidate_id=e.candidate_id, kind=e.kind,
                     target=e.op if e.kind == "op" else f"{e.class_path} at {e.module_path}",
                     backend=e.backend, verdict=e.report.verdict, speedup_vs_eager=e.speedup_vs_eager,
                     speedup_interval=e.speedup_interval, dispatched=e.skip_reason() is None, forced=e.forced,
                     skip_reason=e.skip_reason())
         for e in content.entries])
-
-
-TOOL = register(
-    Tool(
-        name="pack",
-        request=PackRequest,
-        result=PackResult,
-        fn=pack,
-        summary="Bundle validated candidates into one checksummed pack file.",
-    )
-)
+    result.warnings = [f"{e.candidate_id} will not be used: {e.skip_reason}" for e in result.entries if not e.dispatched]
+    forced = [e for e in result.entries if e.forced and (not e.speedup_interval or e.speedup_interval[0] <= 1)]
+    result.warnings += [f"{e.candidate_id} is used because of force, although its speedup is not surely above 1 "
+                        f"({_interval(e.speedup_interval)})" for e in forced]
+    if not any(e.dispatched for e in result.entries):
+        result.warnings.insert(0, "no entry of this pack will be used: every call will run eager")
+    else:
+        result.next = [call("check_pack", pack=result.path)]
+    return result

@@ -4,32 +4,29 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from modulelens.registry import Tool, ToolContext, register
+from modulelens.registry import ToolContext, tool
+from modulelens.replies import ToolReply, call
 from modulelens.repo import Repository
 from modulelens.team.handover import pull as pull_from_remote
 from modulelens.team.model import PulledArtifact
 
 
 class PullRequest(BaseModel):
-    address: str = Field(description="wandb://ENTITY/PROJECT/NAME:ALIAS from push (ALIAS: latest, a tag, local-vN, vN).",
+    address: str = Field(description="wandb://ENTITY/PROJECT/NAME:ALIAS, as push returned it.",
                          json_schema_extra={"cli": "argument"})
 
 
-class PullResult(PulledArtifact):
+class PullResult(PulledArtifact, ToolReply):
     pass  # the team package's record; no docstring, so none in the JSON schema
 
 
+@tool
 def pull(req: PullRequest, ctx: ToolContext) -> PullResult:
+    """Pull a pushed artifact from W&B, verified, as a local version untrusted until `trust`."""
     pulled = pull_from_remote(Repository(ctx.repo_root), req.address)
-    return PullResult(**pulled.model_dump())
-
-
-TOOL = register(
-    Tool(
-        name="pull",
-        request=PullRequest,
-        result=PullResult,
-        fn=pull,
-        summary="Pull a pushed artifact from W&B, verified, as a local version untrusted until `trust`.",
-    )
-)
+    result = PullResult(**pulled.model_dump())
+    if not result.trusted:
+        result.warnings.append("pulled untrusted: review it, then trust it before replaying or using it")
+        result.next = [call("trust", ref=result.ref, kind=result.kind)]
+    result.warnings += [f"tag not set: {t}" for t in result.tags_not_set][:3]
+    return result

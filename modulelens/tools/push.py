@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from modulelens.registry import Tool, ToolContext, register
+from modulelens.registry import ToolContext, tool
+from modulelens.replies import ToolReply
 from modulelens.repo import Repository
 from modulelens.team.handover import push as push_to_remote
 from modulelens.team.model import PushKind, PushOutcome
@@ -13,26 +14,19 @@ from modulelens.team.model import PushKind, PushOutcome
 
 class PushRequest(BaseModel):
     ref: str = Field(description="Ref to push.", json_schema_extra={"cli": "argument"})
-    to: str = Field(description="wandb://ENTITY/PROJECT (login: WANDB_API_KEY or `wandb login`).")
-    kind: PushKind = Field("captures", description="Kind of artifact ref names.")
+    to: str = Field(description="wandb://ENTITY/PROJECT.")
+    kind: PushKind = Field("captures")
 
 
-class PushResult(PushOutcome):
+class PushResult(PushOutcome, ToolReply):
     pass  # the team package's record; no docstring, so none in the JSON schema
 
 
+@tool
 def push(req: PushRequest, ctx: ToolContext) -> PushResult:
+    """Push a stored version to W&B (files, checksums, tags, lineage); pull it elsewhere by its address."""
     outcome = push_to_remote(Repository(ctx.repo_root), req.kind, req.ref, req.to)
-    return PushResult(**outcome.model_dump())
-
-
-TOOL = register(
-    Tool(
-        name="push",
-        request=PushRequest,
-        result=PushResult,
-        fn=push,
-        summary="Push a stored version to W&B as an artifact (files, checksums, tags, lineage); pull it "
-        "elsewhere by the returned address.",
-    )
-)
+    result = PushResult(**outcome.model_dump())
+    if result.offline:
+        result.warnings.append(f"logged offline: nothing was uploaded until the run folder is synced (wandb sync {result.run})")
+    return result

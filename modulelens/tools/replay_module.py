@@ -15,23 +15,27 @@ from modulelens.capture.replay import LoadedCapture
 from modulelens.capture.spec import TensorSpec
 from modulelens.capture.tracer import autocast_regions, set_rng_states
 from modulelens.capture.values import flatten, keyed_tensors, keyed_values, parse_dtype
-from modulelens.errors import ModuleLensError, ReplayFailed
+from modulelens.errors import ModuleLensError, ReplayFailed, arg
 from modulelens.numerics import diff, short_repr, tolerances
-from modulelens.registry import Tool, ToolContext, register
+from modulelens.ops.replay import CardReplay, replay_card
+from modulelens.registry import ToolContext, tool
+from modulelens.replies import ToolReply, call
 from modulelens.repo import Repository
 
 
 class ReplayModuleRequest(BaseModel):
-    ref: str = Field(description="Capture ref.", json_schema_extra={"cli": "argument"})
+    ref: str = Field(description="Capture ref, or a card id (blk/6): its operator alone.",
+                     json_schema_extra={"cli": "argument"})
     strategy: Literal["auto", "source", "export", "pickle"] = Field(
         "auto", description="auto: source, export, then pickle."
     )
     device: str | None = Field(None, description="Default: the captured one.")
     dtype: str | None = Field(None, description="Cast weights and inputs (e.g. bfloat16).")
-    backward: bool = Field(False, description="Also compare gradients (capture made with [--backward]).")
+    backward: bool = Field(False, description="Also compare gradients.")
     trust_pickle: bool = Field(False, description="Allow the pickle strategy.")
     rtol: float | None = Field(None, description="Default: per dtype.")
     atol: float | None = Field(None, description="Default: per dtype.")
+    sample: int = Field(0, ge=0, description="Card: which stored sample.")
 
 
 class TensorMatch(BaseModel):
@@ -49,7 +53,7 @@ class StrategyAttempt(BaseModel):
     error: str
 
 
-class ReplayModuleResult(BaseModel):
+class ReplayModuleResult(ToolReply):
     ref: str
     strategy: str = Field(description="The strategy that ran.")
     attempts: list[StrategyAttempt] = Field(default_factory=list, description="Strategies tried before, and why they failed.")
@@ -144,6 +148,7 @@ def _backward(loaded: LoadedCapture, module: torch.nn.Module, args: list[Any], o
     for i, a in enumerate(args):
         key = f"grad_input.{i}"
         if key in grads and isinstance(a, torch.Tensor):
+            a = loaded.input_leaves.get(id(a), a)  # an input given as an activation: its leaf's gradient
             got = a.grad if a.grad is not None else torch.zeros_like(a)
             results.append(_compare(key, got, grads[key], req.rtol, req.atol, dtype_cast, compute))
     params = dict(module.named_parameters())
@@ -198,8 +203,33 @@ def _mismatch_note(rtol: float, atol: float, dtype: torch.dtype | None, compute:
 _ABSENT = "<absent>"
 
 
-def replay_module(req: ReplayModuleRequest, ctx: ToolContext) -> ReplayModuleResult:
+_CAPTURE_ONLY = ("strategy", "device", "dtype", "backward", "trust_pickle", "rtol", "atol")
+
+
+def _replay_card(repo: Repository, req: ReplayModuleRequest) -> CardReplay:
+    """The card's operator alone on its stored sample (a card id given as ``ref``)."""
+    given = [name for name in _CAPTURE_ONLY if name in req.model_fields_set]
+    if given:
+        raise ModuleLensError(f"{', '.join(arg(n) for n in given)} go with a capture ref, not a card id",
+                              "a card's operator replays on its stored sample as recorded; give [--sample N] only")
+    result = replay_card(repo, req.ref, req.sample)
+    if result.synthesized_inputs:
+        result.warnings.append("inputs were synthesised from stored statistics: the output is not comparable")
+    if not result.values_compared:
+        result.warnings.append("the operator returns uninitialised memory: only shapes and dtypes were compared")
+    result.next = [call("generate_kernel", card=result.card_id)]
+    return result
+
+
+@tool
+def replay_module(req: ReplayModuleRequest, ctx: ToolContext) -> ReplayModuleResult | CardReplay:
+    """Rebuild a captured module (or a card's operator) alone, rerun the captured call and compare outputs."""
     repo = Repository(ctx.repo_root)
+    if "/" in req.ref:
+        return _replay_card(repo, req)
+    if "sample" in req.model_fields_set:
+        raise ModuleLensError("[--sample] goes with a card id (blk/6), not a capture ref",
+                              "a capture replays its one captured call")
     art = repo.open(KIND, req.ref)
     dtype = parse_dtype(req.dtype) if req.dtype else None
     device = req.device or capture_manifest(art).environment.device
@@ -256,7 +286,12 @@ def replay_module(req: ReplayModuleRequest, ctx: ToolContext) -> ReplayModuleRes
     backward = None
     if req.backward:
         backward = _backward(loaded, module, args[0], out, req, dtype is not None, compute)
+    warnings = [f"not compared: {n}" for n in notes if "not comparable" in n]
+    if compared and not match:
+        warnings.append(f"outputs differ from the captured ones (max abs error {max_abs:.3g}); see notes")
+    warnings += [f"strategy {a.strategy} failed first: {a.error[:160]}" for a in attempts[:2]]
     return ReplayModuleResult(
+        warnings=warnings, next=[call("capture_ops", ref=art.ref), call("export_repro", ref=art.ref)],
         ref=art.ref, strategy=strategy, attempts=attempts, match=match,
         exact=compared and all(o.max_abs_error == 0.0 for o in outputs + state),
         state=state, compared_values=_what_was_compared(outputs, state),
@@ -267,14 +302,3 @@ def replay_module(req: ReplayModuleRequest, ctx: ToolContext) -> ReplayModuleRes
         dtype=req.dtype, backward=backward,
         backward_match=None if backward is None else all(b.allclose for b in backward), notes=notes,
     )
-
-
-TOOL = register(
-    Tool(
-        name="replay_module",
-        request=ReplayModuleRequest,
-        result=ReplayModuleResult,
-        fn=replay_module,
-        summary="Rebuild a captured module alone, run it on its captured inputs and compare outputs (and gradients).",
-    )
-)

@@ -18,8 +18,9 @@ from pydantic import BaseModel, Field
 
 from modulelens.dispatch.runtime import DEFAULT_MECHANISM, EntryReport, Mechanism
 from modulelens.errors import ModuleLensError
-from modulelens.listing import LeftOut, keep_first
-from modulelens.registry import Tool, ToolContext, register
+from modulelens.listing import MAX_ITEMS, LeftOut, keep_first
+from modulelens.registry import ToolContext, tool
+from modulelens.replies import ToolReply, call
 
 OUTPUT_TAIL_CHARS = 2000  # of the script's output, in the result (all of it went to stderr)
 
@@ -29,17 +30,17 @@ class RunRequest(BaseModel):
     script_args: list[str] = Field(default_factory=list,
                                    json_schema_extra={"cli": "argument"})
     pack: str = Field()
-    compare: bool = Field(False, description="Also time steps without the pack (interleaved) and compare losses.")
-    rtol: float = Field(1e-3, ge=0, description="Loss tolerance.")
-    atol: float = Field(1e-4, ge=0, description="Loss tolerance.")
+    compare: bool = Field(False, description="Also time steps without the pack (interleaved) and compare outputs.")
+    rtol: float = Field(1e-3, ge=0)
+    atol: float = Field(1e-4, ge=0)
     allow_env_mismatch: bool = Field(False, description="Allow another torch, device or compiler.")
     expect_sha256: str | None = Field(None, description="Refuse any other pack.")
     mechanism: Mechanism = Field(DEFAULT_MECHANISM)
     timeout: float = Field(1800.0, gt=0, description="Seconds per run.")
-    limit: int | None = Field(10, ge=1, description="Entries listed (null: all).")
+    limit: int = Field(10, ge=1, le=MAX_ITEMS, description="Entries listed.")
 
 
-class RunResult(BaseModel):
+class RunResult(ToolReply):
     exit_code: int = Field(description="The script's exit code with the pack.")
     script_error: str | None = None
     hits: int = Field(description="Calls that ran a pack kernel.")
@@ -54,7 +55,7 @@ class RunResult(BaseModel):
     exit_code_without: int | None = Field(None, description="With [--compare]: the script's exit code without the pack.")
     step_ratio: float | None = Field(None, description="With [--compare]: step time without / with the pack, the "
                                      "median of interleaved pairs of steps; null when undetermined or no pack "
-                                     "kernel ran.")
+                                     "kernel ran (hits 0).")
     step_ratio_interval: list[float] | None = Field(None, description="With [--compare]: its 95% interval [low, high].")
     timing_status: Literal["ok", "undetermined"] | None = Field(None, description="With [--compare]: whether "
                                                                   "step_ratio is determined.")
@@ -69,7 +70,9 @@ class RunResult(BaseModel):
     left_out: list[LeftOut] = Field(default_factory=list, description="Lists cut to `limit` items.")
 
 
+@tool
 def run(req: RunRequest, ctx: ToolContext) -> RunResult:
+    """Run a script with a pack applied: hits, fallbacks, step times; with [--compare], vs no pack."""
     from modulelens.dispatch.script import ScriptRunRequest, outputs_agree, run_script, typical_step
 
     script = Path(req.script).expanduser()
@@ -98,6 +101,7 @@ def run(req: RunRequest, ctx: ToolContext) -> RunResult:
         result.outputs_match, result.max_output_difference = outputs_agree(with_pack.outputs, without.outputs,
                                                                             req.rtol, req.atol)
     ctx.progress(2 if req.compare else 1, 2 if req.compare else 1, "done")
+    advise_run(result, req)
     return keep_run_lists(result, req.limit)
 
 
@@ -122,20 +126,39 @@ def compare_steps(result: RunResult, seconds: list[float], pack_on: list[bool]) 
     result.timing_status, result.timing_reason = m.status, m.reason
 
 
+def advise_run(result: RunResult, req: RunRequest) -> None:
+    """The warnings and next calls of a run: a pack that never ran (no speedup is claimed then),
+    fallbacks, entries not used, a failed script, outputs that disagree."""
+    warn = result.warnings
+    if result.exit_code != 0:
+        warn.append(f"the script failed with the pack (exit code {result.exit_code}): {result.script_error or 'see script_output_tail'}")
+    if result.hits == 0:
+        warn.append("no pack kernel ran (0 hits): every packed call ran eager, so no speedup is claimed")
+    unused = [e for e in result.entries if not e.dispatched]
+    warn += [f"{e.candidate_id} was not used: {e.skip_reason}" for e in unused[:3]]
+    reasons: dict[str, int] = {}
+    for e in result.entries:
+        for why, n in e.fallback_reasons.items():
+            reasons[why] = reasons.get(why, 0) + n
+    if result.fallbacks:
+        top = ", ".join(f"{why} ({n})" for why, n in sorted(reasons.items(), key=lambda x: -x[1])[:3])
+        warn.append(f"{result.fallbacks} packed call(s) fell back to eager" + (f": {top}" if top else ""))
+    warn += result.environment_notes
+    if req.compare and result.outputs_match is False:
+        warn.append(f"outputs differ with and without the pack (max difference {result.max_output_difference})")
+    if req.compare and result.hits > 0 and result.timing_status == "undetermined":
+        warn.append(f"the step ratio is undetermined: {result.timing_reason}; run more steps (2 warm-up steps, "
+                    "then pairs with and without the pack) or on a quieter machine")
+    if not req.compare and result.hits > 0:
+        result.next = [call("run", script=req.script, script_args=req.script_args or None, pack=req.pack,
+                            compare=True)]
+    elif result.hits == 0:
+        result.next = [call("check_pack", pack=req.pack)]
+
+
 def keep_run_lists(result: RunResult, limit: int | None) -> RunResult:
     """``result`` with at most ``limit`` (None: all) pack entries and outputs of each run."""
-    again = "run again with a larger limit"
+    again = "run again with a larger [--limit N]"
     for field in ("entries", "outputs_with", "outputs_without"):
         result = keep_first(result, field, limit, again)
     return result
-
-
-TOOL = register(
-    Tool(
-        name="run",
-        request=RunRequest,
-        result=RunResult,
-        fn=run,
-        summary="Run a script with a pack applied: hits, fallbacks, step times; with [--compare], vs no pack.",
-    )
-)

@@ -5,36 +5,28 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from modulelens.capture.manifest import KIND
-from modulelens.registry import Tool, ToolContext, register
+from modulelens.registry import ToolContext, tool
+from modulelens.replies import ToolReply
 from modulelens.repo import Repository
 
 
 class TagCaptureRequest(BaseModel):
     ref: str = Field(description="Capture ref.", json_schema_extra={"cli": "argument"})
-    tag: str = Field(description="Tag to set or move ('latest' is automatic).",
+    tag: str = Field(description="Tag to set or move.",
                      json_schema_extra={"cli": "argument"})
 
 
-class TagCaptureResult(BaseModel):
+class TagCaptureResult(ToolReply):
     ref: str = Field(description="name:vN the tag now points at.")
     tag: str
     previous: str | None = Field(None, description="name:vN the tag pointed at before, if any.")
 
 
+@tool
 def tag_capture(req: TagCaptureRequest, ctx: ToolContext) -> TagCaptureResult:
+    """Point a tag at one version of a capture (name@tag)."""
     repo = Repository(ctx.repo_root)
     name, _ = repo.resolve(KIND, req.ref)
     before = repo.aliases(KIND, name).get(req.tag)
     name, version = repo.tag(KIND, req.ref, req.tag)
     return TagCaptureResult(ref=f"{name}:v{version}", tag=req.tag, previous=f"{name}:v{before}" if before else None)
-
-
-TOOL = register(
-    Tool(
-        name="tag_capture",
-        request=TagCaptureRequest,
-        result=TagCaptureResult,
-        fn=tag_capture,
-        summary="Point a tag at one version of a capture (name@tag).",
-    )
-)

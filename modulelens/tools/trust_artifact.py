@@ -6,9 +6,11 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from modulelens.registry import Tool, ToolContext, register
+from modulelens.registry import ToolContext, tool
+from modulelens.replies import ToolReply, call
 from modulelens.repo import Repository
-from modulelens.repo.trust import TrustReview, review, trust
+from modulelens.repo.trust import TrustReview, review
+from modulelens.repo.trust import trust as sign
 
 
 class TrustRequest(BaseModel):
@@ -18,23 +20,20 @@ class TrustRequest(BaseModel):
     yes: bool = Field(False, description="Trust it (else only show).")
 
 
-class TrustResult(TrustReview):
+class TrustResult(TrustReview, ToolReply):
     signed: bool = Field(False, description="This call signed the artifact.")
 
 
-def trust_artifact(req: TrustRequest, ctx: ToolContext) -> TrustResult:
+@tool
+def trust(req: TrustRequest, ctx: ToolContext) -> TrustResult:
+    """Show what an artifact would run; with [--yes], trust it."""
     art = Repository(ctx.repo_root).open(req.kind, req.ref)
     if req.yes:
-        return TrustResult(**trust(art).model_dump(), signed=True)
-    return TrustResult(**review(art).model_dump())
-
-
-TOOL = register(
-    Tool(
-        name="trust",
-        request=TrustRequest,
-        result=TrustResult,
-        fn=trust_artifact,
-        summary="Show what an artifact would run; with [--yes], trust it.",
-    )
-)
+        return TrustResult(**sign(art).model_dump(), signed=True)
+    result = TrustResult(**review(art).model_dump())
+    if not result.trusted:
+        result.warnings.append("untrusted: nothing of it is imported, unpickled or run until it is trusted")
+        result.warnings += [f"checksum problem: {p}" for p in result.checksum_problems][:3]
+        if not result.checksum_problems:
+            result.next = [call("trust", ref=result.ref, kind=req.kind, yes=True)]
+    return result

@@ -1,4 +1,9 @@
-"""validate_kernel: check a candidate kernel in a sandbox against its operator card's real data."""
+"""validate_kernel: check a candidate in a sandbox against real captured data: a kernel for an
+operator card (against the card's samples), or a module-level ``ModelNew`` (KernelBench style)
+against the capture of the module it replaces.
+
+Which one is decided by what is given: a stored candidate knows its kind; with a source, a card id
+as ``target`` (``blk/6``) means a kernel (``backend`` needed), a capture ref (``blk``) a module."""
 
 from __future__ import annotations
 
@@ -6,34 +11,54 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from modulelens.capture.manifest import KIND as CAPTURES
+from modulelens.capture.manifest import capture_manifest
 from modulelens.errors import ModuleLensError
-from modulelens.kernels.candidates import candidate_manifest, load_candidate, save_agent_candidate
+from modulelens.kernels.backends.base import default_build_dir
+from modulelens.kernels.candidates import CANDIDATES, candidate_manifest, load_candidate, save_agent_candidate
+from modulelens.kernels.module_candidates import (
+    ModuleCandidate,
+    ModuleTarget,
+    is_module_candidate,
+    load_module_candidate,
+    save_module_candidate,
+)
 from modulelens.kernels.source import BackendName, KernelSource, read_source_file
-from modulelens.listing import keep_first
-from modulelens.registry import Tool, ToolContext, register
+from modulelens.listing import MAX_ITEMS, LeftOut, keep_first
+from modulelens.registry import ToolContext, tool
+from modulelens.replies import ToolReply, call
 from modulelens.repo import Artifact, Repository
 from modulelens.sandbox.pool import DEFAULT_MEMORY_LIMIT_MB
-from modulelens.validation.report import ValidationSettings
-from modulelens.validation.sandboxed import DEFAULT_TIMEOUT_S, CandidateValidation, validate_candidate
+from modulelens.validation.advice import report_next, report_warnings, surely_faster
+from modulelens.validation.messages import ModuleSource, ValidateModuleTask
+from modulelens.validation.report import ValidationReport, ValidationSettings
+from modulelens.validation.sandboxed import (
+    DEFAULT_TIMEOUT_S,
+    CandidateValidation,
+    validate_candidate,
+    validate_in_sandbox,
+)
 from modulelens.validation.stored_reports import REPORT_FILE, REPORTS
 
 
 class ValidateKernelRequest(BaseModel):
-    candidate: str | None = Field(None, description="Candidate id (blk.card6:v1).",
+    candidate: str | None = Field(None, description="Candidate id (blk.card6:v1, blk.module:v1).",
                                   json_schema_extra={"cli": "argument"})
-    source: str | None = Field(None, description="Or: your kernel source file.")
-    source_text: str | None = Field(None, description="Or: the kernel source itself.")
-    target: str | None = Field(None, description="With a source: its card id.")
-    backend: BackendName | None = Field(None, description="With a source.")
-    device: str | None = Field(None, description="Default: the card's.")
+    source: str | None = Field(None, description="Or: your source file.")
+    source_text: str | None = Field(None, description="Or: the source itself.")
+    target: str | None = Field(None, description="With a source: a card id (kernel) or capture (ModelNew).")
+    backend: BackendName | None = Field(None, description="With a kernel source.")
+    class_name: str = Field("ModelNew")
+    claims_training: bool = Field(False, description="ModelNew: correct in training too.")
+    device: str | None = Field(None, description="Default: the captured one.")
     time: bool = Field(True, description="Time against eager.")
     compile_baseline: bool = Field(False, description="Also time torch.compile.")
     seeds: int = Field(2, ge=1, le=10, description="Fresh adversarial input seeds.")
     rtol: float | None = Field(None, ge=0, description="Default: per dtype.")
     atol: float | None = Field(None, ge=0, description="Default: per dtype.")
-    timeout: float = Field(DEFAULT_TIMEOUT_S, gt=0, description="Seconds (cold C++ builds: 20-60 s).")
+    timeout: float = Field(DEFAULT_TIMEOUT_S, gt=0, description="Seconds.")
     memory_limit_mb: int = Field(DEFAULT_MEMORY_LIMIT_MB, ge=256)
-    limit: int | None = Field(20, ge=1, description="Entries listed (null: all).")
+    limit: int = Field(20, ge=1, le=MAX_ITEMS, description="Entries listed.")
 
 
 def _candidate(req: ValidateKernelRequest, repo: Repository) -> tuple[Artifact, KernelSource]:
@@ -60,23 +85,75 @@ def _candidate(req: ValidateKernelRequest, repo: Repository) -> tuple[Artifact, 
     return save_agent_candidate(repo, req.target, src), src
 
 
-def validate_kernel(req: ValidateKernelRequest, ctx: ToolContext) -> CandidateValidation:
+def _is_module(req: ValidateKernelRequest, repo: Repository) -> bool:
+    """Whether the request is about a module-level candidate (see the module docstring)."""
+    if req.candidate:
+        return is_module_candidate(repo.open(CANDIDATES, req.candidate))
+    return bool(req.target) and "/" not in (req.target or "") and req.backend is None
+
+
+def _module_candidate(req: ValidateKernelRequest, repo: Repository) -> tuple[Artifact, ModuleCandidate, ModuleTarget]:
+    if req.candidate:
+        return load_module_candidate(repo, req.candidate)
+    text = req.source_text
+    if req.source:
+        path = Path(req.source).expanduser()
+        if not path.is_file():
+            raise ModuleLensError(f"source file {req.source!r} does not exist", "give the path of your ModelNew file")
+        text = read_source_file(path)  # .py and friends only, at most 1 MiB: no host file read over MCP
+    capture = repo.open(CAPTURES, req.target or "")
+    manifest = capture_manifest(capture)
+    target = ModuleTarget(capture=capture.ref, class_path=manifest.class_path, module_path=manifest.module_path)
+    cand = ModuleCandidate(source=text or "", class_name=req.class_name, claims_training=req.claims_training,
+                           provenance={"source_file": str(Path(req.source).resolve()) if req.source else None})
+    return save_module_candidate(repo, target, capture, cand), cand, target
+
+
+class ValidateModuleResult(ValidationReport, ToolReply):
+    candidate_id: str
+    target: str = Field(description="The capture validated against.")
+    report: str = Field(description="Reference of the stored report.")
+    left_out: list[LeftOut] = Field(default_factory=list, description="Checks cut to `limit` items (the stored "
+                                    "report has them all).")
+
+
+def _validate_module(req: ValidateKernelRequest, repo: Repository, ctx: ToolContext) -> ValidateModuleResult:
+    art, cand, target = _module_candidate(req, repo)
+    task = ValidateModuleTask(
+        repo=str(repo.root), capture=target.capture, build_dir=str(default_build_dir()),
+        candidate=ModuleSource(source=cand.source, class_name=cand.class_name, claims_training=cand.claims_training),
+        time=req.time, seeds=list(range(req.seeds)), rtol=req.rtol, atol=req.atol,
+        memory_limit_mb=req.memory_limit_mb, call_timeout=req.timeout, build_timeout=req.timeout,
+    )
+    report, rep = validate_in_sandbox(repo, art, task, task.settings, backend="module", timeout=req.timeout,
+                                      memory_limit_mb=req.memory_limit_mb, progress=ctx.progress)
+    result = ValidateModuleResult(**dict(report), candidate_id=art.ref, target=target.capture, report=rep.ref,
+                                  warnings=report_warnings(report))
+    if surely_faster(report):
+        result.next = [call("pack", candidates=[art.ref], out=f"{art.name.split('.', 1)[0]}.pack")]
+    return keep_first(result, "checks", req.limit, str(repo.open(REPORTS, rep.ref).file(REPORT_FILE)))
+
+
+class ValidateKernelResult(CandidateValidation, ToolReply):
+    pass  # the validation's record; no docstring, so none in the JSON schema
+
+
+@tool
+def validate_kernel(req: ValidateKernelRequest, ctx: ToolContext) -> ValidateKernelResult | ValidateModuleResult:
+    """Validate a card's kernel or a capture's ModelNew in a sandbox, on real and adversarial inputs, timed vs
+    eager."""
     repo = Repository(ctx.repo_root)
+    if len([x for x in (req.candidate, req.source, req.source_text) if x]) == 1 and _is_module(req, repo):
+        return _validate_module(req, repo, ctx)
+    if req.claims_training or req.class_name != "ModelNew":
+        raise ModuleLensError("[--class-name] and [--claims-training] go with a ModelNew, not a kernel",
+                              "for a ModelNew give [--target CAPTURE] (a capture ref such as blk) and no backend")
     art, src = _candidate(req, repo)
     settings = ValidationSettings(card_id=candidate_manifest(art).target.card_id, device=req.device, time=req.time,
                                   compile_baseline=req.compile_baseline, seeds=list(range(req.seeds)),
                                   rtol=req.rtol, atol=req.atol)
     result = validate_candidate(repo, art, src, settings, timeout=req.timeout, memory_limit_mb=req.memory_limit_mb,
                                 progress=ctx.progress)
-    return keep_first(result, "checks", req.limit, str(repo.open(REPORTS, result.report).file(REPORT_FILE)))
-
-
-TOOL = register(
-    Tool(
-        name="validate_kernel",
-        request=ValidateKernelRequest,
-        result=CandidateValidation,
-        fn=validate_kernel,
-        summary="Validate a kernel in a sandbox (captured and adversarial inputs, no mutation or aliasing, timed vs eager).",
-    )
-)
+    reply = ValidateKernelResult(**dict(result), warnings=report_warnings(result),
+                                 next=report_next(result, result.candidate_id, result.target))
+    return keep_first(reply, "checks", req.limit, str(repo.open(REPORTS, result.report).file(REPORT_FILE)))

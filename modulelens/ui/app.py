@@ -17,7 +17,7 @@ from modulelens.errors import InvalidName, ModuleLensError, ReferenceNotFound
 from modulelens.ui import api, pages
 from modulelens.ui.jobs import UI_FRONT, JobRunner
 from modulelens.ui.render import STATIC, make_environment
-from modulelens.ui.sections import tool_backed
+from modulelens.ui.sections import list_backed
 from modulelens.ui.security import Guard
 from modulelens.ui.state import UiSettings, UiState, ui_state
 
@@ -66,7 +66,7 @@ def build_app(settings: UiSettings) -> Starlette:
         Route("/candidates/{ref}", pages.candidate_page),
         Route("/stats", pages.stats_runs_page),
         Route("/stats/{ref}", pages.stats_run_page),
-        *(Route(s.href, pages.tool_section_page) for s in tool_backed()),
+        *(Route(s.href, pages.list_section_page) for s in list_backed()),
         Route("/jobs", pages.jobs_page),
         Route("/api/jobs", api.list_jobs, methods=["GET"]),
         Route("/api/jobs", api.start_job, methods=["POST"]),

@@ -21,14 +21,14 @@ PLOTTED_STATS = ["std", "zero_frac", "mean", "rms", "kurtosis", "gain", "min", "
 
 def captures_page(request: Request) -> HTMLResponse:
     ui = ui_state(request)
-    listing = ui.call("list_captures")
+    listing = ui.call("list", kind="captures")
     return ui.page("captures.html", "captures", title="Captures", captures=listing.captures)
 
 
 def capture_page(request: Request) -> HTMLResponse:
     ui = ui_state(request)
-    summary = ui.call("show_capture", ref=request.path_params["ref"], tensors=True, top=None)
-    opsets = ui.call("list_opsets", capture=summary.ref).opsets
+    summary = ui.call("show", kind="capture", ref=request.path_params["ref"], tensors=True)
+    opsets = ui.call("list", kind="opsets", of=summary.ref).opsets
     weights = [ParamLeaf(t.key, t.shape, t.dtype) for t in summary.tensors if t.group == "weight"]
     groups = {g: [t for t in summary.tensors if t.group == g] for g in TENSOR_GROUPS}
     return ui.page("capture.html", "captures", title=summary.ref, capture=summary, opsets=opsets,
@@ -38,13 +38,13 @@ def capture_page(request: Request) -> HTMLResponse:
 
 def opsets_page(request: Request) -> HTMLResponse:
     ui = ui_state(request)
-    return ui.page("opsets.html", "cards", title="Operator cards", opsets=ui.call("list_opsets").opsets)
+    return ui.page("opsets.html", "cards", title="Operator cards", opsets=ui.call("list", kind="opsets").opsets)
 
 
 def opset_page(request: Request) -> HTMLResponse:
     ui = ui_state(request)
-    cards = ui.call("list_op_cards", ref=request.path_params["ref"], top=None)
-    candidates = ui.call("list_candidates").candidates
+    cards = ui.call("list", kind="cards", of=request.path_params["ref"])
+    candidates = ui.call("list", kind="candidates").candidates
     candidates_of: dict[str, list[Any]] = {}
     for c in candidates:
         candidates_of.setdefault(c.card_id, []).append(c)
@@ -55,36 +55,37 @@ def opset_page(request: Request) -> HTMLResponse:
 def candidates_page(request: Request) -> HTMLResponse:
     ui = ui_state(request)
     return ui.page("candidates.html", "candidates", title="Candidates",
-                   candidates=ui.call("list_candidates").candidates)
+                   candidates=ui.call("list", kind="candidates").candidates)
 
 
 def candidate_page(request: Request) -> HTMLResponse:
     ui = ui_state(request)
-    view = ui.call("show_candidate", candidate=request.path_params["ref"], source_lines=None)
+    view = ui.call("show", kind="candidate", ref=request.path_params["ref"])
     return ui.page("candidate.html", "candidates", title=view.entry.candidate_id, view=view,
                    source_url=repo_file(view.source_path, ui.settings.repo_root))
 
 
 def stats_runs_page(request: Request) -> HTMLResponse:
     ui = ui_state(request)
-    return ui.page("stats_runs.html", "stats", title="Training statistics", runs=ui.call("list_stats_runs").runs)
+    return ui.page("stats_runs.html", "stats", title="Training statistics", runs=ui.call("list", kind="stats").runs)
 
 
 def stats_run_page(request: Request) -> HTMLResponse:
     ui = ui_state(request)
-    view = ui.call("show_stats_run", run=request.path_params["ref"], stats=PLOTTED_STATS, top=None, points=None,
-                   definitions=True)
+    view = ui.call("show", kind="stats", ref=request.path_params["ref"], stats=PLOTTED_STATS)
     root = ui.settings.repo_root
     return ui.page("stats_run.html", "stats", title=view.entry.run_id, view=view,
                    plot_data=view.model_dump(mode="json", include={"steps", "modules", "types", "findings"}),
                    report_html=repo_file(view.report_html, root), report_png=repo_file(view.report_png, root))
 
 
-def tool_section_page(request: Request) -> HTMLResponse:
-    """A tool-backed section (searches, packs): its list tool's result, or "none yet"."""
+def list_section_page(request: Request) -> HTMLResponse:
+    """A list-backed section (searches, packs): the ``list`` tool's result for its kind, or "none
+    yet" while the repository holds none."""
     ui = ui_state(request)
     s = section(request.url.path.strip("/"))
-    result = ui.call(s.list_tool).model_dump(mode="json") if s.list_tool and ui.has_tool(s.list_tool) else None
+    listed = ui.call("list", kind=s.list_kind).model_dump(mode="json", exclude={"next", "repo", "kind"})
+    result = listed if listed.get(s.list_kind) else None
     return ui.page("section.html", s.key, title=s.title, section=s, result=result)
 
 

@@ -1,10 +1,9 @@
 """The UI's sections (the navigation bar), and the extension point for features still to come.
 
-A section with a ``list_tool`` is *tool-backed*: its page calls that tool with its default request
-and shows the result (lists of records as tables). Searches and packs are declared this way: until
-a tool named ``list_searches`` or ``list_packs`` is registered their pages say "none yet"; once
-the feature registers its tool, the page shows its data with no change here. A feature that wants
-a richer page adds its own route and template and sets ``list_tool`` to None.
+A section with a ``list_kind`` is *list-backed*: its page calls the ``list`` tool for that kind and
+shows the result (lists of records as tables), or "none yet" while the repository holds none.
+Searches and packs are declared this way. A feature that wants a richer page adds its own route and
+template and sets ``list_kind`` to None.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ class Section:
     key: str = ""
     title: str = ""
     href: str = "/"
-    list_tool: str | None = None
+    list_kind: str | None = None
     empty: str = ""
 
 
@@ -25,10 +24,10 @@ SECTIONS: tuple[Section, ...] = (
     Section("captures", "Captures", "/"),
     Section("cards", "Operator cards", "/cards"),
     Section("candidates", "Candidates", "/candidates"),
-    Section("searches", "Searches", "/searches", list_tool="list_searches",
-            empty="No kernel searches yet: the optimize tool, when it lands, stores its search trees here."),
-    Section("packs", "Packs", "/packs", list_tool="list_packs",
-            empty="No kernel packs yet: packs of validated kernels, with their hit counts, will be listed here."),
+    Section("searches", "Searches", "/searches", list_kind="searches",
+            empty="No kernel searches yet: the optimize tool stores its search trees here."),
+    Section("packs", "Packs", "/packs", list_kind="packs",
+            empty="No stored kernel packs yet: packs pushed or pulled through a team repository are listed here."),
     Section("stats", "Training statistics", "/stats"),
     Section("jobs", "Jobs", "/jobs"),
 )
@@ -42,6 +41,6 @@ def section(key: str) -> Section:
     raise KeyError(key)
 
 
-def tool_backed() -> list[Section]:
-    """The sections whose page shows a list tool's result."""
-    return [s for s in SECTIONS if s.list_tool is not None]
+def list_backed() -> list[Section]:
+    """The sections whose page shows the ``list`` tool's result for their kind."""
+    return [s for s in SECTIONS if s.list_kind is not None]

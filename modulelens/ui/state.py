@@ -12,7 +12,6 @@ from pydantic import BaseModel, Field
 from starlette.requests import Request
 from starlette.responses import HTMLResponse
 
-from modulelens.errors import ModuleLensError
 from modulelens.listing import everything
 from modulelens.registry import ToolContext
 from modulelens.tools import get_tool
@@ -38,13 +37,6 @@ class UiState:
         tool = get_tool(tool_name)
         request = tool.request.model_validate({**everything(tool.request), **fields})
         return tool(request, ToolContext(repo_root=self.settings.repo_root))
-
-    def has_tool(self, tool_name: str) -> bool:
-        try:
-            get_tool(tool_name)
-        except ModuleLensError:
-            return False
-        return True
 
     def page(self, template: str, active: str, status: int = 200, **context: Any) -> HTMLResponse:
         """A rendered page; ``active`` names the section highlighted in the navigation."""

@@ -11,11 +11,11 @@ from pydantic import BaseModel, Field
 
 from modulelens.kernels.candidates import CANDIDATES, candidate_manifest, load_candidate
 from modulelens.listing import LeftOut
-from modulelens.ops.model import KIND as OPSETS
-from modulelens.ops.model import parse_card_id
+from modulelens.ops.cards import resolved_card_id
+from modulelens.replies import ToolReply
 from modulelens.repo import Artifact, Repository
 from modulelens.validation.report import ValidationReport
-from modulelens.validation.stored_reports import REPORTS, latest_report, report_name
+from modulelens.validation.stored_reports import REPORT_FILE, REPORTS, ReportManifest, latest_report, report_name
 
 
 class CandidateEntry(BaseModel):
@@ -53,11 +53,7 @@ def _entry(repo: Repository, art: Artifact) -> tuple[CandidateEntry, ValidationR
 def candidate_entries(repo: Repository, card: str | None = None) -> list[CandidateEntry]:
     """Every candidate version, by name then version; only those for ``card`` when given (a card id
     such as ``blk/6``; its opset reference is resolved first)."""
-    wanted = None
-    if card:
-        ref, index = parse_card_id(card)
-        name, version = repo.resolve(OPSETS, ref)
-        wanted = f"{name}:v{version}/{index}"
+    wanted = resolved_card_id(repo, card) if card else None
     out = []
     for name in repo.names(CANDIDATES):
         for version in repo.versions(CANDIDATES, name):
@@ -67,7 +63,7 @@ def candidate_entries(repo: Repository, card: str | None = None) -> list[Candida
     return out
 
 
-class CandidateView(BaseModel):
+class CandidateView(ToolReply):
     entry: CandidateEntry
     source: str = Field(description="The kernel source text.")
     source_path: str = Field(description="The source file in the repository.")
@@ -95,3 +91,35 @@ def candidate_view(repo: Repository, candidate_id: str) -> CandidateView:
     source_file = candidate_manifest(art).source_file
     return CandidateView(entry=entry, source=src.source, source_path=str(art.file(source_file)),
                          entry_point=src.entry, params=src.params, provenance=src.provenance, report=report)
+
+
+class ReportEntry(BaseModel):
+    """One stored validation report, in a listing."""
+
+    report: str = Field(description="name:vN of the report (show it with kind report).")
+    candidate: str
+    verdict: str
+    correct: bool
+    speedup_vs_eager: float | None = None
+    created_at: str
+
+
+def report_entries(repo: Repository, candidate: str | None = None) -> list[ReportEntry]:
+    """Every stored validation report, by name then version; only those of ``candidate`` when given
+    (a candidate id, resolved first)."""
+    names = repo.names(REPORTS)
+    if candidate:
+        names = [report_name(repo.open(CANDIDATES, candidate))]
+    out = []
+    for name in names:
+        for version in repo.versions(REPORTS, name):
+            m = repo.open(REPORTS, f"{name}:v{version}").manifest_as(ReportManifest)
+            out.append(ReportEntry(report=f"{name}:v{version}", candidate=m.candidate, verdict=m.verdict,
+                                   correct=m.correct, speedup_vs_eager=m.speedup_vs_eager, created_at=m.created_at))
+    return out
+
+
+def stored_report(repo: Repository, ref: str) -> tuple[str, ValidationReport]:
+    """The reference (name:vN) and content of the stored validation report ``ref``."""
+    art = repo.open(REPORTS, ref)
+    return art.ref, ValidationReport.model_validate(art.read_json(REPORT_FILE))

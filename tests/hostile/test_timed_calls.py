@@ -22,7 +22,6 @@ import modulelens
 from modulelens.registry import ToolContext
 from modulelens.tools.capture_ops import CaptureOpsRequest, capture_ops
 from modulelens.tools.validate_kernel import ValidateKernelRequest, validate_kernel
-from modulelens.tools.validate_module import ValidateModuleRequest, validate_module
 
 pytestmark = pytest.mark.slow
 HERE = Path(__file__).parent
@@ -61,7 +60,7 @@ def _module(repo: Path, name: str, honest: bool):
     source = (HERE / name).read_text()
     if honest:
         source = source.replace("STALE = True", "STALE = False").replace("CACHE = True", "CACHE = False")
-    return validate_module(ValidateModuleRequest(source_text=source, target="scale", seeds=1),
+    return validate_kernel(ValidateKernelRequest(source_text=source, target="scale", seeds=1),
                            ToolContext(repo_root=repo))
 
 

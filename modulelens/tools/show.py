@@ -1,0 +1,170 @@
+"""show: one thing the repository holds, in full, by kind: a capture, an operator card, a candidate
+(with its latest report), a search tree, a statistics run, a stored pack or a validation report.
+
+Long lists are cut to ``top`` items (``left_out`` says what was cut and where the whole data is);
+``full`` adds what is long by nature (a capture's manifest, a candidate's whole source, the
+definitions of statistics). Reading only: nothing is computed or run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, model_validator
+
+from modulelens.capture.manifest import KIND as CAPTURES
+from modulelens.capture.manifest import capture_manifest
+from modulelens.capture.summary import CaptureSummary, capture_warnings, summarize
+from modulelens.dispatch.pack import STORED_PACK_FILE, PackEnvironment
+from modulelens.listing import MAX_ITEMS, LeftOut, keep_first
+from modulelens.ops.summary import CardDetail, describe_card
+from modulelens.registry import ToolContext, tool
+from modulelens.replies import ToolReply, call
+from modulelens.repo import Repository
+from modulelens.repo.trust import is_trusted
+from modulelens.search.summary import SearchSummary, search_summary
+from modulelens.stats.runs import StatsRunView, TensorStatsRow, capture_tensor_rows, stats_view, thin_steps
+from modulelens.team.packs import PACKS, PackEntrySummary, PackManifest
+from modulelens.validation.advice import report_next, report_warnings
+from modulelens.validation.catalog import CandidateView, candidate_view, first_source_lines, stored_report
+from modulelens.validation.report import ValidationReport
+
+ShowKind = Literal["capture", "card", "candidate", "search", "stats", "pack", "report"]
+MAX_POINTS = 2000
+DEFAULT_TOP = {"capture": 20, "search": 12, "stats": 3, "report": 20}
+DEFAULT_STATS = ["std", "zero_frac", "mean", "rms", "kurtosis"]
+SOURCE_LINES = 40  # of a candidate's source, without full
+# What to show, for one kind only (how much to show, ``top``, ``points`` and ``full``, is ignored
+# where it means nothing, so that one request can ask for everything of any kind).
+_ONLY = {"tensors": ("capture",), "stats": ("stats",)}
+
+
+class ShowRequest(BaseModel):
+    kind: ShowKind = Field(json_schema_extra={"cli": "argument"})
+    ref: str = Field(description="Ref or id (blk:v1, blk/6, blk.card6:v1, ...).", json_schema_extra={"cli": "argument"})
+    top: int | None = Field(None, ge=1, le=MAX_ITEMS, description="Items per list (default per kind).")
+    tensors: bool = Field(False, description="capture: tensor statistics.")
+    full: bool = Field(False, description="Also the manifest, whole source or definitions.")
+    stats: list[str] = Field(default_factory=lambda: list(DEFAULT_STATS), description="stats: which (std, mean, rms, gain, kurtosis, ...).")
+    points: int = Field(8, ge=1, le=MAX_POINTS, description="stats: steps per series.")
+
+    @model_validator(mode="after")
+    def _fits_kind(self) -> ShowRequest:
+        for name, kinds in _ONLY.items():
+            if name in self.model_fields_set and self.kind not in kinds and getattr(self, name):
+                raise ValueError(f"[--{name.replace('_', '-')}] goes with kind {' or '.join(kinds)}, not {self.kind}")
+        return self
+
+
+class ShowCaptureResult(CaptureSummary, ToolReply):
+    manifest: dict[str, Any] = Field(default_factory=dict, description="With full: the whole manifest.")
+    tensors: list[TensorStatsRow] = Field(
+        default_factory=list, description="With tensors: inputs, outputs, weights (and gradients when captured), in "
+        "that order. std is the population std; kurtosis is the excess kurtosis.")
+    tensor_notes: list[str] = Field(default_factory=list, description="With tensors: how shape-only tensors were "
+                                    "described.")
+    left_out: list[LeftOut] = Field(default_factory=list, description="Lists cut to `top` items.")
+
+
+class ShowPackResult(ToolReply):
+    ref: str = Field(description="name:vN of the stored pack.")
+    path: str = Field(description="Its pack file (what run and check_pack take as pack).")
+    sha256: str
+    trusted: bool = Field(description="Signed here: loadable. Else review and trust it first.")
+    environment: PackEnvironment
+    entries: list[PackEntrySummary]
+    candidates: list[str]
+
+
+class ShowReportResult(ValidationReport, ToolReply):
+    ref: str = Field(description="name:vN of the report.")
+    left_out: list[LeftOut] = Field(default_factory=list, description="Checks cut to `top` items.")
+
+
+ShowResult = (ShowCaptureResult | CardDetail | CandidateView | SearchSummary | StatsRunView | ShowPackResult
+              | ShowReportResult)
+
+
+def _capture(repo: Repository, req: ShowRequest, top: int) -> ShowCaptureResult:
+    art = repo.open(CAPTURES, req.ref)
+    aliases = sorted(k for k, v in repo.aliases(CAPTURES, art.name).items() if v == art.version)
+    manifest = capture_manifest(art).model_dump(mode="json") if req.full else {}
+    rows, notes = [], []
+    if req.tensors:
+        _, rows, notes = capture_tensor_rows(repo, art.ref)
+    result = ShowCaptureResult(**dict(summarize(art, aliases)), manifest=manifest, tensors=rows, tensor_notes=notes)
+    result.warnings = capture_warnings(result)
+    result.next = [call("replay_module", ref=art.ref), call("capture_ops", ref=art.ref)]
+    return keep_first(result, "tensors", top, f"modulelens://captures/{art.ref}")
+
+
+def _candidate(repo: Repository, req: ShowRequest) -> CandidateView:
+    view = first_source_lines(candidate_view(repo, req.ref), None if req.full else SOURCE_LINES)
+    cid, card = view.entry.candidate_id, view.entry.card_id
+    if view.report is None:
+        view.warnings = ["never validated: its correctness and speed are unknown"]
+        view.next = [call("validate_kernel", candidate=cid)]
+    else:
+        view.warnings = report_warnings(view.report)
+        view.next = report_next(view.report, cid, card)
+    return view
+
+
+def _pack(repo: Repository, ref: str) -> ShowPackResult:
+    art = repo.open(PACKS, ref)
+    m = art.manifest_as(PackManifest)
+    path = str(art.file(STORED_PACK_FILE))
+    result = ShowPackResult(ref=art.ref, path=path, sha256=m.sha256, trusted=is_trusted(art.path),
+                            environment=m.environment, entries=m.entries, candidates=m.candidates)
+    if not result.trusted:
+        result.warnings.append("not trusted here: review it with trust [--kind packs], then trust it before using it")
+    result.warnings += [f"{e.candidate_id} will not be used: {e.verdict}, speedup {e.speedup_vs_eager}"
+                        for e in m.entries if not e.dispatched]
+    if result.trusted and any(e.dispatched for e in m.entries):
+        result.next = [call("check_pack", pack=path)]
+    return result
+
+
+def _report(repo: Repository, ref: str, top: int) -> ShowReportResult:
+    name, report = stored_report(repo, ref)
+    result = ShowReportResult(**dict(report), ref=name)
+    result.warnings = report_warnings(report)
+    return keep_first(result, "checks", top, f"{repo.root / 'reports' / name.replace(':', '/')}")
+
+
+@tool
+def show(req: ShowRequest, ctx: ToolContext) -> ShowResult:
+    """Show one stored capture, card, candidate (with its report), search tree, stats run, pack or
+    report."""
+    repo = Repository(ctx.repo_root)
+    top = req.top or DEFAULT_TOP.get(req.kind, 20)
+    if req.kind == "capture":
+        return _capture(repo, req, top)
+    if req.kind == "card":
+        card = describe_card(repo, req.ref)
+        card.next = [call("generate_kernel", card=card.card_id), call("list", kind="candidates", of=card.card_id)]
+        return card
+    if req.kind == "candidate":
+        return _candidate(repo, req)
+    if req.kind == "search":
+        summary = search_summary(repo, req.ref, top)
+        summary.next = [call("optimize", targets=[t.target for t in summary.targets], search_id=summary.search_id)]
+        return summary
+    if req.kind == "stats":
+        return _stats(repo, req, top)
+    if req.kind == "pack":
+        return _pack(repo, req.ref)
+    return _report(repo, req.ref, top)
+
+
+def _stats(repo: Repository, req: ShowRequest, top: int) -> StatsRunView:
+    view = stats_view(repo, req.ref, req.stats)
+    series = str(Path(view.path) / "series.json")
+    for field in ("modules", "types", "tensors"):
+        view = keep_first(view, field, top, series)
+    if not req.full:
+        view = view.model_copy(update={"definitions": {}})
+    bad = [f for f in view.findings if f.kind.startswith("nan_inf")]
+    if bad:
+        view.warnings = [f"NaN/Inf first seen in {bad[0].module or 'the model'} ({bad[0].kind})"]
+    return thin_steps(view, req.points)

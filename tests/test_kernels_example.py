@@ -95,6 +95,7 @@ def test_profile_a_candidate_and_repair_lineage(cli, cards):
     code, prof, r = cli("profile", gen["candidate_id"], "--min-run-time", "0.1", "--repo", repo, "--json")
     assert code == 0, r.output
     assert prof["target_kind"] == "candidate" and prof["p20_s"] <= prof["median_s"] <= prof["p80_s"]
+    assert "contained process" in prof["timer"] and "fresh values" in prof["timer"]  # as validation times it
     code, rep, r = cli("validate-kernel", gen["candidate_id"], "--no-time", "--repo", repo, "--json")
     assert code == 0, r.output
     code, child, r = cli("generate-kernel", by_op["aten.gelu.default"], "--backend", "cpp", "--provider", "template",

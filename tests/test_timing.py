@@ -86,6 +86,7 @@ def test_tick_quantised_batches_are_found():
     ticked = [s + (0.004 if i % 3 == 0 else 0.0) for i, s in enumerate(clean)]
     f = noise.tick_quantised(ticked, calls)
     assert f is not None and f.kind == "tick" and "7 of 20" in f.detail
+    assert noise.tick_quantised(ticked, calls, who="base side: ").detail.startswith("base side: 7 of 20")
 
 
 def test_bimodal_rounds_are_found_and_block():
@@ -378,3 +379,91 @@ def test_cuda_events_on_a_real_gpu():
                         CallableSide("b", lambda: torch.softmax(x, -1), "cuda"),
                         TimingPlan(budget_s=2.0), ThreadChoice(threads=1, why="gpu"))
     assert m.rounds >= 6 and "CUDA events" in m.base.timer
+
+
+# -- swaps between the calls of a timed batch, both sides alike ---------------------------------
+
+def test_the_harness_swaps_and_the_checkers_replay_agree_bit_for_bit():
+    import torch
+
+    from modulelens.validation.perturb import Swaps, item_format, perturbed, replay
+
+    for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+        x = torch.randn(7, 13).to(dtype)
+        arena = bytearray(x.numpy().tobytes() if dtype != torch.bfloat16 else x.view(torch.int16).numpy().tobytes())
+        view = memoryview(arena).cast(item_format(x.element_size()))
+        swaps = Swaps([view], seed=12345)
+        for i in range(1, 40):  # what the harness does before calls 1..39 of a batch of 40
+            swaps(i)
+        mine = x.clone()
+        replay([mine], seed=12345, calls=40)  # what the checker does on its copy
+        assert bytes(arena) == mine.view(torch.uint8).numpy().tobytes(), dtype
+        assert not torch.equal(mine, x) and perturbed(x)
+    assert not perturbed(torch.arange(6)) and not perturbed(torch.randn(4, 6)[:, ::2])  # ints, gaps: untouched
+
+
+def test_swaps_defeat_a_cache_keyed_on_sampled_values():
+    import torch
+
+    from modulelens.validation.perturb import replay
+
+    x = torch.randn(64, 96)
+    sampled = [0, 3072, 6143]  # where a cache keyed on three values looks
+    for seed in (1, 99, 2 ** 40 + 3):
+        after = x.clone()
+        replay([after], seed=seed, calls=50)
+        changed_rows = (torch.softmax(after, -1) != torch.softmax(x, -1)).any(-1).sum()
+        assert changed_rows > 10, (seed, changed_rows)  # a cached result is wrong in many rows ...
+        assert sum(bool(after.view(-1)[i] != x.view(-1)[i]) for i in sampled) <= 1  # ... its key mostly unchanged
+
+
+# -- run --compare: pairs of steps with and without the pack ------------------------------------
+
+def test_toggle_schedule_and_step_pairs():
+    from modulelens.dispatch.script import ToggleSchedule, step_rounds
+
+    on = [ToggleSchedule.on(i) for i in range(10)]
+    assert on == [True, False, True, False, False, True, True, False, False, True]
+    seconds = [9.0, 8.0, 1.0, 2.0, 2.2, 1.1, 0.9, 2.1, 1.9, 1.0]
+    without, with_ = step_rounds(seconds, on)
+    assert without == [2.0, 2.2, 2.1, 1.9] and with_ == [1.0, 1.1, 0.9, 1.0]
+
+
+def test_run_compare_claims_no_ratio_when_no_pack_kernel_ran_and_an_interval_otherwise():
+    from modulelens.dispatch.script import ToggleSchedule
+    from modulelens.tools.run import RunResult, compare_steps
+
+    steps = 30
+    on = [ToggleSchedule.on(i) for i in range(steps)]
+    seconds = [5.0, 5.0] + [0.010 if o else 0.020 * (1 + 0.01 * (i % 3)) for i, o in enumerate(on)][2:]
+
+    def result(hits: int) -> RunResult:
+        return RunResult(exit_code=0, hits=hits, fallbacks=0, mechanism="library", entries=[], steps=steps,
+                         step_kind="optimizer step")
+
+    none = result(0)
+    compare_steps(none, seconds, on)
+    assert none.step_ratio is None and none.timing_status == "undetermined" and "no pack kernel ran" in none.timing_reason
+    ran = result(12)
+    compare_steps(ran, seconds, on)
+    assert ran.timing_status == "ok" and 1.9 < ran.step_ratio < 2.1, ran.timing_reason
+    assert ran.step_ratio_interval[0] <= ran.step_ratio <= ran.step_ratio_interval[1]
+    assert ran.step_seconds_with == pytest.approx(0.010) and ran.step_seconds_without > 0.019
+
+
+# -- what a report's reader is warned about -----------------------------------------------------
+
+def test_report_warnings_say_undetermined_and_not_surely_faster():
+    from modulelens.validation.advice import report_warnings, surely_faster
+    from modulelens.validation.report import ValidationReport
+
+    def report(**kw):
+        return ValidationReport(verdict="custom", correct=True, reason="", stage="done", backend="cpp", **kw)
+
+    unsure = report(timing_status="undetermined", speedup_interval=[0.8, 1.9],
+                    timing_reason="the 95% interval 0.8x..1.9x is 70% of the point, wider than the 20% asked for")
+    text = "\n".join(report_warnings(unsure))
+    assert "speed undetermined: the 95% interval 0.8x..1.9x" in text and "a pack will not use it" in text
+    sure = report(timing_status="ok", speedup_vs_eager=1.5, speedup_interval=[1.3, 1.7], timing_reason="ok")
+    assert report_warnings(sure) == [] and surely_faster(sure) and not surely_faster(unsure)
+    assert "not timed" in report_warnings(report())[0]

@@ -241,9 +241,9 @@ def _pairs(attempt: _Attempt, j: int) -> _Pairs:
 
 def _findings(attempt: _Attempt, j: int, pairs: _Pairs, ratios: list[float], probe: Probe) -> list[noise.Finding]:
     found: list[noise.Finding] = []
-    for side in (0, j):
+    for side, who in ((0, "base side: "), (j, "candidate side: ")):
         mine = [b for b in attempt.batches if b.side == side]
-        f = noise.tick_quantised([b.seconds for b in mine], [b.calls for b in mine])
+        f = noise.tick_quantised([b.seconds for b in mine], [b.calls for b in mine], who=who)
         if f:
             found.append(f)
     mine = [b for b in attempt.batches if b.side in (0, j)]

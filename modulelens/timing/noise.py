@@ -35,16 +35,17 @@ class Finding(BaseModel):
 
 
 def tick_quantised(batch_s: list[float], calls: list[int], tick_s: float = DEFAULT_TICK_S,
-                   share: float = 0.2) -> Finding | None:
+                   share: float = 0.2, who: str = "") -> Finding | None:
     """Batches (``batch_s`` seconds for ``calls`` calls each) that took at least half a tick
-    longer than the fastest batch's per-call time predicts, in at least ``share`` of batches."""
+    longer than the fastest batch's per-call time predicts, in at least ``share`` of batches
+    (``who``: whose batches, for the detail)."""
     if len(batch_s) < 5:
         return None
     best = min(s / n for s, n in zip(batch_s, calls) if n > 0)
     slow = sum(1 for s, n in zip(batch_s, calls) if s - best * n >= tick_s / 2)
     if slow / len(batch_s) < share:
         return None
-    return Finding(kind="tick", detail=f"{slow} of {len(batch_s)} batches ran {tick_s / 2 * 1e3:.0f} ms or more "
+    return Finding(kind="tick", detail=f"{who}{slow} of {len(batch_s)} batches ran {tick_s / 2 * 1e3:.0f} ms or more "
                    "longer than the fastest (a thread descheduled for a scheduler time slice)")
 
 

@@ -38,8 +38,8 @@ def _timing_warnings(report: ValidationReport) -> list[str]:
         return [f"not timed: {report.timing_note or 'timing was off'}; a pack will not use it until timed"]
     out = []
     if report.timing_status == "undetermined":
-        out.append(f"speed undetermined ({_interval(interval)}): {report.timing_reason}; validate it again on a "
-                   "quieter machine")
+        said = "" if not interval or "interval" in report.timing_reason else f" ({_interval(interval)})"
+        out.append(f"speed undetermined{said}: {report.timing_reason}; validate it again on a quieter machine")
     if not interval or interval[0] <= 1.0:
         out.append(f"not surely faster than eager ({_interval(interval)}): a pack will not use it")
     if report.compile_timing_status == "undetermined":

@@ -26,10 +26,12 @@ _FORMATS = {1: "B", 2: "H", 4: "I", 8: "Q"}  # memoryview item formats by elemen
 
 
 def _step(seed: int, n: int) -> tuple[int, int]:
-    """(start, step) of the positions for ``n`` elements: step coprime with ``n``, so the first
-    ``n`` positions are all different."""
-    start = seed % n
-    step = (seed // n) % n or 1
+    """(start, step) of the positions for ``n`` elements, both spread by a multiplicative hash of
+    the seed: step coprime with ``n``, so the first ``n`` positions are all different, and rarely
+    small, so consecutive swaps land in different rows."""
+    mixed = (seed * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019) % (1 << 64)
+    start = mixed % n
+    step = (mixed >> 32) % n or 1
     while math.gcd(step, n) != 1:
         step += 1
     return start, step

@@ -20,6 +20,11 @@ checked calls.
 What a candidate that rewrites the harness in its own process could still do (compute only the
 last call of each batch) is beyond what checking outputs can see; it shows as a speedup beyond
 belief (flagged, see :mod:`.plausibility`).
+
+On CUDA, a batch ends with a device synchronisation in the harness and is timed by the checker's
+clock like on CPU (CUDA events cannot be read across processes, and events recorded by the
+candidate's process would be its claim); in-process comparisons (``check_pack``, the GPU
+benchmark) use CUDA events and an L2 flush (:class:`~modulelens.timing.CallableSide`).
 """
 
 from __future__ import annotations

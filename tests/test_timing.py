@@ -56,11 +56,11 @@ def test_a_few_wild_rounds_do_not_move_the_estimate():
 
 def test_decide_needs_rounds_and_a_narrow_interval():
     ok, why = decide(estimate_ratio([2.0, 2.01, 1.99, 2.02, 1.98]), 0.2)
-    assert not ok and "at least 6" in why
+    assert not ok and "needs 6" in why
     ok, why = decide(estimate_ratio([2.0 + 0.01 * i for i in range(10)]), 0.2)
     assert ok and "median of 10 paired rounds" in why
     ok, why = decide(estimate_ratio([1.0, 3.0, 1.5, 2.5, 2.0, 1.2, 2.8, 1.8, 2.2, 2.0]), 0.2)
-    assert not ok and "wider than the 20%" in why
+    assert not ok and "wide (target 20%)" in why
 
 
 def test_decide_refuses_an_interval_that_straddles_one_far_from_the_point():
@@ -73,7 +73,7 @@ def test_decide_refuses_an_interval_that_straddles_one_far_from_the_point():
 
 def test_a_blocking_finding_makes_it_undetermined_however_narrow():
     est = estimate_ratio([2.0] * 12)
-    ok, why = decide(est, 0.2, ["rounds split into two groups"])
+    ok, why = decide(est, 0.2, ["two groups of rounds"])
     assert not ok and "two groups" in why
 
 
@@ -85,15 +85,15 @@ def test_tick_quantised_batches_are_found():
     assert noise.tick_quantised(clean, calls) is None
     ticked = [s + (0.004 if i % 3 == 0 else 0.0) for i, s in enumerate(clean)]
     f = noise.tick_quantised(ticked, calls)
-    assert f is not None and f.kind == "tick" and "7 of 20" in f.detail
-    assert noise.tick_quantised(ticked, calls, who="base side: ").detail.startswith("base side: 7 of 20")
+    assert f is not None and f.kind == "tick" and "7/20" in f.detail
+    assert noise.tick_quantised(ticked, calls, who="base side: ").detail.startswith("base side: 7/20")
 
 
 def test_bimodal_rounds_are_found_and_block():
     assert noise.bimodal([2.0 * (1 + 0.02 * math.sin(i)) for i in range(20)]) is None
     two = [2.0 + 0.01 * (i % 3) for i in range(12)] + [0.5 + 0.01 * (i % 3) for i in range(8)]
     f = noise.bimodal(two)
-    assert f is not None and f.blocking and "8 around 0.5" in f.detail and "12 around 2" in f.detail
+    assert f is not None and f.blocking and "8 near 0.5" in f.detail and "12 near 2" in f.detail
 
 
 def test_rounds_that_disagree_or_drift_are_found():
@@ -106,9 +106,9 @@ def test_rounds_that_disagree_or_drift_are_found():
 
 def test_preempted_and_overloaded():
     assert noise.preempted([False] * 9 + [True]) is None
-    assert "4 of 10 batches" in noise.preempted([True] * 4 + [False] * 6).detail
+    assert "4/10 batches" in noise.preempted([True] * 4 + [False] * 6).detail
     assert noise.overloaded(1.5, 2) is None
-    assert noise.overloaded(4.2, 2).detail == "load 4.2 on 2 core(s)"
+    assert noise.overloaded(4.2, 2).detail == "load 4.2 on 2 cores"
 
 
 def test_disturbed_batches_by_run_queue_wait_or_involuntary_switches():
@@ -222,7 +222,7 @@ def test_noisy_rounds_end_undetermined_at_the_budget():
     cand = FakeSide(clock, 10e-6, lambda: math.exp(rng.gauss(0, 0.8)))
     m = measure_speedup(base, cand, TimingPlan(budget_s=1.0), TWO, clock=clock, probe=QUIET)
     assert m.status == "undetermined" and m.speedup is None
-    assert m.interval is not None and "wider than" in m.reason
+    assert m.interval is not None and "wide (target 20%)" in m.reason
     assert clock.now < 1.2  # stopped at the budget
 
 
@@ -261,7 +261,7 @@ def test_a_preempted_multithreaded_measurement_is_undetermined():
                         probe=fake_probe(_always_switched_out(), lambda: (0.5, 2)))
     assert m.retimed and m.threads == 2  # halved once, still parallel
     assert m.status == "undetermined" and m.speedup is None and "preempted" in m.reason
-    assert "with 2 threads each; only 0 round(s) were undisturbed" in m.reason and m.clean_rounds == 0
+    assert "with 2 threads a side, 0 round(s) undisturbed" in m.reason and m.clean_rounds == 0
 
 
 def test_a_preempted_single_threaded_measurement_keeps_the_paired_median():
@@ -283,7 +283,7 @@ def test_bimodal_rounds_are_undetermined():
 
     base, cand = FakeSide(clock, 40e-6), TwoModes(clock, 10e-6)
     m = measure_speedup(base, cand, TimingPlan(budget_s=1.5), TWO, clock=clock, probe=QUIET)
-    assert m.status == "undetermined" and "two groups" in m.reason, m.reason
+    assert m.status == "undetermined" and "two groups of rounds" in m.reason, m.reason
 
 
 def test_several_candidates_are_measured_together_in_mirrored_rounds():
@@ -461,9 +461,9 @@ def test_report_warnings_say_undetermined_and_not_surely_faster():
         return ValidationReport(verdict="custom", correct=True, reason="", stage="done", backend="cpp", **kw)
 
     unsure = report(timing_status="undetermined", speedup_interval=[0.8, 1.9],
-                    timing_reason="the 95% interval 0.8x..1.9x is 70% of the point, wider than the 20% asked for")
+                    timing_reason="95% interval 0.8x..1.9x is 70% wide (target 20%)")
     text = "\n".join(report_warnings(unsure))
-    assert "speed undetermined: the 95% interval 0.8x..1.9x" in text and "a pack will not use it" in text
+    assert "speed undetermined: 95% interval 0.8x..1.9x" in text and "a pack will not use it" in text
     sure = report(timing_status="ok", speedup_vs_eager=1.5, speedup_interval=[1.3, 1.7], timing_reason="ok")
     assert report_warnings(sure) == [] and surely_faster(sure) and not surely_faster(unsure)
     assert "not timed" in report_warnings(report())[0]

@@ -90,14 +90,12 @@ def estimate_ratio(ratios: list[float], confidence: float = CONFIDENCE) -> Ratio
 def determined(est: RatioEstimate, target_width: float) -> tuple[bool, str]:
     """(whether ``est`` is determined, why not in words; empty when it is). See :func:`decide`."""
     if est.rounds < MIN_ROUNDS or est.low is None or est.high is None:
-        return False, f"{est.rounds} usable round(s), at least {MIN_ROUNDS} are needed for a 95% interval"
+        return False, f"{est.rounds} usable round(s); a 95% interval needs {MIN_ROUNDS}"
     width = est.relative_width
     if width > target_width:
-        return False, (f"the 95% interval {est.low:.3g}x..{est.high:.3g}x is {width:.0%} of the point, "
-                       f"wider than the {target_width:.0%} asked for")
+        return False, f"95% interval {est.low:.3g}x..{est.high:.3g}x is {width:.0%} wide (target {target_width:.0%})"
     if est.low < 1 < est.high and abs(est.point - 1) > target_width / 2:
-        return False, (f"the 95% interval {est.low:.3g}x..{est.high:.3g}x straddles 1 while the point "
-                       f"{est.point:.3g}x is far from it")
+        return False, f"95% interval {est.low:.3g}x..{est.high:.3g}x straddles 1, the point {est.point:.3g}x is far from it"
     return True, ""
 
 

@@ -98,6 +98,20 @@ class TimingPlan(BaseModel):
     max_calls: int = Field(20_000, ge=1, description="Most calls in one batch.")
 
 
+class MeasurementDetail(BaseModel):
+    """How a speedup was measured: rounds, threads and why, disturbance, method, findings."""
+
+    rounds: int = Field(0, description="Rounds the estimate uses.")
+    clean_rounds: int = Field(0, description="Rounds in which neither side's process was preempted.")
+    batches: int = 0
+    disturbed_batches: int = 0
+    threads: int = Field(1, description="Intra-op threads of both sides.")
+    threads_why: str = ""
+    retimed: bool = Field(False, description="The first attempt was disturbed and the rounds were started over.")
+    method: str = Field("", description="How it was measured, in one line.")
+    findings: list[noise.Finding] = Field(default_factory=list)
+
+
 class SpeedupMeasurement(BaseModel):
     """A speedup ``base time / candidate time`` with its 95% interval, or ``undetermined``."""
 
@@ -123,10 +137,15 @@ class SpeedupMeasurement(BaseModel):
         """The interval's lower bound: what decisions use."""
         return self.interval[0] if self.interval else None
 
+    def detail(self) -> MeasurementDetail:
+        """How it was measured, without the figures (a report holds those in its own fields)."""
+        return MeasurementDetail.model_validate(self.model_dump(include=set(MeasurementDetail.model_fields)))
+
     def note(self, what: str) -> str:
         """One line: what was timed, how, with which threads, and why it is or is not determined."""
         verdict = (f"{self.speedup:.3g}x" if self.status == "ok" and self.speedup is not None else "undetermined")
-        return (f"{what}: {self.method}; {self.threads} thread(s) ({self.threads_why}); {verdict}: {self.reason}")
+        why = self.reason.split(" (", 1)[0]  # the findings are in the reason and the findings list
+        return f"{what}: {self.method}; {self.threads} thread(s) ({self.threads_why}); {verdict}: {why}"
 
 
 @dataclass
@@ -252,7 +271,7 @@ def _findings(attempt: _Attempt, j: int, pairs: _Pairs, ratios: list[float], pro
         if not pairs.used_clean_only and attempt.threads.threads > 1:
             # a descheduled worker thread stalls a whole parallel region of whichever side runs
             f.blocking = True
-            f.detail += f" with {attempt.threads.threads} threads each; only {pairs.clean} round(s) were undisturbed"
+            f.detail += f" with {attempt.threads.threads} threads a side, {pairs.clean} round(s) undisturbed"
         found.append(f)
     for f in (noise.bimodal(ratios), noise.rounds_disagree(ratios), noise.overloaded(*probe.load())):
         if f:
@@ -270,8 +289,8 @@ def _timing(values: list[float], calls: int, timer: str, device: str, threads: i
 def _decided(est: Any, target_width: float, found: list[noise.Finding]) -> tuple[bool, str]:
     """:func:`decide`, the findings added to the reason of an undetermined ratio (blocking first)."""
     ok, reason = decide(est, target_width, [f.detail for f in found if f.blocking])
-    if not ok:
-        context = [f.detail for f in sorted(found, key=lambda f: not f.blocking) if f.detail not in reason]
+    if not ok:  # the two findings that matter most (blocking first); all of them stay in ``findings``
+        context = [f.detail for f in sorted(found, key=lambda f: not f.blocking) if f.detail not in reason][:2]
         if context:
             reason += " (" + "; ".join(context) + ")"
     return ok, reason

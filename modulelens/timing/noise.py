@@ -45,8 +45,8 @@ def tick_quantised(batch_s: list[float], calls: list[int], tick_s: float = DEFAU
     slow = sum(1 for s, n in zip(batch_s, calls) if s - best * n >= tick_s / 2)
     if slow / len(batch_s) < share:
         return None
-    return Finding(kind="tick", detail=f"{who}{slow} of {len(batch_s)} batches ran {tick_s / 2 * 1e3:.0f} ms or more "
-                   "longer than the fastest (a thread descheduled for a scheduler time slice)")
+    return Finding(kind="tick", detail=f"{who}{slow}/{len(batch_s)} batches {tick_s / 2 * 1e3:.0f}+ ms over the fastest "
+                   "(descheduled for a time slice)")
 
 
 def _split_separation(xs: list[float], floor: float) -> tuple[float, float, int]:
@@ -76,7 +76,7 @@ def bimodal(ratios: list[float], min_gap: float = 0.2, min_separation: float = 3
         return None
     low, high = math.exp(statistics.median(logs[:m])), math.exp(statistics.median(logs[m:]))
     return Finding(kind="bimodal", blocking=True,
-                   detail=f"rounds split into two groups ({m} around {low:.3g}x, {len(logs) - m} around {high:.3g}x)")
+                   detail=f"two groups of rounds ({m} near {low:.3g}x, {len(logs) - m} near {high:.3g}x)")
 
 
 def rounds_disagree(ratios: list[float], max_spread: float = 0.5, max_drift: float = 0.25) -> Finding | None:
@@ -88,12 +88,11 @@ def rounds_disagree(ratios: list[float], max_spread: float = 0.5, max_drift: flo
     med = statistics.median(ratios)
     spread = (qs[2] - qs[0]) / med if med > 0 else math.inf
     if spread > max_spread:
-        return Finding(kind="disagree", detail=f"rounds disagree: the middle half of the ratios spans "
-                       f"{qs[0]:.3g}x..{qs[2]:.3g}x")
+        return Finding(kind="disagree", detail=f"rounds disagree (middle half {qs[0]:.3g}x..{qs[2]:.3g}x)")
     half = len(ratios) // 2
     first, second = statistics.median(ratios[:half]), statistics.median(ratios[half:])
     if abs(first - second) / med > max_drift:
-        return Finding(kind="drift", detail=f"the ratio drifted from {first:.3g}x to {second:.3g}x during the rounds")
+        return Finding(kind="drift", detail=f"the ratio drifted from {first:.3g}x to {second:.3g}x")
     return None
 
 
@@ -105,15 +104,14 @@ def preempted(disturbed: list[bool], share: float = 0.3) -> Finding | None:
     hit = sum(disturbed)
     if hit / len(disturbed) < share:
         return None
-    return Finding(kind="preempted", detail=f"{hit} of {len(disturbed)} batches were preempted (the measured "
-                   "processes waited for a CPU)")
+    return Finding(kind="preempted", detail=f"{hit}/{len(disturbed)} batches preempted (waited for a CPU)")
 
 
 def overloaded(load1: float, cores: int) -> Finding | None:
     """The 1-minute load average is above the number of usable cores."""
     if load1 <= cores:
         return None
-    return Finding(kind="load", detail=f"load {load1:.1f} on {cores} core(s)")
+    return Finding(kind="load", detail=f"load {load1:.1f} on {cores} cores")
 
 
 # -- readers ------------------------------------------------------------------------------------

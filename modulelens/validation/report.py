@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from modulelens.sandbox.containment import Isolation
-from modulelens.timing import SpeedupMeasurement, Timing
+from modulelens.timing import MeasurementDetail, Timing
 
 DISTRIBUTIONS = ("normal", "uniform", "heavy", "special")
 
@@ -80,8 +80,8 @@ class ValidationReport(BaseModel):
     speedup_vs_compile_interval: list[float] | None = None
     compile_timing_status: Literal["ok", "undetermined"] | None = None
     compile_timing_reason: str = ""
-    measurement: SpeedupMeasurement | None = Field(None, description="The speedup measurement over eager: rounds, "
-                                                   "threads and why, findings, method.")
+    measurement: MeasurementDetail | None = Field(None, description="How the speedup over eager was measured: "
+                                                  "rounds, threads and why, findings, method.")
     timing_note: str = Field("", description="One line: what was timed, how, with which threads, and why the "
                              "speedup is or is not determined.")
     stdout_bytes: int = 0

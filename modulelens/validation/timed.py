@@ -218,7 +218,7 @@ def load_reference(checker: CandidateChecker, proc: CandidateProcess, backend: s
 
 def record_timing(report: Any, m: SpeedupMeasurement, what: str) -> None:
     """Put the speedup over eager into a validation report: the number only when determined."""
-    report.measurement = m
+    report.measurement = m.detail()
     report.eager, report.candidate = m.base, m.candidate
     report.speedup_vs_eager = m.speedup if m.status == "ok" else None
     report.speedup_interval = m.interval

@@ -74,7 +74,6 @@ def main() -> None:
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # inherited by the sandbox workers
     sys.path.insert(0, str(ROOT))
     import torch
-
     from report import publish
 
     from modulelens.registry import ToolContext

@@ -166,26 +166,34 @@ def opset_files(repo: Repository, card_id: str) -> tuple[str, dict[str, bytes]]:
     return folder.relative_to(repo.root).as_posix(), files
 
 
+def _scratch_repository(opset_dir: str, files: dict[str, bytes]) -> Path:
+    """A scratch repository on this node holding the shipped opset. The submitting side only ships
+    opsets it trusts (:func:`opset_files`); another node's key differs, so the copy is signed with
+    this node's key here, in a scratch repository nobody else reads. The caller removes it."""
+    import tempfile
+
+    from modulelens.repo.trust import sign_folder
+
+    scratch = Path(tempfile.mkdtemp(prefix="modulelens-ray-"))
+    target = scratch / opset_dir
+    for rel, data in files.items():
+        (target / rel).parent.mkdir(parents=True, exist_ok=True)
+        (target / rel).write_bytes(data)
+    sign_folder(target)
+    return scratch
+
+
 def evaluate_shipped(task_json: str, opset_dir: str, files: dict[str, bytes]) -> str:
     """What a Ray task runs: rebuild the card's opset and the candidate in a scratch repository on
     this node, validate there (a sandbox worker of this node), and return the result as JSON."""
     import shutil
-    import tempfile
 
     from modulelens.kernels.candidates import save_candidate
     from modulelens.ops.cards import open_card
-    from modulelens.repo.trust import sign_folder
 
     task = EvalTask.model_validate_json(task_json)
-    scratch = Path(tempfile.mkdtemp(prefix="modulelens-ray-"))
+    scratch = _scratch_repository(opset_dir, files)
     try:
-        target = scratch / opset_dir
-        for rel, data in files.items():
-            (target / rel).parent.mkdir(parents=True, exist_ok=True)
-            (target / rel).write_bytes(data)
-        # The submitting side only ships opsets it trusts (opset_files); another node's key differs,
-        # so the copy is signed with this node's key here, in a scratch repository nobody else reads.
-        sign_folder(target)
         repo = Repository(scratch)
         _, card = open_card(repo, task.settings.card_id)
         art = save_candidate(repo, card, task.source)
@@ -205,18 +213,11 @@ def remeasure_shipped(request_json: str, opset_dir: str, files: dict[str, bytes]
     repository on this node (signed here, as in :func:`evaluate_shipped`), the finalists timed
     together in a sandbox worker of this node; the result as JSON."""
     import shutil
-    import tempfile
 
-    from modulelens.repo.trust import sign_folder
 
     request = RemeasureRequest.model_validate_json(request_json)
-    scratch = Path(tempfile.mkdtemp(prefix="modulelens-ray-"))
+    scratch = _scratch_repository(opset_dir, files)
     try:
-        target = scratch / opset_dir
-        for rel, data in files.items():
-            (target / rel).parent.mkdir(parents=True, exist_ok=True)
-            (target / rel).write_bytes(data)
-        sign_folder(target)
         sandbox = new_pool()
         try:
             result = remeasure_in_repo(request.model_copy(update={"repo": str(scratch)}), sandbox)

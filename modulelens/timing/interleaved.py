@@ -112,22 +112,14 @@ class MeasurementDetail(BaseModel):
     findings: list[noise.Finding] = Field(default_factory=list)
 
 
-class SpeedupMeasurement(BaseModel):
-    """A speedup ``base time / candidate time`` with its 95% interval, or ``undetermined``."""
+class SpeedupMeasurement(MeasurementDetail):
+    """A speedup ``base time / candidate time`` with its 95% interval, or ``undetermined``, and
+    how it was measured."""
 
     status: Literal["ok", "undetermined"]
     speedup: float | None = Field(None, description="The median of the per-round ratios; null when undetermined.")
     interval: list[float] | None = Field(None, description="95% interval [low, high]; null without enough rounds.")
     reason: str = Field(description="Why it is or is not determined, in one sentence.")
-    rounds: int = Field(0, description="Rounds the estimate uses.")
-    clean_rounds: int = Field(0, description="Rounds in which neither side's process was preempted.")
-    batches: int = 0
-    disturbed_batches: int = 0
-    threads: int = Field(1, description="Intra-op threads of both sides.")
-    threads_why: str = ""
-    retimed: bool = Field(False, description="The first attempt was disturbed and the rounds were started over.")
-    method: str = Field("", description="How it was measured, in one line.")
-    findings: list[noise.Finding] = Field(default_factory=list)
     base: Timing | None = None
     candidate: Timing | None = None
     seconds: float = 0.0

@@ -129,6 +129,14 @@ class SchedCounters(BaseModel):
                              steal_ticks=self.steal_ticks - before.steal_ticks)
 
 
+def _threads(pid: int) -> list[str]:
+    """The thread ids of process ``pid`` (none when it is gone or unreadable)."""
+    try:
+        return os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+
+
 def _cpu_times() -> dict[int, list[int]]:
     """Per-CPU counters of /proc/stat (user nice system idle iowait irq softirq steal ...)."""
     out: dict[int, list[int]] = {}
@@ -153,11 +161,7 @@ def sched_counters(pids: list[int], cpus: list[int] | None = None) -> SchedCount
         times = _cpu_times()
         steal = sum(times[c][7] for c in cpus if c in times and len(times[c]) > 7)
     for pid in pids:
-        try:
-            tids = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            continue
-        for tid in tids:
+        for tid in _threads(pid):
             base = Path(f"/proc/{pid}/task/{tid}")
             try:
                 wait += int((base / "schedstat").read_text().split()[1])
@@ -204,11 +208,7 @@ def pin_threads(pids: list[int], cpus: list[int]) -> None:
     if not cpus or not hasattr(os, "sched_setaffinity"):
         return
     for pid in pids:
-        try:
-            tids = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            continue
-        for tid in tids:
+        for tid in _threads(pid):
             try:
                 os.sched_setaffinity(int(tid), cpus)
             except (OSError, ValueError):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -49,8 +50,7 @@ from modulelens.validation.timed import (
     alone,
     load_reference,
     record_compile_timing,
-    record_timing,
-    settle_verification,
+    time_against,
     timing_plan,
 )
 
@@ -264,28 +264,13 @@ class _Validator(CandidateChecker):
                             verify=None if inplace else self._verify_timed(op))
         load = LoadOpRequest(op=card.op, positional=len(args), kw_names=list(kwargs))
         what = f"{card.op} on card {card.card_id}'s first sample shape (fresh values per round)"
-        eager_side, why = self._reference_side(self.references[0], load, "eager", device, feed, want, args, kwargs)
-        try:
-            if eager_side is None:
-                raise ReferenceFailed(why)
-            m = measure_speedup(eager_side, cand, plan, self.threads)
-        except ReferenceFailed as e:
-            self.report.timing_status, self.report.timing_reason = "undetermined", str(e)
-            self.report.timing_note = f"{what}: not timed: {e}"
-            return
-        settle_verification(cand)
-        record_timing(self.report, m, what)
-        if not inplace:
-            self.check("timed outputs match the reference", True,
-                       f"{cand.verified} timed batch(es) checked, chosen at random after they ran; fresh values "
-                       "each round and swaps between calls")
+        eager = partial(self._reference_side, self.references[0], load, "eager", device, feed, want, args, kwargs)
+        time_against(self, eager, cand, plan, what, "reference")
         if self.task.compile_baseline:
             load = load.model_copy(update={"compiled": True})
-            compiled, why = self._reference_side(self.references[1], load, "torch.compile", device, feed, want,
-                                                 args, kwargs)
             try:
-                if compiled is None:
-                    raise ReferenceFailed(why)
+                compiled = self._reference_side(self.references[1], load, "torch.compile", device, feed, want, args,
+                                                kwargs)
                 record_compile_timing(self.report, measure_speedup(compiled, cand, plan, self.threads))
             except ReferenceFailed as e:
                 self.report.compile_timing_status, self.report.compile_timing_reason = "undetermined", str(e)
@@ -303,8 +288,8 @@ class _Validator(CandidateChecker):
                     f"needs to move {card.bytes_per_call} bytes")
 
     def _reference_side(self, proc, load: LoadOpRequest, label: str, device: str, feed: TimingFeed,
-                        want: list, args: list, kwargs: dict) -> tuple[TimedProcess | None, str]:
-        """The reference process ready to be timed (loaded, one call made), or None and why not."""
+                        want: list, args: list, kwargs: dict) -> TimedProcess:
+        """The reference process ready to be timed (loaded, one call made). Raises ReferenceFailed."""
         problem = load_reference(self, proc, self.task.candidate.backend, load, self.task.build_timeout)
         if problem is None:
             try:
@@ -313,8 +298,8 @@ class _Validator(CandidateChecker):
             except Exception as e:  # noqa: BLE001 - a reference that cannot run leaves the speedup undetermined
                 problem = f"the {label} reference process failed: {e}"
         if problem:
-            return None, problem
-        return TimedProcess(self, proc, label, device, feed, want, reference=True), ""
+            raise ReferenceFailed(problem)
+        return TimedProcess(self, proc, label, device, feed, want, reference=True)
 
     def _verify_timed(self, op):
         """The check of a timed batch's outputs: against ``op`` on the inputs its last call saw,

@@ -41,12 +41,13 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from modulelens.timing import measure_speedup, thread_choice
+from modulelens.timing import thread_choice
 from modulelens.validation.candidate_messages import Loaded, LoadModuleRequest
 from modulelens.validation.checker import CandidateChecker, CandidateFailed, ModuleCall, start_candidate
 from modulelens.validation.compare import compare_output, same_bits
@@ -59,8 +60,7 @@ from modulelens.validation.timed import (
     TimedProcess,
     TimingFeed,
     load_reference,
-    record_timing,
-    settle_verification,
+    time_against,
     timing_plan,
 )
 
@@ -318,19 +318,9 @@ class _ModuleValidator(CandidateChecker):
         feed = TimingFeed(args, kwargs)
         cand = TimedProcess(self, self.proc, "candidate", device, feed, want, module_call,
                             verify=self._verify_timed(reference, training, rng))
-        try:
-            original = self._original_side(art, manifest, reference, device, feed, want, args, kwargs, module_call)
-            m = measure_speedup(original, cand, timing_plan(self.task.min_run_time, self.task.timing_budget_s,
-                                                            self.task.target_width), self.threads)
-        except ReferenceFailed as e:
-            self.report.timing_status, self.report.timing_reason = "undetermined", str(e)
-            self.report.timing_note = f"{what}: not timed: {e}"
-            return
-        settle_verification(cand)
-        record_timing(self.report, m, what)
-        self.check("timed outputs match the original", True,
-                   f"{cand.verified} timed batch(es) checked, chosen at random after they ran; fresh values each "
-                   "round and swaps between calls")
+        plan = timing_plan(self.task.min_run_time, self.task.timing_budget_s, self.task.target_width)
+        original = partial(self._original_side, art, manifest, reference, device, feed, want, args, kwargs, module_call)
+        time_against(self, original, cand, plan, what, "original")
         if self.report.speedup_vs_eager is not None and self.report.speedup_vs_eager > 10:
             self.report.flags.append(f"suspicious: {self.report.speedup_vs_eager:.1f}x faster than eager")
 

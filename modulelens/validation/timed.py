@@ -216,6 +216,28 @@ def load_reference(checker: CandidateChecker, proc: CandidateProcess, backend: s
     return None
 
 
+def time_against(checker: CandidateChecker, reference: Callable[[], TimedProcess], candidate: TimedProcess,
+                 plan: TimingPlan, what: str, checked_against: str) -> SpeedupMeasurement | None:
+    """Time ``candidate`` against the reference side ``reference()`` makes, check extra batches
+    until enough were verified, and record the speedup in ``checker.report`` (None and the report
+    saying why when the reference could not be timed: the candidate is not to blame)."""
+    from modulelens.timing import measure_speedup
+
+    try:
+        m = measure_speedup(reference(), candidate, plan, checker.threads)
+    except ReferenceFailed as e:
+        checker.report.timing_status, checker.report.timing_reason = "undetermined", str(e)
+        checker.report.timing_note = f"{what}: not timed: {e}"
+        return None
+    settle_verification(candidate)
+    record_timing(checker.report, m, what)
+    if candidate.verify is not None:
+        checker.check(f"timed outputs match the {checked_against}", True,
+                      f"{candidate.verified} timed batch(es) checked, chosen at random after they ran; fresh values "
+                      "each round and swaps between calls")
+    return m
+
+
 def record_timing(report: Any, m: SpeedupMeasurement, what: str) -> None:
     """Put the speedup over eager into a validation report: the number only when determined."""
     report.measurement = m.detail()

@@ -5,8 +5,10 @@ captured sample and on fresh inputs (several seeds and distributions: normal, un
 heavy-tailed, special values) with per-dtype tolerances plus a check relative to the output's own
 scale; inputs not mutated; outputs not aliasing inputs and not stale memory (reference outputs are
 kept alive and the allocator is poisoned with NaN before each call); timers untouched; then timing
-against eager (and torch.compile when asked) and the checks again after timing. The candidate is a
-*wrapper* when it calls torch operators or vendor libraries for the computation.
+against eager (and torch.compile when asked), each in a reference process of its own, in
+interleaved rounds whose batches are checked calls (:mod:`.timed`), and the checks again after
+timing. The candidate is a *wrapper* when it calls torch operators or vendor libraries for the
+computation.
 """
 
 from __future__ import annotations

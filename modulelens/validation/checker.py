@@ -132,7 +132,8 @@ class CandidateChecker(ReportKeeper):
             iso.layers = [x for x in iso.layers if x.name != "namespaces"]
             iso.add("namespaces", False, self.proc.namespaces_missing)
         iso.add("process separation", True, "the candidate runs in its own process; reference outputs, "
-                "comparison, timing and verdict stay in the checker")
+                "comparison, the clock and verdict stay in the checker; eager is timed in a reference process "
+                "of its own")
         iso.layers.append(secrets_layer(iso, self.proc.read_only, repo_root))
         return iso
 

@@ -1,33 +1,41 @@
-"""Training-step overhead of gather-stats, measured in one run as ratios.
+"""Training-step overhead of gather-stats, as ratios with 95% intervals, measured in one run.
 
-    python benchmarks/stats_overhead.py [--model mlp,wide,tinyformer] [--blocks 8] [--repeats 3] [--threads 1]
+    python benchmarks/stats_overhead.py [--model mlp,tinyformer] [--rounds 16] [--block-steps 10] [--threads 1]
 
-Four ways of training the same model run interleaved, block by block (each block is
-``--block-steps`` training steps, a multiple of 10; their order rotates every block so that drift
-and background load hit all of them alike): without statistics, with statistics every 10 steps
-(the default: moments of tensors over 65,536 elements estimated from a strided view of 65,536 of
-them), every 10 steps fully exact (``sample=0``), and on every step (default sampling). A block's time includes the sampled steps' hook work and the
-end-of-step transfer of the statistics (not the one-time fx trace and saving at the end of a run).
-Within one repeat, the overhead of a way is its median block time divided by the median block time
-without statistics. The whole measurement is repeated (``--repeats``, on a fresh model each time) and
-the table gives the median overhead over the repeats and its range (lowest-highest): machines are
-noisy, so a single figure says little. Also reported: how much slower one sampled step is than a
-plain one (median over repeats).
+Three ways of training the same model run interleaved in rounds: without statistics, with
+statistics on every step (``every=1``: every step is a sampled step) and with statistics every 10th
+step (the default). In each round every way runs one block of ``--block-steps`` training steps (a
+multiple of 10), in an order that rotates from round to round, so that drift and background load
+hit all ways alike. Per round:
 
-Models: ``mlp`` (8 Linear+ReLU(inplace) layers, width 1024, batch 256), ``wide`` (4 layers of width
-2048, batch 256) and ``tinyformer`` (examples/tinyformer, 4 layers of width 64, batch 8x64: many
-small modules, the worst case for per-module cost). The cost of a sampled step grows with the number
-of activation and parameter elements, the model's compute with width times elements: wider layers
-mean a smaller overhead. One thread by default (``--threads``): on a shared machine, OpenMP threads
-competing with other processes make timings erratic. Prints a Markdown table and writes it to
-benchmarks/results/stats_overhead.md.
+- **every step**: median step time of the every-step block / median step time of the plain block:
+  what one sampled step costs against a plain one;
+- **every 10th**: mean step time of the every-10 block / mean step time of the plain block: the
+  overhead a training run sees with the default;
+- **sampled / plain in the same block**: the sampled step of each every-10 block against the median
+  of that block's other steps (the same figure as "every step", measured without leaving the block).
+
+The table gives the median over rounds and a 95% interval from a bootstrap over rounds (rounds
+drawn with replacement, 2,000 times; the 2.5th and 97.5th percentiles of the median). A step's time
+includes the sampled step's hook work and the end-of-step transfer of the statistics; not the
+one-time fx trace or saving at the end of a run (``fx=False``, nothing is stored).
+
+Models: ``mlp`` (8 Linear+ReLU(inplace) layers of width 1024, batch 256), ``wide`` (4 layers of
+width 2048) and ``tinyformer`` (examples/tinyformer, 4 layers of width 64, batch 8x64: 55 small
+modules, the worst case for per-module cost). One thread by default (``--threads``): on a shared
+machine, OpenMP threads competing with other processes make timings erratic. ``--label`` names the
+code measured (the table says which modulelens it imported), so figures before and after a change
+can be taken the same way. Prints a Markdown table and writes it to
+benchmarks/results/stats_overhead[-LABEL].md.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import os
 import platform
+import random
 import statistics
 import sys
 import time
@@ -39,36 +47,38 @@ import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples" / "tinyformer"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from model import TinyConfig, TinyFormer  # noqa: E402
+from report import publish  # noqa: E402
 
+import modulelens  # noqa: E402
 from modulelens.stats import StatsCollector  # noqa: E402
-from modulelens.stats.stats import DEFAULT_SAMPLE  # noqa: E402
+
+WAYS = {"plain": None, "every step": 1, "every 10th": 10}
+BOOTSTRAP = 2000
 
 
-def make_mlp(width: int, depth: int) -> tuple[nn.Module, callable]:
+def make_mlp(width: int, depth: int, n_batch: int):
     layers: list[nn.Module] = [nn.Linear(256, width), nn.ReLU()]
     for _ in range(depth):
         layers += [nn.Linear(width, width), nn.ReLU(inplace=True)]
     model = nn.Sequential(*layers, nn.Linear(width, 10))
     g = torch.Generator().manual_seed(0)
 
-    def batch(n: int):
-        return torch.randn(n, 256, generator=g), torch.randint(0, 10, (n,), generator=g)
+    def batch():
+        return torch.randn(n_batch, 256, generator=g), torch.randint(0, 10, (n_batch,), generator=g)
 
-    def loss_fn(out, y):
-        return F.cross_entropy(out, y)
-
-    return model, batch, loss_fn
+    return model, batch, F.cross_entropy
 
 
-def make_tinyformer(layers: int, dim: int):
+def make_tinyformer(layers: int, dim: int, n_batch: int):
     cfg = TinyConfig(n_layers=layers, dim=dim, n_heads=4, max_seq_len=64)
     model = TinyFormer(cfg)
     g = torch.Generator().manual_seed(0)
 
-    def batch(n: int):
-        x = torch.randint(0, cfg.vocab_size, (n, 65), generator=g)
+    def batch():
+        x = torch.randint(0, cfg.vocab_size, (n_batch, 65), generator=g)
         return x[:, :-1], x[:, 1:]
 
     def loss_fn(out, y):
@@ -77,121 +87,98 @@ def make_tinyformer(layers: int, dim: int):
     return model, batch, loss_fn
 
 
-def run_block(model, opt, batch, loss_fn, n_batch: int, steps: int, way: tuple[int, int | None] | None,
-              ) -> tuple[float, list[float]]:
-    collector = StatsCollector(model, every=way[0], sample=way[1], fx=False) if way else None
+def run_block(model, opt, batch, loss_fn, steps: int, every: int | None) -> list[float]:
+    """Step times of ``steps`` training steps, with a collector sampling every ``every`` steps (None: none)."""
+    collector = StatsCollector(model, every=every, fx=False, plots=False) if every else None
     if collector is not None:
         collector.start()
-    step_times = []
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        s0 = time.perf_counter()
-        x, y = batch(n_batch)
-        loss = loss_fn(model(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        step_times.append(time.perf_counter() - s0)
-    total = time.perf_counter() - t0
-    if collector is not None:
-        collector.stop()
-    return total, step_times
+    times = []
+    try:
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            x, y = batch()
+            loss = loss_fn(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            times.append(time.perf_counter() - t0)
+    finally:
+        if collector is not None:
+            collector.stop()
+    return times
 
 
-def measure(name: str, model, batch, loss_fn, n_batch: int, blocks: int, block_steps: int) -> dict:
+def bootstrap_median(values: list[float], rng: random.Random) -> tuple[float, float, float]:
+    """Median of ``values`` and the 95% percentile interval of the median, rounds drawn with replacement."""
+    meds = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(BOOTSTRAP))
+    return statistics.median(values), meds[int(0.025 * BOOTSTRAP)], meds[int(0.975 * BOOTSTRAP) - 1]
+
+
+def measure(name: str, make, rounds: int, block_steps: int, seed: int) -> dict:
     torch.manual_seed(0)
+    model, batch, loss_fn = make()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    ways = {
-        "no statistics": None,
-        "every 10 steps": (10, DEFAULT_SAMPLE),
-        "every 10 steps, exact (sample=0)": (10, 0),
-        "every step": (1, DEFAULT_SAMPLE),
-    }
-    for way in ways.values():  # warm-up: allocator, kernels, first-call costs
-        run_block(model, opt, batch, loss_fn, n_batch, 10, way)
-    times: dict[str, list[float]] = {k: [] for k in ways}
-    sampled_step: list[float] = []
-    plain_step: list[float] = []
-    keys = list(ways)
-    for b in range(blocks):
-        for k in keys[b % len(keys):] + keys[: b % len(keys)]:
-            total, steps = run_block(model, opt, batch, loss_fn, n_batch, block_steps, ways[k])
-            times[k].append(total / block_steps)
-            if ways[k] == (10, DEFAULT_SAMPLE):
-                sampled_step += steps[::10]
-                plain_step += [t for i, t in enumerate(steps) if i % 10]
-    base = statistics.median(times["no statistics"])
+    for every in WAYS.values():  # warm-up: allocator, kernels, first-call costs
+        run_block(model, opt, batch, loss_fn, 10, every)
+    per_round: dict[str, list[float]] = {"every step": [], "every 10th": [], "sampled / plain in the same block": []}
+    plain_ms: list[float] = []
+    keys = list(WAYS)
+    for r in range(rounds):
+        times = {k: run_block(model, opt, batch, loss_fn, block_steps, WAYS[k])
+                 for k in keys[r % len(keys):] + keys[: r % len(keys)]}
+        plain = statistics.median(times["plain"])
+        plain_ms.append(plain * 1e3)
+        per_round["every step"].append(statistics.median(times["every step"]) / plain)
+        per_round["every 10th"].append(statistics.fmean(times["every 10th"]) / statistics.fmean(times["plain"]))
+        ten = times["every 10th"]
+        sampled = ten[::10]
+        others = [t for i, t in enumerate(ten) if i % 10]
+        per_round["sampled / plain in the same block"].append(statistics.median(sampled) / statistics.median(others))
+    rng = random.Random(seed)
     return {
-        "model": name, "modules": sum(1 for _ in model.modules()),
-        "time": {k: statistics.median(v) for k, v in times.items()},
-        "ratio": {k: statistics.median(v) / base for k, v in times.items()},
-        "sampled_vs_plain": statistics.median(sampled_step) / statistics.median(plain_step),
-    }
-
-
-def repeated(name: str, make, n_batch: int, blocks: int, block_steps: int, repeats: int) -> dict:
-    """``measure`` ``repeats`` times on fresh models: per way the median and range of the overhead."""
-    runs = []
-    for _ in range(repeats):
-        model, batch, loss_fn = make()
-        runs.append(measure(name, model, batch, loss_fn, n_batch, blocks, block_steps))
-    ways = list(runs[0]["ratio"])
-    return {
-        "model": name, "modules": runs[0]["modules"], "repeats": repeats,
-        "time": {k: statistics.median(r["time"][k] for r in runs) for k in ways},
-        "ratio": {k: statistics.median(r["ratio"][k] for r in runs) for k in ways},
-        "range": {k: (min(r["ratio"][k] for r in runs), max(r["ratio"][k] for r in runs)) for k in ways},
-        "sampled_vs_plain": statistics.median(r["sampled_vs_plain"] for r in runs),
+        "model": name, "modules": sum(1 for _ in model.modules()), "plain_ms": statistics.median(plain_ms),
+        "ratios": {k: bootstrap_median(v, rng) for k, v in per_round.items()},
     }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="mlp,wide,tinyformer", help="comma-separated: mlp, wide, tinyformer")
-    ap.add_argument("--blocks", type=int, default=8, help="blocks per way (median over blocks)")
+    ap.add_argument("--model", default="mlp,tinyformer", help="comma-separated: mlp, wide, tinyformer")
+    ap.add_argument("--rounds", type=int, default=16, help="interleaved rounds (the bootstrap draws from them)")
     ap.add_argument("--block-steps", type=int, default=10, help="training steps per block (a multiple of 10)")
-    ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--repeats", type=int, default=3, help="whole measurements per model (median and range)")
+    ap.add_argument("--label", default="", help="names the code measured, e.g. before/after")
+    ap.add_argument("--seed", type=int, default=0, help="of the bootstrap")
     args = ap.parse_args()
     if args.block_steps % 10:
         ap.error("--block-steps must be a multiple of 10")
     torch.set_num_threads(args.threads)
+    makers = {
+        "mlp": ("MLP 8x1024, batch 256", lambda: make_mlp(1024, 8, 256)),
+        "wide": ("MLP 4x2048, batch 256", lambda: make_mlp(2048, 4, 256)),
+        "tinyformer": ("TinyFormer 4 layers x 64, batch 8x64", lambda: make_tinyformer(4, 64, 8)),
+    }
     results = []
     for which in args.model.split(","):
-        if which in ("mlp", "wide"):
-            depth, width = (8, 1024) if which == "mlp" else (4, 2048)
-            results.append(repeated(f"MLP {depth}x{width}, batch {args.batch}", lambda d=depth, w=width: make_mlp(w, d),
-                                    args.batch, args.blocks, args.block_steps, args.repeats))
-        elif which == "tinyformer":
-            results.append(repeated("TinyFormer 4 layers x 64, batch 8x64", lambda: make_tinyformer(4, 64), 8,
-                                    args.blocks, args.block_steps, args.repeats))
-        else:
+        if which not in makers:
             ap.error(f"unknown model {which!r}")
+        results.append(measure(*makers[which], args.rounds, args.block_steps, args.seed))
+    label = f" [{args.label}]" if args.label else ""
     lines = [
-        f"# gather-stats training overhead ({_dt.datetime.now().isoformat(timespec='seconds')})",
+        f"# gather-stats training overhead{label} ({_dt.datetime.now().isoformat(timespec='seconds')})",
         "",
-        f"{platform.machine()} CPU, {torch.get_num_threads()} threads, torch {torch.__version__}; "
-        f"{args.repeats} repeats of {args.blocks} interleaved blocks of {args.block_steps} steps per way; overhead = "
-        "median over repeats of (median block time / median block time without statistics), with its range.",
+        f"{platform.machine()} CPU, {torch.get_num_threads()} thread(s), torch {torch.__version__}, modulelens from "
+        f"{Path(modulelens.__file__).parent}; load average {os.getloadavg()[0]:.1f} at the end. {args.rounds} "
+        f"interleaved rounds of {args.block_steps}-step blocks per way; median over rounds [95% bootstrap interval].",
         "",
-        "| model | modules | way | time per step | overhead (median) | overhead range over repeats |",
-        "|---|---:|---|---:|---:|---:|",
+        "| model | modules | plain step | every step (sampled / plain) | every 10th (run time / plain) "
+        "| sampled / plain in the same block |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for r in results:
-        for k, ratio in r["ratio"].items():
-            lo, hi = r["range"][k]
-            lines.append(f"| {r['model']} | {r['modules']} | {k} | {r['time'][k] * 1e3:.2f} ms | "
-                         f"{(ratio - 1) * 100:+.1f}% | {(lo - 1) * 100:+.1f}% to {(hi - 1) * 100:+.1f}% |")
-    lines.append("")
-    for r in results:
-        lines.append(f"- {r['model']}: one sampled step takes {r['sampled_vs_plain']:.2f}x a plain step "
-                     "(hooks, statistics, gradient hooks, parameter copies and one transfer).")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    out = ROOT / "benchmarks" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "stats_overhead.md").write_text(text)
+        cells = [f"{m:.3f}x [{lo:.3f}, {hi:.3f}]" for m, lo, hi in r["ratios"].values()]
+        lines.append(f"| {r['model']} | {r['modules']} | {r['plain_ms']:.1f} ms | " + " | ".join(cells) + " |")
+    publish("stats_overhead" + (f"-{args.label}" if args.label else ""), lines)
 
 
 if __name__ == "__main__":

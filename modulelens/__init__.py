@@ -33,7 +33,7 @@ def _tool_function(name: str, **preset: Any):
         fields = [n for n, f in tool.request.model_fields.items()
                   if (f.json_schema_extra or {}).get("cli") == "argument" and n not in preset]
         kwargs.update(preset, **dict(zip(fields, args)))
-        ctx = ToolContext(repo_root=Path(repo) if repo else default_repo_root())
+        ctx = ToolContext(repo_root=Path(repo) if repo else default_repo_root(), workdir=Path.cwd())
         return tool(tool.request(**kwargs), ctx)
 
     call.__name__ = name

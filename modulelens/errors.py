@@ -6,19 +6,32 @@ Messages and hints name tool arguments with a marker that each front end renders
 ``--no-eager`` / ``eager=false``; ``[--trust-pickle]`` is ``--trust-pickle`` / ``trust_pickle``.
 A value written in capitals (``CARD``, ``FILE``, ``N``) is a placeholder, shown only in the CLI.
 Write markers with :func:`arg` or by hand; :func:`render` turns them into one front end's text.
+
+A suggested call of a tool is a marker too, written with :func:`tool_call`
+(``[[validate_kernel {"candidate":"blk.card6:v1"}]]``): over MCP (and in Python) it reads
+``validate_kernel {"candidate": "blk.card6:v1"}``, in the CLI ``modulelens validate-kernel
+blk.card6:v1``. Writing a command line needs the registry (which arguments are positional), so the
+CLI hands :func:`render` its own writer; without one a call reads as over MCP.
+
 The raw text (``ModuleLensError.message`` and ``.hint``) keeps the markers, so an error can cross
 a process boundary and still be rendered by whichever front end shows it.
 """
 
 from __future__ import annotations
 
+import json
 import re
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 Front = Literal["cli", "args"]
 """How argument markers read: ``cli`` as command-line flags, ``args`` as argument names (MCP, Python)."""
 
-_MARKER = re.compile(r"\[--(?P<no>no-)?(?P<name>[a-z][a-z0-9]*(?:-[a-z0-9]+)*)(?: (?P<value>[^\[\]]+))?\]")
+_MARKER = re.compile(r"\[--(?P<no>no-)?(?P<name>[a-z][a-z0-9]*(?:-[a-z0-9]+)*)(?: (?P<value>[^\[\]]+))?\]"
+                     r"|\[\[(?P<tool>[a-z][a-z0-9_]*)(?: (?P<arguments>\{.*?\}))?\]\]")
+
+CallWriter = Callable[[str, dict[str, Any]], str]
+"""(tool name, arguments) -> how a front end writes that call."""
 _PLACEHOLDER = re.compile(r"[A-Z][A-Z0-9_]*(?:\.\.\.)?")
 
 
@@ -33,7 +46,25 @@ def arg(name: str, value: object = None) -> str:
     return f"[--{flag} {value}]"
 
 
-def _render_marker(match: re.Match[str], front: Front) -> str:
+def tool_call(tool: str, **arguments: Any) -> str:
+    """The marker for a call of ``tool`` with ``arguments`` (request field names, JSON values;
+    those left None dropped), rendered per front end (module docstring)."""
+    given = {k: v for k, v in arguments.items() if v is not None}
+    return f"[[{tool} {json.dumps(given, separators=(',', ':'))}]]" if given else f"[[{tool}]]"
+
+
+def mcp_call(tool: str, arguments: dict[str, Any]) -> str:
+    """A call as an MCP client would make it: ``validate_kernel {"candidate": "blk.card6:v1"}``."""
+    return f"{tool} {json.dumps(arguments)}" if arguments else tool
+
+
+def _render_marker(match: re.Match[str], front: Front, calls: CallWriter) -> str:
+    if match["tool"] is not None:
+        try:
+            arguments = json.loads(match["arguments"]) if match["arguments"] else {}
+        except ValueError:
+            return match.group(0)
+        return calls(match["tool"], arguments if isinstance(arguments, dict) else {})
     flag, value, negated = match["name"], match["value"], bool(match["no"])
     if front == "cli":
         return match.group(0)[1:-1]
@@ -45,9 +76,10 @@ def _render_marker(match: re.Match[str], front: Front) -> str:
     return f"{name}={value}"
 
 
-def render(text: str, front: Front) -> str:
-    """``text`` with its argument markers written for ``front`` (see the module docstring)."""
-    return _MARKER.sub(lambda m: _render_marker(m, front), text)
+def render(text: str, front: Front, calls: CallWriter | None = None) -> str:
+    """``text`` with its argument and call markers written for ``front`` (see the module
+    docstring); ``calls`` writes a suggested call (default: as over MCP)."""
+    return _MARKER.sub(lambda m: _render_marker(m, front, calls or mcp_call), text)
 
 
 class ModuleLensError(Exception):
@@ -62,9 +94,10 @@ class ModuleLensError(Exception):
         self.message = message
         self.hint = hint
 
-    def rendered(self, front: Front) -> tuple[str, str | None]:
-        """(message, hint) with argument markers written for ``front``."""
-        return render(self.message, front), None if self.hint is None else render(self.hint, front)
+    def rendered(self, front: Front, calls: CallWriter | None = None) -> tuple[str, str | None]:
+        """(message, hint) with markers written for ``front`` (calls by ``calls``, see :func:`render`)."""
+        return (render(self.message, front, calls),
+                None if self.hint is None else render(self.hint, front, calls))
 
     def __str__(self) -> str:
         message, hint = self.rendered("args")

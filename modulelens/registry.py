@@ -29,6 +29,7 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel
 
 from modulelens.errors import ModuleLensError
+from modulelens.paths import project_folder
 from modulelens.replies import ToolReply
 from modulelens.repo import default_repo_root
 
@@ -54,6 +55,15 @@ class ToolContext:
     # Set by a front end that cancels the call (MCP cancellation, a cancelled job). Worker processes
     # see it through modulelens.cancellation (the front end runs the tool inside ``cancellable``).
     cancelled: threading.Event = field(default_factory=threading.Event)
+    # Where relative paths of a request are taken from, and the project a source may be read from
+    # without ``allow_outside``: the CLI and the Python API set the working directory; None (MCP,
+    # its jobs, the UI) means the folder that holds the repository (see modulelens.paths).
+    workdir: Path | None = None
+
+    @property
+    def project(self) -> Path:
+        """The project folder of this call (``workdir``, else the folder holding the repository)."""
+        return Path(self.workdir).absolute() if self.workdir is not None else project_folder(self.repo_root)
 
 
 @dataclass(frozen=True)

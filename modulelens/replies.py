@@ -3,7 +3,8 @@ that usually come next.
 
 A leaf module (pydantic and :mod:`modulelens.errors` only), so that any result model, in any package, can inherit
 :class:`ToolReply`. ``warnings`` are plain sentences; they may hold argument markers
-(``[--limit N]``, see :mod:`modulelens.errors`) that each front end writes its own way. ``next``
+(``[--limit N]``) and suggested calls (``tool_call``, see :mod:`modulelens.errors`) that each front
+end writes its own way. ``next``
 holds typed calls (:class:`NextCall`): the MCP server shows them as tool names and arguments, the
 CLI as command lines with its option names.
 """
@@ -14,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from modulelens.errors import Front, render
+from modulelens.errors import CallWriter, Front, render
 
 __all__ = ["NextCall", "ToolReply", "call", "rendered_reply"]
 
@@ -42,13 +43,14 @@ class ToolReply(BaseModel):
     next: list[NextCall] = Field(default_factory=list, description="Calls that usually follow.")
 
 
-def rendered_reply(result: BaseModel, front: Front) -> dict[str, Any]:
-    """``result`` as JSON data, the argument markers of its ``warnings`` and of its ``left_out``
-    pointers written for ``front`` (the rest of the data is the tool's, left as it is)."""
+def rendered_reply(result: BaseModel, front: Front, calls: CallWriter | None = None) -> dict[str, Any]:
+    """``result`` as JSON data, the markers of its ``warnings`` and of its ``left_out`` pointers
+    written for ``front`` (calls by ``calls``, see :func:`modulelens.errors.render`); the rest of
+    the data is the tool's, left as it is."""
     data = result.model_dump(mode="json")
     if isinstance(data.get("warnings"), list):
-        data["warnings"] = [render(w, front) if isinstance(w, str) else w for w in data["warnings"]]
+        data["warnings"] = [render(w, front, calls) if isinstance(w, str) else w for w in data["warnings"]]
     for cut in data.get("left_out") or []:
         if isinstance(cut, dict) and isinstance(cut.get("full"), str):
-            cut["full"] = render(cut["full"], front)
+            cut["full"] = render(cut["full"], front, calls)
     return data

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -54,6 +54,17 @@ def run_cli_subprocess(*args: str, env: dict | None = None, timeout: float = 600
         [sys.executable, "-m", "modulelens", *map(str, args)], capture_output=True, text=True,
         timeout=timeout, env={**os.environ, **(env or {})},
     )
+
+
+def wait_until(predicate, timeout: float, what: str) -> None:
+    """Return once ``predicate()`` is true; fail naming ``what`` after ``timeout`` seconds."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
 
 
 @pytest.fixture(scope="session")

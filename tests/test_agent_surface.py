@@ -15,11 +15,11 @@ import anyio
 import pytest
 from mcp import Client
 from pydantic import BaseModel, Field, ValidationError, model_validator
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 from modulelens.arguments import argument_errors, did_you_mean, unknown_names
 from modulelens.cli.app import build_app
-from modulelens.errors import ModuleLensError, arg, render
+from modulelens.errors import ModuleLensError, arg, render, tool_call
 from modulelens.listing import LeftOut, everything, keep_first
 from modulelens.mcp_server.schema import compact_schema
 from modulelens.mcp_server.server import build_server
@@ -283,6 +283,67 @@ def test_next_calls_become_command_lines_with_positional_arguments_in_order():
     assert cli_command(call("run", script="t.py", pack="p", compare=True), tools) == (
         "modulelens run t.py --pack p --compare")
     assert cli_command(call("job_status", job="j1"), tools) == 'job_status {"job": "j1"}'  # MCP only
+
+
+# --------------------------------------------------------------------------------------------
+# Suggested calls in hints and warnings, per front end
+# --------------------------------------------------------------------------------------------
+
+
+def test_call_markers_read_as_tool_calls_over_mcp_and_command_lines_in_the_cli():
+    from modulelens.cli.app import cli_text
+    from modulelens.tools import all_tools
+
+    text = (f"validate it with {tool_call('validate_kernel', candidate='blk.card6:v1', seeds=3)}, "
+            f"then {tool_call('pack', candidates=['a:v1', 'b:v2'], out='m.pack')} or {tool_call('optimize')}; "
+            f"or pass {arg('limit', 'N')}")
+    assert render(text, "args") == ('validate it with validate_kernel {"candidate": "blk.card6:v1", "seeds": 3}, '
+                                    'then pack {"candidates": ["a:v1", "b:v2"], "out": "m.pack"} or optimize; '
+                                    'or pass limit')
+    assert cli_text(text, all_tools()) == ("validate it with modulelens validate-kernel blk.card6:v1 --seeds 3, "
+                                           "then modulelens pack a:v1 b:v2 --out m.pack or modulelens optimize; "
+                                           "or pass --limit N")
+    assert ModuleLensError("x", text).rendered("args")[1] == render(text, "args")  # raw text keeps the markers
+
+
+def test_a_domain_error_names_the_mcp_tool_over_mcp_and_the_command_in_the_cli(tmp_path, cli):
+    from modulelens.tools import all_tools
+
+    async def body(c):
+        return await c.call_tool("show", {"kind": "search", "ref": "nope"})
+
+    async def main():
+        async with Client(build_server(all_tools(), repo_root=tmp_path)) as client:
+            return await body(client)
+
+    r = anyio.run(main)
+    assert r.is_error and r.content[0].text.endswith('hint: start one with optimize {"targets": ["blk/6"]}')
+    app = build_app(all_tools(), rich_help=False)
+    r = CliRunner().invoke(app, ["show", "search", "nope", "--repo", str(tmp_path)])
+    assert r.exit_code == 2 and "hint: start one with modulelens optimize blk/6" in r.stderr, r.output
+
+
+def test_warnings_with_calls_are_rendered_per_front_end():
+    @tool
+    def probe(req: BuildRequest, ctx: ToolContext) -> BuildResult:
+        """Probe."""
+        result = BuildResult(card="blk/0", seeds=1, items=[])
+        result.warnings = [f"not trusted: trust it with {tool_call('trust', ref='p:v1', kind='packs', yes=True)}"]
+        return result
+
+    async def body(c):
+        return await c.call_tool("probe", {})
+
+    r = _mcp([probe], body)
+    assert r.structured_content["warnings"] == ['not trusted: trust it with trust {"ref": "p:v1", "kind": "packs", '
+                                                '"yes": true}']
+    from modulelens.tools import all_tools
+
+    app = build_app([probe, *all_tools()], rich_help=False)
+    r = CliRunner().invoke(app, ["probe", "--json"])
+    assert json.loads(r.stdout)["warnings"] == ["not trusted: trust it with modulelens trust p:v1 --kind packs --yes"]
+    r = CliRunner().invoke(app, ["probe"])
+    assert "warning: not trusted: trust it with modulelens trust p:v1 --kind packs --yes" in r.stdout
 
 
 def test_every_real_tool_lists_within_budget_and_documents_its_result():

@@ -1,4 +1,4 @@
-"""Capture from unmodified scripts and KernelBench files, replay, errors. Drives the CLI (typer
+"""Capture from unmodified scripts and KernelBench files, replay, errors. Drives the CLI (click
 runner) and the Python API; each capture runs the user's script in a worker process."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def repo(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def block_ref(repo, app) -> str:
-    from typer.testing import CliRunner
+    from click.testing import CliRunner
 
     r = CliRunner().invoke(app, ["capture-module", str(TRAIN), "--module", "blocks.1", "--name", "blk",
                                  "--repo", str(repo), "--json", "--", "--steps", "3"])

@@ -9,7 +9,7 @@ import shlex
 
 import pytest
 from pydantic import BaseModel
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 from modulelens.cli.app import build_app
 from modulelens.cli.examples import EXAMPLES, example_line

@@ -4,7 +4,7 @@ sequences; the CLI shows them as visible escapes and never sends them to the ter
 from __future__ import annotations
 
 from pydantic import BaseModel, Field
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 from modulelens.capture.summary import CaptureSummary
 from modulelens.cli.app import build_app

@@ -1,4 +1,4 @@
-"""Progress while a tool works, through the CLI (typer's runner: stdout and stderr are not
+"""Progress while a tool works, through the CLI (click's runner: stdout and stderr are not
 terminals): plain lines on stderr after the first second, a heartbeat for silent tools, nothing
 with --json or --quiet, a live display when the console is a terminal."""
 
@@ -10,7 +10,7 @@ import time
 
 import pytest
 from pydantic import BaseModel, Field
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 from modulelens.cli.app import build_app
 from modulelens.cli.progress import ProgressMode, progress_line, progress_mode

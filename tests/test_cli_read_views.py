@@ -81,7 +81,7 @@ def test_list_stats_runs_by_name(cli, repo):
     (["list", "candidates"], []),
 ])
 def test_read_views_keep_ids_whole_at_80_columns(app, repo, args, ids):
-    from typer.testing import CliRunner
+    from click.testing import CliRunner
 
     r = CliRunner().invoke(app, [*args, "--repo", str(repo)], env={"COLUMNS": "80"})
     assert r.exit_code == 0, r.output

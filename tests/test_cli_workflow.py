@@ -10,7 +10,7 @@ import re
 import pytest
 from conftest import TRAIN
 from rich.cells import cell_len
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 pytestmark = pytest.mark.slow
 

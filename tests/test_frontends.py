@@ -10,7 +10,7 @@ import anyio
 import pytest
 from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, Field
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 from modulelens.cli.app import build_app
 from modulelens.errors import ModuleLensError, ReferenceNotFound

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,23 @@ def test_planted_fault_is_found_at_its_module(cli, repo, fault, module, kind, ex
         assert ("exploding_gradient", module) in _kinds(data)
     f = next(f for f in data["findings"] if f["kind"] == kind)
     assert f["message"] and f["action"] and f["evidence"]
+
+
+def test_nan_born_between_sampled_steps_is_found_by_a_rerun(cli, repo):
+    """Sampled every 5 steps, a division by zero at step 7 in blocks.1.act is first seen at step 10,
+    when the optimizer has spread NaN into every weight; the rerun names its module, step and phase."""
+    args = ("--fault", "nan-at", "--module", "blocks.1.act", "--at", "7", "--steps", "12")
+    data = _gather(cli, repo, FAULTS, *args, extra=("--name", "nan-at"))
+    f = data["findings"][0]
+    assert (f["kind"], f["module"], f["step"], f["phase"], f["tensor"], f["found_by"]) == \
+        ("nan_inf", "blocks.1.act", 7, "forward", "output", "rerun")
+    assert f["first_step"] == 10 and "rerunning the script" in f["message"] and f["evidence"]["steps_checked"] == 8
+    # Off with a flag: the sampled steps alone name where NaN shows first, and say how to find more.
+    data = _gather(cli, repo, FAULTS, *args, extra=("--name", "nan-at-off", "--no-nan-rerun"))
+    f = data["findings"][0]
+    assert f["kind"] == "nan_inf" and f["found_by"] == "sampled steps" and f["phase"] is None
+    assert f["step"] == 10 and "gather-stats" in f["action"]
+    assert any("--no-nan-rerun" in n for n in data["notes"])
 
 
 def test_tinyformer_is_healthy_and_stops_after_steps(cli, repo):
@@ -196,6 +214,11 @@ def test_wandb_offline_run_holds_series_findings_and_report(cli, repo, tmp_path,
     [records] = run_dir.glob("run-*.wandb")
     raw = records.read_bytes()
     assert b"activation/rms/blocks.0.fc" in raw and b"update_ratio/head.weight" in raw
+    deadline = time.monotonic() + 30  # W&B's writer flushes the run's last block (the summary) on its own time
+    while b"gather_stats/findings" not in raw and time.monotonic() < deadline:
+        time.sleep(0.5)
+        raw = records.read_bytes()
+    assert b"gather_stats/findings" in raw  # the count: the "findings" key keeps the table
     [table] = (run_dir / "files" / "media" / "table").glob("findings_*.table.json")
     assert ["dead_activation", "blocks.0.act"] == json.loads(table.read_text())["data"][0][:2]
     assert list((run_dir / "files" / "media" / "html").glob("report_*.html"))

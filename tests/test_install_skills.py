@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 from modulelens.cli.app import build_app
 from modulelens.errors import ModuleLensError

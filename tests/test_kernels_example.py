@@ -18,7 +18,7 @@ FAMILIES = {"aten.gelu.default": "elementwise", "aten.native_layer_norm.default"
 
 @pytest.fixture(scope="module")
 def cards(tmp_path_factory, app):
-    from typer.testing import CliRunner
+    from click.testing import CliRunner
 
     repo = tmp_path_factory.mktemp("kernels-repo")
     r = CliRunner().invoke(app, ["capture-ops", str(TRAIN), "--module", "blocks.1", "--top", "100", "--repo", str(repo), "--json",

@@ -16,6 +16,7 @@ import anyio
 import mcp
 import pytest
 from mcp import types
+from conftest import wait_until
 from pydantic import BaseModel
 
 from modulelens.cancellation import CallCancelled
@@ -53,14 +54,6 @@ def _marked(marker: str) -> list[int]:
         except OSError:
             continue
     return found
-
-
-def _wait_until(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 @pytest.fixture
@@ -137,12 +130,12 @@ def test_cancelling_capture_module_stops_its_worker(tmp_path, marker):
                     await c.call_tool("capture_module", {"script": str(script), "module": "0", "name": "never"})
 
                 tg.start_soon(call)
-                await anyio.to_thread.run_sync(_wait_until, ready.exists, 120, "the script to start")
+                await anyio.to_thread.run_sync(wait_until, ready.exists, 120, "the script to start")
                 assert len(_marked(marker)) >= 2  # the worker and the script's own child
                 tg.cancel_scope.cancel()
 
     anyio.run(main)
-    _wait_until(lambda: not _marked(marker), 15, "the worker processes to end")
+    wait_until(lambda: not _marked(marker), 15, "the worker processes to end")
     assert Repository(repo).names("captures") == []
     assert not list((repo / ".tmp").glob("*"))  # nothing half-written left behind
 
@@ -237,14 +230,14 @@ def test_cancelling_optimize_stops_its_sandbox_workers(tmp_path, sandbox_marker)
                     await c.call_tool("optimize", {"targets": [card], "max_evals": 24, "workers": 2})
 
                 tg.start_soon(call)
-                await anyio.to_thread.run_sync(_wait_until, lambda: len(_marked(sandbox_marker)) >= 2, 120,
+                await anyio.to_thread.run_sync(wait_until, lambda: len(_marked(sandbox_marker)) >= 2, 120,
                                                "the search's sandbox workers to start")
                 await anyio.sleep(1.0)
                 tg.cancel_scope.cancel()
 
     started = time.monotonic()
     anyio.run(main)
-    _wait_until(lambda: not _marked(sandbox_marker), 15, "the sandbox workers to end")
+    wait_until(lambda: not _marked(sandbox_marker), 15, "the sandbox workers to end")
     assert time.monotonic() - started < 25  # stopped at once, not after the call's 30 s grace
 
 
@@ -261,7 +254,7 @@ def test_start_job_then_poll_and_cancel(tmp_path, marker):
             assert not started.is_error, started.content
             job = started.structured_content["job"]
             assert started.structured_content["state"] == "running"
-            await anyio.to_thread.run_sync(_wait_until, ready.exists, 120, "the job's script to start")
+            await anyio.to_thread.run_sync(wait_until, ready.exists, 120, "the job's script to start")
             go.write_text("go")
             done = await c.call_tool("job_status", {"job": job, "wait": 50})
             assert done.structured_content["state"] == "done", done.structured_content
@@ -272,7 +265,7 @@ def test_start_job_then_poll_and_cancel(tmp_path, marker):
             second = await c.call_tool("start_job", {"tool": "capture_module",
                                                      "arguments": {"script": str(script), "module": "0"}})
             job2 = second.structured_content["job"]
-            await anyio.to_thread.run_sync(_wait_until, ready.exists, 120, "the second job's script to start")
+            await anyio.to_thread.run_sync(wait_until, ready.exists, 120, "the second job's script to start")
             cancelled = await c.call_tool("job_status", {"job": job2, "cancel": True})
             assert cancelled.structured_content["state"] == "cancelled", cancelled.structured_content
             unknown = await c.call_tool("job_status", {"job": "nope"})
@@ -281,7 +274,7 @@ def test_start_job_then_poll_and_cancel(tmp_path, marker):
             assert wrong.is_error and "capture_module" in wrong.content[0].text
 
     anyio.run(main)
-    _wait_until(lambda: not _marked(marker), 15, "the job's worker processes to end")
+    wait_until(lambda: not _marked(marker), 15, "the job's worker processes to end")
     assert Repository(repo).versions("captures", "0") == [1]
 
 
@@ -364,12 +357,12 @@ def test_a_capture_whose_caller_was_killed_is_not_published(tmp_path, marker):
                                "--name", "orphan", "--repo", str(repo)], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        _wait_until(ready.exists, 120, "the script to start")
+        wait_until(ready.exists, 120, "the script to start")
     finally:
         caller.send_signal(signal.SIGKILL)
         caller.wait()
     go.write_text("go")  # the script would now reach the module and capture
-    _wait_until(lambda: not _marked(marker), 15, "the orphaned worker to end")
+    wait_until(lambda: not _marked(marker), 15, "the orphaned worker to end")
     assert not (repo / "captures" / "orphan").exists() or Repository(repo).versions("captures", "orphan") == []
 
 

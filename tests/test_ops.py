@@ -19,7 +19,7 @@ def block_cards(repo, app):
     """Cards of blocks.1 of the example transformer, captured from the unmodified script in one go."""
     import json
 
-    from typer.testing import CliRunner
+    from click.testing import CliRunner
 
     r = CliRunner().invoke(app, ["capture-ops", str(TRAIN), "--module", "blocks.1", "--top", "100", "--repo", str(repo), "--json",
                                  "--", "--steps", "2"])

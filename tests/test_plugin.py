@@ -72,9 +72,7 @@ def test_plugin_skills_are_the_ones_install_skills_installs(plugin, plugin_root)
 
 
 def test_plugin_starts_the_mcp_server_as_the_cli_does(app, plugin, plugin_root):
-    import typer
-
     config = _json(_relative(plugin_root, plugin["mcpServers"]))
     entry = config["mcpServers"][MCP_SERVER_NAME]
     assert {k: entry[k] for k in MCP_SERVER_ENTRY} == MCP_SERVER_ENTRY  # `modulelens mcp`, as install-skills writes
-    assert entry["command"] == "modulelens" and entry["args"][0] in typer.main.get_command(app).commands
+    assert entry["command"] == "modulelens" and entry["args"][0] in app.commands

@@ -139,7 +139,7 @@ def test_check_pack_lists_some_captures_and_shares_entries_among_them():
 
 
 def test_cli_views_say_what_a_result_left_out(softmax_card):
-    from typer.testing import CliRunner
+    from click.testing import CliRunner
 
     from modulelens.cli.app import build_app
     from modulelens.tools import all_tools

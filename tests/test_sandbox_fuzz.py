@@ -49,10 +49,12 @@ def test_validate_kernel_over_mcp_does_not_echo_etc_passwd(tmp_path):
 
     async def session():
         async with mcp.Client(build_server(all_tools(), repo_root=tmp_path)) as c:
-            r = await c.call_tool("validate_kernel", {"source": "/etc/passwd", "target": "a/1", "backend": "cpp"})
-            text = " ".join(getattr(x, "text", "") for x in r.content)
-            assert r.is_error and "not named like a kernel source" in text, text
-            assert f"{first}:x" not in text and "/bin/" not in text
+            for allow, refusal in ((False, "outside the project folder"), (True, "not named like a kernel source")):
+                r = await c.call_tool("validate_kernel", {"source": "/etc/passwd", "target": "a/1", "backend": "cpp",
+                                                          "allow_outside": allow})
+                text = " ".join(getattr(x, "text", "") for x in r.content)
+                assert r.is_error and refusal in text, text
+                assert f"{first}:x" not in text and "/bin/" not in text
 
     anyio.run(session)
 
@@ -145,9 +147,10 @@ def test_validate_module_over_mcp_does_not_read_etc_passwd(tmp_path):
 
     async def session():
         async with mcp.Client(build_server(all_tools(), repo_root=tmp_path)) as c:
-            r = await c.call_tool("validate_kernel", {"source": "/etc/passwd", "target": "a"})
-            text = " ".join(getattr(x, "text", "") for x in r.content)
-            assert r.is_error and "not named like a kernel source" in text, text
-            assert f"{first}:x" not in text
+            for allow, refusal in ((False, "outside the project folder"), (True, "not named like a kernel source")):
+                r = await c.call_tool("validate_kernel", {"source": "/etc/passwd", "target": "a", "allow_outside": allow})
+                text = " ".join(getattr(x, "text", "") for x in r.content)
+                assert r.is_error and refusal in text, text
+                assert f"{first}:x" not in text
 
     anyio.run(session)

@@ -144,7 +144,7 @@ def gelu_card(tmp_path_factory):
 @pytest.fixture(scope="session")
 def template_search(gelu_card, app):
     """One template search of two evaluations, through the CLI."""
-    from typer.testing import CliRunner
+    from click.testing import CliRunner
 
     repo, card = gelu_card
     r = CliRunner().invoke(app, ["optimize", card, "--max-evals", "2", "--search-id", "tpl", "--repo", str(repo),

@@ -9,7 +9,6 @@ import re
 import shlex
 
 import pytest
-import typer
 from conftest import TRAIN
 
 from modulelens.tools.install_skills import available_skills
@@ -48,7 +47,7 @@ def test_the_skills_hold_command_lines():
 
 @pytest.mark.parametrize("skill, argv", SKILL_LINES, ids=[f"{n}:{' '.join(a)[:60]}" for n, a in SKILL_LINES])
 def test_every_skill_command_line_parses(app, skill, argv):
-    group = typer.main.get_command(app)
+    group = app
     assert argv and argv[0] in group.commands, f"{skill}: no command {argv[:1]} (commands: {sorted(group.commands)})"
     command = group.commands[argv[0]]
     try:

@@ -7,10 +7,11 @@ import torch
 import torch.nn as nn
 
 from modulelens.stats.collector import StatsCollector
+from modulelens.stats.schema import RunSeries
 from modulelens.stats.series import build_series
 
 
-def _series(compiled: bool) -> tuple[dict, StatsCollector]:
+def _series(compiled: bool) -> tuple[RunSeries, StatsCollector]:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
     run_model = torch.compile(model, backend="eager") if compiled else model
@@ -33,9 +34,9 @@ def test_compiled_model_gets_exact_statistics_on_eager_sampled_steps():
     eager, _ = _series(False)
     compiled, collector = _series(True)
     assert collector.compiled and collector.eager_sampled_steps == 3
-    assert compiled["order"] == eager["order"] == ["", "0", "1", "2"]
-    for name in eager["order"]:
+    assert compiled.order == eager.order == ["", "0", "1", "2"]
+    for name in eager.order:
         for kind in ("activation", "gradient"):
-            assert compiled["modules"][name][kind] == eager["modules"][name][kind], (name, kind)
-    assert any("ran it in eager mode" in n for n in compiled["notes"])
+            assert getattr(compiled.modules[name], kind) == getattr(eager.modules[name], kind), (name, kind)
+    assert any("ran it in eager mode" in n for n in compiled.notes)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1  # compiled once, never recompiled

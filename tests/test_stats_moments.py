@@ -8,7 +8,14 @@ import pytest
 import torch
 from scipy import stats as sps
 
+from modulelens.stats import fused
 from modulelens.stats import stats as S
+
+
+@pytest.fixture
+def torch_path(monkeypatch):
+    """Statistics computed with PyTorch operators (the path without a C compiler, and of GPUs)."""
+    monkeypatch.setattr(S, "moments_cpu", lambda *args: None)
 
 
 def _finalized(t: torch.Tensor, sample: int | None = None) -> dict:
@@ -64,7 +71,7 @@ def test_sampled_moments_keep_counts_and_extremes_exact():
     assert (st["min"], st["max"]) == (-5.0, 5.0)
 
 
-def test_heavy_tails_get_exact_moments_and_light_ones_say_they_were_sampled():
+def test_heavy_tails_get_exact_moments_and_light_ones_say_they_were_sampled(torch_path):
     g = torch.Generator().manual_seed(5)
     n = 2_000_000
     normal = torch.randn(n, generator=g)
@@ -79,3 +86,28 @@ def test_heavy_tails_get_exact_moments_and_light_ones_say_they_were_sampled():
     light = _finalized(normal, sample=S.DEFAULT_SAMPLE)
     assert light["sampled"] is True and light["kurtosis"] == pytest.approx(0.0, abs=0.1)
     assert _finalized(normal)["sampled"] is False
+
+
+def _vectors_agree(t: torch.Tensor, sat: tuple[float, float] | None = None) -> None:
+    one_pass = S.moments(t, sat)
+    assert isinstance(one_pass, list) and one_pass[S.SAMPLED] == 0
+    flat = t.detach().reshape(-1)
+    reference = S._masked_moments(flat if flat.is_floating_point() else flat.double(), flat.numel(), sat).tolist()
+    assert one_pass == pytest.approx(reference, rel=1e-9, abs=1e-9)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_the_one_pass_helper_equals_the_exact_pytorch_path(dtype):
+    """The C helper reads every element once: its vector equals the exact PyTorch reduction, NaN/Inf,
+    zeros, a far-off mean and one huge outlier included (it redoes the pass around the mean then)."""
+    g = torch.Generator().manual_seed(7)
+    special = torch.randn(3001, generator=g)
+    special[::97], special[5], special[6] = float("nan"), float("inf"), -float("inf")
+    cases = [torch.randn(4096, generator=g) * 2 + 0.5, torch.relu(torch.randn(300, 70, generator=g)), special,
+             torch.randn(5000, generator=g) * 1e-3 + 1000.0, torch.cat([torch.randn(9999, generator=g), torch.tensor([1e7])]),
+             torch.full((17,), 3.0), torch.tanh(torch.randn(2000, generator=g) * 3)]
+    assert fused.unavailable() is None  # a C compiler is there: the helper is built and used
+    for t in cases:
+        _vectors_agree(t.to(dtype))
+    _vectors_agree(torch.tanh(torch.randn(2000, generator=g) * 3).to(dtype), S.SATURATING["Tanh"])
+    assert S.moments(torch.randn(10, 20, generator=g).t())[S.SAMPLED] == 0  # not contiguous: the PyTorch path

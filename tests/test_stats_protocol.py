@@ -13,7 +13,10 @@ from pydantic import ValidationError
 from modulelens.capture.worker_process import read_worker_result
 from modulelens.errors import ModuleLensError
 from modulelens.stats.collector import StatsCollector
+from modulelens.stats.findings import evaluate
 from modulelens.stats.manifest import StatsManifest
+from modulelens.stats.runs import tensor_rows
+from modulelens.stats.schema import CaptureSeries, RunSeries, StatsFinding
 from modulelens.stats.worker import StatsWorkerRequest, StatsWorkerResult
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -47,3 +50,19 @@ def test_manifests_written_by_the_previous_version_load(fixture):
         assert m.summary.by_type[0].type == "Linear" and m.source.kind == "api"
     else:
         assert m.summary.capture == "lin:v2" and m.source.capture == "lin:v2" and m.summary.tensors == 5
+
+
+def test_series_and_findings_written_by_the_previous_version_load_and_are_judged_again():
+    run = RunSeries.model_validate_json((FIXTURES / "stats_series_run_v1.json").read_text())
+    assert run.schema_version == 1 and run.steps == [0, 2, 4] and run.nan_origin is None
+    assert run.order == ["", "0", "1", "2", "3", "4"] and run.modules["3"].softmax == {}
+    assert run.params["2.weight"].dead_rows == [] and run.nonfinite[0].step == 4
+    old = [StatsFinding.model_validate(f) for f in json.loads((FIXTURES / "stats_findings_run_v1.json").read_text())]
+    assert [(f.kind, f.module, f.found_by, f.based_on) for f in old] == [("nan_inf", "0", "sampled steps", [])]
+    again = evaluate(run)
+    assert [(f.kind, f.module, f.step) for f in again] == [("nan_inf", "0", 4)]
+    assert "gather-stats" in again[0].action  # NaN spread by an optimizer step: says how to find where it starts
+    cap = CaptureSeries.model_validate_json((FIXTURES / "stats_series_capture_v1.json").read_text())
+    rows = tensor_rows(cap)
+    assert cap.schema_version == 1 and {r.group for r in rows} == {"input", "output", "weight"}
+    assert all(r.std is not None for r in rows)

@@ -22,14 +22,14 @@ def test_update_measurement_gives_the_exact_ratio():
     p.grad = torch.full_like(p, 0.5)
     before = p.detach().clone()
     m = UpdateMeasurement()
-    m.before_step([("w", p)])
+    m.before_step([("w", p)], {})
     with torch.no_grad():
         p.sub_(0.1 * p.grad)
     m.after_step([p])
-    numel, wn, gn = m.norms["w"]
+    numel, wn, gn, dead = m.norms["w"]
     dn, bn = scalars_to_host(list(m.updates["w"]))
     assert numel == 1000 and float(wn) == pytest.approx(before.norm().item())
-    assert float(gn) == pytest.approx(p.grad.norm().item())
+    assert float(gn) == pytest.approx(p.grad.norm().item()) and float(dead) == 0.0
     assert dn / bn == pytest.approx((p.detach() - before).norm().item() / before.norm().item(), rel=1e-12)
     assert not m.before  # measured once
 

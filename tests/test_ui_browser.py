@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from starlette.testclient import TestClient
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 from conftest import EXAMPLES, ROOT, TRAIN
 
@@ -37,6 +37,7 @@ class DemoRepo:
     softmax_card: str
     candidate: str
     stats_run: str
+    search: str
 
 
 @pytest.fixture(scope="module")
@@ -56,14 +57,44 @@ def demo(tmp_path_factory, app) -> DemoRepo:
     assert report["verdict"] == "custom", report["reason"]
     stats = run("gather-stats", FAULTS, "--every", "5", "--repo", root, "--json", "--",
                 "--fault", "dead-relu", "--module", "blocks.2.act", "--steps", "20")
-    return DemoRepo(root, ops["capture"], ops["opset"], softmax, gen["candidate_id"], stats["run_id"])
+    search = _search_of(root, softmax, gen["candidate_id"])
+    return DemoRepo(root, ops["capture"], ops["opset"], softmax, gen["candidate_id"], stats["run_id"], search)
+
+
+def _search_of(root: Path, card: str, candidate: str) -> str:
+    """A search over the demo's softmax card whose one child is the demo's validated candidate (with
+    its real report), written through the search store: a real optimize run costs a minute here and
+    is tested in test_search.py; continuing this one from the page runs the real optimize."""
+    from modulelens.registry import ToolContext
+    from modulelens.repo import Repository
+    from modulelens.search.model import NodeRecord, SearchManifest, SearchSettings, TargetOutcome
+    from modulelens.search.store import save_search, search_key, write_node
+    from modulelens.search.targets import resolve_targets
+    from modulelens.tools import get_tool
+
+    repo, settings = Repository(root), SearchSettings(max_evals=1)
+    (target,) = resolve_targets(repo, [card], settings, 3)
+    show = get_tool("show")
+    view = show(show.request(kind="candidate", ref=candidate), ToolContext(repo_root=root))
+    report = view.report
+    save_search(repo, SearchManifest(
+        search_id="opt-demo", key=search_key([target], settings), settings=settings, targets=[target],
+        stopped_because="max_evals", outcome=[TargetOutcome(
+            target=target.card_id, op=target.op, best_candidate=candidate, best_node=1, evaluations=1, nodes=1,
+            speedup_vs_eager=report.speedup_vs_eager, stopped_because="max_evals")]))
+    write_node(repo, "opt-demo", 0, NodeRecord(node=0, status="root"))
+    write_node(repo, "opt-demo", 0, NodeRecord(
+        node=1, parent=0, lineage=[0], status="evaluated", candidate_id=candidate, verdict=report.verdict,
+        correct=report.correct, speedup_vs_eager=report.speedup_vs_eager, report=view.entry.report,
+        provider="template", variant=0))
+    return "opt-demo"
 
 
 def _pages(d: DemoRepo) -> list[tuple[str, str]]:
     return [("captures", "/"), ("capture", f"/captures/{d.capture}"), ("opsets", "/cards"),
             ("cards", f"/cards/{d.opset}"), ("candidates", "/candidates"), ("candidate", f"/candidates/{d.candidate}"),
             ("stats_runs", "/stats"), ("stats_run", f"/stats/{d.stats_run}"), ("searches", "/searches"),
-            ("packs", "/packs"), ("jobs", "/jobs")]
+            ("search", f"/searches/{d.search}"), ("packs", "/packs"), ("jobs", "/jobs")]
 
 
 def test_every_page_shows_real_content(demo):
@@ -79,7 +110,8 @@ def test_every_page_shows_real_content(demo):
         "candidate": ["verdict-custom", "tok-kw", "forward", "output 0 values (captured sample 0)"],
         "stats_runs": [demo.stats_run.split(":")[0], "faults/train.py", "badge-bad"],
         "stats_run": ["dead_activation", "blocks.2.act", 'id="stats-data"', "report.html"],
-        "searches": ["None yet."], "packs": ["None yet."], "jobs": ["data-jobs-table"],
+        "searches": [demo.search, demo.softmax_card], "search": ['data-node="1"', "aten._safe_softmax.default"],
+        "packs": ["None yet."], "jobs": ["data-jobs-table"],
     }
     app = build_app(UiSettings(repo_root=demo.root, project_root=ROOT))
     with TestClient(app, base_url="http://127.0.0.1:8765") as c:
@@ -195,7 +227,8 @@ def test_each_page_in_chromium(demo, server, browser_page, shots):
         "stats_runs": lambda: page.locator("#runs").get_by_role("link").first.is_visible(),
         "stats_run": lambda: page.locator('svg[data-plot="steps"] path.series').count() >= 10
         and page.locator('svg[data-plot="depth"] .finding-mark').count() >= 1,
-        "searches": lambda: page.get_by_text("None yet.").is_visible(),
+        "searches": lambda: page.locator("#searches").get_by_role("link", name=demo.search).is_visible(),
+        "search": lambda: page.locator('.search-node[data-node="1"] .verdict').first.is_visible(),
         "packs": lambda: page.get_by_text("None yet.").is_visible(),
         "jobs": lambda: page.locator("[data-jobs-table]").is_visible(),
     }
@@ -222,4 +255,73 @@ def test_replay_from_the_capture_page(demo, server, browser_page, shots):
     assert "exact" in text and "strategy source" in text, text
     assert page.locator("#jobs-panel .state-done").first.is_visible()
     page.screenshot(path=str(shots / "capture_replayed.png"), full_page=True)
+    assert not errors, errors
+
+
+def test_a_search_page_continues_its_search_as_a_job_and_stops_it(demo, server, browser_page, shots):
+    page, errors = browser_page
+    base = server.url.rstrip("/")
+    page.goto(base + "/searches")
+    page.locator("#searches").get_by_role("link", name=demo.search).click()
+    page.wait_for_url(f"**/searches/{demo.search}")
+    node = page.locator('.search-node[data-node="1"]')
+    assert node.locator(".verdict").inner_text() in ("custom", "wrapper", "rejected")
+    assert "×" in node.locator(".node-speedup").inner_text() or "undetermined" in node.inner_text()
+    assert page.locator('.search-node[data-node="0"]').get_by_text("eager (the root)").is_visible()
+    page.locator("#search-controls input[name=more]").fill("2")
+    page.locator("#search-controls button[type=submit]").click()
+    running = page.locator('#search-controls [data-job-state="running"]')
+    running.wait_for(timeout=30_000)
+    assert "running" in running.inner_text()
+    page.screenshot(path=str(shots / "search_continuing.png"), full_page=True)
+    running.get_by_role("button", name="Stop").click()
+    page.locator('#search-controls [data-job-state="stopped"]').wait_for(timeout=60_000)
+    assert not errors, errors
+
+
+def test_validate_again_shows_the_new_report_without_a_reload(demo, server, browser_page, shots):
+    page, errors = browser_page
+    page.goto(f"{server.url.rstrip('/')}/candidates/{demo.candidate}")
+    validation = page.locator("#validation")
+    before = validation.locator("tr", has_text="report").inner_text()
+    page.evaluate("window.__notReloaded = true")
+    validation.get_by_role("button", name="Validate again").click()
+    # the section is replaced with the new report (one more validation) once the job is done
+    page.locator("#validation tr", has_text="validations)").filter(has_not_text=before).wait_for(timeout=120_000)
+    after = page.locator("#validation").locator("tr", has_text="report").inner_text()
+    assert after != before and page.evaluate("window.__notReloaded === true")
+    page.locator('#validation [data-job-state="done"]').wait_for(timeout=10_000)  # its status line is back
+    page.screenshot(path=str(shots / "candidate_validated_again.png"), full_page=True)
+    assert not errors, errors
+
+
+def test_a_chart_of_more_than_eight_module_types_gets_a_legend_that_scrolls(browser_page, tmp_path, shots):
+    """Thirty module types: the legend is a scrolling list under the chart, an entry selects its line."""
+    from modulelens.repo import Repository
+    from modulelens.ui.server import UiServer
+
+    types = {f"Type{i:02d}": {"modules": [f"m{i}"], "activation": {"std": [1.0 + i, 2.0 + i]}, "gradient": {}}
+             for i in range(30)}
+
+    def write(folder: Path) -> dict:
+        (folder / "series.json").write_text(json.dumps({
+            "steps": [0, 10], "order": [f"m{i}" for i in range(30)], "types": types, "definitions": {},
+            "modules": {f"m{i}": {"type": f"Type{i:02d}", "index": i, "activation": {"std": [1.0, 2.0]},
+                                  "gradient": {}} for i in range(30)}}))
+        (folder / "findings.json").write_text("[]")
+        return {"source": {"kind": "script", "script": "train.py", "argv": []},
+                "summary": {"kind": "run", "modules": 30, "steps_seen": 11, "steps_sampled": 2, "every": 10,
+                            "order_source": "observed", "findings": 0, "report_files": []}}
+
+    ref = Repository(tmp_path / "repo").create("stats", "many", write).ref
+    page, errors = browser_page
+    with UiServer(tmp_path / "repo", port=0, project_root=tmp_path) as srv:
+        page.goto(f"{srv.url.rstrip('/')}/stats/{ref}")
+        legend = page.locator('svg[data-plot="types"] + ul.legend-list')
+        assert legend.locator("li").count() == 30 and legend.is_visible()
+        assert legend.evaluate("e => e.scrollHeight > e.clientHeight")  # it scrolls
+        legend.locator('li[data-legend="Type07"]').click()
+        assert "selected" in (page.locator('ul.legend-list li[data-legend="Type07"]').get_attribute("class") or "")
+        assert page.locator('svg[data-plot="types"] path.series.selected[data-series="Type07"]').count() == 1
+        page.screenshot(path=str(shots / "stats_many_types.png"), full_page=True)
     assert not errors, errors

@@ -23,7 +23,7 @@ from modulelens.errors import ModuleLensError
 from modulelens.repo import Repository
 from modulelens.ui.app import build_app
 from modulelens.ui.highlight import highlight
-from modulelens.ui.security import bind_token
+from modulelens.ui.security import bind_token, without_token
 from modulelens.ui.state import UiSettings
 from modulelens.ui.tree import ParamLeaf, module_tree
 
@@ -245,13 +245,37 @@ def test_a_token_is_required_on_every_request(site):
         assert c.get("/", params={"token": "s3cret-token-but-longer"}).status_code == 403
         assert c.get("/", headers={"Authorization": "Bearer s3cret-token"}).status_code == 200
         assert _post(c, "/api/jobs", {"action": "replay", "params": {"ref": "evil"}}).status_code == 401
-        r = c.get("/", params={"token": "s3cret-token"})
-        assert r.status_code == 200 and ">evil</a>" in r.text
-        assert "modulelens_ui_token=s3cret-token" in r.headers["set-cookie"]
-        assert "HttpOnly" in r.headers["set-cookie"]
+        r = c.get("/", params={"token": "s3cret-token"})  # exchanged for a cookie, then redirected
+        assert r.status_code == 200 and ">evil</a>" in r.text and "token" not in str(r.url)
+        assert "modulelens_ui_token=s3cret-token" in r.history[0].headers["set-cookie"]
+        assert "HttpOnly" in r.history[0].headers["set-cookie"]
         # the cookie now rides along: links need not repeat the token
         assert c.get("/captures/evil").status_code == 200
         assert c.get("/static/app.js").status_code == 200
+
+
+def test_the_first_visit_exchanges_the_token_for_a_strict_httponly_cookie_and_drops_it_from_the_url(site):
+    root, project, _ = site
+    app = build_app(UiSettings(repo_root=root, project_root=project, token="s3cret-token"))
+    with TestClient(app, base_url="http://10.1.2.3:8765", follow_redirects=False) as c:
+        r = c.get("/captures/evil", params={"token": "s3cret-token", "tab": "x y"})
+        assert r.status_code == 303 and r.text == ""
+        assert r.headers["location"] == "/captures/evil?tab=x+y"  # the rest of the query kept
+        cookie = r.headers["set-cookie"]
+        assert cookie.startswith("modulelens_ui_token=s3cret-token;")
+        assert {"HttpOnly", "SameSite=Strict", "Path=/"} <= {part.strip() for part in cookie.split(";")}
+        assert r.headers["referrer-policy"] == "no-referrer"
+        c.cookies.clear()
+        r = c.get(r.headers["location"], headers={"Cookie": "modulelens_ui_token=s3cret-token"})
+        assert r.status_code == 200 and "evil" in r.text and "set-cookie" not in r.headers
+        # always a path of this server, whatever the request's path looked like
+        assert without_token({"raw_path": b"//attacker.example/x", "query_string": b"token=t&a=1"}) == (
+            "/attacker.example/x?a=1")
+        # a wrong token gets no cookie and no redirect; API calls keep their token and get no redirect
+        r = c.get("/", params={"token": "wrong"})
+        assert r.status_code == 403 and "set-cookie" not in r.headers
+        r = c.get("/api/jobs", params={"token": "s3cret-token"})
+        assert r.status_code == 200 and r.json() == {"jobs": []}
 
 
 def test_without_a_token_only_requests_for_localhost_are_answered(site):
@@ -348,6 +372,109 @@ def test_a_long_run_can_be_stopped(client, site, tmp_path):
 # --------------------------------------------------------------------------------------------
 # Sections to come, and their extension point
 # --------------------------------------------------------------------------------------------
+
+
+# --------------------------------------------------------------------------------------------
+# Searches
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory):
+    """A repository holding one hand-written search over two cards: a tree with a custom node on
+    the best path (its report flagged), a rejected sibling whose reason holds HTML, and a child."""
+    from modulelens.search.model import NodeRecord, SearchManifest, SearchSettings, SearchTarget, TargetOutcome
+    from modulelens.search.store import save_search, search_key, write_node
+    from modulelens.validation.stored_reports import REPORT_FILE, REPORTS
+
+    root = tmp_path_factory.mktemp("searched")
+    repo = Repository(root)
+
+    def write_report(folder: Path) -> dict:
+        (folder / REPORT_FILE).write_text(json.dumps({
+            "verdict": "custom", "correct": True, "reason": "ok", "stage": "done", "backend": "cpp",
+            "flags": ["suspicious: 40x faster than eager <b>really</b>"], "speedup_vs_eager": 1.8}))
+        return {"candidate": "blk.card6:v1", "verdict": "custom", "correct": True,
+                "settings": {"card_id": "blk:v1/6"}}
+
+    report = repo.create(REPORTS, "blk.card6.v1", write_report).ref
+    targets = [SearchTarget(index=0, card_id="blk:v1/6", op="aten._softmax.default", kind="memory"),
+               SearchTarget(index=1, card_id="blk:v1/2", op="aten.gelu.default", kind="memory")]
+    settings = SearchSettings(max_evals=3, patience=3)
+    manifest = SearchManifest(search_id="opt-blk", key=search_key(targets, settings), settings=settings, targets=targets,
+                              outcome=[TargetOutcome(target="blk:v1/6", op="aten._softmax.default",
+                                                     best_candidate="blk.card6:v1", best_node=1, speedup_vs_eager=1.8,
+                                                     evaluations=3, nodes=3, remeasured=True)],
+                              stopped_because="max_evals")
+    save_search(repo, manifest)
+    nodes = [NodeRecord(node=0, status="root"),
+             NodeRecord(node=1, parent=0, lineage=[0], status="evaluated", candidate_id="blk.card6:v1",
+                        verdict="custom", correct=True, speedup_vs_eager=1.8, latency_s=2e-5, report=report,
+                        provider="template", variant=0),
+             NodeRecord(node=2, parent=0, lineage=[0], status="failed", verdict="rejected",
+                        reason="<script>alert('node')</script> wrong values", provider="template", variant=1),
+             NodeRecord(node=3, parent=1, lineage=[0, 1], status="evaluated", verdict="custom", correct=True,
+                        speedup_vs_eager=1.2, candidate_id="blk.card6:v2", provider="template", variant=2)]
+    for n in nodes:
+        write_node(repo, "opt-blk", 0, n)
+    write_node(repo, "opt-blk", 1, NodeRecord(node=0, status="root"))
+    return root
+
+
+@pytest.fixture
+def search_client(searched, site):
+    with TestClient(build_app(UiSettings(repo_root=searched, project_root=site[1])), base_url=LOCAL) as c:
+        yield c
+
+
+def test_the_searches_page_lists_each_search_with_its_best_per_target(search_client):
+    r = search_client.get("/searches")
+    assert r.status_code == 200 and "None yet." not in r.text
+    assert 'href="/searches/opt-blk"' in r.text and "blk.card6:v1" in r.text and "1.8×" in r.text
+    assert "max_evals" in r.text and "not finished" in r.text  # the second target has no outcome yet
+
+
+def test_a_search_page_shows_the_tree_with_verdicts_speedups_flags_and_the_best_path(search_client):
+    r = search_client.get("/searches/opt-blk")
+    assert r.status_code == 200, r.text
+    text = r.text
+    for piece in ('data-node="1"', 'data-node="2"', 'data-node="3"', "verdict-custom", "verdict-rejected", "1.8×",
+                  "1.2×", "20.0 µs", 'data-action="continue_search"', 'data-job-for="continue_search"',
+                  'data-refresh-for="continue_search"', "No outcome yet"):
+        assert piece in text, piece
+    node1 = text.split('data-node="1"')[1].split('data-node="2"')[0]
+    assert 'data-node="3"' in node1  # node 3 is drawn under node 1
+    assert "on-best-path" in text.split('data-node="1"')[0].rsplit("<li", 1)[1]
+    assert "flag: suspicious: 40x faster than eager &lt;b&gt;really&lt;/b&gt;" in text  # from node 1's report
+    assert "&lt;script&gt;alert(&#39;node&#39;)&lt;/script&gt;" in text and "<script>alert('node')" not in text
+    assert search_client.get("/searches/nope").status_code == 404
+
+
+def test_continue_runs_optimize_on_the_stored_search_and_is_checked_first(search_client):
+    r = _post(search_client, "/api/jobs", {"action": "continue_search", "params": {"search_id": "nope"}})
+    assert r.status_code == 404 and "no search named" in r.json()["error"]
+    r = _post(search_client, "/api/jobs", {"action": "continue_search", "params": {"search_id": "opt-blk", "more": 0}})
+    assert r.status_code == 400 and "between 1 and 1000" in r.json()["error"]
+    r = _post(search_client, "/api/jobs", {"action": "continue_search", "params": {"search_id": "opt-blk", "more": 2}})
+    assert r.status_code == 202, r.text
+    job = r.json()
+    assert (job["tool"], job["subject"], job["label"]) == ("optimize", "opt-blk", "continue search opt-blk")
+    request = job["request"]
+    assert request["targets"] == ["blk:v1/6", "blk:v1/2"] and request["search_id"] == "opt-blk"
+    assert (request["provider"], request["backend"], request["patience"]) == ("template", "cpp", 3)
+    assert request["max_evals"] == 3 + 2  # the nodes it has, and two more
+    assert _post(search_client, f"/api/jobs/{job['id']}/stop", {}).status_code == 200
+    assert _wait(search_client, job["id"], {"done", "failed", "stopped"}, timeout=60)["state"] in ("stopped", "failed")
+
+
+def test_speedups_read_as_intervals_when_the_report_has_one():
+    from modulelens.ui.render import speedup
+
+    assert speedup({"speedup_vs_eager": 1.42, "speedup_interval": [1.31, 1.55], "timing_status": "ok"}) == (
+        "1.42× [1.31, 1.55]")
+    assert speedup({"speedup_vs_eager": 1.4, "timing_status": "undetermined", "timing_reason": "noisy machine"}) == (
+        "undetermined (noisy machine)")
+    assert speedup({"speedup_vs_eager": 2.0}) == "2×" and speedup({"speedup_vs_eager": None}) == "–"
 
 
 def test_searches_and_packs_say_none_yet(client):

@@ -15,6 +15,9 @@ Faults (``--module`` names where it is planted):
 - ``explode``: the named Linear's initial weights are scaled by 1000 (a wrong init scale).
 - ``nan``: the named module produces NaN: a Linear gets one NaN weight; an activation is replaced
   by ``sqrt``, which is NaN for negative inputs.
+- ``nan-at``: the named activation divides by zero at step ``--at`` only (a rare bad batch): NaN
+  appears between two sampled steps, and the optimizer spreads it into every weight.
+- ``lr-spike``: the learning rate is 1000x too large at step ``--at`` only (a schedule bug).
 
 ``--inplace`` uses ``ReLU(inplace=True)``.
 """
@@ -60,8 +63,24 @@ class SqrtAct(nn.Module):
         return torch.sqrt(x)
 
 
-def plant(model: MLP, fault: str, module: str) -> None:
-    if fault == "none":
+class FlakyReLU(nn.Module):
+    """A ReLU that divides by zero on its call number ``at`` (one call per training step)."""
+
+    def __init__(self, at: int):
+        super().__init__()
+        self.at = at
+        self.calls = 0
+
+    def forward(self, x):
+        y = torch.relu(x)
+        if self.calls == self.at:
+            y = y / (y - y)  # 0/0 and x/0: NaN and Inf
+        self.calls += 1
+        return y
+
+
+def plant(model: MLP, fault: str, module: str, at: int = 7) -> None:
+    if fault in ("none", "lr-spike"):
         return
     target = model.get_submodule(module)
     with torch.no_grad():
@@ -74,19 +93,23 @@ def plant(model: MLP, fault: str, module: str) -> None:
             if not isinstance(target, nn.Linear):
                 raise SystemExit(f"--fault explode needs a Linear module, like blocks.1.fc (got {module})")
             target.weight.mul_(1000.0)
-        elif fault == "nan":
-            if isinstance(target, nn.Linear):
+        elif fault in ("nan", "nan-at"):
+            if fault == "nan" and isinstance(target, nn.Linear):
                 target.weight[0, 0] = float("nan")
+            elif isinstance(target, nn.Linear):
+                raise SystemExit(f"--fault nan-at needs an activation module, like blocks.1.act (got {module})")
             else:
                 parent_name, _, attr = module.rpartition(".")
-                setattr(model.get_submodule(parent_name) if parent_name else model, attr, SqrtAct())
+                act = SqrtAct() if fault == "nan" else FlakyReLU(at)
+                setattr(model.get_submodule(parent_name) if parent_name else model, attr, act)
         else:
             raise SystemExit(f"unknown fault {fault!r}")
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--fault", choices=["none", "dead-relu", "explode", "nan"], default="none")
+    p.add_argument("--fault", choices=["none", "dead-relu", "explode", "nan", "nan-at", "lr-spike"], default="none")
+    p.add_argument("--at", type=int, default=7, help="the step of nan-at and lr-spike (steps count from 0)")
     p.add_argument("--module", default="blocks.2.act", help="where to plant the fault")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--depth", type=int, default=4)
@@ -100,11 +123,14 @@ def main():
     torch.manual_seed(args.seed)
     d_in, d_out = 16, 4
     model = MLP(d_in, args.dim, args.depth, d_out, inplace=args.inplace)
-    plant(model, args.fault, args.module)
+    plant(model, args.fault, args.module, args.at)
     teacher = torch.randn(d_in, d_out) / d_in**0.5
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     gen = torch.Generator().manual_seed(args.seed + 1)
     for step in range(1, args.steps + 1):
+        if args.fault == "lr-spike":
+            for group in opt.param_groups:
+                group["lr"] = args.lr * (1000.0 if step - 1 == args.at else 1.0)
         x = torch.randn(args.batch_size, d_in, generator=gen)
         y = torch.tanh(x @ teacher)
         loss = nn.functional.mse_loss(model(x), y)

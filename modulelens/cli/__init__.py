@@ -1,6 +1,6 @@
 """The ``modulelens`` command line, generated from the tool registry (see :mod:`modulelens.cli.app`).
 
-``from modulelens.cli.app import app`` gives the Typer application built from every registered
+``from modulelens.cli.app import app`` gives the click application built from every registered
 tool (built on first access); :func:`build_app` builds one from any list of tools.
 """
 

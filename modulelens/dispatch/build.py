@@ -7,7 +7,7 @@ from pathlib import Path
 from modulelens.dispatch.pack import PackContent, PackEntry, current_environment, write_pack
 from modulelens.dispatch.patterns import pattern_key
 from modulelens.dispatch.sources import CandidateRecord, candidate_record
-from modulelens.errors import ModuleLensError
+from modulelens.errors import ModuleLensError, tool_call
 from modulelens.repo import Repository
 
 
@@ -23,7 +23,7 @@ def build_recipe(backend: str) -> dict:
 def _entry(rec: CandidateRecord, force: bool) -> PackEntry:
     if rec.report is None:
         raise ModuleLensError(f"candidate {rec.candidate_id} has not been validated",
-                              f"validate it first (validate_kernel {rec.candidate_id})")
+                              f"validate it first: {tool_call('validate_kernel', candidate=rec.candidate_id)}")
     if not rec.report.correct or rec.report.verdict == "rejected":
         raise ModuleLensError(f"candidate {rec.candidate_id} was rejected: {rec.report.reason}",
                               "only candidates validated correct can be packed")
@@ -41,7 +41,7 @@ def make_pack(repo: Repository, candidate_ids: list[str], out: Path, force: bool
     loaded only when the lower bound of its speedup interval is above 1, unless ``force``
     (:meth:`PackEntry.skip_reason`)."""
     if not candidate_ids:
-        raise ModuleLensError("no candidates given", "e.g. modulelens pack blk.card2:v1 blk.card7:v1 --out model.pack")
+        raise ModuleLensError("no candidates given", f"e.g. {tool_call('pack', candidates=['blk.card2:v1', 'blk.card7:v1'], out='model.pack')}")
     entries = [_entry(candidate_record(repo, c), force) for c in candidate_ids]
     seen: dict[tuple, str] = {}
     for e in entries:

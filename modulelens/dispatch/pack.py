@@ -34,7 +34,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, ValidationError
 
 from modulelens.dispatch.patterns import CallPattern
-from modulelens.errors import ModuleLensError
+from modulelens.errors import ModuleLensError, tool_call
+from modulelens.paths import write_text
 from modulelens.repo.store import MANIFEST, sha256_file
 from modulelens.repo.trust import UntrustedArtifact, is_trusted, signature_of
 from modulelens.validation.report import ValidationReport
@@ -177,11 +178,8 @@ def write_pack(path: Path, content: PackContent) -> str:
     """Write ``content`` to ``path``; returns its sha256."""
     data = content.model_dump(mode="json")
     digest = hashlib.sha256(_canonical(data)).hexdigest()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps({"format": PACK_FORMAT, "format_version": PACK_FORMAT_VERSION, "sha256": digest,
-                               "content": data}, indent=1))
-    tmp.replace(path)
+    write_text(path, json.dumps({"format": PACK_FORMAT, "format_version": PACK_FORMAT_VERSION, "sha256": digest,
+                                 "content": data}, indent=1))  # atomic; no temporary file left on failure
     sign_pack_file(path, digest)  # written here, so trusted here
     return digest
 
@@ -193,7 +191,7 @@ def _signature_path(path: Path) -> Path:
 def sign_pack_file(path: Path, sha256: str) -> None:
     """Sign the pack file ``path`` of content ``sha256`` with this machine's key (``FILE.sig``: HMAC
     over that sha256, which covers every byte of the content)."""
-    _signature_path(path).write_text(signature_of(sha256.encode()))
+    write_text(_signature_path(path), signature_of(sha256.encode()))
 
 
 def stored_version(path: Path) -> Path | None:
@@ -225,11 +223,11 @@ def require_trusted_pack(path: Path, sha256: str) -> None:
     version = stored_version(path)
     if version is not None:
         ref, root = f"{version.parent.name}:{version.name}", version.parent.parent.parent
-        hint = (f"review it with `modulelens trust {ref} --kind packs --repo {root}`, then trust it with "
-                f"`modulelens trust {ref} --kind packs --yes --repo {root}`")
+        hint = (f"review it with {tool_call('trust', ref=ref, kind='packs')}, then trust it with "
+                f"{tool_call('trust', ref=ref, kind='packs', yes=True)} (in the repository {root})")
     else:
-        hint = ("build the pack here with `modulelens pack`, or get it with `modulelens pull` and trust it "
-                "with `modulelens trust NAME --kind packs --yes`")
+        hint = (f"build the pack here with {tool_call('pack')}, or get it with {tool_call('pull')} and trust it "
+                f"with {tool_call('trust', ref='NAME', kind='packs', yes=True)}")
     raise UntrustedArtifact(f"{path} is not trusted here (not written on this machine, or changed since), so modulelens "
                             "will not load it: a pack's kernels are compiled and run", hint)
 
@@ -240,20 +238,20 @@ def verify_pack_file(path: str | Path, *, expect_sha256: str | None = None) -> t
     environment are not checked (:func:`read_pack` does): this is what a push may send."""
     p = Path(path).expanduser()
     if not p.is_file():
-        raise PackLoadError(f"pack file {str(path)!r} does not exist", "create one with `modulelens pack CANDIDATE_ID... --out FILE`")
+        raise PackLoadError(f"pack file {str(path)!r} does not exist", f"create one with {tool_call('pack')}")
     try:
         raw = json.loads(p.read_text())
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise PackLoadError(f"{p} is not a modulelens pack (not JSON: {e})", "give a file written by `modulelens pack`") from None
+        raise PackLoadError(f"{p} is not a modulelens pack (not JSON: {e})", f"give a file written by {tool_call('pack')}") from None
     if not isinstance(raw, dict) or raw.get("format") != PACK_FORMAT or not isinstance(raw.get("content"), dict):
-        raise PackLoadError(f"{p} is not a modulelens pack", "give a file written by `modulelens pack`")
+        raise PackLoadError(f"{p} is not a modulelens pack", f"give a file written by {tool_call('pack')}")
     if raw.get("format_version") != PACK_FORMAT_VERSION:
         raise PackLoadError(f"{p} has pack format version {raw.get('format_version')}, this modulelens reads "
                             f"version {PACK_FORMAT_VERSION}", "rebuild the pack with this version")
     digest = hashlib.sha256(_canonical(raw["content"])).hexdigest()
     if digest != raw.get("sha256"):
         raise PackLoadError(f"{p} was modified after it was written: its content does not match its sha256",
-                            "a tampered pack is never loaded; rebuild it with `modulelens pack`")
+                            f"a tampered pack is never loaded; rebuild it with {tool_call('pack')}")
     if expect_sha256 and digest != expect_sha256.lower():
         raise PackLoadError(f"{p} has sha256 {digest}, not the expected {expect_sha256}",
                             "use the pack whose sha256 you were given")

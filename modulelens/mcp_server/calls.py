@@ -29,11 +29,12 @@ HEARTBEAT_S = 2.0  # a progress notification at least this often while a call ru
 STOP_WAIT_S = 30.0  # how long a cancelled call waits for its tool to stop its workers
 
 
-def error_text(exc: ModuleLensError) -> str:
-    """The error as an MCP client reads it: its type and message, then its hint, with arguments
-    named as tool arguments (``target``, not ``--target``)."""
+def error_text(exc: ModuleLensError, kind: str | None = None) -> str:
+    """The error as an MCP client reads it: its type (or ``kind``, for an error carried over from
+    a job process) and message, then its hint, with arguments named as tool arguments (``target``,
+    not ``--target``)."""
     message, hint = exc.rendered("args")
-    text = f"{type(exc).__name__}: {message}"
+    text = f"{kind or type(exc).__name__}: {message}"
     return f"{text}\nhint: {hint}" if hint else text
 
 

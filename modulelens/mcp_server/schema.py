@@ -44,7 +44,7 @@ def compact_schema(node: Any) -> Any:
     capitalised), ``type`` next to an ``enum`` of strings, ``default: null`` with the null
     alternative of ``anyOf [X, null]`` (an optional argument left out is None), and
     ``anyOf [X, null]`` written as X with ``"type": [t, "null"]``, ``default: false`` of a
-    boolean (a flag left out is off), and lower bounds of 0 or 1 (no number is negative, counts
+    boolean (a flag left out is off), ``additionalProperties: true`` (the default), and lower bounds of 0 or 1 (no number is negative, counts
     start at 1: the server instructions say so once; the request model still checks them).
     Descriptions, other defaults and constraints are kept."""
     if isinstance(node, list):
@@ -59,6 +59,8 @@ def compact_schema(node: Any) -> Any:
             out[key] = {name: compact_schema(sub) for name, sub in value.items()}
         else:
             out[key] = compact_schema(value)
+    if out.get("additionalProperties") is True:
+        del out["additionalProperties"]  # what JSON schema assumes anyway
     if out.get("type") == "boolean" and out.get("default") is False:
         del out["default"]  # a flag left out is off (the server instructions say so)
     if out.get("minimum") in (0, 1) and not isinstance(out.get("minimum"), bool):
@@ -96,6 +98,7 @@ SHARED_ARGUMENTS: dict[str, str] = {
     "compile_baseline": "Also time torch.compile.",
     "source": "Or: your source file.",
     "source_text": "Or: the source itself.",
+    "allow_outside": "Read a source outside the project and the repository.",
     "allow_env_mismatch": "Allow another torch, device or compiler.",
     "name": "Only this name's versions.",
 }

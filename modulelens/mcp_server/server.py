@@ -76,7 +76,9 @@ INSTRUCTIONS = (
     "boolean argument without a default is off when left out; no number is negative, and counts and "
     "seconds are at least 1 or above 0 unless their default is 0. Long lists are cut to `top`/`limit` "
     "items: the result says how many were left out and where the rest is. Calls that may outlast "
-    "your request timeout can run through start_job. " + shared_arguments_text()
+    "your request timeout can run through start_job. Relative paths (out, source) are taken from the "
+    "project folder, the one that holds the repository, never from the server's working directory. "
+    + shared_arguments_text()
 )
 
 

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
-from modulelens.errors import ModuleLensError, ReferenceNotFound
+from modulelens.errors import ModuleLensError, ReferenceNotFound, tool_call
 from modulelens.repo import ManifestBase
 
 KIND = "opsets"
@@ -159,6 +159,6 @@ class OpSetManifest(ManifestBase):
         if not 0 <= index < len(self.cards):
             raise ReferenceNotFound(
                 f"opset {self.ref} has no card {index}",
-                f"it has cards 0 to {len(self.cards) - 1}; list them with list (kind cards, of {self.ref})",
+                f"it has cards 0 to {len(self.cards) - 1}; list them with {tool_call('list', kind='cards', of=self.ref)}",
             )
         return self.cards[index]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Protocol, runtime_checkable
 
-from modulelens.errors import ModuleLensError
+from modulelens.errors import ModuleLensError, tool_call
 from modulelens.kernels.source import KernelSource
 from modulelens.providers.prompting import build_messages, describe_arguments, extract_code, prompt_sha256
 from modulelens.providers.request import GenerationRequest, lineage
@@ -56,7 +56,8 @@ def get_provider(name: str) -> Provider:
     if name not in PROVIDERS:
         raise ModuleLensError(
             f"unknown provider {name!r}",
-            f"use one of: {', '.join(PROVIDERS)}; or write the kernel yourself and pass it to validate_kernel",
+            f"use one of: {', '.join(PROVIDERS)}; or write the kernel yourself and pass it to "
+            f"{tool_call('validate_kernel', source='k.cpp', target='blk/6', backend='cpp')}",
         )
     module, _, cls = PROVIDERS[name].partition(":")
     return getattr(importlib.import_module(module), cls)()

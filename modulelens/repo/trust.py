@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from modulelens.errors import ModuleLensError
+from modulelens.errors import ModuleLensError, tool_call
 
 SIGNATURE = "manifest.sig"
 KEY_FILE = "key"
@@ -93,6 +93,12 @@ def is_trusted(path: Path, manifest_name: str = "manifest.json") -> bool:
     return hmac.compare_digest(stored, signature_of(manifest))
 
 
+def _kind(artifact: Any) -> str | None:
+    """The kind argument of the trust tool for ``artifact`` (None: the default, captures)."""
+    kind = getattr(artifact, "kind", "captures")
+    return None if kind == "captures" else kind
+
+
 def require_trusted(artifact: Any, action: str) -> None:
     """Raise :class:`UntrustedArtifact` unless ``artifact`` is trusted. ``action`` says what was
     refused: 'replay it', 'export a repro of it', ..."""
@@ -100,8 +106,8 @@ def require_trusted(artifact: Any, action: str) -> None:
         raise UntrustedArtifact(
             f"{artifact.ref} is not trusted here (not written on this machine, or changed since), so modulelens "
             f"will not {action}: that would import, unpickle or run code stored in it",
-            f"review what would run with `modulelens trust {artifact.ref}`, then trust it with "
-            f"`modulelens trust {artifact.ref} --yes`",
+            f"review what would run with {tool_call('trust', ref=artifact.ref, kind=_kind(artifact))}, then trust it "
+            f"with {tool_call('trust', ref=artifact.ref, kind=_kind(artifact), yes=True)}",
         )
 
 

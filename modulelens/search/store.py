@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from modulelens.errors import ReferenceNotFound
+from modulelens.errors import ReferenceNotFound, tool_call
 from modulelens.repo import Artifact, Repository
 from modulelens.search.model import NODES, SEARCHES, NodeRecord, SearchManifest, SearchSettings, SearchTarget
 from modulelens.search.tree import SearchTree
@@ -35,7 +35,7 @@ def open_search(repo: Repository, search_id: str) -> SearchManifest:
     if not repo.versions(SEARCHES, search_id):
         known = repo.names(SEARCHES)
         raise ReferenceNotFound(f"no search named {search_id!r} in {repo.root}",
-                                f"searches: {', '.join(known[-10:])}" if known else "start one with optimize")
+                                f"searches: {', '.join(known[-10:])}" if known else f"start one with {tool_call('optimize', targets=['blk/6'])}")
     return repo.open(SEARCHES, search_id).manifest_as(SearchManifest)
 
 

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from modulelens.errors import CaptureFailed
+from modulelens.stats import softmax as SM
 from modulelens.stats import stats as S
 from modulelens.stats.records import ModuleStep, StatsRun, StepRecord
 
@@ -56,7 +57,9 @@ def _merge_module(a: ModuleStep, b: ModuleStep) -> ModuleStep:
     return ModuleStep(
         type=a.type, act=merged(a.act, b.act), in_sq=a.in_sq + b.in_sq, in_numel=a.in_numel + b.in_numel,
         in_nonfinite=a.in_nonfinite or b.in_nonfinite, calls=a.calls + b.calls, grad=merged(a.grad, b.grad),
-        saturation=a.saturation or b.saturation,
+        saturation=a.saturation or b.saturation, class_path=a.class_path or b.class_path,
+        softmax=SM.merge(a.softmax, b.softmax) if b.softmax is not None else a.softmax,
+        softmax_sources=a.softmax_sources + [x for x in b.softmax_sources if x not in a.softmax_sources],
     )
 
 

@@ -19,6 +19,11 @@ class ModuleStep:
     calls: int = 0
     grad: list[float] | None = None
     saturation: bool = False
+    class_path: str = ""
+    # Softmax computed inside this module's calls (see modulelens.stats.softmax.SOFTMAX_FIELDS), merged
+    # by addition, and where they were taken.
+    softmax: list[float] | None = None
+    softmax_sources: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -30,6 +35,7 @@ class ParamStep:
     weight_norm: float = 0.0  # L2 norm before the optimizer step (inf/NaN: it holds Inf/NaN)
     grad_norm: float | None = None
     update_ratio: float | None = None
+    dead_rows: float | None = None  # fraction of the weight's rows with a zero gradient here and on the last sampled step
 
 
 @dataclass

@@ -19,6 +19,9 @@ from modulelens.replies import ToolReply
 from modulelens.repo import Artifact, Repository
 from modulelens.stats.artifact import capture_series
 from modulelens.stats.manifest import KIND, stats_manifest
+from modulelens.stats.schema import CaptureSeries, RunSeries, StatsFinding, read_findings, read_series
+
+__all__ = ["StatsFinding", "StatsRunEntry", "StatsRunView", "TensorStatsRow", "stats_entries", "stats_view", "thin_steps"]
 
 Column = list[float | None]
 
@@ -56,23 +59,6 @@ def stats_entries(repo: Repository, name: str | None = None) -> list[StatsRunEnt
     return [_entry(repo.open(KIND, f"{n}:v{version}")) for n in names for version in repo.versions(KIND, n)]
 
 
-class StatsFinding(BaseModel):
-    """One finding of ``findings.json`` (see :mod:`modulelens.stats.findings`)."""
-
-    kind: str = Field(description="dead_activation, exploding_activation, vanishing_activation, exploding_gradient, "
-                      "vanishing_gradient, saturation, nan_inf or nan_inf_gradient.")
-    module: str = Field(description="Qualified module name ('' is the root model).")
-    step: int = Field(description="Sampled step whose numbers the message gives (the last one where it held).")
-    first_step: int | None = Field(None, description="First sampled step where the finding held.")
-    last_step: int | None = Field(None, description="Last sampled step where the finding held.")
-    steps_held: int = Field(1, description="Number of sampled steps where the finding held (every sampled step "
-                            "before the first NaN/Inf is judged; for nan_inf: steps with non-finite values).")
-    severity: Literal["error", "warning"] = "error"
-    message: str = Field(description="What is wrong, in plain language.")
-    action: str = Field(description="What to try.")
-    evidence: dict[str, Any] = Field(default_factory=dict, description="The numbers behind it.")
-
-
 class TensorStatsRow(BaseModel):
     """The statistics of one tensor of a capture (what gather_stats and show, of a capture
     or a statistics run, return for it)."""
@@ -96,12 +82,15 @@ class TensorStatsRow(BaseModel):
     sampled: bool | None = Field(None, description="True: mean/std/skew/kurtosis/KL estimated from a sample.")
 
 
-def tensor_rows(series: dict[str, Any]) -> list[TensorStatsRow]:
-    """One row per tensor of a capture's statistics (:func:`~modulelens.stats.artifact.capture_series`)."""
+def tensor_rows(series: CaptureSeries | RunSeries) -> list[TensorStatsRow]:
+    """One row per tensor of a capture's statistics (:func:`~modulelens.stats.artifact.capture_series`);
+    none for a training run."""
+    if not isinstance(series, CaptureSeries):
+        return []
     stat_fields = set(TensorStatsRow.model_fields) - {"key", "group", "shape", "dtype", "stored"}
-    return [TensorStatsRow(key=key, group=t["group"], shape=t.get("shape") or [], dtype=t.get("dtype") or "",
-                           stored=t["stored"], **{k: v for k, v in (t.get("stats") or {}).items() if k in stat_fields})
-            for key, t in series.get("tensors", {}).items()]
+    return [TensorStatsRow(key=key, group=t.group, shape=t.shape, dtype=t.dtype, stored=t.stored,
+                           **{k: v for k, v in t.stats.items() if k in stat_fields})
+            for key, t in series.tensors.items()]
 
 
 def capture_tensor_rows(repo: Repository, ref: str) -> tuple[Artifact, list[TensorStatsRow], list[str]]:
@@ -109,7 +98,7 @@ def capture_tensor_rows(repo: Repository, ref: str) -> tuple[Artifact, list[Tens
     its rows and the notes (shape-only tensors)."""
     art = repo.open("captures", ref)
     series = capture_series(art)
-    return art, tensor_rows(series), list(series.get("notes", []))
+    return art, tensor_rows(series), list(series.notes)
 
 
 class ModuleSeries(BaseModel):
@@ -118,6 +107,8 @@ class ModuleSeries(BaseModel):
     index: int = Field(description="Position in execution order.")
     activation: dict[str, Column] = Field(default_factory=dict, description="Statistics of the module's output.")
     gradient: dict[str, Column] = Field(default_factory=dict, description="Statistics of the gradient at its output.")
+    softmax: dict[str, Column] = Field(default_factory=dict, description="Of the softmax it computes (entropy, "
+                                       "max_prob, onehot_frac).")
 
 
 class TypeSeries(BaseModel):
@@ -163,7 +154,8 @@ def thin_steps(view: StatsRunView, points: int | None) -> StatsRunView:
     def thin(columns: dict[str, Column]) -> dict[str, Column]:
         return {name: [col[i] for i in keep if i < len(col)] for name, col in columns.items()}
 
-    modules = [m.model_copy(update={"activation": thin(m.activation), "gradient": thin(m.gradient)})
+    modules = [m.model_copy(update={"activation": thin(m.activation), "gradient": thin(m.gradient),
+                                    "softmax": thin(m.softmax)})
                for m in view.modules]
     types = [t.model_copy(update={"activation": thin(t.activation), "gradient": thin(t.gradient),
                                   "update_ratio": [t.update_ratio[i] for i in keep if i < len(t.update_ratio)]})
@@ -180,23 +172,24 @@ def _pick(columns: dict[str, Any], stats: Sequence[str]) -> dict[str, Column]:
 
 def stats_view(repo: Repository, ref: str, stats: Sequence[str]) -> StatsRunView:
     """One stored run: its row, findings, notes, report files and the series of ``stats`` (names
-    from :data:`modulelens.stats.stats.STAT_NAMES` plus gain and input_rms) per module and type."""
+    from :data:`modulelens.stats.stats.STAT_NAMES` plus gain, input_rms and sat_frac; softmax
+    ``entropy``, ``max_prob`` and ``onehot_frac``) per module and type."""
     art = repo.open(KIND, ref)
     m = stats_manifest(art)
-    series = art.read_json("series.json")
+    series = read_series(art)
     files = m.summary.report_files
-    modules = [ModuleSeries(name=name, type=info.get("type", ""), index=info.get("index", i),
-                            activation=_pick(info.get("activation", {}), stats),
-                            gradient=_pick(info.get("gradient", {}), stats))
-               for i, (name, info) in enumerate(series.get("modules", {}).items())]
-    types = [TypeSeries(type=t, modules=info.get("modules", []), activation=_pick(info.get("activation", {}), stats),
-                        gradient=_pick(info.get("gradient", {}), stats), update_ratio=info.get("update_ratio", []))
-             for t, info in sorted(series.get("types", {}).items())]
+    run = series if isinstance(series, RunSeries) else RunSeries()
+    modules = [ModuleSeries(name=name, type=info.type, index=info.index,
+                            activation=_pick(info.activation, stats), gradient=_pick(info.gradient, stats),
+                            softmax=_pick(info.softmax, stats))
+               for name, info in run.modules.items()]
+    types = [TypeSeries(type=t, modules=info.modules, activation=_pick(info.activation, stats),
+                        gradient=_pick(info.gradient, stats), update_ratio=info.update_ratio)
+             for t, info in sorted(run.types.items())]
     return StatsRunView(
-        entry=_entry(art), steps=series.get("steps", []), order_source=m.summary.order_source,
-        modules=sorted(modules, key=lambda x: x.index), types=types,
-        findings=[StatsFinding.model_validate(f) for f in art.read_json("findings.json")],
-        tensors=tensor_rows(series), definitions=series.get("definitions", {}), notes=m.summary.notes,
+        entry=_entry(art), steps=run.steps, order_source=m.summary.order_source,
+        modules=sorted(modules, key=lambda x: x.index), types=types, findings=read_findings(art),
+        tensors=tensor_rows(series), definitions=series.definitions, notes=m.summary.notes,
         report_html=str(art.file("report.html")) if "report.html" in files else None,
         report_png=str(art.file("report.png")) if "report.png" in files else None, path=str(art.path),
     )

@@ -1,18 +1,10 @@
-"""Turn a :class:`~modulelens.stats.records.StatsRun` into the stored series (``series.json``).
-
-Layout (columns aligned with ``steps``; None where a module was not called or a value is undefined)::
-
-    {"schema": 1, "steps": [0, 10, ...], "every": 10, "ema_alpha": 0.9,
-     "order": [...], "order_source": "fx" | "observed",
-     "modules": {name: {"type", "class_path", "index",
-                        "activation": {stat: [...]}, "activation_ema": {...},
-                        "gradient": {stat: [...]}, "gradient_ema": {...}}},
-     "params": {name: {"module", "shape", "weight_norm", "weight_rms", "grad_norm", "grad_rms",
-                       "grad_to_weight", "update_ratio", "update_ratio_ema", "nonfinite_weight",
-                       "nonfinite_grad"}},
-     "types": {type: {"modules": [...], "activation": {...}, "gradient": {...}, "update_ratio": [...]}},
-     "nonfinite": [{"step", "calls": [{"module", "input_nonfinite"}], "grads": [...]}],
-     "definitions": {...}}
+"""Turn a :class:`~modulelens.stats.records.StatsRun` into the stored series (``series.json``, a
+:class:`~modulelens.stats.schema.RunSeries`): per module the statistics of its output
+(``activation``), of the gradient w.r.t. its output (``gradient``) and of the softmax it computes
+(``softmax``), raw and EMA-smoothed; per parameter its norms, update ratio and zero-gradient rows;
+per module type the aggregates; the NaN/Inf events of the sampled steps and, from a rerun, where
+NaN/Inf was born. Columns are aligned with ``steps``; None where a module was not called or a value
+is undefined.
 
 EMA: ``ema_t = alpha * ema_{t-1} + (1 - alpha) * x_t`` over the sampled steps, starting at the first
 value (no bias correction); a step without a value keeps the previous EMA and stores None.
@@ -24,15 +16,27 @@ import math
 import statistics
 from typing import Any
 
+from modulelens.stats import softmax as SM
 from modulelens.stats import stats as S
 from modulelens.stats.records import ModuleStep, ParamStep, StatsRun
+from modulelens.stats.schema import (
+    ModuleColumns,
+    NanOrigin,
+    NonfiniteCall,
+    NonfiniteEvent,
+    ParamColumns,
+    RunSeries,
+    TypeColumns,
+    cell,
+)
 
-SCHEMA = 1
 DEFAULT_EMA = 0.9  # alpha of the smoothed series
 EMA_STATS = {
     "mean", "std", "skew", "kurtosis", "zero_frac", "min", "max", "kl_gauss", "rms", "sat_frac", "gain", "input_rms",
 }
 _SUM_STATS = {"nan", "inf", "count", "calls"}
+PARAM_COLUMNS = ("weight_norm", "weight_rms", "grad_norm", "grad_rms", "grad_to_weight", "update_ratio", "dead_rows",
+                 "nonfinite_weight", "nonfinite_grad")
 
 
 def _round(x: Any) -> Any:
@@ -70,6 +74,7 @@ def param_stats(ps: ParamStep) -> dict[str, Any]:
         "grad_rms": gn / root if (gn is not None and g_ok and root) else None,
         "grad_to_weight": gn / wn if (gn is not None and g_ok and w_ok and wn > 0) else None,
         "update_ratio": ps.update_ratio,
+        "dead_rows": ps.dead_rows,
         "nonfinite_weight": not w_ok,
         "nonfinite_grad": not g_ok,
     }
@@ -120,45 +125,43 @@ def _aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def build_series(run: StatsRun, ema: float = DEFAULT_EMA) -> dict[str, Any]:
+def build_series(run: StatsRun, ema: float = DEFAULT_EMA, nan_origin: NanOrigin | None = None) -> RunSeries:
+    """The stored series of a run (``nan_origin``: where a rerun found NaN/Inf born)."""
     steps = [r.step for r in run.records]
     names = list(run.order)
     for r in run.records:
         names.extend(n for n in r.modules if n not in names)
-    modules: dict[str, Any] = {}
+    modules: dict[str, ModuleColumns] = {}
     per_step_act: list[dict[str, dict[str, Any]]] = [{} for _ in run.records]
     per_step_grad: list[dict[str, dict[str, Any]]] = [{} for _ in run.records]
     for idx, name in enumerate(names):
-        acts, grads = [], []
+        acts, grads, soft, sources = [], [], [], []
         for i, r in enumerate(run.records):
             ms = r.modules.get(name)
             a = activation_stats(ms) if ms is not None else None
             g = S.finalize(ms.grad) if (ms is not None and ms.grad is not None) else None
             acts.append(a)
             grads.append(g)
+            soft.append(SM.finalize(ms.softmax) if ms is not None and ms.softmax is not None else None)
+            sources += [src for src in (ms.softmax_sources if ms is not None else []) if src not in sources]
             if a:
                 per_step_act[i][name] = a
             if g:
                 per_step_grad[i][name] = g
         act_cols, grad_cols = _columns(acts), _columns(grads)
-        modules[name] = {
-            "type": run.types.get(name, ""),
-            "class_path": run.class_paths.get(name, ""),
-            "index": idx,
-            "activation": act_cols,
-            "activation_ema": ema_columns(act_cols, ema),
-            "gradient": grad_cols,
-            "gradient_ema": ema_columns(grad_cols, ema),
-        }
-    params: dict[str, Any] = {}
+        modules[name] = ModuleColumns(
+            type=run.types.get(name, ""), class_path=run.class_paths.get(name, ""), index=idx,
+            activation=act_cols, activation_ema=ema_columns(act_cols, ema),
+            gradient=grad_cols, gradient_ema=ema_columns(grad_cols, ema),
+            softmax=_columns(soft) if any(soft) else {}, softmax_source=sources,
+        )
+    params: dict[str, ParamColumns] = {}
     pnames: list[str] = []
     for r in run.records:
         pnames.extend(p for p in r.params if p not in pnames)
     per_step_upd: list[dict[str, float]] = [{} for _ in run.records]
     for pname in pnames:
-        cols: dict[str, list[Any]] = {k: [] for k in ("weight_norm", "weight_rms", "grad_norm", "grad_rms",
-                                                        "grad_to_weight", "update_ratio", "nonfinite_weight",
-                                                        "nonfinite_grad")}
+        cols: dict[str, list[Any]] = {k: [] for k in PARAM_COLUMNS}
         owner = ""
         for i, r in enumerate(run.records):
             ps = r.params.get(pname)
@@ -169,82 +172,55 @@ def build_series(run: StatsRun, ema: float = DEFAULT_EMA) -> dict[str, Any]:
                     per_step_upd[i][pname] = ps.update_ratio
             for k in cols:
                 cols[k].append(_round(row.get(k)))
-        params[pname] = {
-            "module": owner,
-            "shape": run.param_shapes.get(pname, []),
-            **cols,
-            "update_ratio_ema": ema_columns({"update_ratio": cols["update_ratio"]}, ema)["update_ratio"],
-        }
-    types: dict[str, Any] = {}
+        params[pname] = ParamColumns(
+            module=owner, shape=run.param_shapes.get(pname, []), **cols,
+            update_ratio_ema=ema_columns({"update_ratio": cols["update_ratio"]}, ema)["update_ratio"],
+        )
+    types: dict[str, TypeColumns] = {}
     for name in names:
         t = run.types.get(name, "")
         if t:
-            types.setdefault(t, {"modules": []})["modules"].append(name)
-    param_type = {p: run.types.get(params[p]["module"], "") for p in params}
+            types.setdefault(t, TypeColumns()).modules.append(name)
+    param_type = {p: run.types.get(params[p].module, "") for p in params}
     for t, info in types.items():
-        members = set(info["modules"])
+        members = set(info.modules)
         act_rows, grad_rows, upd = [], [], []
         for i in range(len(run.records)):
             act_rows.append(_aggregate([v for k, v in per_step_act[i].items() if k in members]) or None)
             grad_rows.append(_aggregate([v for k, v in per_step_grad[i].items() if k in members]) or None)
             u = [v for p, v in per_step_upd[i].items() if param_type.get(p) == t]
             upd.append(_round(statistics.fmean(u)) if u else None)
-        info["activation"] = _columns(act_rows)
-        info["gradient"] = _columns(grad_rows)
-        info["update_ratio"] = upd
-    nonfinite = []
-    for r in run.records:
-        if r.nonfinite or r.nonfinite_grads:
-            nonfinite.append({
-                "step": r.step,
-                "calls": [{"module": m, "input_nonfinite": bad} for m, bad in r.nonfinite],
-                "grads": list(r.nonfinite_grads),
-            })
-    return {
-        "schema": SCHEMA,
-        "steps": steps,
-        "every": run.every,
-        "steps_seen": run.steps_seen,
-        "step_on": run.step_on,
-        "ema_alpha": ema,
-        "sample": getattr(run, "sample", None),
-        "order": names,
-        "order_source": run.order_source,
-        "modules": modules,
-        "params": params,
-        "types": types,
-        "nonfinite": nonfinite,
-        "notes": list(run.notes),
-        "definitions": dict(S.DEFINITIONS),
-    }
+        info.activation = _columns(act_rows)
+        info.gradient = _columns(grad_rows)
+        info.update_ratio = upd
+    nonfinite = [
+        NonfiniteEvent(step=r.step, calls=[NonfiniteCall(module=m, input_nonfinite=bad) for m, bad in r.nonfinite],
+                       grads=list(r.nonfinite_grads))
+        for r in run.records if r.nonfinite or r.nonfinite_grads
+    ]
+    return RunSeries(
+        steps=steps, every=run.every, steps_seen=run.steps_seen, step_on=run.step_on, ema_alpha=ema,
+        sample=run.sample, order=names, order_source=run.order_source, modules=modules, params=params, types=types,
+        nonfinite=nonfinite, nan_origin=nan_origin, notes=list(run.notes), definitions=dict(S.DEFINITIONS),
+    )
 
 
-def last_value(col: list[Any] | None, upto: int | None = None) -> Any:
-    """The value at step index ``upto`` (default: the last step), or None."""
-    if not col:
-        return None
-    i = len(col) - 1 if upto is None else upto
-    return col[i] if 0 <= i < len(col) else None
-
-
-def last_finite_index(series: dict[str, Any]) -> int:
+def last_finite_index(series: RunSeries) -> int:
     """Index of the last sampled step where no module output or gradient held NaN/Inf (the state to
     show in depth and per-type views); the last step when every step held some."""
-    steps = series["steps"]
-    bad = {ev["step"] for ev in series.get("nonfinite", [])}
+    steps = series.steps
+    bad = {ev.step for ev in series.nonfinite}
     return next((i for i in range(len(steps) - 1, -1, -1) if steps[i] not in bad), len(steps) - 1)
 
 
-def nonfinite_counts(series: dict[str, Any]) -> dict[str, list[int]]:
+def nonfinite_counts(series: RunSeries) -> dict[str, list[int]]:
     """Per sampled step: how many module calls produced NaN/Inf outputs (``outputs``), how many
     modules got NaN/Inf gradients (``gradients``) and how many parameters held NaN/Inf before the
     optimizer step (``parameters``)."""
-    steps = series["steps"]
-    by_step = {ev["step"]: ev for ev in series.get("nonfinite", [])}
-    params = series.get("params", {}).values()
+    by_step = {ev.step: ev for ev in series.nonfinite}
+    params = series.params.values()
     return {
-        "outputs": [len(by_step[s]["calls"]) if s in by_step else 0 for s in steps],
-        "gradients": [len(by_step[s]["grads"]) if s in by_step else 0 for s in steps],
-        "parameters": [sum(1 for p in params if i < len(p["nonfinite_weight"]) and p["nonfinite_weight"][i])
-                       for i in range(len(steps))],
+        "outputs": [len(by_step[s].calls) if s in by_step else 0 for s in series.steps],
+        "gradients": [len(by_step[s].grads) if s in by_step else 0 for s in series.steps],
+        "parameters": [sum(1 for p in params if cell(p.nonfinite_weight, i)) for i in range(len(series.steps))],
     }

@@ -44,10 +44,12 @@ from typing import Any
 
 import torch
 
+from modulelens.stats.fused import moments_cpu
+
 # Layout of a moment vector.
 FIELDS = ("numel", "count", "mean", "m2", "m3", "m4", "zeros", "nan", "inf", "min", "max", "sat", "sampled")
-K = len(FIELDS)
 _I = {f: i for i, f in enumerate(FIELDS)}
+NAN, INF, SAMPLED = _I["nan"], _I["inf"], _I["sampled"]
 
 STAT_NAMES = (
     "count", "mean", "std", "skew", "kurtosis", "zero_frac", "min", "max", "nan", "inf", "kl_gauss", "rms",
@@ -77,6 +79,13 @@ DEFINITIONS: dict[str, str] = {
     "elements, so every column is covered; parameters whose slices hold more than 262,144 elements or that are not "
     "contiguous: on every s-th element, s coprime with the last dimension)",
     "grad_to_weight": "parameters only: ||grad|| / ||w|| before the optimizer step",
+    "dead_rows": "weights of two or more dimensions only: the fraction of their rows (output units) whose gradient was "
+    "exactly zero on this sampled step and on the previous one (every s-th row above 65,536 elements)",
+    "entropy": "softmax only: mean over rows of the entropy divided by log(number of unmasked entries): 1 uniform, "
+    "0 one-hot (rows with fewer than two unmasked entries left out; attention weights of "
+    "scaled_dot_product_attention recomputed from q and k, before dropout, for a sample of query rows)",
+    "max_prob": "softmax only: mean over rows of the largest probability",
+    "onehot_frac": "softmax only: the fraction of rows whose largest probability is at least 0.99",
     "weight_rms": "parameters only: ||w|| / sqrt(numel)",
     "grad_rms": "parameters only: ||grad|| / sqrt(numel)",
     "sampling": "mean, std, skew, kurtosis, kl_gauss and rms of a tensor with more elements than the sample size "
@@ -134,6 +143,9 @@ def moments(t: torch.Tensor, saturation: tuple[float, float] | None = None,
     if n == 0:
         return [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, math.inf, -math.inf, 0.0, 0.0]
     if flat.device.type in HOST_PATH_DEVICES:
+        fused = moments_cpu(flat, saturation, SAT_FRACTION)
+        if fused is not None:
+            return fused
         mn, mx = torch.aminmax(flat)
         mn, mx = float(mn), float(mx)
         # NaN propagates through min/max and Inf shows in them: a cheap all-finite test.
@@ -158,7 +170,9 @@ def strided(flat: torch.Tensor, k: int, cols: int = 1) -> torch.Tensor:
 
 def _saturated(flat: torch.Tensor, saturation: tuple[float, float]) -> torch.Tensor:
     centre, half = saturation
-    return ((flat - centre).abs() >= SAT_FRACTION * half).sum()
+    # In float32 at least: 0.99 rounds to 0.988 in bfloat16, which would count unsaturated values.
+    x = flat if flat.dtype in (torch.float32, torch.float64) else flat.float()
+    return ((x - centre).abs() >= SAT_FRACTION * half).sum()
 
 
 def _finite_moments_cpu(flat: torch.Tensor, src: torch.Tensor, n: int, mn: float, mx: float,

@@ -10,10 +10,17 @@ Worker side (:func:`run`): the user's script runs here unmodified, as ``__main__
 top-level call). The run ends when the script does, or after ``steps`` optimizer steps
 (:class:`~modulelens.stats.collector.StopRun` out of ``optimizer.step()``). The worker stores the
 statistics in the repository and answers with their reference.
+
+When a sampled step held NaN/Inf and the sampled steps cannot say where they were born (an
+unsampled step before it, or weights already spread by an optimizer step), the worker first reruns
+the script in a second worker (``mode="nan_origin"``, :func:`find_nan_origin`) with a
+:class:`~modulelens.stats.sentinel.NonfiniteSentinel` up to that step, bounded in time, and stores
+the origin with the statistics. ``nan_rerun=False`` turns it off.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import tempfile
@@ -24,8 +31,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from modulelens.capture.worker_process import WorkerResult, read_worker_result, run_worker_process, worker_main
-from modulelens.errors import CaptureFailed
+from modulelens.errors import CaptureFailed, ModuleLensError
 from modulelens.stats.collector import DEFAULT_EVERY
+from modulelens.stats.records import StepRecord
+from modulelens.stats.schema import NanOrigin
 from modulelens.stats.series import DEFAULT_EMA
 from modulelens.stats.stats import DEFAULT_SAMPLE
 
@@ -50,16 +59,25 @@ class StatsWorkerRequest(BaseModel):
     stop_at: float | None = Field(None, description="time.time() at which to end the run at the next step boundary")
     nproc: int = Field(1, ge=1, description="processes under torchrun; rank 0 merges every rank's statistics")
     out_dir: str = Field("", description="the worker's folder (result files; per-rank records under torchrun)")
+    nan_rerun: bool = Field(True, description="rerun the script to find where NaN/Inf is born when a sampled step "
+                            "held them")
+    mode: Literal["stats", "nan_origin"] = Field("stats", description="nan_origin: the rerun (checks every step up to "
+                                                 "stop_step, stores nothing)")
+    stop_step: int = Field(0, ge=0, description="nan_origin: the last step to check")
 
 
 class StatsWorkerResult(WorkerResult):
-    """The stored run's reference (empty on ranks other than 0, which hand their statistics over)."""
+    """The stored run's reference (empty on ranks other than 0, which hand their statistics over),
+    or the answer of a NaN/Inf rerun."""
 
     ref: str = ""
     steps_seen: int = 0
+    nan_origin: NanOrigin | None = None
 
 
 RANK_WAIT_S = 300.0  # how long rank 0 waits for the other ranks' statistics after its own run ended
+RERUN_MIN_S = 60.0  # the NaN/Inf rerun gets twice the first run's time plus this, within the caller's limit
+RERUN_MAX_S = 900.0
 
 def gather_script_stats(request: StatsWorkerRequest, *, timeout: float) -> tuple[StatsWorkerResult, str]:
     """Caller side: run the statistics worker on ``request`` (its output relayed to stderr, never
@@ -85,6 +103,43 @@ def gather_script_stats(request: StatsWorkerRequest, *, timeout: float) -> tuple
             + done.output_tail[-1500:],
         )
     return result, done.output_tail
+
+
+def first_nonfinite(records: list[StepRecord]) -> StepRecord | None:
+    """The first sampled step that held NaN/Inf (in outputs or gradients), or None."""
+    return next((r for r in records if r.nonfinite or r.nonfinite_grads), None)
+
+
+def origin_is_known(records: list[StepRecord], rec: StepRecord) -> bool:
+    """True when the sampled steps alone say where NaN/Inf was born: the step before ``rec`` was
+    sampled (or there is none), and a module's output turned NaN/Inf there from finite inputs
+    while no other module's weights held any (nothing spread them)."""
+    if rec.step > 0 and not any(r.step == rec.step - 1 for r in records):
+        return False
+    origin = next((m for m, bad_input in rec.nonfinite if not bad_input), None)
+    if origin is None:
+        return False
+    bad_weights = [p for p in rec.params.values() if not math.isfinite(p.weight_norm)]
+    return all(p.module == origin for p in bad_weights)
+
+
+def find_nan_origin(request: StatsWorkerRequest, stop_step: int, timeout: float) -> NanOrigin:
+    """Rerun the script of ``request`` with a NaN/Inf check on every step up to ``stop_step``
+    (bounded by ``timeout`` seconds); the origin, or why there is none."""
+    rerun = request.model_copy(update={"mode": "nan_origin", "stop_step": stop_step, "nproc": 1,
+                                       "stop_at": time.time() + timeout})
+    started = time.monotonic()
+    try:
+        result, _ = gather_script_stats(rerun, timeout=timeout + 30.0)
+    except ModuleLensError as e:
+        return NanOrigin(found=False, detail=f"the rerun failed: {e.message}", seconds=time.monotonic() - started)
+    origin = result.nan_origin or NanOrigin(found=False, detail="the rerun gave no answer")
+    return origin.model_copy(update={"seconds": time.monotonic() - started})
+
+
+def _rerun_budget(request: StatsWorkerRequest, first_run_s: float) -> float:
+    left = (request.stop_at - time.time()) if request.stop_at else RERUN_MAX_S
+    return max(0.0, min(RERUN_MAX_S, 2 * first_run_s + RERUN_MIN_S, left - 30.0))
 
 
 def result_name(rank: int | None) -> str:
@@ -124,11 +179,32 @@ def _disable_dynamo() -> None:
         pass
 
 
+def run_sentinel(request: StatsWorkerRequest) -> StatsWorkerResult:
+    """Worker side of the NaN/Inf rerun: run the script with a sentinel (nothing is stored)."""
+    from modulelens.capture.runner import run_user_file
+    from modulelens.stats.collector import StopRun
+    from modulelens.stats.sentinel import NonfiniteSentinel
+
+    if request.eager:
+        _disable_dynamo()
+    deadline = time.monotonic() + (request.stop_at - time.time()) if request.stop_at else None
+    sentinel = NonfiniteSentinel(request.stop_step, deadline, request.step_on).start()
+    try:
+        error = run_user_file(Path(request.script).resolve(), request.script_args, stop=StopRun)
+    finally:
+        sentinel.stop()
+    why = f"the script ended ({type(error).__name__}: {error}) before the step" if error is not None else ""
+    return StatsWorkerResult(steps_seen=sentinel.step, nan_origin=sentinel.result(why))
+
+
 def run(request: StatsWorkerRequest) -> StatsWorkerResult:
     """Worker side: run the script with a collector and store the statistics."""
     from modulelens.capture.runner import run_user_file, script_error
     from modulelens.stats.collector import StatsCollector, StopRun
 
+    if request.mode == "nan_origin":
+        return run_sentinel(request)
+    started = time.monotonic()
     if request.eager:
         _disable_dynamo()
     else:
@@ -181,8 +257,19 @@ def run(request: StatsWorkerRequest) -> StatsWorkerResult:
             write_rank(Path(request.out_dir), rank, collector.finish())
             return StatsWorkerResult(steps_seen=collector.steps_seen)
         merged = merge_ranks([collector.finish(), *read_ranks(Path(request.out_dir), range(1, world), RANK_WAIT_S)])
+    origin = None
+    bad = first_nonfinite(collector.records)
+    if bad is not None and not origin_is_known(collector.records, bad):
+        if not request.nan_rerun:
+            collector.notes.append("NaN/Inf appeared; the rerun that finds where they are born is off (--no-nan-rerun)")
+        elif request.nproc > 1:
+            collector.notes.append("NaN/Inf appeared; the rerun that finds where they are born is not made under torchrun")
+        else:
+            budget = _rerun_budget(request, time.monotonic() - started)
+            origin = (find_nan_origin(request, bad.step, budget) if budget > 5 else
+                      NanOrigin(found=False, detail="no time was left for the rerun within --timeout"))
     art = collector.save(
-        request.name, request.repo, run=merged,
+        request.name, request.repo, run=merged, nan_origin=origin,
         kind="script", script=str(script), argv=request.script_args, every=request.every, steps=request.steps,
     )
     return StatsWorkerResult(ref=art.ref, steps_seen=collector.steps_seen)

@@ -23,7 +23,7 @@ from types import ModuleType
 from typing import Any
 from urllib.parse import urlparse
 
-from modulelens.errors import ModuleLensError
+from modulelens.errors import ModuleLensError, tool_call
 from modulelens.team.model import (
     DownloadedArtifact,
     PushedArtifact,
@@ -170,7 +170,7 @@ class WandbRemote:
         kind = kind_of_type(art.type)
         if kind is None:
             raise ModuleLensError(f"{address} is a W&B artifact of type {art.type!r}, not a modulelens artifact",
-                                  "pull artifacts pushed by `modulelens push` (types modulelens-capture, ...)")
+                                  f"pull artifacts pushed by {tool_call('push')} (types modulelens-capture, ...)")
         try:
             art.download(root=dest)
         except Exception as e:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from pydantic import BaseModel, Field
 
 from modulelens.errors import ModuleLensError
-from modulelens.kernels.source import KernelSource
+from modulelens.kernels.source import KernelSource, read_source_file
+from modulelens.paths import outside_warnings, source_file
 from modulelens.registry import ToolContext, tool
 from modulelens.replies import ToolReply, call
 from modulelens.repo import Repository
@@ -22,11 +21,13 @@ class AddSearchChildRequest(BaseModel):
     target: str = Field("0", description="Card id or target index.")
     source: str | None = Field(None, description="Or: your source file.")
     source_text: str | None = Field(None, description="Or: the source itself.")
+    allow_outside: bool = Field(False, description="Read a source outside the project and the repository.")
 
 
 class AddSearchChildResult(NodeRecord, ToolReply):
     search_id: str
     target: str
+    source_file: str | None = Field(None, description="The file the source was read from (symlinks followed).")
 
 
 @tool
@@ -35,17 +36,17 @@ def add_search_child(req: AddSearchChildRequest, ctx: ToolContext) -> AddSearchC
     if bool(req.source) == bool(req.source_text):
         raise ModuleLensError("give exactly one of [--source FILE] or [--source-text TEXT]",
                               "e.g. [--parent 2] [--source my_kernel.cpp]")
-    text = req.source_text or ""
+    text, path = req.source_text or "", None
     if req.source:
-        path = Path(req.source).expanduser()
-        if not path.is_file():
-            raise ModuleLensError(f"source file {req.source!r} does not exist", "give the path of your kernel file")
-        text = path.read_text()
+        path = source_file(req.source, ctx.project, ctx.repo_root, req.allow_outside)
+        text = read_source_file(path)  # named like a source, at most 1 MiB
     repo = Repository(ctx.repo_root)
     search = open_search(repo, req.search_id)
     card_id, node = add_child(repo, req.search_id, req.target, req.parent,
                               KernelSource(backend=search.settings.backend, source=text, provider="agent"))
-    result = AddSearchChildResult(**node.model_dump(), search_id=req.search_id, target=card_id)
+    result = AddSearchChildResult(**node.model_dump(), search_id=req.search_id, target=card_id,
+                                  source_file=str(path) if path else None)
+    result.warnings += outside_warnings(path, ctx.project, ctx.repo_root)
     if not node.correct:
         result.warnings.append(f"rejected: {node.reason}")
     elif node.speedup_vs_eager is None:

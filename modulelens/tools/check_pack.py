@@ -17,7 +17,6 @@ class CheckPackRequest(BaseModel):
     captures: list[str] = Field(default_factory=list, description="Default: the pack's.", json_schema_extra={"cli": "argument"})
     allow_env_mismatch: bool = Field(False, description="Allow another torch, device or compiler.")
     mechanism: Mechanism = Field(DEFAULT_MECHANISM)
-    min_run_time: float = Field(0.3, gt=0, description="Timing seconds at least.")
     limit: int = Field(8, ge=1, le=MAX_ITEMS, description="Entries listed.")
 
 
@@ -34,7 +33,7 @@ def check_pack(req: CheckPackRequest, ctx: ToolContext) -> CheckPackResult:
     from modulelens.dispatch.check import check_pack as check
 
     checks = check(Repository(ctx.repo_root), req.pack, req.captures, allow_env_mismatch=req.allow_env_mismatch,
-                   mechanism=req.mechanism, min_run_time=req.min_run_time)
+                   mechanism=req.mechanism)
     result = CheckPackResult(ok=all(c.matches_captured for c in checks), checks=checks)
     if not any(c.hits for c in checks):
         result.warnings.append("no pack kernel ran in any replay (0 hits): the pack changes nothing here")

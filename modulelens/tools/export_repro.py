@@ -4,22 +4,28 @@ captured data, needing only torch and safetensors to run."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, Field
 
 from modulelens.capture.manifest import KIND
-from modulelens.capture.repro import check_repro, write_repro
-from modulelens.errors import ModuleLensError
+from modulelens.capture.repro import ReproFile, check_repro, write_repro
+from modulelens.errors import ModuleLensError, arg
+from modulelens.paths import output_folder
 from modulelens.registry import ToolContext, tool
 from modulelens.replies import ToolReply
-from modulelens.repo import Repository
+from modulelens.repo import Artifact, Repository
 
 
 class ExportReproRequest(BaseModel):
     ref: str = Field(description="Capture ref.", json_schema_extra={"cli": "argument"})
-    out: str = Field("repros", description="Folder to write into.")
+    out: str = Field("repros", description="Folder to write into (relative: to the project).")
     flavor: Literal["auto", "source", "export"] = Field("auto", description="source: inline code; export: the program.")
     verify: bool = Field(True, description="Run the file once to check it.")
 
@@ -35,11 +41,42 @@ class ExportReproResult(ToolReply):
     check_output: str = ""
 
 
+def _write_into(art: Artifact, out: Path, flavor: str) -> ReproFile:
+    """:func:`write_repro` into a hidden folder made inside ``out``, then its file and data folder
+    moved into ``out`` (an older export of the same version replaced): a failure at any point leaves
+    nothing behind (nor ``out`` when this call made it), and a write error is one line naming the
+    cause."""
+    made = not out.exists()
+    done = False
+    staging: Path | None = None
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".repro.", suffix=".tmp", dir=out))
+        staged = write_repro(art, staging, flavor)
+        path, data_dir = out / staged.path.name, out / staged.data_dir.name
+        if data_dir.is_dir() and not data_dir.is_symlink():
+            shutil.rmtree(data_dir)
+        os.replace(staged.data_dir, data_dir)
+        os.replace(staged.path, path)
+        done = True
+    except OSError as exc:
+        raise ModuleLensError(f"cannot write the repro into {out}: {exc.strerror or exc}",
+                              f"give {arg('out')} a folder you can write to") from None
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+        if made and not done:
+            with contextlib.suppress(OSError):
+                out.rmdir()  # only when empty
+    return dataclasses.replace(staged, path=path, data_dir=data_dir)
+
+
 @tool
 def export_repro(req: ExportReproRequest, ctx: ToolContext) -> ExportReproResult:
     """Write a standalone KernelBench-format file (+ data) for a capture."""
+    out = output_folder(req.out, ctx.project)
     art = Repository(ctx.repo_root).open(KIND, req.ref)
-    written = write_repro(art, Path(req.out).expanduser().resolve(), req.flavor)
+    written = _write_into(art, out, req.flavor)
     result = ExportReproResult(ref=art.ref, path=str(written.path), data_dir=str(written.data_dir),
                                flavor=written.flavor, skipped=written.skipped)
     if req.verify:

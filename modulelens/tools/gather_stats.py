@@ -16,7 +16,8 @@ from modulelens.replies import ToolReply, call
 from modulelens.repo import Artifact, Repository, validate_name
 from modulelens.stats.collector import DEFAULT_EVERY
 from modulelens.stats.manifest import TypeRow, stats_manifest
-from modulelens.stats.runs import StatsFinding, TensorStatsRow, tensor_rows
+from modulelens.stats.runs import TensorStatsRow, tensor_rows
+from modulelens.stats.schema import RunSeries, StatsFinding, read_findings, read_series
 from modulelens.stats.series import DEFAULT_EMA
 from modulelens.stats.stats import DEFAULT_SAMPLE
 from modulelens.stats.worker import StatsWorkerRequest, gather_script_stats
@@ -49,9 +50,10 @@ class GatherStatsRequest(BaseModel):
     plots: bool = Field(True)
     thresholds: dict[str, float] = Field(
         default_factory=dict,
-        description="Override finding thresholds (dead_zero_frac, explode_gain, ...).",
+        description="Finding thresholds (dead_zero_frac, ...).",
     )
     nproc: int = Field(1, ge=1, description="Processes under torchrun.")
+    nan_rerun: bool = Field(True, description="Rerun to find where NaN/Inf began.")
     wandb: bool = Field(False, description="Also log to W&B.")
     wandb_project: str | None = Field(None)
     timeout: float = Field(3600.0, gt=0, description="Seconds (stops at a step).")
@@ -110,15 +112,14 @@ def _result(art: Artifact, source: str, top: int | None, tail: str = "", seconds
     """The result for the stored run ``art``: order, findings and tensors cut to ``top`` (the
     stored series and findings files have them all)."""
     summary = stats_manifest(art).summary
-    found = art.read_json("findings.json")
-    series = art.read_json("series.json")
+    series = read_series(art)
     files = summary.report_files
     result = GatherStatsResult(
         run_id=art.ref, source=source,  # type: ignore[arg-type]
         modules=summary.modules, steps_seen=summary.steps_seen, steps_sampled=summary.steps_sampled,
         order_source=summary.order_source,
-        order=list(series.get("order", list(series.get("tensors", {}))))[:200] if source == "script" else [],
-        findings=[StatsFinding.model_validate(f) for f in found],
+        order=series.order[:200] if isinstance(series, RunSeries) else [],
+        findings=read_findings(art),
         by_type=summary.by_type, by_type_step=summary.by_type_step,
         report_html=str(art.file("report.html")) if "report.html" in files else None,
         report_png=str(art.file("report.png")) if "report.png" in files else None,
@@ -127,7 +128,11 @@ def _result(art: Artifact, source: str, top: int | None, tail: str = "", seconds
         script_output_tail=tail[-1500:], seconds=round(seconds, 3),
     )
     bad = [f for f in result.findings if f.kind.startswith("nan_inf")]
-    if bad:
+    if bad and bad[0].found_by == "rerun":
+        f = bad[0]
+        result.warnings.append(f"NaN/Inf born in {f.module or 'the model'} at step {f.step} ({f.phase}, {f.tensor}; "
+                               "found by a rerun)")
+    elif bad:
         result.warnings.append(f"NaN/Inf first seen in {bad[0].module or 'the model'} ({bad[0].kind})")
     if source == "script" and result.steps_sampled == 0:
         result.warnings.append("no step was sampled: the script ran no optimizer step (try [--step-on forward]) or "
@@ -140,8 +145,7 @@ def _result(art: Artifact, source: str, top: int | None, tail: str = "", seconds
 
 @tool
 def gather_stats(req: GatherStatsRequest, ctx: ToolContext) -> GatherStatsResult:
-    """Per-module activation, gradient and weight statistics, with findings, of a training script every N steps
-    or of a capture."""
+    """Per-module activation, gradient and weight statistics and findings, of a script every N steps or a capture."""
     repo = Repository(ctx.repo_root)
     t0 = time.perf_counter()
     if req.capture:
@@ -163,7 +167,7 @@ def gather_stats(req: GatherStatsRequest, ctx: ToolContext) -> GatherStatsResult
     request = StatsWorkerRequest(
         script=str(script.resolve()), script_args=req.script_args, name=name, repo=str(repo.root), every=req.every,
         steps=req.steps, step_on=req.step_on, eager=req.eager, params=req.params, fx=req.fx, ema=req.ema,
-        plots=req.plots, sample=req.sample, thresholds=req.thresholds, nproc=req.nproc,
+        plots=req.plots, sample=req.sample, thresholds=req.thresholds, nproc=req.nproc, nan_rerun=req.nan_rerun,
         # Stop at a step boundary with time left to store the statistics before the hard limit.
         stop_at=time.time() + req.timeout - min(60.0, 0.2 * req.timeout),
     )

@@ -19,9 +19,7 @@ the tool with nothing changed. A file that exists and differs is skipped unless 
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +27,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from modulelens.errors import ModuleLensError
+from modulelens.paths import output_folder, write_text
 from modulelens.registry import ToolContext, tool
 from modulelens.replies import ToolReply
 
@@ -203,18 +202,6 @@ def _plan_mcp(target: Path, rel: str, force: bool) -> _Planned:
     return _Planned(rel, path, json.dumps(data, indent=2, ensure_ascii=False) + "\n", "written")
 
 
-def _write(path: Path, content: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(content)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _next_steps(target: Path, skipped: list[str]) -> str:
     steps = [
         f"Make sure the `modulelens` command is on the PATH of your editor (`modulelens version` in {target}).",
@@ -232,7 +219,7 @@ def _next_steps(target: Path, skipped: list[str]) -> str:
 @tool(mcp=False)  # it sets the MCP server up: people run it, before any agent can
 def install_skills(req: InstallSkillsRequest, ctx: ToolContext) -> InstallSkillsResult:
     """Install agent skills and the MCP server entry into a project."""
-    target = Path(req.target).expanduser().resolve()
+    target = output_folder(req.target, ctx.project, "target")
     if not target.is_dir():
         raise ModuleLensError(f"target folder {req.target!r} does not exist", "create it, or pass a project folder")
     available = available_skills()
@@ -261,11 +248,7 @@ def install_skills(req: InstallSkillsRequest, ctx: ToolContext) -> InstallSkills
         ctx.progress(i, len(plan), p.rel)
         key = p.path.resolve()
         if p.content is not None and key not in done:  # a symlinked folder can alias two paths
-            try:
-                _write(p.path, p.content)
-            except OSError as e:  # /proc, a read-only mount, a full disk, a file where a folder goes
-                raise ModuleLensError(f"cannot write {p.rel} in {target}: {e.strerror or e}",
-                                      "pass a project folder you can write to") from None
+            write_text(p.path, p.content)  # a read-only mount, a full disk, a file where a folder goes
             done.add(key)
     ctx.progress(len(plan), len(plan), "done")
 

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from modulelens.capture.summary import CaptureEntry, capture_entries
+from modulelens.errors import tool_call
 from modulelens.listing import MAX_ITEMS, LeftOut, keep_first
 from modulelens.ops.opsets import OpsetEntry, opset_entries
 from modulelens.ops.summary import OpSetSummary, summarize_opset
@@ -128,8 +129,9 @@ def _advice(result: Listing) -> None:
     elif isinstance(result, ListSearchesResult) and result.searches:
         result.next = [call("show", kind="search", ref=result.searches[-1].search_id)]
     elif isinstance(result, ListPacksResult) and result.packs:
-        result.warnings += [f"pack {p.ref} is not trusted here: review it with trust [--kind packs], then trust it "
-                            "before using it" for p in result.packs if not p.trusted][:3]
+        result.warnings += [f"pack {p.ref} is not trusted here: review it with {tool_call('trust', ref=p.ref, kind='packs')}, "
+                            f"then trust it with {tool_call('trust', ref=p.ref, kind='packs', yes=True)} before using it"
+                            for p in result.packs if not p.trusted][:3]
         result.warnings += [f"pack {p.ref}: none of its {p.entries} entries will be used (none was validated correct "
                             "and faster than eager)" for p in result.packs if not p.dispatched][:3]
         result.next = [call("show", kind="pack", ref=result.packs[-1].ref)]

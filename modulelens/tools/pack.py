@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from pydantic import BaseModel, Field
 
+from modulelens.paths import output_file
 from modulelens.registry import ToolContext, tool
 from modulelens.replies import ToolReply, call
 from modulelens.repo import Repository
@@ -14,8 +13,8 @@ from modulelens.repo import Repository
 class PackRequest(BaseModel):
     candidates: list[str] = Field(description="Validated candidate ids.",
                                   json_schema_extra={"cli": "argument"})
-    out: str = Field(description="Pack file to write.")
-    force: bool = Field(False, description="Use entries whose speedup is not surely above 1.")
+    out: str = Field(description="Pack file to write (relative: to the project).")
+    force: bool = Field(False, description="Use entries not surely faster too.")
 
 
 class PackedEntry(BaseModel):
@@ -48,7 +47,7 @@ def pack(req: PackRequest, ctx: ToolContext) -> PackResult:
     """Bundle validated candidates into one checksummed pack file."""
     from modulelens.dispatch.build import make_pack
 
-    out = Path(req.out).expanduser().resolve()
+    out = output_file(req.out, ctx.project)
     sha, content = make_pack(Repository(ctx.repo_root), req.candidates, out, force=req.force)
     result = PackResult(path=str(out), sha256=sha, environment=content.environment.model_dump(), entries=[
         PackedEntry(candidate_id=e.candidate_id, kind=e.kind,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from modulelens.errors import tool_call
 from modulelens.registry import ToolContext, tool
 from modulelens.replies import ToolReply, call
 from modulelens.repo import Repository
@@ -26,7 +27,8 @@ def pull(req: PullRequest, ctx: ToolContext) -> PullResult:
     pulled = pull_from_remote(Repository(ctx.repo_root), req.address)
     result = PullResult(**pulled.model_dump())
     if not result.trusted:
-        result.warnings.append("pulled untrusted: review it, then trust it before replaying or using it")
+        result.warnings.append(f"pulled untrusted: review it, then trust it with "
+                               f"{tool_call('trust', ref=result.ref, kind=result.kind, yes=True)} before replaying or using it")
         result.next = [call("trust", ref=result.ref, kind=result.kind)]
     result.warnings += [f"tag not set: {t}" for t in result.tags_not_set][:3]
     return result

@@ -30,7 +30,7 @@ class RunRequest(BaseModel):
     script_args: list[str] = Field(default_factory=list,
                                    json_schema_extra={"cli": "argument"})
     pack: str = Field()
-    compare: bool = Field(False, description="Also time steps without the pack (interleaved) and compare outputs.")
+    compare: bool = Field(False, description="Also run without the pack and compare outputs.")
     rtol: float = Field(1e-3, ge=0)
     atol: float = Field(1e-4, ge=0)
     allow_env_mismatch: bool = Field(False, description="Allow another torch, device or compiler.")

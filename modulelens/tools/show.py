@@ -16,6 +16,7 @@ from modulelens.capture.manifest import KIND as CAPTURES
 from modulelens.capture.manifest import capture_manifest
 from modulelens.capture.summary import CaptureSummary, capture_warnings, summarize
 from modulelens.dispatch.pack import STORED_PACK_FILE, PackEnvironment
+from modulelens.errors import tool_call
 from modulelens.listing import MAX_ITEMS, LeftOut, keep_first
 from modulelens.ops.summary import CardDetail, describe_card
 from modulelens.registry import ToolContext, tool
@@ -117,7 +118,8 @@ def _pack(repo: Repository, ref: str) -> ShowPackResult:
     result = ShowPackResult(ref=art.ref, path=path, sha256=m.sha256, trusted=is_trusted(art.path),
                             environment=m.environment, entries=m.entries, candidates=m.candidates)
     if not result.trusted:
-        result.warnings.append("not trusted here: review it with trust [--kind packs], then trust it before using it")
+        result.warnings.append(f"not trusted here: review it with {tool_call('trust', ref=art.ref, kind='packs')}, then trust "
+                               f"it with {tool_call('trust', ref=art.ref, kind='packs', yes=True)} before using it")
     result.warnings += [f"{e.candidate_id} will not be used: {e.verdict}, speedup {e.speedup_vs_eager}"
                         for e in m.entries if not e.dispatched]
     if result.trusted and any(e.dispatched for e in m.entries):

@@ -25,6 +25,7 @@ from modulelens.kernels.module_candidates import (
 )
 from modulelens.kernels.source import BackendName, KernelSource, read_source_file
 from modulelens.listing import MAX_ITEMS, LeftOut, keep_first
+from modulelens.paths import outside_warnings, source_file
 from modulelens.registry import ToolContext, tool
 from modulelens.replies import ToolReply, call
 from modulelens.repo import Artifact, Repository
@@ -46,6 +47,7 @@ class ValidateKernelRequest(BaseModel):
                                   json_schema_extra={"cli": "argument"})
     source: str | None = Field(None, description="Or: your source file.")
     source_text: str | None = Field(None, description="Or: the source itself.")
+    allow_outside: bool = Field(False, description="Read a source outside the project and the repository.")
     target: str | None = Field(None, description="With a source: a card id (kernel) or capture (ModelNew).")
     backend: BackendName | None = Field(None, description="With a kernel source.")
     class_name: str = Field("ModelNew")
@@ -61,7 +63,16 @@ class ValidateKernelRequest(BaseModel):
     limit: int = Field(20, ge=1, le=MAX_ITEMS, description="Entries listed.")
 
 
-def _candidate(req: ValidateKernelRequest, repo: Repository) -> tuple[Artifact, KernelSource]:
+def _source(req: ValidateKernelRequest, ctx: ToolContext) -> tuple[Path | None, str]:
+    """(the file read, symlinks followed, or None for ``source_text``; the source's text)."""
+    if not req.source:
+        return None, req.source_text or ""
+    path = source_file(req.source, ctx.project, ctx.repo_root, req.allow_outside)
+    return path, read_source_file(path)  # named like a source, at most 1 MiB: no host file read over MCP
+
+
+def _candidate(req: ValidateKernelRequest, repo: Repository, path: Path | None,
+               text: str) -> tuple[Artifact, KernelSource]:
     given = [x for x in (req.candidate, req.source, req.source_text) if x]
     if len(given) != 1:
         raise ModuleLensError("give exactly one of a candidate id, [--source FILE] or [--source-text TEXT]",
@@ -74,14 +85,8 @@ def _candidate(req: ValidateKernelRequest, repo: Repository) -> tuple[Artifact, 
     if not req.target or not req.backend:
         raise ModuleLensError("[--source] needs [--target CARD] and [--backend BACKEND] (cpp, cuda or triton)",
                               "e.g. [--source k.cpp] [--target blk/6] [--backend cpp]")
-    text = req.source_text
-    if req.source:
-        path = Path(req.source).expanduser()
-        if not path.is_file():
-            raise ModuleLensError(f"source file {req.source!r} does not exist", "give the path of your kernel file")
-        text = read_source_file(path)
-    src = KernelSource(backend=req.backend, source=text or "", provider="agent",
-                       provenance={"source_file": str(Path(req.source).resolve()) if req.source else None})
+    src = KernelSource(backend=req.backend, source=text, provider="agent",
+                       provenance={"source_file": str(path) if path else None})
     return save_agent_candidate(repo, req.target, src), src
 
 
@@ -92,20 +97,15 @@ def _is_module(req: ValidateKernelRequest, repo: Repository) -> bool:
     return bool(req.target) and "/" not in (req.target or "") and req.backend is None
 
 
-def _module_candidate(req: ValidateKernelRequest, repo: Repository) -> tuple[Artifact, ModuleCandidate, ModuleTarget]:
+def _module_candidate(req: ValidateKernelRequest, repo: Repository, path: Path | None,
+                      text: str) -> tuple[Artifact, ModuleCandidate, ModuleTarget]:
     if req.candidate:
         return load_module_candidate(repo, req.candidate)
-    text = req.source_text
-    if req.source:
-        path = Path(req.source).expanduser()
-        if not path.is_file():
-            raise ModuleLensError(f"source file {req.source!r} does not exist", "give the path of your ModelNew file")
-        text = read_source_file(path)  # .py and friends only, at most 1 MiB: no host file read over MCP
     capture = repo.open(CAPTURES, req.target or "")
     manifest = capture_manifest(capture)
     target = ModuleTarget(capture=capture.ref, class_path=manifest.class_path, module_path=manifest.module_path)
-    cand = ModuleCandidate(source=text or "", class_name=req.class_name, claims_training=req.claims_training,
-                           provenance={"source_file": str(Path(req.source).resolve()) if req.source else None})
+    cand = ModuleCandidate(source=text, class_name=req.class_name, claims_training=req.claims_training,
+                           provenance={"source_file": str(path) if path else None})
     return save_module_candidate(repo, target, capture, cand), cand, target
 
 
@@ -113,12 +113,14 @@ class ValidateModuleResult(ValidationReport, ToolReply):
     candidate_id: str
     target: str = Field(description="The capture validated against.")
     report: str = Field(description="Reference of the stored report.")
+    source_file: str | None = Field(None, description="The file the source was read from (symlinks followed).")
     left_out: list[LeftOut] = Field(default_factory=list, description="Checks cut to `limit` items (the stored "
                                     "report has them all).")
 
 
-def _validate_module(req: ValidateKernelRequest, repo: Repository, ctx: ToolContext) -> ValidateModuleResult:
-    art, cand, target = _module_candidate(req, repo)
+def _validate_module(req: ValidateKernelRequest, repo: Repository, ctx: ToolContext, path: Path | None,
+                     text: str) -> ValidateModuleResult:
+    art, cand, target = _module_candidate(req, repo, path, text)
     task = ValidateModuleTask(
         repo=str(repo.root), capture=target.capture, build_dir=str(default_build_dir()),
         candidate=ModuleSource(source=cand.source, class_name=cand.class_name, claims_training=cand.claims_training),
@@ -128,14 +130,16 @@ def _validate_module(req: ValidateKernelRequest, repo: Repository, ctx: ToolCont
     report, rep = validate_in_sandbox(repo, art, task, task.settings, backend="module", timeout=req.timeout,
                                       memory_limit_mb=req.memory_limit_mb, progress=ctx.progress)
     result = ValidateModuleResult(**dict(report), candidate_id=art.ref, target=target.capture, report=rep.ref,
-                                  warnings=report_warnings(report))
+                                  source_file=str(path) if path else None,
+                                  warnings=outside_warnings(path, ctx.project, ctx.repo_root) + report_warnings(report))
     if surely_faster(report):
         result.next = [call("pack", candidates=[art.ref], out=f"{art.name.split('.', 1)[0]}.pack")]
     return keep_first(result, "checks", req.limit, str(repo.open(REPORTS, rep.ref).file(REPORT_FILE)))
 
 
 class ValidateKernelResult(CandidateValidation, ToolReply):
-    pass  # the validation's record; no docstring, so none in the JSON schema
+    # the validation's record (no docstring, so none in the JSON schema)
+    source_file: str | None = Field(None, description="The file the source was read from (symlinks followed).")
 
 
 @tool
@@ -143,17 +147,19 @@ def validate_kernel(req: ValidateKernelRequest, ctx: ToolContext) -> ValidateKer
     """Validate a card's kernel or a capture's ModelNew in a sandbox, on real and adversarial inputs, timed vs
     eager."""
     repo = Repository(ctx.repo_root)
+    path, text = _source(req, ctx)
     if len([x for x in (req.candidate, req.source, req.source_text) if x]) == 1 and _is_module(req, repo):
-        return _validate_module(req, repo, ctx)
+        return _validate_module(req, repo, ctx, path, text)
     if req.claims_training or req.class_name != "ModelNew":
         raise ModuleLensError("[--class-name] and [--claims-training] go with a ModelNew, not a kernel",
                               "for a ModelNew give [--target CAPTURE] (a capture ref such as blk) and no backend")
-    art, src = _candidate(req, repo)
+    art, src = _candidate(req, repo, path, text)
     settings = ValidationSettings(card_id=candidate_manifest(art).target.card_id, device=req.device, time=req.time,
                                   compile_baseline=req.compile_baseline, seeds=list(range(req.seeds)),
                                   rtol=req.rtol, atol=req.atol)
     result = validate_candidate(repo, art, src, settings, timeout=req.timeout, memory_limit_mb=req.memory_limit_mb,
                                 progress=ctx.progress)
-    reply = ValidateKernelResult(**dict(result), warnings=report_warnings(result),
+    reply = ValidateKernelResult(**dict(result), source_file=str(path) if path else None,
+                                 warnings=outside_warnings(path, ctx.project, ctx.repo_root) + report_warnings(result),
                                  next=report_next(result, result.candidate_id, result.target))
     return keep_first(reply, "checks", req.limit, str(repo.open(REPORTS, result.report).file(REPORT_FILE)))

@@ -1,5 +1,5 @@
 """The local web UI (``modulelens ui``): captures, operator cards, candidates, training statistics
-and the jobs started from the pages, served by Starlette and uvicorn from this package alone (its
+and the repository's jobs, served by Starlette and uvicorn from this package alone (its
 templates, CSS and JavaScript are in ``templates/`` and ``static/``; nothing is loaded from the
 internet). Every page gets its data from the tool registry, and every action runs a tool.
 
@@ -7,6 +7,6 @@ internet). Every page gets its data from the tool registry, and every action run
 - :mod:`modulelens.ui.app`: the Starlette application (routes, error pages);
 - :mod:`modulelens.ui.security`: the rules that keep it safe (see there);
 - :mod:`modulelens.ui.pages`, :mod:`modulelens.ui.api`: pages and JSON endpoints;
-- :mod:`modulelens.ui.jobs`, :mod:`modulelens.ui.jobrun`: actions run as stoppable background jobs;
+- :mod:`modulelens.ui.jobs`: actions run as stoppable background jobs (:mod:`modulelens.jobs`);
 - :mod:`modulelens.ui.sections`: the navigation, and the extension point for searches and packs.
 """

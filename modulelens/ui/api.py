@@ -1,6 +1,6 @@
 """The UI's JSON endpoints (jobs) and the repository file route.
 
-- ``GET /api/jobs``: every job, newest first (the pages poll it).
+- ``GET /api/jobs``: the repository's jobs (started here or over MCP), newest first (the pages poll it).
 - ``POST /api/jobs`` with ``{"action": "replay", "params": {"ref": "blk:v1"}}``: start a job
   (actions in :data:`modulelens.ui.jobs.ACTIONS`); answers 202 with the job.
 - ``GET /api/jobs/{id}``, ``POST /api/jobs/{id}/stop``.

@@ -15,7 +15,7 @@ from starlette.staticfiles import StaticFiles
 
 from modulelens.errors import InvalidName, ModuleLensError, ReferenceNotFound
 from modulelens.ui import api, pages
-from modulelens.ui.jobs import UI_FRONT, JobRunner
+from modulelens.ui.jobs import UI_FRONT, UiJobs
 from modulelens.ui.render import STATIC, make_environment
 from modulelens.ui.sections import list_backed
 from modulelens.ui.security import Guard
@@ -46,8 +46,8 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 
 def build_app(settings: UiSettings) -> Starlette:
-    """The web app for one repository. Jobs it starts are stopped when the app shuts down."""
-    state = UiState(settings=settings, jobs=JobRunner(settings.repo_root, settings.project_root),
+    """The web app for one repository. Jobs it started are stopped when the app shuts down."""
+    state = UiState(settings=settings, jobs=UiJobs(settings.repo_root, settings.project_root),
                     env=make_environment())
 
     @contextlib.asynccontextmanager
@@ -66,6 +66,8 @@ def build_app(settings: UiSettings) -> Starlette:
         Route("/candidates/{ref}", pages.candidate_page),
         Route("/stats", pages.stats_runs_page),
         Route("/stats/{ref}", pages.stats_run_page),
+        Route("/searches", pages.searches_page),
+        Route("/searches/{ref}", pages.search_page),
         *(Route(s.href, pages.list_section_page) for s in list_backed()),
         Route("/jobs", pages.jobs_page),
         Route("/api/jobs", api.list_jobs, methods=["GET"]),

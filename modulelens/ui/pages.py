@@ -9,14 +9,18 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import HTMLResponse
 
+from modulelens.errors import ModuleLensError
 from modulelens.ui.render import repo_file
 from modulelens.ui.sections import section
 from modulelens.ui.state import ui_state
-from modulelens.ui.tree import ParamLeaf, module_tree
+from modulelens.ui.tree import ParamLeaf, module_tree, search_tree
 
 TENSOR_GROUPS = ("input", "output", "weight", "gradient")
+# What a search page shows of each node's stored validation report.
+REPORT_FIELDS = ("flags", "speedup_interval", "timing_status", "timing_reason")
 # The statistics the training-statistics page can plot (per module and per type, over steps).
-PLOTTED_STATS = ["std", "zero_frac", "mean", "rms", "kurtosis", "gain", "min", "max"]
+PLOTTED_STATS = ["std", "zero_frac", "mean", "rms", "kurtosis", "gain", "min", "max", "sat_frac", "entropy", "max_prob",
+                 "onehot_frac"]
 
 
 def captures_page(request: Request) -> HTMLResponse:
@@ -79,9 +83,41 @@ def stats_run_page(request: Request) -> HTMLResponse:
                    report_html=repo_file(view.report_html, root), report_png=repo_file(view.report_png, root))
 
 
+def searches_page(request: Request) -> HTMLResponse:
+    ui = ui_state(request)
+    searches = [e.model_dump(mode="json") for e in ui.call("list", kind="searches").searches]
+    return ui.page("searches.html", "searches", title="Searches", searches=searches)
+
+
+def _report_facts(ui: Any, ref: str) -> dict[str, Any]:
+    """The flags and timing of the stored report ``ref`` (nothing when it cannot be read)."""
+    try:
+        report = ui.call("show", kind="report", ref=ref).model_dump(mode="json")
+    except ModuleLensError:
+        return {}
+    return {k: report[k] for k in REPORT_FIELDS if report.get(k) is not None}
+
+
+def search_page(request: Request) -> HTMLResponse:
+    """One search: per target, the best result and the tree, each node with its verdict, speedup
+    (interval when timed that way) and the flags of its report; continue and stop."""
+    ui = ui_state(request)
+    search = ui.call("show", kind="search", ref=request.path_params["ref"]).model_dump(mode="json")
+    facts: dict[str, dict[str, Any]] = {}
+    for target in search["targets"]:
+        for node in target["nodes"]:
+            ref = node.get("report")
+            if ref and ref not in facts:
+                facts[ref] = _report_facts(ui, ref)
+            node.update({k: v for k, v in facts.get(ref or "", {}).items() if node.get(k) in (None, [], "")})
+            node.setdefault("flags", [])
+        target["tree"] = search_tree(target["nodes"])
+    return ui.page("search.html", "searches", title=search["search_id"], search=search)
+
+
 def list_section_page(request: Request) -> HTMLResponse:
-    """A list-backed section (searches, packs): the ``list`` tool's result for its kind, or "none
-    yet" while the repository holds none."""
+    """A list-backed section (packs): the ``list`` tool's result for its kind, or "none yet" while
+    the repository holds none."""
     ui = ui_state(request)
     s = section(request.url.path.strip("/"))
     listed = ui.call("list", kind=s.list_kind).model_dump(mode="json", exclude={"next", "repo", "kind"})

@@ -7,6 +7,7 @@ insert markup that Python marked safe on purpose (:func:`~modulelens.ui.highligh
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -67,6 +68,25 @@ def bar_width(fraction: float | None) -> str:
     return f"{max(0.0, min(1.0, fraction)) * 100:.1f}%"
 
 
+def _get(record: Any, name: str) -> Any:
+    return record.get(name) if isinstance(record, Mapping) else getattr(record, name, None)
+
+
+def speedup(record: Any) -> str:
+    """The speedup of a report, node or outcome (a model or its JSON) for people: its 95% interval
+    when it has one (``1.42× [1.31, 1.55]``), "undetermined" with the reason when its timing was,
+    else the plain figure (records from before intervals)."""
+    if _get(record, "timing_status") == "undetermined":
+        reason = _get(record, "timing_reason")
+        return "undetermined" + (f" ({reason})" if reason else "")
+    value, interval = _get(record, "speedup_vs_eager"), _get(record, "speedup_interval")
+    if value is None:
+        return "–"
+    if isinstance(interval, (list, tuple)) and len(interval) == 2:
+        return f"{num(value)}× [{num(interval[0])}, {num(interval[1])}]"
+    return f"{num(value)}×"
+
+
 def link(kind: str, ref: str) -> str:
     """The page of a capture, opset, candidate or statistics run."""
     return f"/{kind}/{quote(ref, safe=':@')}"
@@ -91,6 +111,7 @@ def make_environment() -> Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(num=num, seconds=seconds, percent=percent, shape=shape, rate=rate, bar_width=bar_width)
+    env.filters.update(num=num, seconds=seconds, percent=percent, shape=shape, rate=rate, bar_width=bar_width,
+                       speedup=speedup)
     env.globals.update(sections=SECTIONS, link=link, highlight=highlight, language_of=language_of)
     return env

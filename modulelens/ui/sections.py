@@ -2,8 +2,8 @@
 
 A section with a ``list_kind`` is *list-backed*: its page calls the ``list`` tool for that kind and
 shows the result (lists of records as tables), or "none yet" while the repository holds none.
-Searches and packs are declared this way. A feature that wants a richer page adds its own route and
-template and sets ``list_kind`` to None.
+Packs are declared this way. A feature that wants a richer page adds its own route and template and
+sets ``list_kind`` to None (searches have their own pages: the trees, stop and continue).
 """
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("captures", "Captures", "/"),
     Section("cards", "Operator cards", "/cards"),
     Section("candidates", "Candidates", "/candidates"),
-    Section("searches", "Searches", "/searches", list_kind="searches",
-            empty="No kernel searches yet: the optimize tool stores its search trees here."),
+    Section("searches", "Searches", "/searches"),
     Section("packs", "Packs", "/packs", list_kind="packs",
             empty="No stored kernel packs yet: packs pushed or pulled through a team repository are listed here."),
     Section("stats", "Training statistics", "/stats"),

@@ -3,8 +3,10 @@
 - **Bind**: loopback (127.0.0.1, ::1, localhost) by default. Any other address needs an explicit
   ``allow_remote`` and then a token (given, or generated here) — :func:`bind_token`.
 - **Token**: when the server has one, *every* request must carry it: header ``X-ModuleLens-Token``
-  or ``Authorization: Bearer``, the cookie set on the first visit, or ``?token=`` (what the printed
-  URL holds; a page request with it gets the cookie, so links need not repeat it).
+  or ``Authorization: Bearer``, the cookie, or ``?token=`` (what the printed URL holds). The first
+  visit exchanges it: a GET with a valid ``?token=`` (but for ``/api/``) is answered with a redirect
+  to the same URL without the token, setting the token as an ``HttpOnly; SameSite=Strict`` cookie,
+  so the token leaves the address bar, the history and any link copied from the page.
 - **Other sites**: without a token, the ``Host`` header must name a loopback host (a page on
   another site cannot reach the server through DNS rebinding). Requests that change anything
   (anything but GET/HEAD) must carry the ``X-ModuleLens-Action`` header, which a cross-site form or
@@ -23,7 +25,7 @@ import ipaddress
 import secrets
 from http.cookies import SimpleCookie
 from pathlib import Path, PurePosixPath
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, parse_qsl, urlencode, urlsplit
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -93,6 +95,9 @@ class Guard:
             await _plain(send, status, text)
             return
         path = scope.get("path", "")
+        if set_cookie and method in SAFE_METHODS and not path.startswith("/api/"):
+            await _redirect(send, without_token(scope), self._cookie())
+            return
         policy = FILE_POLICY if path.startswith("/repo/") else PAGE_POLICY
 
         async def send_with_headers(message: Message) -> None:
@@ -106,12 +111,14 @@ class Guard:
                     (b"cache-control", b"no-cache" if path.startswith("/static/") else b"no-store"),
                 ]
                 if set_cookie:
-                    extra.append((b"set-cookie", f"{TOKEN_COOKIE}={self.token}; HttpOnly; SameSite=Strict; "
-                                                 f"Path=/".encode()))
+                    extra.append((b"set-cookie", self._cookie()))
                 message = {**message, "headers": [*message.get("headers", []), *extra]}
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
+
+    def _cookie(self) -> bytes:
+        return f"{TOKEN_COOKIE}={self.token}; HttpOnly; SameSite=Strict; Path=/".encode()
 
     def _check(self, scope: Scope, headers: dict[str, str], method: str) -> tuple[tuple[int, str] | None, bool]:
         """(refusal as (status, text) or None, whether to set the token cookie)."""
@@ -153,6 +160,23 @@ class Guard:
         if TOKEN_COOKIE in cookie:
             return cookie[TOKEN_COOKIE].value, False
         return None, False
+
+
+def without_token(scope: Scope) -> str:
+    """The request's path and query (as sent) without its ``token`` parameter: where the first
+    visit is redirected. Always a path on this server (a leading ``//`` is collapsed)."""
+    raw = scope.get("raw_path") or scope.get("path", "/").encode()
+    path = "/" + raw.decode("latin-1").lstrip("/")
+    query = [(k, v) for k, v in parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+             if k != TOKEN_QUERY]
+    return path + ("?" + urlencode(query) if query else "")
+
+
+async def _redirect(send: Send, location: str, cookie: bytes) -> None:
+    await send({"type": "http.response.start", "status": 303, "headers": [
+        (b"location", location.encode("latin-1")), (b"set-cookie", cookie), (b"content-length", b"0"),
+        (b"cache-control", b"no-store"), (b"referrer-policy", b"no-referrer"), (b"x-content-type-options", b"nosniff")]})
+    await send({"type": "http.response.body", "body": b""})
 
 
 async def _plain(send: Send, status: int, text: str) -> None:

@@ -50,7 +50,7 @@ class UiServer:
         return f"http://{host}:{self.port}/" + (f"?token={self.token}" if self.token else "")
 
     def serve_forever(self) -> None:
-        """Serve until interrupted (Ctrl+C or SIGTERM); running jobs are stopped on the way out."""
+        """Serve until interrupted (Ctrl+C or SIGTERM); running jobs it started are stopped on the way out."""
         self._server.run(sockets=[self.socket])
 
     def __enter__(self) -> UiServer:

@@ -1,4 +1,4 @@
-"""What every request handler of the UI shares: the settings, the job runner, the templates, and
+"""What every request handler of the UI shares: the settings, the jobs, the templates, and
 the one way to get data: calling a tool from the registry."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from starlette.responses import HTMLResponse
 from modulelens.listing import everything
 from modulelens.registry import ToolContext
 from modulelens.tools import get_tool
-from modulelens.ui.jobs import JobRunner
+from modulelens.ui.jobs import UiJobs
 
 
 class UiSettings(BaseModel):
@@ -27,7 +27,7 @@ class UiSettings(BaseModel):
 @dataclass
 class UiState:
     settings: UiSettings
-    jobs: JobRunner
+    jobs: UiJobs
     env: Environment
 
     def call(self, tool_name: str, **fields: Any) -> Any:

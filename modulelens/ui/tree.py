@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 NodeRole = Literal["ancestor", "captured", "inside"]
 
@@ -59,3 +59,15 @@ def module_tree(module_path: str, class_path: str, weights: Iterable[ParamLeaf])
             owner = owner.child(m)
         owner.params.append(ParamLeaf(pname, leaf.shape, leaf.dtype))
     return root
+
+
+def search_tree(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The nodes of one search target (dicts with ``node`` and ``parent``, as ``show`` gives them)
+    nested: each node with its ``children``, in the order given; a node whose parent is not among
+    them (a list cut short) hangs at the top level."""
+    by_id = {n["node"]: {**n, "children": []} for n in nodes}
+    top: list[dict[str, Any]] = []
+    for n in nodes:
+        parent = by_id.get(n.get("parent"))
+        (parent["children"] if parent is not None else top).append(by_id[n["node"]])
+    return top

@@ -1,7 +1,10 @@
-/* modulelens UI: actions, the job table, and the statistics plots (inline SVG).
+/* modulelens UI: actions, the job table, live refresh of a page's report, and the statistics
+ * plots (inline SVG).
  *
- * No framework, nothing fetched but this server's own JSON. Every text from the server is put
- * into the page with textContent (never innerHTML), so it can never become markup.
+ * No framework, nothing fetched but this server's own JSON and pages. Every text from the server
+ * is put into the page with textContent (never innerHTML), so it can never become markup; a
+ * section refreshed when its job ends is taken, as parsed nodes, from this server's own page for
+ * the same URL (rendered by its autoescaping templates; parsed scripts never run).
  */
 (function () {
   "use strict";
@@ -132,6 +135,11 @@
       if (r.speedup_vs_eager !== null && r.speedup_vs_eager !== undefined) parts.push("speedup vs eager " + num(r.speedup_vs_eager) + "×");
       return { good: r.verdict !== "rejected", text: parts.join(" · "), link: "/candidates/" + encodeURIComponent(r.candidate_id) };
     },
+    continue_search(r) {
+      const found = (r.targets || []).filter((t) => t.best_candidate).length;
+      return { good: found > 0, text: "search " + r.search_id + ": " + r.evaluations + " evaluations, best found for " + found + " of "
+        + (r.targets || []).length + " target(s) · stopped: " + r.stopped_because, link: "/searches/" + encodeURIComponent(r.search_id) };
+    },
     gather_stats(r) {
       const n = (r.findings || []).length;
       return { good: n === 0, text: "stored " + r.run_id + " · " + n + " finding" + (n === 1 ? "" : "s"), link: "/stats/" + encodeURIComponent(r.run_id) };
@@ -173,7 +181,7 @@
     for (const table of document.querySelectorAll("[data-jobs-table]")) {
       const body = table.tBodies[0];
       body.replaceChildren(...(jobs.length ? jobs.map(jobRow)
-        : [el("tr", { class: "empty" }, el("td", { colspan: 6, text: "No jobs started from this page's server yet." }))]));
+        : [el("tr", { class: "empty" }, el("td", { colspan: 6, text: "No jobs on this repository yet." }))]));
     }
     const panel = document.getElementById("jobs-panel");
     if (panel && jobs.length) panel.hidden = false;
@@ -186,9 +194,38 @@
       const line = s
         ? el("div", { class: "result " + (s.good ? "good" : "poor"), "data-job-state": job.state }, el("span", { text: s.text }))
         : el("div", { class: "result", "data-job-state": job.state }, el("span", { class: "state state-running", text: "running" }), " ",
-          el("span", { text: (job.message || job.label) + " · " + elapsed(job) }));
+          el("span", { text: (job.message || job.label) + " · " + elapsed(job) }), " ",
+          el("button", { type: "button", class: "danger", "data-stop": job.id, text: "Stop" }));
       if (s && s.link) line.append(" ", el("a", { href: s.link, text: "open" }));
       box.replaceChildren(line);
+    }
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // Live refresh: a [data-refresh-for=ACTION][data-refresh-subject=S] section is replaced by its
+  // new content (the same id in this URL's page, fetched again) when a job ACTION on S ends done
+  // after the page was loaded ("Validate again" shows the new report without a reload).
+  // ------------------------------------------------------------------------------------------
+  const seenStates = new Map();
+  let firstPoll = true;
+
+  function endedSinceSeen(job) {
+    return job.state === "done" && !firstPoll && seenStates.get(job.id) !== "done";
+  }
+
+  async function refreshSections(jobs) {
+    const due = [...document.querySelectorAll("[data-refresh-for][id]")].filter((box) => jobs.some((j) =>
+      j.action === box.getAttribute("data-refresh-for") && j.subject === box.getAttribute("data-refresh-subject")
+      && endedSinceSeen(j)));
+    for (const j of jobs) seenStates.set(j.id, j.state);
+    firstPoll = false;
+    if (!due.length) return;
+    const res = await fetch(location.href, { credentials: "same-origin", headers: { Accept: "text/html" } });
+    if (!res.ok) return;
+    const fresh = new DOMParser().parseFromString(await res.text(), "text/html");
+    for (const box of due) {
+      const next = fresh.getElementById(box.id);
+      if (next) box.replaceWith(document.importNode(next, true));
     }
   }
 
@@ -198,6 +235,7 @@
     let jobs = [];
     try {
       jobs = (await request("GET", "/api/jobs")).jobs;
+      await refreshSections(jobs);
       renderJobs(jobs);
     } catch (e) { /* the server may be restarting: try again later */ }
     const running = jobs.some((j) => j.state === "running");
@@ -305,6 +343,8 @@
       mark.append(svg("title", {}, m.title || ""));
       root.append(mark);
     }
+    const list = root.parentElement && root.parentElement.querySelector(":scope > .legend-list");
+    if (list) list.remove();
     if (opt.legend && opt.series.length <= 8) {
       const legend = svg("g", { class: "legend" });
       opt.series.forEach((s, i) => {
@@ -313,6 +353,17 @@
         legend.append(svg("text", { x: PAD.left + 30, y: yy + 4 }, s.label));
       });
       root.append(legend);
+    } else if (opt.legend) {
+      // Too many to draw over the plot: a list under it that scrolls; an entry selects its line.
+      const items = opt.series.map((s) => {
+        const swatch = document.createElementNS(SVG, "svg");
+        swatch.setAttribute("viewBox", "0 0 18 8");
+        swatch.append(svg("line", { x1: 0, x2: 18, y1: 4, y2: 4, stroke: s.colour, "stroke-width": 3 }));
+        const item = el("li", { "data-legend": s.key, class: s.key === opt.selected ? "selected" : null }, swatch, el("span", { text: s.label }));
+        item.addEventListener("click", () => opt.onSelect && opt.onSelect(s.key));
+        return item;
+      });
+      root.after(el("ul", { class: "legend-list", "aria-label": "legend" }, ...items));
     }
 
     const tip = svg("g", { class: "tip", visibility: "hidden" });
@@ -351,6 +402,7 @@
     const n = modules.length;
     const findingModules = new Set(data.findings.map((f) => f.module));
     let selected = null;
+    let selectedType = null;
 
     const column = (obj, kindStat) => {
       const [kind, stat] = kindStat.split(".");
@@ -388,7 +440,8 @@
       });
       const types = data.types;
       chart(document.querySelector('[data-plot="types"]'), {
-        xs: data.steps, log, selected: null, dots: data.steps.length < 40, legend: true,
+        xs: data.steps, log, selected: selectedType, dots: data.steps.length < 40, legend: true,
+        onSelect: (key) => { selectedType = selectedType === key ? null : key; draw(); },
         series: types.map((t, i) => ({ key: t.type, label: t.type + " (" + t.modules.length + ")", values: column(t, stat), colour: colour(i, types.length) })),
         tipText: (s, i, v) => s.label + " · step " + data.steps[i] + ": " + num(v),
       });

@@ -353,7 +353,8 @@ def test_anthropic_repairs_a_compile_error_into_a_correct_child(gelu_card, anthr
     assert first.verdict == "rejected" and second.parent == 1 and second.verdict == "custom"
     repair_prompt = transport.calls[1]["body"]["messages"][0]["content"]
     assert "x.nope()" in repair_prompt and "nope" in repair_prompt.split("x.nope()")[1]  # parent + its error
-    assert out.cost_usd == pytest.approx(2 * COST) and out.targets[0].best_candidate == second.candidate_id
+    assert out.cost_usd == pytest.approx(2 * COST)
+    _assert_best_by_interval(repo, "llm", out.targets[0].model_dump())  # the repaired child, if its speed was determined
 
 
 @pytest.mark.slow
@@ -404,7 +405,9 @@ def test_optimize_and_show_search_through_mcp_with_progress(gelu_card, template_
 
     run, shown = anyio.run(main)
     assert not run.is_error and run.structured_content["search_id"] == "tpl"
-    best = run.structured_content["targets"][0]["best_node"]  # an agent child may have become the best
-    assert best is not None and shown.structured_content["targets"][0]["best_path"][-1] == best
+    target = run.structured_content["targets"][0]
+    _assert_best_by_interval(repo, "tpl", target)
+    if target["best_node"] is not None:  # an agent child may have become the best
+        assert shown.structured_content["targets"][0]["best_path"][-1] == target["best_node"]
     assert seen and seen[0][1] == 2.0 and "search tpl" in seen[0][2]
     assert not shown.is_error and shown.structured_content["targets"][0]["target"] == card

@@ -16,6 +16,10 @@ from typing import Any
 
 __version__ = "0.1.0"
 
+from modulelens.prestart import maybe_prestart  # noqa: E402 - first, before torch: see its docstring
+
+maybe_prestart()
+
 from modulelens.capture.runner import capture, record_constructors  # noqa: E402
 from modulelens.dispatch.api import apply_pack, use_pack  # noqa: E402
 from modulelens.errors import ModuleLensError  # noqa: E402

@@ -111,11 +111,21 @@ def write_text(path: Path, text: str) -> None:
         os.replace(tmp, path)
         tmp = None
     except OSError as exc:
-        raise ModuleLensError(f"cannot write {path}: {exc.strerror or exc}",
+        blocker = _file_in_the_way(path)
+        cause = f"{blocker} is a file, not a folder" if blocker else (exc.strerror or str(exc))
+        raise ModuleLensError(f"cannot write {path}: {cause}",
                               "give a path in a folder you can write to") from None
     finally:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
+
+
+def _file_in_the_way(path: Path) -> Path | None:
+    """The nearest ancestor of ``path`` that exists as something other than a folder, if any."""
+    for parent in reversed(path.parents):
+        if parent.exists() and not parent.is_dir():
+            return parent
+    return None
 
 
 def source_file(given: str, base: Path, repo_root: Path, allow_outside: bool = False,

@@ -32,6 +32,7 @@ from modulelens.errors import ModuleLensError
 from modulelens.paths import project_folder
 from modulelens.replies import ToolReply
 from modulelens.repo import default_repo_root
+from modulelens.repo.store import remove_stale_tmp
 
 Req = TypeVar("Req", bound=BaseModel)
 Res = TypeVar("Res", bound=BaseModel)
@@ -64,6 +65,12 @@ class ToolContext:
     def project(self) -> Path:
         """The project folder of this call (``workdir``, else the folder holding the repository)."""
         return Path(self.workdir).absolute() if self.workdir is not None else project_folder(self.repo_root)
+
+    def __post_init__(self) -> None:
+        # Every front end makes one context per tool call: the temporary folders that killed writers
+        # (a capture killed mid-write: hundreds of MB) left in the repository go now, whatever the
+        # tool, not only at the next write.
+        remove_stale_tmp(Path(self.repo_root))
 
 
 @dataclass(frozen=True)

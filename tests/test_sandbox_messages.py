@@ -131,3 +131,18 @@ def test_the_sandbox_runs_only_modulelens_code_it_is_told_to_run(tmp_path):
         with pytest.raises(ValueError, match="harness"):
             CandidateProcess(bad, WORKER_MESSAGES, memory_limit_mb=256, read_only=[], parent=tmp_path)
     assert list(tmp_path.iterdir()) == []  # refused before anything was made
+
+
+@pytest.mark.slow
+def test_a_worker_whose_environment_changed_is_replaced(monkeypatch):
+    """A worker is a fork-server template: once torch or modulelens's files change under it (here:
+    the environment key it was started with no longer matches), the next task gets a fresh one."""
+    import modulelens.sandbox.pool as pools
+
+    pool = pools.SandboxPool(VALIDATION_WORKER, memory_limit_mb=4096)
+    try:
+        assert isinstance(pool.run(PingTask(), timeout=120), PongResult) and pool.started == 1
+        monkeypatch.setattr(pools, "environment_key", lambda: "torch was upgraded")
+        assert isinstance(pool.run(PingTask(), timeout=120), PongResult) and pool.started == 2
+    finally:
+        pool.close()

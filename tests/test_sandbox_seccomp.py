@@ -51,9 +51,8 @@ def test_filter_program_is_well_formed_and_denies_the_list(arch):
     native, other = ARCHES[arch], next(a for a in ARCHES.values() if a != ARCHES[arch])
     for name, nrs in DENIED.items():
         assert run_filter(program, native, nrs[i]) == errno.EPERM, name
-    assert run_filter(program, native, SOCKET[i], 2) == errno.EPERM  # AF_INET
-    assert run_filter(program, native, SOCKET[i], 10) == errno.EPERM  # AF_INET6
-    assert run_filter(program, native, SOCKET[i], 1) == ALLOW  # AF_UNIX
+    for family in (1, 2, 10, 16, 17):  # AF_UNIX, AF_INET, AF_INET6, AF_NETLINK, AF_PACKET: no socket at all
+        assert run_filter(program, native, SOCKET[i], family) == errno.EPERM
     assert run_filter(program, native, CLONE[i], 0x11) == ALLOW  # fork: SIGCHLD
     assert run_filter(program, native, CLONE[i], 0x11 | 0x10000000) == errno.EPERM  # CLONE_NEWUSER
     assert run_filter(program, native, CLONE3[i]) == errno.ENOSYS
@@ -74,8 +73,8 @@ def test_unknown_architecture_has_no_filter():
 @pytest.mark.slow
 @pytest.mark.skipif(machine_arch() not in ARCHES, reason="no seccomp filter for this architecture")
 def test_forbidden_calls_answer_eperm_in_the_sandbox(softmax_card):
-    """A candidate tries ptrace, an AF_INET socket and unshare at import and reports the errors it
-    got through its exception; an AF_UNIX socket and a child process still work."""
+    """A candidate tries ptrace, sockets of each family and unshare at import and reports the errors
+    it got through its exception; a socket pair and a child process still work."""
     source = textwrap.dedent("""
         import ctypes, errno, os, socket, subprocess
         libc = ctypes.CDLL(None, use_errno=True)
@@ -90,6 +89,8 @@ def test_forbidden_calls_answer_eperm_in_the_sandbox(softmax_card):
                 seen.append(f"{name}=ok")
             except OSError as e:
                 seen.append(f"{name}={errno.errorcode.get(e.errno, '?')}")
+        socket.socketpair()[0].close()
+        seen.append("pair=ok")
         seen.append("child=" + subprocess.run(["sh", "-c", "echo ran"], capture_output=True, text=True).stdout.strip())
 
         def forward(x, dim, half_to_float):
@@ -99,7 +100,7 @@ def test_forbidden_calls_answer_eperm_in_the_sandbox(softmax_card):
     r = validate_kernel(ValidateKernelRequest(source_text=source, target=card_id, backend="triton"),
                         ToolContext(repo_root=repo))
     assert r.verdict == "rejected"
-    for part in ("ptrace=EPERM", "unshare=EPERM", "inet=EPERM", "inet6=EPERM", "unix=ok", "child=ran"):
+    for part in ("ptrace=EPERM", "unshare=EPERM", "inet=EPERM", "inet6=EPERM", "unix=EPERM", "pair=ok", "child=ran"):
         assert part in r.reason, (part, r.reason)
     seccomp = next(x for x in r.isolation.layers if x.name == "seccomp")
     assert seccomp.in_force and "ptrace" in seccomp.detail, r.isolation.summary()

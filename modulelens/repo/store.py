@@ -11,7 +11,8 @@ An artifact is written completely into a temporary folder under ``<root>/.tmp`` 
 into place while holding the name's lock, so readers never see a half-written version and two
 concurrent writers never get the same version number. A temporary folder is named after the
 process writing it (``<pid>.<start>~<kind>-<name>-...``, see :mod:`modulelens.repo.owners`);
-the next write removes the folders of writers that died (a killed capture), and a process may
+the next write -- and the start of any tool -- removes the folders of writers that died (a killed
+capture), and a process may
 install a publish guard (:func:`set_publish_guard`) that is checked just before the rename, so
 that a worker whose caller died publishes nothing.
 """
@@ -61,6 +62,12 @@ def set_publish_guard(guard: PublishGuard | None) -> None:
     _publish_guard = guard
 
 
+def remove_stale_tmp(root: Path) -> list[str]:
+    """Remove the temporary folders that writers which died left in the repository at ``root`` (see
+    :func:`_remove_stale`); nothing when there are none or the repository does not exist."""
+    return _remove_stale(Path(root) / TMP_DIR)
+
+
 def _remove_stale(tmp_root: Path) -> list[str]:
     """Remove the temporary folders under ``tmp_root`` whose writer is no longer running (and
     unnamed ones older than a day). Returns the names removed."""
@@ -84,6 +91,23 @@ def _remove_stale(tmp_root: Path) -> list[str]:
             shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
             removed.append(entry.name)
     return removed
+
+
+_NO_SPACE = ("no space left on device", "os error 28", "disk quota exceeded", "os error 122", "file write failed")
+
+
+def _out_of_space(error: BaseException, folder: Path) -> bool:
+    """Whether ``error``, raised while writing into ``folder``, is a full disk or quota: said so by its
+    message (libraries that write themselves -- safetensors, torch's C++ stream writer -- raise their
+    own exception types), or the file system is out of space now."""
+    text = str(error).lower()
+    if any(marker in text for marker in _NO_SPACE):
+        return True
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < (1 << 20)
 
 
 class ManifestBase(BaseModel):
@@ -279,6 +303,8 @@ class Repository:
     # -- references -------------------------------------------------------------------------
     def resolve(self, kind: str, ref: str | Ref) -> tuple[str, int]:
         r = parse_ref(ref) if isinstance(ref, str) else ref
+        if r.version is not None and (self._name_dir(kind, r.name) / f"v{r.version}" / MANIFEST).is_file():
+            return r.name, r.version  # found without listing anything (a confined checker may not list)
         versions = self.versions(kind, r.name)
         what = kind[:-1] if kind.endswith("s") else kind
         if not versions:
@@ -328,9 +354,10 @@ class Repository:
 
     # -- writing ----------------------------------------------------------------------------
     def remove_stale_tmp(self) -> list[str]:
-        """Remove the temporary folders of writers that died (a killed capture); every write does
-        this first. Returns the folder names removed."""
-        return _remove_stale(self.root / TMP_DIR)
+        """Remove the temporary folders of writers that died (a killed capture); every write and
+        every tool call (:class:`~modulelens.registry.ToolContext`) does this first. Returns the
+        folder names removed."""
+        return remove_stale_tmp(self.root)
 
     def create(self, kind: str, name: str, write: Callable[[Path], dict[str, Any] | BaseModel], *,
                signed: bool = True, schema_version: int = BASE_SCHEMA) -> Artifact:
@@ -384,6 +411,12 @@ class Repository:
         except OSError as e:
             shutil.rmtree(tmp, ignore_errors=True)
             raise self.write_failed(e, f"{kind} {name}") from None
+        except Exception as e:
+            full = _out_of_space(e, tmp_root)  # before the half-written folder frees its space
+            shutil.rmtree(tmp, ignore_errors=True)
+            if full:  # a library's own error type (safetensors, torch's C++ stream writer)
+                raise self.write_failed(OSError(errno.ENOSPC, str(e)), f"{kind} {name}") from None
+            raise
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

@@ -13,6 +13,9 @@ sees before trusting an artifact that this machine did not write.
   :func:`require_trusted` first. :func:`review` lists what could run (programs, scripts, class
   paths, files whose paths leave the artifact); :func:`trust` signs an artifact after the user
   has seen that review (the ``trust`` tool).
+* A process that must not hold the key (the sandbox's checker, which reads what candidates wrote)
+  calls :func:`forbid_key` and is told which artifacts its caller verified, by the sha256 of their
+  manifest's exact bytes (:func:`accept_verified`): those, and only those, are trusted there.
 """
 
 from __future__ import annotations
@@ -50,8 +53,32 @@ def config_dir() -> Path:
     return Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "modulelens"
 
 
+_VERIFIED: dict[str, str] = {}
+_KEYLESS: list[bool] = []
+
+
+def forbid_key() -> None:
+    """From now on this process neither reads nor makes a signing key: only artifacts given to
+    :func:`accept_verified` are trusted, and signing raises."""
+    _KEYLESS.append(True)
+
+
+def accept_verified(path: Path, manifest_sha256: str) -> None:
+    """Trust the artifact at ``path`` in this process while its manifest's bytes have this sha256
+    (the caller checked its signature with the key this process does not hold)."""
+    _VERIFIED[os.path.realpath(path)] = manifest_sha256
+
+
+def verified_digest(path: Path, manifest_name: str = "manifest.json") -> str:
+    """The sha256 of the artifact's manifest bytes, for :func:`accept_verified` in another process."""
+    return hashlib.sha256((Path(path) / manifest_name).read_bytes()).hexdigest()
+
+
 def machine_key() -> bytes:
     """This machine's signing key, made (0600) on first use."""
+    if _KEYLESS:
+        raise ModuleLensError("this process holds no signing key (it is the sandbox's checker)",
+                              "sign in the tool process")
     path = config_dir() / KEY_FILE
     try:
         key = path.read_bytes()
@@ -84,7 +111,14 @@ def sign_folder(folder: Path, manifest_name: str = "manifest.json") -> None:
 
 
 def is_trusted(path: Path, manifest_name: str = "manifest.json") -> bool:
-    """Whether the artifact folder ``path`` carries a valid signature of this machine."""
+    """Whether the artifact folder ``path`` carries a valid signature of this machine (in a keyless
+    process: whether its caller verified it, see :func:`accept_verified`)."""
+    if _KEYLESS:
+        want = _VERIFIED.get(os.path.realpath(path))
+        try:
+            return want is not None and hmac.compare_digest(want, verified_digest(path, manifest_name))
+        except OSError:
+            return False
     try:
         stored = (path / SIGNATURE).read_text().strip()
         manifest = (path / manifest_name).read_bytes()

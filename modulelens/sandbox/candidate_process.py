@@ -3,20 +3,32 @@ everything it started.
 
 What runs in it is the caller's: the harness module (inside modulelens, fixed by the caller's
 code) and the TypeAdapter of its replies. One candidate, one process: a process that ran a
-candidate is never given another. It is started as ``unshare ... python -m HARNESS REQ_FD
-REPLY_FD ARENA_FD SCRATCH MEMORY_MB [READ_ONLY_DIR ...]`` where namespaces are available
-(:func:`modulelens.sandbox.containment.namespace_prefix`), in a new session, with a scrubbed
-environment, its stdout and stderr in files of its scratch folder (the only place it may write),
-and three inherited descriptors: requests, replies and the shared arena. :meth:`close` kills its
-process group; with a PID namespace that kills every process it started, ``setsid`` ones too.
+candidate is never given another. It runs ``HARNESS.main([REQ_FD, REPLY_FD, ARENA_FD, SCRATCH,
+MEMORY_MB, READ_ONLY_DIR...])`` and is made one of two ways, each saying so in :attr:`layers`:
+
+* **forked** from a template (:mod:`modulelens.sandbox.forkserver`; milliseconds): the worker this
+  checker was forked from, or a standalone template this process started;
+* **fresh** (seconds: Python and torch are imported again): ``unshare ... python -m HARNESS ...``
+  where namespaces are available (:func:`modulelens.sandbox.containment.namespace_prefix`), when
+  there is no usable template (``MODULELENS_FORK_SERVER=0``, not Linux, a template that refused).
+
+Either way it gets a scrubbed environment, a new session, and exactly these descriptors: requests
+(a Unix socket pair: a bigger arena is sent over it as a descriptor), replies (a pipe), the sealed
+shared arena, and as stdout/stderr two unlinked files this process opened (nothing the candidate
+can replace by a link: their contents are read through the descriptors held here). Its scratch
+folder (the only place it may write) is named after this process (``modulelens-candidate-PID.START-...``)
+so that a checker that was killed is recognised without reading anything the candidate wrote, and
+it is removed by :func:`modulelens.sandbox.cleanup.remove_tree`, which no depth, name or permission
+stops. :meth:`close` kills its process group; with a PID namespace that kills every process it
+started, ``setsid`` ones too.
 """
 
 from __future__ import annotations
 
 import os
 import select
-import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -26,9 +38,14 @@ from typing import Any
 
 from pydantic import BaseModel, TypeAdapter
 
-from modulelens.sandbox import protocol
-from modulelens.sandbox.containment import namespace_prefix
+from modulelens.repo.owners import owner_alive, this_process
+from modulelens.sandbox import forkserver, protocol
+from modulelens.sandbox.cleanup import remove_tree
+from modulelens.sandbox.containment import Layer, namespace_prefix
+from modulelens.sandbox.pool import scrubbed_environment, template_environment
 from modulelens.sandbox.shm import SharedArena
+
+PREFIX = "modulelens-candidate-"
 
 
 class CandidateDied(Exception):
@@ -40,8 +57,6 @@ class CandidateDied(Exception):
 
 
 def _scrubbed_environment(scratch: Path) -> dict[str, str]:
-    from modulelens.sandbox.pool import scrubbed_environment
-
     env = scrubbed_environment(scratch)
     env.update(XDG_CACHE_HOME=str(scratch / "cache"), TRITON_CACHE_DIR=str(scratch / "triton"),
                TORCH_EXTENSIONS_DIR=str(scratch / "torch_extensions"))
@@ -59,92 +74,179 @@ def scratch_parent(folder: Path) -> Path:
     return folder
 
 
-OWNER = "owner.pid"
+UNNAMED_MAX_AGE_S = 24 * 3600.0  # scratch folders named before owners were (no owner to ask): a day
 
 
 def remove_orphaned_scratch(folder: Path, min_age_s: float = 60.0) -> list[Path]:
-    """Remove scratch folders left by checkers that were killed (their ``owner.pid`` names a
-    process that is gone) and that are older than ``min_age_s``. Returns what was removed."""
+    """Remove scratch folders left by checkers that were killed (the owner in the folder's name is
+    a process that is gone) and that are older than ``min_age_s``; folders without an owner in
+    their name (older versions) only after :data:`UNNAMED_MAX_AGE_S`. Returns what was removed.
+    Only the folder's name and age are read, never a file a candidate could have written."""
     removed = []
     now = time.time()
-    for path in folder.glob("modulelens-candidate-*"):
+    for path in folder.glob(f"{PREFIX}*"):
+        owner = path.name[len(PREFIX):].split("-", 1)[0]
+        named = "." in owner and owner.split(".", 1)[0].isdigit()
         try:
-            if now - path.stat().st_mtime < min_age_s:
+            if now - path.lstat().st_mtime < (min_age_s if named else UNNAMED_MAX_AGE_S):
                 continue
-            pid = int((path / OWNER).read_text())
-        except (OSError, ValueError):
-            pid = 0
-        if pid and _alive(pid):
+        except OSError:
             continue
-        shutil.rmtree(path, ignore_errors=True)
+        if named and owner_alive(owner):
+            continue
+        remove_tree(path)
         removed.append(path)
     return removed
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+class _Fresh:
+    """A candidate process started from scratch (``unshare ... python -m HARNESS``)."""
+
+    def __init__(self, harness: str, argv: list[str], env: dict[str, str], cwd: Path, out: int, err: int,
+                 pass_fds: list[int]):
+        prefix, described = namespace_prefix()
+        if prefix:
+            env["MODULELENS_NAMESPACES"] = described
+        else:
+            env["MODULELENS_NAMESPACES_MISSING"] = described
+        self.popen = subprocess.Popen([*prefix, sys.executable, "-m", harness, *argv], pass_fds=pass_fds,
+                                      stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=cwd, env=env,
+                                      start_new_session=True, preexec_fn=forkserver.die_with_parent)
+        self.pid = self.popen.pid
+        self.in_namespaces = bool(prefix)
+
+    def poll(self) -> int | None:
+        return self.popen.poll()
+
+    def wait(self, timeout: float) -> int:
+        return self.popen.wait(timeout=timeout)
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.kill()
+
+    def release(self) -> None:
+        pass
 
 
-def _die_with_parent() -> None:
-    """(In the child, before exec) be killed when the checker dies, however it dies."""
-    import ctypes
+class _Forked:
+    """A candidate process forked from a template: ``pid`` is the fork ``A`` (its process group),
+    whose child runs the harness; how that child ended arrives on the status pipe."""
 
-    ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    def __init__(self, client: forkserver.ForkClient, harness: str, argv: list[str], env: dict[str, str], cwd: Path,
+                 out: int, err: int, pass_fds: list[int]):
+        self._status, status_w = os.pipe()
+        try:
+            reply = client.spawn(forkserver.SpawnRequest(harness=harness, argv=argv, env=env, cwd=str(cwd)),
+                                 [out, err, status_w, *pass_fds])
+        finally:
+            os.close(status_w)
+        if reply.error:
+            os.close(self._status)
+            raise OSError(reply.error)
+        self.pid = reply.pid
+        self.code: int | None = None
+        self.in_namespaces = True
 
+    def poll(self) -> int | None:
+        if self.code is None and select.select([self._status], [], [], 0)[0]:
+            self._read()
+        return self.code
 
-def _module_name(name: str) -> str:
-    if not (name.startswith("modulelens.") and all(part.isidentifier() for part in name.split("."))):
-        raise ValueError(f"a candidate harness must be a module inside modulelens, not {name!r}")
-    return name
+    def _read(self) -> None:
+        data = os.read(self._status, 64)
+        try:
+            self.code = int(data) if data else -signal.SIGKILL  # no word: the fork itself was killed
+        except ValueError:
+            self.code = -signal.SIGKILL
+
+    def wait(self, timeout: float) -> int:
+        if self.code is None:
+            if not select.select([self._status], [], [], timeout)[0]:
+                raise subprocess.TimeoutExpired("candidate", timeout)
+            self._read()
+        return self.code  # type: ignore[return-value]
+
+    def kill(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def release(self) -> None:
+        try:
+            os.close(self._status)
+        except OSError:
+            pass
 
 
 class CandidateProcess:
-    """A contained process that runs one candidate under ``harness`` (a module inside modulelens,
-    run with ``python -m``), whose replies are read as ``replies``. ``read_only`` are folders it
-    may read (the shared build cache); its scratch folder goes under ``parent`` (see
-    :func:`scratch_parent`)."""
+    """A contained process that runs one candidate under ``harness`` (a module inside modulelens
+    with ``main(argv)``), whose replies are read as ``replies``. ``read_only`` are folders it may
+    read (the shared build cache); its scratch folder goes under ``parent`` (see
+    :func:`scratch_parent`). :attr:`layers` says how it was made (forked or fresh) and whether
+    its arena is sealed, for the isolation report."""
 
     def __init__(self, harness: str, replies: TypeAdapter[Any], *, memory_limit_mb: int, read_only: list[Path],
                  parent: Path):
-        harness = _module_name(harness)  # before anything is started
+        harness = forkserver._module_name(harness)  # before anything is started
         self.replies = replies
         self.read_only = list(read_only)
-        self.scratch = Path(tempfile.mkdtemp(prefix="modulelens-candidate-", dir=parent))
+        self.scratch = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{this_process()}-", dir=parent))
         for sub in ("tmp", "build", "cache"):
             (self.scratch / sub).mkdir()
-        (self.scratch / OWNER).write_text(str(os.getpid()))
         self.arena = SharedArena()
-        self.stderr_path = self.scratch / "stderr.log"
-        self.stdout_path = self.scratch / "stdout.log"
-        req_r, self._req_w = os.pipe()
+        self._out, self._err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._req = ours.detach()
+        req_child = theirs.detach()
         self._reply_r, reply_w = os.pipe()
-        prefix, described = namespace_prefix()
+        self._maps: int | None = None
         env = _scrubbed_environment(self.scratch)
-        if prefix:
-            env["MODULELENS_NAMESPACES"] = described
-        self.namespaces = described if prefix else ""
-        self.namespaces_missing = "" if prefix else described
-        cmd = [*prefix, sys.executable, "-m", harness, str(req_r), str(reply_w),
-               str(self.arena.fd), str(self.scratch), str(memory_limit_mb), *map(str, read_only)]
-        with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
-            self.proc = subprocess.Popen(cmd, pass_fds=(req_r, reply_w, self.arena.fd), stdin=subprocess.DEVNULL,
-                                         stdout=out, stderr=err, cwd=self.scratch, env=env, start_new_session=True,
-                                         preexec_fn=_die_with_parent)
-        os.close(req_r)
-        os.close(reply_w)
+        fds = [req_child, reply_w, self.arena.fd]
+        rest = [str(self.scratch), str(memory_limit_mb), *map(str, read_only)]
+        self.layers: list[Layer] = []
+        self._launch: _Fresh | _Forked | None = None
+        try:
+            client, why = forkserver.template(harness, template_environment(parent))
+            if client is not None:
+                try:
+                    self._launch = _Forked(client, harness, ["3", "4", "5", *rest], dict(env), self.scratch,
+                                           self._out.fileno(), self._err.fileno(), fds)
+                    self.layers.append(Layer(name="fork server", in_force=True, detail=(
+                        "forked from a template that never ran candidate code; its own session, namespaces and "
+                        "layers before the candidate loaded")))
+                except OSError as e:
+                    why = str(e)
+            if self._launch is None:
+                self._launch = _Fresh(harness, [*map(str, fds), *rest], dict(env), self.scratch, self._out.fileno(),
+                                      self._err.fileno(), fds)
+                self.layers.append(Layer(name="fork server", in_force=False,
+                                         detail=f"{why}: started as a fresh process instead"))
+        finally:
+            for fd in (req_child, reply_w):
+                os.close(fd)
+        self.layers.append(Layer(name="sealed shared memory", in_force=self.arena.sealed, detail=(
+            "the arena cannot shrink or grow; the checker reads it by pread, never mapped" if self.arena.sealed
+            else "no memfd sealing here; the checker reads the arena by pread, never mapped")))
+        self._sent_generation = self.arena.generation
+        self.namespaces = "forked" if isinstance(self._launch, _Forked) else ""
+        if isinstance(self._launch, _Fresh):
+            self.namespaces = "fresh" if self._launch.in_namespaces else ""
+        self.namespaces_missing = ""  # the harness reports its namespaces itself
+        self.pid = self._launch.pid
         self.stage = "starting"
 
     # -- requests ------------------------------------------------------------------------------
     def request(self, req: BaseModel, timeout: float) -> Any:
-        """Send ``req`` and wait for its reply. Raises :class:`CandidateDied`."""
+        """Send ``req`` (with the arena's descriptor when it was replaced since) and wait for its
+        reply. Raises :class:`CandidateDied`."""
         try:
-            protocol.send(self._req_w, req)
+            if self.arena.generation != self._sent_generation:
+                protocol.send(self._req, req, [self.arena.fd])
+                self._sent_generation = self.arena.generation
+            else:
+                protocol.send(self._req, req)
         except OSError:
             raise CandidateDied(self._death_reason(), self.stderr_tail()) from None
         deadline = time.monotonic() + timeout
@@ -163,26 +265,52 @@ class CandidateProcess:
                 if reply is None:
                     raise CandidateDied(self._death_reason(), self.stderr_tail())
                 return reply
-            if self.proc.poll() is not None:
+            if self._launch.poll() is not None:
                 raise CandidateDied(self._death_reason(), self.stderr_tail())
 
     # -- observing it from outside ---------------------------------------------------------------
     def candidate_pid(self) -> int:
         """The pid (in this PID namespace) of the process running candidate code: the child of
-        ``unshare --fork`` when started in namespaces, else the started process itself."""
+        the fork or of ``unshare --fork`` when there is one, else the started process itself."""
         if not self.namespaces:
-            return self.proc.pid
+            return self.pid
         try:
-            children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
+            children = Path(f"/proc/{self.pid}/task/{self.pid}/children").read_text().split()
         except OSError:
-            return self.proc.pid
-        return int(children[0]) if children else self.proc.pid
+            return self.pid
+        return int(children[0]) if children else self.pid
+
+    def _maps_fd(self) -> int | None:
+        """The descriptor of the candidate's ``/proc/self/maps`` it sent as its first message,
+        before any candidate code ran (it is not dumpable: this process may not open it by path).
+        Nothing more is read from the request socket afterwards."""
+        if self._maps is None and self._req >= 0 and select.select([self._req], [], [], 0)[0]:
+            try:
+                _, fds = protocol.receive_fds(self._req, 1)
+            except OSError:
+                fds = []
+            self._maps = fds[0] if fds else -1
+            for fd in fds[1:]:
+                os.close(fd)
+            try:
+                socket.socket(fileno=os.dup(self._req)).shutdown(socket.SHUT_RD)
+            except OSError:
+                pass
+        return self._maps if self._maps is not None and self._maps >= 0 else None
 
     def mapped_files(self) -> set[str]:
-        """The files mapped into the candidate's process now, from ``/proc/PID/maps`` (written by
+        """The files mapped into the candidate's process now, from its ``/proc/PID/maps`` (written by
         the kernel: the candidate cannot forge it). Empty when it cannot be read."""
+        fd = self._maps_fd()
         try:
-            text = Path(f"/proc/{self.candidate_pid()}/maps").read_text()
+            if fd is not None:
+                os.lseek(fd, 0, os.SEEK_SET)
+                chunks = []
+                while chunk := os.read(fd, 1 << 16):
+                    chunks.append(chunk)
+                text = b"".join(chunks).decode(errors="replace")
+            else:
+                text = Path(f"/proc/{self.candidate_pid()}/maps").read_text()
         except OSError:
             return set()
         return {line.split(None, 5)[5] for line in text.splitlines() if len(line.split(None, 5)) == 6
@@ -198,25 +326,26 @@ class CandidateProcess:
 
     def _signal(self, sig: int) -> None:
         try:
-            os.killpg(self.proc.pid, sig)
+            os.killpg(self.pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
 
     def stdout_bytes(self) -> int:
         try:
-            return self.stdout_path.stat().st_size
-        except OSError:
+            return os.fstat(self._out.fileno()).st_size
+        except (OSError, ValueError):
             return 0
 
     def stderr_tail(self, n: int = 1500) -> str:
         try:
-            return self.stderr_path.read_bytes()[-n:].decode(errors="replace")
-        except OSError:
+            size = os.fstat(self._err.fileno()).st_size
+            return os.pread(self._err.fileno(), n, max(0, size - n)).decode(errors="replace")
+        except (OSError, ValueError):
             return ""
 
     def _death_reason(self) -> str:
         try:
-            code = self.proc.wait(timeout=5)
+            code = self._launch.wait(timeout=5)
         except subprocess.TimeoutExpired:
             self.close()
             return "stopped answering"
@@ -230,24 +359,28 @@ class CandidateProcess:
         return f"exited with code {code}"
 
     def close(self) -> None:
-        """Kill the process group (and with it the PID namespace) and release the arena's pipes.
-        The scratch folder stays until :meth:`remove`."""
+        """Kill the process group (and with it the PID namespace) and release the channels. The
+        scratch folder stays until :meth:`remove`."""
         self._signal(signal.SIGCONT)
         self._signal(signal.SIGKILL)
-        if self.proc.poll() is None:
-            self.proc.kill()
+        self._launch.kill()
         try:
-            self.proc.wait(timeout=10)
+            self._launch.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
-        for fd in (self._req_w, self._reply_r):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        self._req_w = self._reply_r = -1
+        for fd in (self._req, self._reply_r, self._maps if self._maps and self._maps >= 0 else -1):
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self._req = self._reply_r = -1
+        self._maps = -1
 
     def remove(self) -> None:
         self.close()
+        self._launch.release()
         self.arena.close()
-        shutil.rmtree(self.scratch, ignore_errors=True)
+        for f in (self._out, self._err):
+            f.close()
+        remove_tree(self.scratch)

@@ -12,13 +12,25 @@ Layers, outermost first:
 * **private /tmp** (:func:`private_tmp`): a fresh tmpfs on ``/tmp`` inside the mount namespace.
 * **rlimits** (:func:`apply_rlimits`): address space (CPU runs only: CUDA maps far more than it
   uses), processes/threads, core dumps off.
+* **private /dev** (:func:`modulelens.sandbox.mounts.private_dev`): a tmpfs with only the
+  harmless device nodes and its own ``/dev/shm``.
+* **not dumpable** (:func:`not_dumpable`): ``PR_SET_DUMPABLE`` 0 -- no core dump, and its memory
+  and ``/proc`` entries are closed to other processes of the same user (a sibling candidate),
+  however they found it.
 * **Landlock** (:func:`apply_landlock`): the process and everything it starts may write only in
-  its scratch folder (and ``/dev`` for device files), read only system and Python install folders
-  plus its scratch and the read-only build cache, open no TCP connection and bind no TCP port
-  (ABI 4+), and signal no process outside itself (ABI 6+).
+  its scratch folder, the device files ``/dev/null``, ``zero``, ``full``, ``random``, ``urandom``
+  (and the GPU's) and, with a private ``/dev``, its own ``/dev/shm``; read only system and Python install
+  folders plus its scratch and the read-only build cache, open no TCP connection and bind no TCP
+  port (ABI 4+), and signal no process and reach no abstract Unix socket outside itself (ABI 6+).
 * **seccomp** (:func:`modulelens.sandbox.seccomp.apply_seccomp`, installed last): a deny list of
   system calls a kernel candidate never needs (ptrace, mount, namespaces, keyring, BPF, module
-  loading, TCP/UDP sockets, ...) answers EPERM; x86_64 and aarch64 only, else reported absent.
+  loading, creating sockets of any family, ...) answers EPERM; x86_64 and aarch64 only, else
+  reported absent.
+
+The checker confines itself too (:func:`confine_checker`): Landlock limits what it reads to system
+and Python folders, the task's input artifacts and the build cache, and what it writes to its
+scratch, the candidates' scratch folders and the build cache's publish folder; it then checks that
+the signing key and the repository's other contents are out of its reach by trying to open them.
 
 :class:`Isolation` is what a candidate process reports about itself after applying the layers;
 the checker adds what it observed from outside. Nothing here claims a layer it did not check.
@@ -164,15 +176,41 @@ def landlock_abi() -> int:
 def readable_roots(extra: list[str]) -> list[str]:
     """Folders the candidate may read (and execute from): system folders, Python's installation
     and import path, and ``extra``."""
-    roots = ["/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/opt", "/proc", "/sys", "/dev",
+    roots = ["/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/opt", "/proc", "/sys",
              sys.prefix, sys.base_prefix, sys.exec_prefix, str(Path(__file__).resolve().parents[2]), *extra]
     roots += [p for p in sys.path if p and os.path.isdir(p)]
     return sorted({os.path.realpath(p) for p in roots})
 
 
-def apply_landlock(writable: list[str], readable: list[str]) -> Layer:
+DEVICES = ("null", "zero", "full", "random", "urandom")
+
+
+def gpu_nodes() -> list[str]:
+    """The NVIDIA device nodes of this machine (what CUDA opens)."""
+    import glob
+    import stat
+
+    found = []
+    for path in sorted(glob.glob("/dev/nvidia*") + glob.glob("/dev/nvidia-caps/*")):
+        try:
+            if stat.S_ISCHR(os.stat(path).st_mode):
+                found.append(path)
+        except OSError:
+            continue
+    return found
+
+
+def device_files() -> list[str]:
+    """The device files a process outside a private /dev may read and write (and GPU nodes)."""
+    return [f"/dev/{d}" for d in DEVICES] + gpu_nodes()
+
+
+def apply_landlock(writable: list[str], readable: list[str], private_dev: bool = False, *,
+                   scope_signals: bool = True, what: str = "writes only in scratch") -> Layer:
     """Restrict this process (and all it starts) to writing only under ``writable`` and reading only
-    under ``readable`` (plus a few files in /etc); no TCP (ABI 4+); no signals out (ABI 6+)."""
+    under ``readable`` (plus a few files in /etc and the device files: all of a ``private_dev``,
+    else :func:`device_files`); no TCP (ABI 4+); no abstract Unix sockets and, with
+    ``scope_signals``, no signals out of its domain (ABI 6+)."""
     abi = landlock_abi()
     if abi < 1:
         return Layer(name="landlock", in_force=False, detail="not supported by this kernel")
@@ -181,18 +219,23 @@ def apply_landlock(writable: list[str], readable: list[str]) -> Layer:
     if abi >= 4:
         fields.append(_NET_BIND_TCP | _NET_CONNECT_TCP)
     if abi >= 6:
-        fields.append(_SCOPE_ABSTRACT_UNIX | _SCOPE_SIGNAL)
+        fields.append(_SCOPE_ABSTRACT_UNIX | (_SCOPE_SIGNAL if scope_signals else 0))
     attr = (ctypes.c_uint64 * len(fields))(*fields)
     fd = _libc.syscall(_SYS_CREATE, ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)), ctypes.c_uint32(0))
     if fd < 0:
         return Layer(name="landlock", in_force=False, detail=f"create_ruleset: {os.strerror(ctypes.get_errno())}")
     read = _EXECUTE | _READ_FILE | _READ_DIR
+    device = read | _WRITE_FILE | _TRUNCATE | (_IOCTL_DEV if abi >= 5 else 0)
     try:
         for path in readable:
             _allow(fd, path, read, fs_all)
         for path in _ETC_FILES:
             _allow(fd, path, read, fs_all)
-        _allow(fd, "/dev", read | _WRITE_FILE | (_IOCTL_DEV if abi >= 5 else 0), fs_all)
+        for path in device_files():  # the nodes themselves (a private /dev holds only these)
+            _allow(fd, path, device, fs_all)
+        if private_dev:  # its own /dev/shm; /dev itself only listed (no file made next to the nodes)
+            _allow(fd, "/dev/shm", fs_all, fs_all)
+            _allow(fd, "/dev", _READ_DIR, fs_all)
         for path in writable:
             _allow(fd, path, fs_all, fs_all)
         if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
@@ -201,12 +244,52 @@ def apply_landlock(writable: list[str], readable: list[str]) -> Layer:
             return Layer(name="landlock", in_force=False, detail=f"restrict_self: {os.strerror(ctypes.get_errno())}")
     finally:
         os.close(fd)
-    what = ["writes only in scratch", "reads only system and Python folders"]
+    nodes = [p.removeprefix("/dev/") for p in device_files()]
+    parts = [what, "reads only system and Python folders",
+             "devices: " + ", ".join(nodes) + (" and its own /dev/shm" if private_dev else "")]
     if abi >= 4:
-        what.append("no TCP")
+        parts.append("no TCP")
     if abi >= 6:
-        what.append("no signals outside")
-    return Layer(name="landlock", in_force=True, detail=f"ABI {abi}: " + ", ".join(what))
+        parts.append("no abstract Unix sockets outside" + (", no signals outside" if scope_signals else ""))
+    return Layer(name="landlock", in_force=True, detail=f"ABI {abi}: " + ", ".join(parts))
+
+
+def hand_over_maps(channel: int) -> None:
+    """(In a candidate process, before any candidate code) send the checker, over the Unix socket
+    ``channel``, a descriptor of this process's ``/proc/self/maps``: once the process is not
+    dumpable, the checker may not open it by path (unless it holds CAP_SYS_PTRACE), but reads
+    through a descriptor opened by the process itself keep working. One byte, one descriptor."""
+    import array
+    import socket
+
+    try:
+        fd = os.open("/proc/self/maps", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        sock = socket.socket(fileno=os.dup(channel))
+        try:
+            sock.sendmsg([b"m"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
+        finally:
+            sock.close()
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+_PR_SET_DUMPABLE = 4
+
+
+def not_dumpable() -> Layer:
+    """``PR_SET_DUMPABLE`` 0: no core dump, and other processes of the same user (not holding
+    CAP_SYS_PTRACE over it) can neither read its memory nor its ``/proc`` entries."""
+    if _libc is None:
+        return Layer(name="not dumpable", in_force=False, detail="not Linux")
+    if _libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        return Layer(name="not dumpable", in_force=False, detail=os.strerror(ctypes.get_errno()))
+    return Layer(name="not dumpable", in_force=True, detail="no core dump; memory and /proc closed to its user's "
+                 "other processes")
 
 
 def _allow(ruleset: int, path: str, access: int, handled: int) -> None:
@@ -246,16 +329,13 @@ def foreign_in(files: set[str] | list[str]) -> list[str]:
             for name, names in sorted(found.items())]
 
 
-def secrets_layer(isolation: Isolation, read_only: list[Path], repo_root: Path) -> Layer:
-    """Whether the candidate can read this machine's signing key (:func:`modulelens.repo.trust.config_dir`)
-    and the repository (reference outputs): only Landlock keeps them out, and only when neither lies
-    under a folder the candidate may read (:func:`readable_roots`, computed here by the same rule
-    the candidate process applies) -- or under /tmp with a private /tmp in force."""
-    from modulelens.repo.trust import config_dir
-
+def secrets_layer(isolation: Isolation, read_only: list[Path], secrets: dict[str, Path]) -> Layer:
+    """Whether the candidate can read ``secrets`` (what -> path: this machine's signing key folder,
+    the repository with its reference outputs): only Landlock keeps them out, and only when none
+    lies under a folder the candidate may read (:func:`readable_roots`, computed here by the same
+    rule the candidate process applies) -- or under /tmp with a private /tmp in force."""
     name = "signing key and repository unreadable"
     layers = {x.name: x.in_force for x in isolation.layers}
-    secrets = {"the signing key folder": config_dir(), "the repository": repo_root}
     if not layers.get("landlock"):
         return Layer(name=name, in_force=False, detail="no Landlock: the candidate can read "
                      + " and ".join(f"{what} {path}" for what, path in secrets.items()))
@@ -273,3 +353,48 @@ def secrets_layer(isolation: Isolation, read_only: list[Path], repo_root: Path) 
     return Layer(name=name, in_force=True, detail="Landlock lets the candidate read only system and Python folders, "
                  "its scratch and the build cache: " + " and ".join(f"{what} {path}" for what, path in secrets.items())
                  + " are outside them")
+
+
+# -- the checker's own layers ----------------------------------------------------------------------
+
+CHECKER = "checker: "
+
+
+def confine_checker(readable: list[str], writable: list[str], secrets: dict[str, str]) -> list[Layer]:
+    """Confine the checker process (a sandbox worker's task) before it touches anything a candidate
+    controls: no core dumps and not dumpable; Landlock reads only system and Python folders and
+    ``readable`` (the task's input artifacts, the build cache), writes only ``writable`` (its
+    scratch, the candidates' scratch folders, the build cache's publish folder), no TCP, no
+    abstract Unix sockets (signals stay: it stops and kills its candidates). Then it proves that
+    each of ``secrets`` (what -> path: the signing key file, the repository root) is out of reach
+    by trying to open it. Returns the layers, each named ``checker: ...``."""
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    layers = [not_dumpable()]
+    layers.append(apply_landlock(writable, readable_roots(readable), scope_signals=False,
+                                 what="writes only in its scratch, candidate scratch and the build cache's publish "
+                                      "folder"))
+    layers.append(_unreachable(secrets))
+    for layer in layers:
+        layer.name = CHECKER + layer.name
+    return layers
+
+
+def _unreachable(secrets: dict[str, str]) -> Layer:
+    """Tries to open each secret (a file is opened, a folder listed): in force when every attempt
+    was refused."""
+    name = "signing key and repository unreadable"
+    reached, refused = [], []
+    for what, path in secrets.items():
+        try:
+            if os.path.isdir(path):
+                os.listdir(path)
+            else:
+                os.close(os.open(path, os.O_RDONLY | os.O_CLOEXEC))
+            reached.append(f"{what} {path}")
+        except PermissionError:
+            refused.append(f"{what} {path}")
+        except OSError as e:
+            refused.append(f"{what} {path} ({e.strerror})")
+    if reached:
+        return Layer(name=name, in_force=False, detail="the checker could open " + " and ".join(reached))
+    return Layer(name=name, in_force=True, detail="opening " + " and ".join(refused) + " was refused")

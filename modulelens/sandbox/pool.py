@@ -3,12 +3,17 @@
 What a worker runs is its :class:`~modulelens.sandbox.worker_messages.WorkerKind`, chosen by the
 pool's caller: the task runner it imports and the frames it answers with. Each worker is
 ``python -m modulelens.sandbox.worker RUNNER ...`` in a scratch folder (also its HOME and
-TMPDIR), with an environment reduced to an allow-list (no API keys or tokens), its stdout and
+TMPDIR), with an environment reduced to an allow-list (no API keys or tokens, and no
+``MODULELENS_CONFIG_DIR``: nothing in a worker needs the signing key; trust is checked by the
+caller before a task is sent), its stdout and
 stderr going to files in the scratch folder, a memory limit it sets on itself, and tasks and
 results passing over two dedicated pipes. A task that outlives its timeout kills the worker; a
 worker that crashed, was killed, or reports itself unhealthy is replaced by a fresh one. A task
 whose call is cancelled (:mod:`modulelens.cancellation`) kills the worker's process group (its
 candidate processes die with it) and raises :class:`~modulelens.cancellation.CallCancelled`.
+A worker is a fork-server template (:mod:`modulelens.sandbox.worker`): one whose environment
+changed since it started (torch upgraded, modulelens's files edited:
+:func:`~modulelens.sandbox.forkserver.environment_key`) is replaced before its next task.
 """
 
 from __future__ import annotations
@@ -26,17 +31,19 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel
 
 from modulelens.cancellation import CallCancelled, cancel_requested
 from modulelens.sandbox import protocol
+from modulelens.sandbox.forkserver import environment_key
 from modulelens.sandbox.worker_messages import CrashedResult, StageReport, WorkerKind, WorkerResult
 
 _ALLOW = re.compile(
     r"^(PATH|LANG|LC_\w+|TZ|TERM|CUDA_\w+|NVIDIA_\w+|LD_LIBRARY_PATH|OMP_\w+|MKL_\w+|OPENBLAS_\w+|KMP_\w+|"
     r"TORCH_\w+|TRITON_\w+|CC|CXX|NVCC_\w+|VIRTUAL_ENV|PYTHONPATH|CONDA_PREFIX|MAX_JOBS|MODULELENS_BUILD_DIR|"
-    r"XDG_CACHE_HOME|PYTORCH_\w+)$"
+    r"XDG_CACHE_HOME|PYTORCH_\w+|MODULELENS_FORK_SERVER)$"
 )
 _SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL|AUTH", re.IGNORECASE)
 DEFAULT_MEMORY_LIMIT_MB = 6144
@@ -51,12 +58,11 @@ def scrubbed_environment(scratch: Path) -> dict[str, str]:
     return env
 
 
-def checker_environment(scratch: Path) -> dict[str, str]:
-    """The scrubbed environment plus where this machine's signing key is (the checker verifies
-    that the cards it decodes are trusted; candidate processes never get this)."""
-    from modulelens.repo.trust import config_dir
-
-    return {**scrubbed_environment(scratch), "MODULELENS_CONFIG_DIR": str(config_dir())}
+def template_environment(scratch: Path) -> dict[str, str]:
+    """The scrubbed environment of a process that forks others (a worker, a template): OpenBLAS (numpy's
+    BLAS) is told to use one thread, because it starts its thread pool when it is loaded, and a fork
+    server must have no thread when it forks (see :mod:`modulelens.sandbox.forkserver`)."""
+    return {**scrubbed_environment(scratch), "OPENBLAS_NUM_THREADS": "1", "GOTO_NUM_THREADS": "1"}
 
 
 class WorkerCrashed(Exception):
@@ -66,8 +72,12 @@ class WorkerCrashed(Exception):
 
 
 class SandboxWorker:
-    def __init__(self, kind: WorkerKind, memory_limit_mb: int):
-        self.kind = kind
+    """One worker process running the task runner ``runner`` (``package.module:NAME``), whose
+    answers are read as ``replies`` (may be set later: a worker started before its caller imported
+    what its replies are, see :func:`prestart`)."""
+
+    def __init__(self, runner: str, memory_limit_mb: int, replies: Any = None):
+        self.runner, self.replies = runner, replies
         self.memory_limit_mb = memory_limit_mb
         self.scratch = Path(tempfile.mkdtemp(prefix="modulelens-sandbox-"))
         (self.scratch / "tmp").mkdir()
@@ -77,14 +87,15 @@ class SandboxWorker:
         self._result_r, result_w = os.pipe()
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "modulelens.sandbox.worker", kind.runner, str(task_r), str(result_w),
+                [sys.executable, "-m", "modulelens.sandbox.worker", runner, str(task_r), str(result_w),
                  str(memory_limit_mb)],
                 pass_fds=(task_r, result_w), stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                cwd=self.scratch, env=checker_environment(self.scratch), start_new_session=True,
+                cwd=self.scratch, env=template_environment(self.scratch), start_new_session=True,
             )
         os.close(task_r)
         os.close(result_w)
         self.tasks = 0
+        self.environment = environment_key()
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -122,7 +133,7 @@ class SandboxWorker:
                     self.kill()
                     raise CallCancelled(f"the sandbox worker (during {stage})")
                 continue
-            message = protocol.receive(self._result_r, self.kind.replies)
+            message = protocol.receive(self._result_r, self.replies)
             if message is None:
                 self.proc.wait(timeout=10)
                 raise WorkerCrashed(self._death_reason(), stage, self.stderr_tail())
@@ -131,6 +142,8 @@ class SandboxWorker:
                 if on_stage:
                     on_stage(stage)
                 continue
+            if isinstance(message, CrashedResult) and message.stage is None:
+                message.stage = stage  # the worker's checker died: the worker cannot know where
             return message
 
     def _death_reason(self) -> str:
@@ -180,11 +193,13 @@ class SandboxPool:
 
     def _get(self, memory_limit_mb: int) -> SandboxWorker:
         w = self._worker
-        if w is not None and (not w.alive() or w.memory_limit_mb != memory_limit_mb or w.tasks >= self.MAX_TASKS_PER_WORKER):
+        if w is not None and (not w.alive() or w.memory_limit_mb != memory_limit_mb or w.tasks >= self.MAX_TASKS_PER_WORKER
+                              or w.environment != environment_key()):
             w.close()
             w = None
         if w is None:
-            w = SandboxWorker(self.kind, memory_limit_mb)
+            w = _adopt_prestarted(self.kind.runner, memory_limit_mb) or SandboxWorker(self.kind.runner, memory_limit_mb)
+            w.replies = self.kind.replies
             self._worker = w
             self.started += 1
         return w
@@ -231,3 +246,25 @@ def shared_pool(kind: WorkerKind) -> SandboxPool:
             found = _POOLS[kind.runner] = SandboxPool(kind)
             atexit.register(found.close)
         return found
+
+
+_PRESTARTED: list[SandboxWorker] = []
+
+
+def prestart(runner: str, memory_limit_mb: int = DEFAULT_MEMORY_LIMIT_MB) -> None:
+    """Start a worker for ``runner`` now, before the caller has imported what it will need (a CLI
+    command that will validate: its worker imports torch while the command imports the rest). The
+    first pool of that runner and memory limit adopts it; one never adopted is killed at exit."""
+    worker = SandboxWorker(runner, memory_limit_mb)
+    _PRESTARTED.append(worker)
+    atexit.register(worker.close)
+
+
+def _adopt_prestarted(runner: str, memory_limit_mb: int) -> SandboxWorker | None:
+    for worker in list(_PRESTARTED):
+        if worker.runner == runner and worker.memory_limit_mb == memory_limit_mb:
+            _PRESTARTED.remove(worker)
+            if worker.alive() and worker.environment == environment_key():
+                return worker
+            worker.close()
+    return None

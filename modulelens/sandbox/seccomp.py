@@ -10,8 +10,10 @@ arguments at 16 + 8 i, little-endian on both supported architectures):
 * each call of :data:`DENIED` answers ``EPERM``: debugging and reading other processes, mounting
   and changing namespaces, the kernel keyring, BPF and perf, loading kernels and modules, reboot
   and swap, userfaultfd, io_uring, personality;
-* ``socket`` answers ``EPERM`` for ``AF_INET``/``AF_INET6`` (``AF_UNIX`` stays: Python and torch
-  use it); ``clone`` answers ``EPERM`` when its flags ask for a new namespace; ``clone3``, whose
+* ``socket`` answers ``EPERM`` whatever the family: a candidate talks only through the channels it
+  was given (inherited pipes and a socket pair), so it can create no TCP/UDP socket and connect to
+  no path-based or abstract Unix socket of the host (``socketpair`` stays: Python's
+  multiprocessing uses it); ``clone`` answers ``EPERM`` when its flags ask for a new namespace; ``clone3``, whose
   flags the filter cannot read (they are behind a pointer), answers ``ENOSYS``, on which glibc
   falls back to ``clone``.
 
@@ -48,7 +50,6 @@ DENIED: dict[str, tuple[int, int]] = {
 SOCKET, CLONE, CLONE3, SECCOMP = (41, 198), (56, 220), (435, 435), (317, 277)
 ARCHES: dict[str, int] = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}  # AUDIT_ARCH_*
 X32_BIT = 0x40000000
-AF_INET, AF_INET6 = 2, 10
 CLONE_NAMESPACES = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
 
 # classic BPF opcodes and seccomp return values (linux/filter.h, linux/seccomp.h)
@@ -98,13 +99,9 @@ def filter_program(arch: str) -> list[Instruction]:
         code.append((JGE_K, "deny", None, X32_BIT))
     code += [(JEQ_K, "deny", None, nrs[i]) for nrs in DENIED.values()]
     code += [
-        (JEQ_K, "socket", None, SOCKET[i]),
+        (JEQ_K, "deny", None, SOCKET[i]),
         (JEQ_K, "clone", None, CLONE[i]),
         (JEQ_K, "enosys", None, CLONE3[i]),
-        (RET_K, None, None, RET_ALLOW),
-        "socket:", (LD_W_ABS, None, None, OFFSET_ARG0),
-        (JEQ_K, "deny", None, AF_INET),
-        (JEQ_K, "deny", None, AF_INET6),
         (RET_K, None, None, RET_ALLOW),
         "clone:", (LD_W_ABS, None, None, OFFSET_ARG0),
         (JSET_K, "deny", None, CLONE_NAMESPACES),
@@ -129,7 +126,8 @@ def filter_program(arch: str) -> list[Instruction]:
 
 def denied_summary() -> str:
     """What the filter denies, in words (the detail of the seccomp layer when it is in force)."""
-    calls = [*DENIED, "socket(AF_INET, AF_INET6)", "clone(new namespaces)"]
+    calls = [*DENIED, "socket (every family: no TCP/UDP, no path-based or abstract Unix socket)",
+             "clone(new namespaces)"]
     return (f"deny list of {len(calls)} calls (EPERM): {', '.join(calls)}; clone3 answers ENOSYS (callers fall back "
             "to clone); a call of another architecture kills the process")
 

@@ -3,8 +3,8 @@
 A worker reads task frames and answers each task with :class:`StageReport` frames, then one
 result: a :class:`WorkerResult` (subclassed by the caller's result kinds, each told apart by
 ``kind``). Two results belong to the sandbox itself: :class:`InternalErrorResult` (the task runner
-raised: a bug, not a verdict) and :class:`CrashedResult` (the worker died or timed out; never sent
-by a worker, the pool makes it).
+raised: a bug, not a verdict) and :class:`CrashedResult` (the worker died or timed out: the pool
+makes it; or the checker the worker forked for the task died: the worker sends it).
 
 The sandbox knows nothing of what its tasks mean. A caller describes a kind of worker with a
 :class:`WorkerKind`: the dotted path of a :class:`TaskRunner` object in modulelens's own code
@@ -43,6 +43,9 @@ class InternalErrorResult(WorkerResult):
 
 
 class CrashedResult(WorkerResult):
+    """The worker (made by the pool) or the checker a worker forked for the task (sent by the worker,
+    which is intact: ``healthy``) died or timed out."""
+
     kind: Literal["crashed"] = "crashed"
     healthy: bool = False
     reason: str = Field(description="What happened to the worker: 'crashed with SIGSEGV', 'timed out after 20 s', ...")
@@ -58,10 +61,13 @@ class StageReport(Message):
 @dataclass(frozen=True)
 class TaskRunner:
     """What runs inside a worker: ``tasks`` reads one task frame; ``run(task, stage)`` does the
-    task, calling ``stage(name)`` as it reaches each stage, and returns its :class:`WorkerResult`."""
+    task, calling ``stage(name)`` as it reaches each stage, and returns its :class:`WorkerResult`.
+    ``preload``: modules inside modulelens the worker imports before it forks anything (the
+    candidate harness among them: see :func:`modulelens.sandbox.forkserver.preload`)."""
 
     tasks: TypeAdapter[Any]
     run: Callable[[Any, Callable[[str], None]], WorkerResult]
+    preload: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -33,8 +33,8 @@ class ReplayModuleRequest(BaseModel):
     dtype: str | None = Field(None, description="Cast weights and inputs (e.g. bfloat16).")
     backward: bool = Field(False, description="Also compare gradients.")
     trust_pickle: bool = Field(False, description="Allow the pickle strategy.")
-    rtol: float | None = Field(None, description="Default: per dtype.")
-    atol: float | None = Field(None, description="Default: per dtype.")
+    rtol: float | None = Field(None, ge=0, description="Default: per dtype.")
+    atol: float | None = Field(None, ge=0, description="Default: per dtype.")
     sample: int = Field(0, ge=0, description="Card: which stored sample.")
 
 

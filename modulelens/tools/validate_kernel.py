@@ -32,10 +32,12 @@ from modulelens.repo import Artifact, Repository
 from modulelens.sandbox.pool import DEFAULT_MEMORY_LIMIT_MB
 from modulelens.validation.advice import report_next, report_warnings, surely_faster
 from modulelens.validation.messages import ModuleSource, ValidateModuleTask
+from modulelens.validation.module import readable_sys_path
 from modulelens.validation.report import ValidationReport, ValidationSettings
 from modulelens.validation.sandboxed import (
     DEFAULT_TIMEOUT_S,
     CandidateValidation,
+    confinement,
     validate_candidate,
     validate_in_sandbox,
 )
@@ -121,8 +123,12 @@ class ValidateModuleResult(ValidationReport, ToolReply):
 def _validate_module(req: ValidateKernelRequest, repo: Repository, ctx: ToolContext, path: Path | None,
                      text: str) -> ValidateModuleResult:
     art, cand, target = _module_candidate(req, repo, path, text)
+    capture = repo.open(CAPTURES, target.capture)
+    # the checker builds the captured module: trusted captures only, checked here where the key is
+    confine = confinement(repo, [capture], "validate a module candidate against it",
+                          readable_sys_path(capture_manifest(capture).sys_path, repo.root))
     task = ValidateModuleTask(
-        repo=str(repo.root), capture=target.capture, build_dir=str(default_build_dir()),
+        repo=str(repo.root), capture=target.capture, build_dir=str(default_build_dir()), confinement=confine,
         candidate=ModuleSource(source=cand.source, class_name=cand.class_name, claims_training=cand.claims_training),
         time=req.time, seeds=list(range(req.seeds)), rtol=req.rtol, atol=req.atol,
         memory_limit_mb=req.memory_limit_mb, call_timeout=req.timeout, build_timeout=req.timeout,

@@ -64,6 +64,8 @@ class LoadModuleRequest(BaseModel):
     state: str = Field(description="safetensors file (in scratch) of the original module's state dict.")
     sys_path: list[str] = Field(default_factory=list, description="Where the constructor's argument classes import from.")
     device: str = "cpu"
+    shared_build_dir: str | None = Field(None, description="The build folder whose shared cache its load_inline "
+                                         "extensions are taken from (read-only).")
 
 
 class CallRequest(BaseModel):
@@ -106,6 +108,10 @@ class Loaded(BaseModel):
     build_name: str | None = Field(None, description="Name of the extension the candidate was loaded from.")
     library: str | None = Field(None, description="Its file: in the candidate's folder, or in the shared cache.")
     fresh_build: bool = Field(False, description="Built now in the candidate's folder (to publish).")
+    fresh_extensions: list[str] = Field(default_factory=list, description="Module candidates: names of the "
+                                        "load_inline extensions built now (claimed; the checker finds them itself).")
+    shared_extensions: list[str] = Field(default_factory=list, description="Module candidates: load_inline "
+                                         "extensions taken from the shared build cache (claimed).")
     log_tail: str = ""
 
 

@@ -23,6 +23,7 @@ import torch
 from modulelens.errors import ModuleLensError
 from modulelens.kernels import build_cache
 from modulelens.kernels.backends import get_backend
+from modulelens.kernels.backends.compiler import LIB_SUFFIX
 from modulelens.ops.cards import open_card, sample_call
 from modulelens.ops.model import OpCard
 from modulelens.ops.recorder import resolve_op
@@ -177,17 +178,29 @@ class _Validator(CandidateChecker):
         return self.report
 
     def _publish(self, loaded: Loaded, shared: Path) -> Path | None:
-        """The candidate's extension file -- a fresh build in its scratch folder (then published to
-        the shared cache) or a published one -- or None when the claimed path is elsewhere."""
-        if not loaded.library or not loaded.build_name:
+        """The candidate's extension library, found by the address this checker computes from the
+        candidate's source (never the name or path the candidate reports): the shared cache's
+        entry when there is one, else the candidate's fresh build in its scratch folder, read
+        while the candidate is stopped (each step opened without following links; a regular ELF
+        shared object) and published under that address. None for backends that build nothing.
+        Raises CandidateFailed when a build it must have cannot be verified."""
+        cand = self.task.candidate
+        address = get_backend(cand.backend).build_name(cand.source, cand.entry)
+        if address is None:
             return None
-        path = Path(loaded.library).resolve()
-        home = self.proc.scratch.resolve() if loaded.fresh_build else shared.resolve()
-        if not path.is_relative_to(home) or not path.is_file():
-            return None
-        if loaded.fresh_build:
-            build_cache.publish_build(shared, loaded.build_name, path)
-        return path
+        filename = f"{address}{LIB_SUFFIX}"
+        found = build_cache.published_build(address, filename, shared)
+        if found is not None and not loaded.fresh_build:
+            return found
+        self.proc.pause()
+        try:
+            data = build_cache.read_build(self.proc.scratch, ["build", address, filename])
+        except ValueError as e:
+            self.check("build verified", False, str(e))
+            raise CandidateFailed(f"its build cannot be verified: {e}") from None
+        finally:
+            self.proc.resume()
+        return found or build_cache.publish_build(shared, address, data, filename)
 
     def _evidence(self, scanned: bool) -> str:
         parts = ["aten ops recorded by the profiler in the candidate's process, all threads (reported by that "

@@ -13,9 +13,12 @@ from typing import Any
 import torch
 
 from modulelens.errors import ModuleLensError
+from modulelens.kernels import build_cache
+from modulelens.kernels.backends.compiler import LIB_SUFFIX
 from modulelens.kernels.build_cache import default_build_dir
+from modulelens.kernels.module_builds import module_build_address
 from modulelens.sandbox.candidate_process import CandidateDied, CandidateProcess, scratch_parent
-from modulelens.sandbox.containment import Isolation, foreign_in, secrets_layer
+from modulelens.sandbox.containment import Isolation, Layer, foreign_in, secrets_layer
 from modulelens.sandbox.shm import TensorSlot, aligned, encode_value, span_bytes
 from modulelens.timing import ThreadChoice
 from modulelens.validation.candidate_messages import (
@@ -30,14 +33,24 @@ from modulelens.validation.inputs import tensors
 from modulelens.validation.verdict_keeping import ReportKeeper
 
 HARNESS = "modulelens.validation.harness"  # what runs in a candidate process
+CHECKER_LAYERS: list[Layer] = []  # this checker's own layers (set by tasks.confine), reported with every candidate's
+SECRETS: dict[str, Path] = {}  # what -> path no candidate may read (set by tasks.confine); default: the repository
 
 
-def start_candidate(memory_limit_mb: int, read_only: list[Path]) -> CandidateProcess:
-    """A fresh contained candidate process running :data:`HARNESS`, its scratch folder next to the
-    build cache (not under /tmp, which its mount namespace replaces). ``read_only``: folders it may
-    read (the shared build cache, ...)."""
-    return CandidateProcess(HARNESS, CANDIDATE_REPLIES, memory_limit_mb=memory_limit_mb, read_only=read_only,
-                            parent=scratch_parent(default_build_dir().parent / "candidates"))
+def candidates_folder() -> Path:
+    """Where candidate scratch folders go: next to the build cache (not under /tmp, which a
+    candidate's mount namespace replaces)."""
+    return default_build_dir().parent / "candidates"
+
+
+def start_candidate(memory_limit_mb: int, read_only: list[Path], harness: str = HARNESS) -> CandidateProcess:
+    """A new contained candidate process running ``harness`` (default :data:`HARNESS`): forked from
+    the template this checker's worker is (or a standalone one), else started fresh; see
+    :class:`CandidateProcess` for what it offers (requests, arena, pause/resume, maps, logs, close).
+    ``read_only``: folders it may read (the shared build cache, ...). The eager reference side of
+    a timing and a rerun in a fresh process are started the same way, so all sides start alike."""
+    return CandidateProcess(harness, CANDIDATE_REPLIES, memory_limit_mb=memory_limit_mb, read_only=read_only,
+                            parent=scratch_parent(candidates_folder()))
 
 
 def time_calls(proc: CandidateProcess, request: CallRequest, timeout: float) -> tuple[float, Called]:
@@ -117,6 +130,30 @@ class CandidateChecker(ReportKeeper):
             raise CandidateFailed(f"the candidate process answered a ready request with {reply.kind}")
         self.baseline_maps = self.proc.mapped_files()
 
+    def publish_extensions(self, loaded: Loaded, source: str, shared: Path) -> None:
+        """Publish the ``load_inline`` extensions a module candidate built (names it claims), each
+        found at the address this checker computes from ``source`` and the name, read while the
+        candidate is stopped without following links (see :func:`build_cache.read_build`); what
+        cannot be verified is simply not shared. Each extension gets a line in the checks."""
+        for name in loaded.shared_extensions:
+            self.check(f"extension {name}", True, "taken from the shared build cache")
+        self.proc.pause()
+        try:
+            for name in dict.fromkeys(loaded.fresh_extensions):
+                if not name.isidentifier():
+                    continue
+                address, filename = module_build_address(source, name), f"{name}{LIB_SUFFIX}"
+                try:
+                    data = build_cache.read_build(self.proc.scratch, ["build", address, filename])
+                except ValueError as e:
+                    self.check(f"extension {name}", True, f"built, not shared: {e}")
+                    continue
+                shared_as = build_cache.publish_build(shared, address, data, filename)
+                self.check(f"extension {name}", True, f"built, verified and shared as {address}" if shared_as
+                           else "built, not shared: the build cache could not be written")
+        finally:
+            self.proc.resume()
+
     def foreign_libraries(self) -> list[str]:
         """Foreign numerical libraries (:data:`FOREIGN_LIBRARIES`) the candidate's process mapped
         since :meth:`get_ready`, as ``name (file)``: read by this process from ``/proc/PID/maps``,
@@ -127,6 +164,9 @@ class CandidateChecker(ReportKeeper):
         return foreign_in(self.proc.mapped_files() - base)
 
     def _isolation(self, loaded: Loaded, repo_root: Path) -> Isolation:
+        """The candidate's layers (as it reports them), what this checker knows of how it was made
+        (fork server, sealed arena), whether the secrets are out of its reach, and the checker's
+        own layers (``checker: ...``)."""
         iso = loaded.isolation.model_copy(deep=True)
         if self.proc.namespaces_missing:
             iso.layers = [x for x in iso.layers if x.name != "namespaces"]
@@ -134,7 +174,9 @@ class CandidateChecker(ReportKeeper):
         iso.add("process separation", True, "the candidate runs in its own process; reference outputs, "
                 "comparison, the clock and verdict stay in the checker; eager is timed in a reference process "
                 "of its own")
-        iso.layers.append(secrets_layer(iso, self.proc.read_only, repo_root))
+        iso.layers.append(secrets_layer(iso, self.proc.read_only, dict(SECRETS) or {"the repository": repo_root}))
+        iso.layers.extend(x.model_copy() for x in self.proc.layers)
+        iso.layers.extend(x.model_copy() for x in CHECKER_LAYERS)
         return iso
 
     def _write_inputs(self, values: list, proc: CandidateProcess | None = None

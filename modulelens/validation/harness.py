@@ -1,14 +1,16 @@
 """The candidate process: ``python -m modulelens.validation.harness REQ_FD REPLY_FD ARENA_FD SCRATCH MEMORY_MB [READ_ONLY_DIR]``.
 
-Started by :class:`modulelens.sandbox.candidate_process.CandidateProcess` (inside new namespaces
-where the kernel allows), it applies the remaining containment layers to itself *before* any
-candidate code exists in it (private /tmp, rlimits, Landlock, seccomp), then serves requests: load
-(compile) the candidate, and call it on inputs the checker wrote into the shared arena and copy its
-outputs there. A check and a timed batch are the same request handled by the same function at the
-same line (:meth:`_Harness.call`): nothing on the stack or in the arguments but the number of calls
-tells them apart, and timed batches are checked too (a random sample of them, by the checker,
-after the fact). It holds no reference output, no checker and no verdict: the worst a candidate
-can do here is lie about itself, and the checker treats what this process says as claims.
+Started by :class:`modulelens.sandbox.candidate_process.CandidateProcess` (forked from a template
+that preloaded :data:`PRELOAD`, or fresh; inside new namespaces where the kernel allows), it hands
+the checker a descriptor of its own ``/proc/self/maps`` and then applies the remaining containment
+layers to itself *before* any candidate code exists in it (private /tmp and /dev, rlimits, not
+dumpable, Landlock, seccomp), then serves requests: load (compile) the candidate, and call it on
+inputs the checker wrote into the shared arena and copy its outputs there. A check and a timed
+batch are the same request handled by the same function at the same line (:meth:`_Harness.call`):
+nothing on the stack or in the arguments but the number of calls tells them apart, and timed
+batches are checked too (a random sample of them, by the checker, after the fact). It holds no
+reference output, no checker and no verdict: the worst a candidate can do here is lie about
+itself, and the checker treats what this process says as claims.
 
 The reference side of a timing (eager, the original module, torch.compile) runs in a process
 started and served exactly the same way, which loads the reference as its entry
@@ -24,21 +26,42 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+# What a template imports before forking candidate processes (modulelens.sandbox.forkserver): the
+# runtime every candidate process imports anyway, so a fork finds it imported.
+PRELOAD = ("modulelens.validation.candidate_messages", "modulelens.sandbox.containment", "modulelens.sandbox.mounts",
+           "modulelens.sandbox.seccomp", "modulelens.kernels.backends", "modulelens.kernels.module_candidates",
+           "modulelens.kernels.build_cache", "modulelens.kernels.module_builds", "torch.utils.cpp_extension",
+           "safetensors.torch", "triton.language", "triton.runtime.interpreter")
 
-def _contain(scratch: Path, memory_mb: int, read_only: list[str]) -> Any:
+
+def _contain(req_fd: int, scratch: Path, memory_mb: int, read_only: list[str]) -> Any:
     import torch
 
-    from modulelens.sandbox.containment import Isolation, apply_landlock, apply_rlimits, private_tmp, readable_roots
+    from modulelens.sandbox.containment import (
+        Isolation,
+        apply_landlock,
+        apply_rlimits,
+        hand_over_maps,
+        not_dumpable,
+        private_tmp,
+        readable_roots,
+    )
+    from modulelens.sandbox.mounts import private_dev
     from modulelens.sandbox.seccomp import apply_seccomp
 
+    hand_over_maps(req_fd)  # first: the checker reads it from outside, before any candidate code
     iso = Isolation()
     described = os.environ.pop("MODULELENS_NAMESPACES", "")
-    iso.add("namespaces", os.getpid() == 1 and bool(described),
-            described if os.getpid() == 1 else "not started in new namespaces")
+    missing = os.environ.pop("MODULELENS_NAMESPACES_MISSING", "")
+    in_namespaces = os.getpid() == 1 and bool(described)
+    iso.add("namespaces", in_namespaces, described if in_namespaces else (missing or "not started in new namespaces"))
     readable = readable_roots([str(scratch), *read_only])
     iso.layers.append(private_tmp(readable))
+    dev = private_dev()
+    iso.layers.append(dev)
     iso.layers.append(apply_rlimits(memory_mb, limit_address_space=not torch.cuda.is_available()))
-    iso.layers.append(apply_landlock([str(scratch)], readable))
+    iso.layers.append(not_dumpable())
+    iso.layers.append(apply_landlock([str(scratch)], readable, private_dev=dev.in_force))
     iso.layers.append(apply_seccomp())  # last: the layers above need mount and prctl
     return iso
 
@@ -65,10 +88,11 @@ def _overlaps(a, b) -> bool:
 
 
 class _Harness:
-    def __init__(self, arena_fd: int, isolation: Any):
-        from modulelens.sandbox.shm import SharedArena
+    def __init__(self, arena_fd: int, isolation: Any, scratch: Path):
+        from modulelens.sandbox.shm import MappedArena
 
-        self.arena = SharedArena(size=1 << 16, fd=arena_fd)
+        self.arena = MappedArena(arena_fd)
+        self.scratch = scratch
         self.isolation = isolation
         self.entry: Any = None
 
@@ -137,13 +161,19 @@ class _Harness:
         return Loaded(isolation=self.isolation, ok=True)
 
     def load_module(self, req) -> Any:
-        """Run a module candidate's source, build its class with the captured constructor
-        arguments and load the captured weights by name (strict)."""
+        """Run a module candidate's source (its ``load_inline`` extensions through the shared
+        build cache), build its class with the captured constructor arguments and load the
+        captured weights by name (strict)."""
         from safetensors.torch import load_file
 
+        from modulelens.kernels import build_cache
+        from modulelens.kernels.module_builds import route_load_inline
         from modulelens.kernels.module_candidates import construct, load_class
         from modulelens.validation.candidate_messages import Loaded
 
+        if req.shared_build_dir:
+            build_cache.use_shared_builds(Path(req.shared_build_dir))
+        route_load_inline(req.source, self.scratch / "build")
         try:
             cls = load_class(req.source, req.class_name)
         except BaseException as e:  # noqa: BLE001 - a source that fails to load is the candidate's answer
@@ -157,7 +187,9 @@ class _Harness:
             return Loaded(isolation=self.isolation, ok=False, failed_step="build",
                           error=text[0][:300] if text else type(e).__name__)
         self.entry = module
-        return Loaded(isolation=self.isolation, ok=True)
+        builds = build_cache.builds_in_process()
+        return Loaded(isolation=self.isolation, ok=True, fresh_extensions=[n for n, _, built in builds if built],
+                      shared_extensions=[n for n, _, built in builds if not built])
 
     def call(self, req) -> Any:
         """One request, check or timed batch alike: ``req.calls`` calls in a row (the floating
@@ -172,7 +204,6 @@ class _Harness:
 
         if req.threads and torch.get_num_threads() != req.threads:
             torch.set_num_threads(req.threads)
-        self.arena.remap(req.arena_size)
         inputs: list = []
         slots: list = []
 
@@ -213,9 +244,6 @@ class _Harness:
             text = str(e).strip().splitlines()[0] if str(e).strip() else ""
             oom = isinstance(e, RuntimeError) and ("allocate" in text or "memory" in text.lower())
             return Called(error=f"{type(e).__name__}: {text[:500]}", out_of_memory=oom)
-        finally:
-            if swaps is not None:
-                swaps.release()
         outs = _tensors(out)
         slots, aliases = [], []
         offset = req.output_offset
@@ -236,28 +264,22 @@ class _Harness:
 
     def _swaps(self, inputs: list, slots: list, seed: int) -> Any:
         """The swaps between the calls of a batch over the floating inputs: on the arena's bytes
-        for CPU inputs (memoryviews, released after the batch), on the device copy otherwise."""
-        from modulelens.validation.perturb import Swaps, item_format, perturbed
+        (numpy views of each input's whole span as integers of its element size) for CPU inputs,
+        on the device copy otherwise."""
+        from modulelens.validation.perturb import Swaps, perturbed
 
-        views, spans = [], []
+        ints = {1: "torch.uint8", 2: "torch.int16", 4: "torch.int32", 8: "torch.int64"}
+        spans = []
         for t, slot in zip(inputs, slots):
             if not perturbed(t):
                 continue
             if t.device.type == "cpu":
-                mv = memoryview(self.arena.buffer())[slot.offset:slot.offset + slot.nbytes]
-                views.append(mv)
-                spans.append(mv.cast(item_format(t.element_size())))
-                views.append(spans[-1])
+                n = slot.nbytes // t.element_size()
+                flat = slot.model_copy(update={"dtype": ints[t.element_size()], "shape": [n], "stride": [1]})
+                spans.append(self.arena.view(flat).numpy())
             else:
                 spans.append(_DeviceSpan(t))
-        swaps = Swaps(spans, seed)
-
-        def release() -> None:
-            for v in reversed(views):
-                v.release()
-
-        swaps.release = release  # type: ignore[attr-defined]
-        return swaps
+        return Swaps(spans, seed)
 
     def _invocation(self, args: list, kwargs: dict, training: bool | None, rng: dict | None, grad: bool) -> Any:
         """The call itself: a card candidate on its arguments; a module in train (with grad) or eval
@@ -428,7 +450,7 @@ def main(argv: list[str]) -> int:
 
     if not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    isolation = _contain(scratch, memory_mb, read_only)
+    isolation = _contain(req_fd, scratch, memory_mb, read_only)
     from modulelens.sandbox import protocol
     from modulelens.validation.candidate_messages import (
         CANDIDATE_REQUESTS,
@@ -438,11 +460,13 @@ def main(argv: list[str]) -> int:
         ReadyRequest,
     )
 
-    harness = _Harness(arena_fd, isolation)
+    harness = _Harness(arena_fd, isolation, scratch)
     while True:
-        req = protocol.receive(req_fd, CANDIDATE_REQUESTS)
+        req, fds = protocol.receive_with_fds(req_fd, CANDIDATE_REQUESTS)
         if req is None:
             return 0
+        if fds:  # the checker made a bigger arena: it comes with the request that needs it
+            harness.arena.replace(fds[0])
         try:
             if isinstance(req, ReadyRequest):
                 reply = harness.ready(req)

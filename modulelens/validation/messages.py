@@ -13,8 +13,8 @@ model, told apart by ``kind``, so a caller matches on the type instead of probin
 * :class:`RefusedResult`: the task could not be done here (a ``ModuleLensError``: message and hint);
 * :class:`PongResult`: answer to a :class:`PingTask`;
 * :class:`InternalErrorResult` (the sandbox's): modulelens itself failed inside the worker (a bug);
-* :class:`CrashedResult` (the sandbox's): the worker died or timed out; never sent by a worker, the
-  pool makes it.
+* :class:`CrashedResult` (the sandbox's): the worker died or timed out (the pool makes it), or the
+  checker process the worker forked for the task died (the worker sends it).
 """
 
 from __future__ import annotations
@@ -37,12 +37,30 @@ from modulelens.validation.report import ModuleValidationSettings, ValidationRep
 
 # -- tasks -------------------------------------------------------------------------------------
 
+class TrustedInput(BaseModel):
+    """An artifact the caller found trusted (signed with this machine's key, which the checker does
+    not hold): trusted in the checker while its manifest's bytes keep this sha256."""
+
+    path: str
+    manifest_sha256: str
+
+
+class Confinement(BaseModel):
+    """What the checker may reach, decided by the caller (see :func:`modulelens.validation.tasks.confine`)."""
+
+    inputs: list[TrustedInput] = Field(default_factory=list, description="The task's input artifacts (read-only).")
+    readable: list[str] = Field(default_factory=list, description="Other folders it reads (a capture's sys_path).")
+    secrets: dict[str, str] = Field(default_factory=dict,
+                                    description="What -> path the checker proves it cannot open (key, repository).")
+
+
 class CandidateTask(Message):
     """A candidate to run against a card of the repository at ``repo``."""
 
     repo: str = Field(description="Root of the repository holding the card.")
     candidate: KernelSource
     build_dir: str = Field(description="Where compiled candidates are cached.")
+    confinement: Confinement | None = Field(None, description="None: the checker runs unconfined (and trusts nothing).")
 
 
 class CandidateLimits(BaseModel):
@@ -88,6 +106,7 @@ class ValidateModuleTask(Message, ModuleValidationSettings, CandidateLimits):
     repo: str
     candidate: ModuleSource
     build_dir: str
+    confinement: Confinement | None = None
 
     @property
     def settings(self) -> ModuleValidationSettings:
@@ -104,6 +123,7 @@ class RemeasureTask(Message, CandidateLimits):
     card_id: str
     candidates: list[KernelSource]
     build_dir: str
+    confinement: Confinement | None = None
     device: str | None = None
     min_run_time: float = Field(0.6, gt=0)
     timing_budget_s: float = Field(6.0, gt=0)
@@ -157,7 +177,8 @@ SandboxResult = Annotated[
 # -- frames on the result pipe -----------------------------------------------------------------
 
 WorkerMessage = Annotated[
-    StageReport | ValidatedResult | TimedResult | RemeasuredResult | RefusedResult | PongResult | InternalErrorResult,
+    StageReport | ValidatedResult | TimedResult | RemeasuredResult | RefusedResult | PongResult | InternalErrorResult
+    | CrashedResult,
     Field(discriminator="kind"),
 ]
 WORKER_MESSAGES: TypeAdapter[WorkerMessage] = TypeAdapter(WorkerMessage)

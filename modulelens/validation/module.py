@@ -111,7 +111,9 @@ class _ModuleValidator(CandidateChecker):
         manifest = capture_manifest(art)
         device = manifest.environment.device if torch.cuda.is_available() else "cpu"
         loaded = LoadedCapture(art, device=device)
-        read_only = [Path(self.task.build_dir), *readable_sys_path(manifest.sys_path, repo.root)]
+        conf = self.task.confinement  # the caller's list: it knows where the key and the home folder are
+        folders = [Path(p) for p in conf.readable] if conf else readable_sys_path(manifest.sys_path, repo.root)
+        read_only = [Path(self.task.build_dir), *folders]
         self.threads = thread_choice()
         self.proc = start_candidate(self.task.memory_limit_mb, read_only=read_only)
         self.reference_proc = None  # the original module's own process, started when checks begin
@@ -142,8 +144,12 @@ class _ModuleValidator(CandidateChecker):
         req = LoadModuleRequest(source=self.task.candidate.source, class_name=self.task.candidate.class_name,
                                 init_args=list(manifest.init.args or []), init_kwargs=dict(manifest.init.kwargs or {}),
                                 init_tensors=str(init) if init else None, state=str(state),
-                                sys_path=[str(p) for p in self.proc.read_only[1:]], device=device)
-        return self._request(req, timeout=self.task.build_timeout)
+                                sys_path=[str(p) for p in self.proc.read_only[1:]], device=device,
+                                shared_build_dir=self.task.build_dir)
+        loaded = self._request(req, timeout=self.task.build_timeout)
+        if loaded.ok:
+            self.publish_extensions(loaded, self.task.candidate.source, Path(self.task.build_dir))
+        return loaded
 
     def _run(self, art: Any, manifest: Any, loaded: Any, device: str) -> ValidationReport:
         cand = self.task.candidate
@@ -404,8 +410,8 @@ def _index(key: str) -> int:
 def run_task(task: ValidateModuleTask, stage: Callable[[str], None]) -> ValidatedResult:
     """The sandbox worker's entry for ``validate_module`` tasks (``validate.run_task``'s counterpart):
     the report of the module candidate (see the module docstring). The candidate's code ran in its
-    own candidate process, never in this worker; the worker still imported and built the
-    capture's module, so it reports itself unfit for reuse and the pool replaces it."""
+    own candidate process; the capture's module was imported and built in the checker the worker
+    forked for this task, never in the worker itself, which stays fit for reuse."""
     from modulelens.errors import ModuleLensError
 
     t0 = time.perf_counter()
@@ -414,4 +420,4 @@ def run_task(task: ValidateModuleTask, stage: Callable[[str], None]) -> Validate
     except ModuleLensError as e:
         report = ValidationReport(verdict="rejected", correct=False, reason=str(e), stage="setup", backend="module")
     report.seconds = time.perf_counter() - t0
-    return ValidatedResult(report=report, healthy=False)
+    return ValidatedResult(report=report)

@@ -5,6 +5,8 @@ Candidates are untrusted code: they run only in :mod:`modulelens.sandbox` worker
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import Field
 
 from modulelens.cancellation import CallCancelled
@@ -16,11 +18,12 @@ from modulelens.listing import LeftOut
 from modulelens.ops.cards import open_card
 from modulelens.registry import ProgressFn
 from modulelens.repo import Artifact, Repository
-from modulelens.repo.trust import require_trusted
+from modulelens.repo.trust import KEY_FILE, config_dir, require_trusted, verified_digest
 from modulelens.sandbox.pool import DEFAULT_MEMORY_LIMIT_MB, SandboxPool, shared_pool
 from modulelens.timing import Timing
 from modulelens.validation.messages import (
     VALIDATION_WORKER,
+    Confinement,
     CrashedResult,
     InternalErrorResult,
     RefusedResult,
@@ -30,6 +33,7 @@ from modulelens.validation.messages import (
     SandboxTask,
     TimeCandidateTask,
     TimedResult,
+    TrustedInput,
     ValidateCardTask,
     ValidatedResult,
 )
@@ -65,6 +69,20 @@ def _no_progress(done: float, total: float | None = None, message: str | None = 
     pass
 
 
+def confinement(repo: Repository, inputs: list[Artifact], action: str, readable: list[Path] | None = None) -> Confinement:
+    """What the checker of a task may reach: the ``inputs`` artifacts (each checked trusted here,
+    with this machine's key, which the checker never holds -- refused with ``action`` named
+    otherwise -- and named by the sha256 of its manifest's bytes), the ``readable`` folders, and the
+    secrets it must prove it cannot open (the signing key, the repository)."""
+    checked = []
+    for art in inputs:
+        digest = verified_digest(art.path)
+        require_trusted(art, action)
+        checked.append(TrustedInput(path=str(art.path), manifest_sha256=digest))
+    return Confinement(inputs=checked, readable=[str(p) for p in readable or []],
+                       secrets={"the signing key": str(config_dir() / KEY_FILE), "the repository": str(repo.root)})
+
+
 def validate_candidate(repo: Repository, candidate: Artifact, src: KernelSource, settings: ValidationSettings, *,
                        timeout: float, memory_limit_mb: int = DEFAULT_MEMORY_LIMIT_MB,
                        progress: ProgressFn = _no_progress, sandbox: SandboxPool | None = None) -> CandidateValidation:
@@ -74,14 +92,16 @@ def validate_candidate(repo: Repository, candidate: Artifact, src: KernelSource,
     worker pool (default: the process's shared one); a search gives each of its workers its own.
     A cancelled call stores an interrupted report (see :func:`interrupted_report`) before
     CallCancelled goes on up (:func:`validate_in_sandbox`)."""
-    card_artifact, _ = open_card(repo, settings.card_id)  # a clear error if the card is gone
-    require_trusted(card_artifact, "validate against its cards")  # decoding samples resolves class paths
+    card_artifact, card = open_card(repo, settings.card_id)  # a clear error if the card is gone
+    # decoding samples resolves class paths: trusted cards only, checked here where the key is
+    confine = confinement(repo, [card_artifact], "validate against its cards")
     task = ValidateCardTask(repo=str(repo.root), candidate=src, build_dir=str(default_build_dir()),
                             memory_limit_mb=memory_limit_mb, call_timeout=timeout, build_timeout=timeout,
-                            **settings.model_dump())
+                            confinement=confine, **{**settings.model_dump(), "card_id": card.card_id})
     # the candidate process has ``timeout`` per request; the checker a little more for its own work
     report, stored = validate_in_sandbox(repo, candidate, task, settings, backend=src.backend,
-                                         timeout=timeout + CHECKER_SLACK_S, progress=progress, sandbox=sandbox)
+                                         timeout=timeout + CHECKER_SLACK_S, memory_limit_mb=memory_limit_mb,
+                                         progress=progress, sandbox=sandbox)
     return CandidateValidation(**report.model_dump(), candidate_id=candidate.ref, target=settings.card_id,
                                report=stored.ref)
 
@@ -154,8 +174,10 @@ def time_candidate(repo: Repository, candidate: Artifact, src: KernelSource, *, 
                    min_run_time: float, warmup: int) -> Timing:
     """Time the stored ``candidate`` on its card's first sample, in a sandbox worker."""
     card_id = candidate_manifest(candidate).target.card_id
-    task = TimeCandidateTask(repo=str(repo.root), candidate=src, build_dir=str(default_build_dir()), card_id=card_id,
-                             device=device, min_run_time=min_run_time, warmup=warmup)
+    card_artifact, card = open_card(repo, card_id)
+    task = TimeCandidateTask(repo=str(repo.root), candidate=src, build_dir=str(default_build_dir()), card_id=card.card_id,
+                             device=device, min_run_time=min_run_time, warmup=warmup,
+                             confinement=confinement(repo, [card_artifact], "time a candidate on its cards"))
     result = pool().run(task, timeout=DEFAULT_TIMEOUT_S)
     match result:
         case TimedResult():
@@ -173,8 +195,11 @@ def remeasure_candidates(repo: Repository, card_id: str, sources: list[KernelSou
                          sandbox: SandboxPool | None = None) -> RemeasuredResult:
     """Time validated candidates of ``card_id`` against eager together, interleaved, in a sandbox
     worker (optimize's finalists; see :mod:`modulelens.validation.remeasure`)."""
-    task = RemeasureTask(repo=str(repo.root), card_id=card_id, candidates=sources, build_dir=str(default_build_dir()),
-                         device=device, min_run_time=min_run_time, timing_budget_s=timing_budget_s)
+    card_artifact, card = open_card(repo, card_id)
+    task = RemeasureTask(repo=str(repo.root), card_id=card.card_id, candidates=sources,
+                         build_dir=str(default_build_dir()), device=device, min_run_time=min_run_time,
+                         timing_budget_s=timing_budget_s,
+                         confinement=confinement(repo, [card_artifact], "re-measure candidates on its cards"))
     result = (sandbox or pool()).run(task, timeout=DEFAULT_TIMEOUT_S + CHECKER_SLACK_S)
     match result:
         case RemeasuredResult():

@@ -62,6 +62,11 @@ class Backend(Protocol):
 
     def describe(self) -> dict[str, Any]: ...
 
+    def build_name(self, source: str, entry: str = "forward") -> str | None:
+        """The name (and shared-cache address) of the library :meth:`load` builds from ``source``,
+        computed from the source, entry, flags and environment; None when it builds no library."""
+        ...
+
 
 def has_cuda_device() -> bool:
     """Whether torch sees a CUDA device in this process."""

@@ -44,9 +44,9 @@ def build_extension(name: str, folder: Path, lines: dict[str, tuple[int, int]],
     module = build_cache.loaded(name)
     if module is not None:
         return module, ""
-    published = build_cache.published_build(name, _LIB_SUFFIX)
+    published = build_cache.published_build(name, f"{name}{LIB_SUFFIX}")
     if published is not None:
-        module = _import_library(name, published)
+        module = import_library(name, published)
         build_cache.remember_loaded(name, module)
         build_cache.remember_build(name, published, fresh=False)
         return module, ""
@@ -72,14 +72,15 @@ def build_extension(name: str, folder: Path, lines: dict[str, tuple[int, int]],
             build_cache.remember_failure(folder, message, log)
             raise CompileError(message, log)
         build_cache.remember_loaded(name, module)
-        build_cache.remember_build(name, folder / f"{name}{_LIB_SUFFIX}", fresh=True)
+        build_cache.remember_build(name, folder / f"{name}{LIB_SUFFIX}", fresh=True)
     return module, log
 
 
-_LIB_SUFFIX = ".so" if sys.platform != "win32" else ".pyd"
+LIB_SUFFIX = ".so" if sys.platform != "win32" else ".pyd"
 
 
-def _import_library(name: str, path: Path) -> Any:
+def import_library(name: str, path: Path) -> Any:
+    """Import the extension module ``name`` from the built library ``path``."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(name, path)

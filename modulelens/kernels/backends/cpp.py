@@ -94,11 +94,15 @@ class CppBackend:
             "builder": "torch.utils.cpp_extension.load_inline (ninja)",
         }
 
-    def _name(self, source: str, entry: str) -> str:
+    def build_name(self, source: str, entry: str = "forward") -> str:
+        """The extension's name and build folder: a hash of the source, entry, flags, CPU and torch
+        (the checker computes it too, to find and publish the build)."""
         import torch
 
         key = source_key("cpp", entry, source, " ".join(self.cflags()), " ".join(self.ldflags()), machine_tag(), torch.__version__)
         return f"ml_cpp_{key[:16]}"
+
+    _name = build_name
 
     def load(self, source: str, entry: str = "forward", build_dir: Path | None = None) -> Callable[..., Any]:
         module = self._build(source, entry, Path(build_dir) if build_dir else default_build_dir())

@@ -142,16 +142,24 @@ class CudaBackend:
         return info
 
     # -- with a device -------------------------------------------------------------------------
+    def build_name(self, source: str, entry: str = "forward") -> str | None:
+        """The extension's name and build folder on this device (None without one: compile-only
+        builds are not published)."""
+        if not has_cuda_device():
+            return None
+        import torch
+
+        key = source_key("cuda", entry, source, " ".join(CUDA_FLAGS), torch.__version__, str(torch.version.cuda),
+                         os.environ.get("TORCH_CUDA_ARCH_LIST", ""), ".".join(map(str, torch.cuda.get_device_capability())))
+        return f"ml_cuda_{key[:16]}"
+
     def load(self, source: str, entry: str = "forward", build_dir: Path | None = None) -> Callable[..., Any]:
         if not has_cuda_device():
             raise ModuleLensError(NO_DEVICE, "use compile_only here; run CUDA candidates on a machine with a GPU")
-        import torch
         from torch.utils.cpp_extension import load_inline
 
         build_dir = Path(build_dir) if build_dir else default_build_dir()
-        key = source_key("cuda", entry, source, " ".join(CUDA_FLAGS), torch.__version__, str(torch.version.cuda),
-                         os.environ.get("TORCH_CUDA_ARCH_LIST", ""), ".".join(map(str, torch.cuda.get_device_capability())))
-        name = f"ml_cuda_{key[:16]}"
+        name = self.build_name(source, entry)
         decl = declaration(source, entry)
         implicit = NO_IMPLICIT_HEADERS not in source
         cpp = decl if implicit else "#include <torch/extension.h>\n" + decl

@@ -111,6 +111,9 @@ class TritonBackend:
             raise CompileError(f"the source defines no callable `{entry}`", "", f"define `def {entry}(...)` at module level")
         return fn
 
+    def build_name(self, source: str, entry: str = "forward") -> str | None:
+        return None  # Python source: nothing built to share
+
     def compile_only(self, source: str, build_dir: Path | None = None) -> str:
         self._import(source, Path(build_dir) if build_dir else default_build_dir())
         return "imported (triton compiles each kernel at its first launch)"

@@ -67,10 +67,10 @@ def search_summary(repo: Repository, search_id: str, limit: int | None = None) -
     targets = []
     for spec in search.targets:
         tree = load_tree(repo, search_id, spec.index)
-        path = [n.node for n in tree.best_path()] if tree.nodes else []
+        outcome = outcomes.get(spec.card_id)
+        path = [n.node for n in tree.best_path(outcome.best_node if outcome else None)] if tree.nodes else []
         lines = [_line(n, set(path)) for n in _depth_first(tree)]
-        targets.append(TargetTree(target=spec.card_id, op=spec.op, nodes=lines, best_path=path,
-                                  outcome=outcomes.get(spec.card_id)))
+        targets.append(TargetTree(target=spec.card_id, op=spec.op, nodes=lines, best_path=path, outcome=outcome))
     summary = SearchSummary(search_id=search.search_id, settings=search.settings, executor=search.executor,
                             runs=search.runs, stopped_because=search.stopped_because, targets=targets)
     journals = {spec.card_id: str(repo.root / NODES / journal_name(search_id, spec.index)) for spec in search.targets}

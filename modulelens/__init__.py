@@ -60,6 +60,9 @@ gather_stats = _tool_function("gather_stats")
 pack = _tool_function("pack")
 run = _tool_function("run")
 check_pack = _tool_function("check_pack")
+list_packs = _tool_function("list", kind="packs")
+show_pack = _tool_function("show", kind="pack")
+optimize = _tool_function("optimize")
 
 __all__ = [
     "ModuleLensError",
@@ -74,10 +77,13 @@ __all__ = [
     "profile",
     "validate_kernel",
     "list_captures",
+    "list_packs",
+    "optimize",
     "pack",
     "record_constructors",
     "replay_module",
     "run",
     "show_capture",
+    "show_pack",
     "use_pack",
 ]

@@ -354,3 +354,140 @@ def test_two_packs_applied_to_two_models_each_count_their_own_calls(tmp_path):
     assert applied_a.report().hits == 2 and applied_b.report().hits == 2
     assert not torch._C._dispatch_has_kernel_for_dispatch_key("aten::_safe_softmax",
                                                                torch._C.DispatchKey.ADInplaceOrView)
+
+
+# ---------------------------------------------------------------------------------------------
+# Modes, phases, and a module entry with the operator entries inside it
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_inference_mode_calls_are_served_by_entries_validated_without_grad(tmp_path, mechanism):
+    x = torch.randn(4, 8)
+    path = _write(tmp_path / "p.pack", [_op_entry(x, grad=False)])
+    with modulelens.use_pack(path, mechanism=mechanism) as pack:
+        with torch.inference_mode():
+            out = _softmax(x)
+    with torch.inference_mode(), modulelens.use_pack(path, mechanism=mechanism) as late:  # entered the other way round
+        _softmax(x)
+        _softmax(torch.randn(4, 16))
+    assert torch.allclose(out, _softmax(x))
+    assert pack.report().hits == 1
+    entry = late.report().entries[0]
+    assert entry.hits == 1 and entry.fallbacks == 1 and "shape [4, 16]" in next(iter(entry.fallback_reasons))
+
+
+BACKWARD_KERNEL = """
+import torch
+def forward(grad_output, output, dim, input_dtype):
+    return torch.ops.aten._softmax_backward_data(grad_output, output, dim, input_dtype)
+"""
+
+
+def _backward_entry(x: torch.Tensor) -> PackEntry:
+    y = torch.softmax(x, -1)
+    return PackEntry(candidate_id="t.card9:v1", kind="op", target="t:v1/9", op="aten._softmax_backward_data.default",
+                     pattern=describe_call([y, y, -1, torch.float32], {}, grad_enabled=False, training=True),
+                     phase="backward", backend="triton", source=BACKWARD_KERNEL, source_sha256="test",
+                     report=_report(), speedup_vs_eager=2.0)
+
+
+def test_an_applied_model_serves_its_backward_and_counts_hits_per_phase(tmp_path):
+    x = torch.randn(4, 8)
+    path = _write(tmp_path / "p.pack", [_op_entry(x, cid="t.card0:v1"), _backward_entry(x)])
+    model = _Attn().train()
+    applied = modulelens.apply_pack(model, path)
+    try:
+        leaf = x.clone().requires_grad_()
+        model(leaf).pow(2).sum().backward()
+        model.eval()
+        model(x.clone().requires_grad_()).sum().backward()  # eval: the op entries guard training
+    finally:
+        applied.remove()
+    want = x.clone().requires_grad_()
+    _softmax(want).pow(2).sum().backward()
+    assert torch.allclose(leaf.grad, want.grad)
+    forward, backward = applied.report().entries
+    assert forward.hits_by_phase == {"forward": 2}  # its pattern records no training flag (an older pack's)
+    assert backward.hits_by_phase == {"backward": 1} and backward.fallbacks == 1
+    assert "training=False (validated: training=True)" in next(iter(backward.fallback_reasons))
+
+
+OWN_BACKWARD = """
+import torch
+from torch import nn
+class _Fn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        y = torch.ops.aten._safe_softmax(x, -1)
+        ctx.save_for_backward(y)
+        return y
+    @staticmethod
+    def backward(ctx, g):
+        (y,) = ctx.saved_tensors
+        return torch.ops.aten._softmax_backward_data(g, y, -1, torch.float32)
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return _Fn.apply(x)
+"""
+
+
+class _Holder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = _Attn()
+
+    def forward(self, x):
+        return self.attn(x)
+
+
+def test_a_module_entry_and_the_op_entries_inside_it_never_both_fire(tmp_path):
+    x = torch.randn(4, 8)
+    module = PackEntry(candidate_id="a.module:v1", kind="module", target="a:v1", class_path=class_path(_Attn),
+                       module_path="attn", pattern=describe_call([x], {}, grad_enabled=True, training=True),
+                       backend="module", entry="ModelNew", source=OWN_BACKWARD, source_sha256="test",
+                       init=ModuleInit(args=[], kwargs={}), report=_report(), speedup_vs_eager=2.0)
+    path = _write(tmp_path / "p.pack", [_op_entry(x, cid="t.card0:v1"), _backward_entry(x), module])
+    model = _Holder().train()
+    with modulelens.use_pack(path) as pack:
+        leaf = x.clone().requires_grad_()
+        model(leaf).pow(2).sum().backward()  # the module entry and its own backward
+        other = torch.randn(4, 8, requires_grad=True)
+        _softmax(other).pow(2).sum().backward()  # outside the module: the op entries
+    by_id = {e.candidate_id: e for e in pack.report().entries}
+    assert by_id["a.module:v1"].hits_by_phase == {"forward": 1, "backward": 1}
+    assert by_id["t.card0:v1"].hits_by_phase == {"forward": 1}  # the call outside the module only
+    assert by_id["t.card9:v1"].hits_by_phase == {"backward": 1}
+    want = x.clone().requires_grad_()
+    _softmax(want).pow(2).sum().backward()
+    assert torch.allclose(leaf.grad, want.grad)
+
+
+def test_a_run_with_no_hits_says_so_first_and_claims_no_speedup(cli, tmp_path):
+    path = _write(tmp_path / "p.pack", [_op_entry(torch.randn(4, 8))])
+    script = tmp_path / "s.py"
+    script.write_text("import torch\nfor _ in range(3):\n    torch.softmax(torch.randn(4, 16), -1)\n")
+    code, r, res = cli("run", script, "--pack", path, "--compare", "--repo", tmp_path, "--json")
+    assert code == 0, res.output
+    assert r["hits"] == 0 and r["summary"].startswith("0 hits") and r["step_ratio"] is None
+    assert r["warnings"] and "(0 hits)" in r["warnings"][0]  # said first
+    assert r["recorded"] is None  # the pack was never stored in this repository
+
+
+MUL_KERNEL = """
+import torch
+def forward(a, b):
+    return torch.ops.aten.mul.Tensor(a, b)
+"""
+
+
+def test_a_non_default_overload_is_intercepted_and_a_python_number_goes_on_to_eager(tmp_path):
+    x = torch.randn(4, 8)
+    entry = PackEntry(candidate_id="t.card3:v1", kind="op", target="t:v1/3", op="aten.mul.Tensor",
+                      pattern=describe_call([x, x], {}, grad_enabled=True), backend="triton", source=MUL_KERNEL,
+                      source_sha256="test", report=_report(), speedup_vs_eager=2.0)
+    path = _write(tmp_path / "p.pack", [entry])
+    with modulelens.use_pack(path) as pack:
+        out = x * x
+        scaled = x * 0.25  # mul.Tensor with a wrapped number: a miss, on to eager
+    assert torch.equal(out, x * x) and torch.equal(scaled, x * 0.25)
+    assert (pack.report().hits, pack.report().fallbacks) == (1, 1)

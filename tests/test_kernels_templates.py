@@ -152,6 +152,52 @@ def test_pooling_cpp():
     _check("cpp", "aten._adaptive_avg_pool2d.default", [x, [3, 5]], [[_special(x.shape), [3, 5]]])
 
 
+def _rule_cases():
+    """(op, sample args, make args of a shape) of the families whose kernels take other sizes."""
+    w, b = torch.randn(64), torch.randn(64)
+    half = torch.randn(16, 32)
+    return {
+        "elementwise": ("aten.mul.Tensor", [torch.randn(4, 16, 32), half], lambda s: [torch.randn(*s, 16, 32), half],
+                        [(1,), (9,)]),
+        "layer_norm": ("aten.native_layer_norm.default", [torch.randn(2, 16, 64), [64], w, b, 1e-5],
+                       lambda s: [torch.randn(*s, 64), [64], w, b, 1e-5], [(1, 1), (3, 33), (5, 9)]),
+        "softmax": ("aten._safe_softmax.default", [torch.randn(2, 2, 16, 16), -1],
+                    lambda s: [torch.randn(*s), -1], [(1, 1, 1, 1), (3, 2, 33, 33), (1, 5, 9, 17)]),
+        "softmax_backward": ("aten._softmax_backward_data.default",
+                             [torch.randn(2, 2, 16, 16), torch.softmax(torch.randn(2, 2, 16, 16), -1), -1, torch.float32],
+                             lambda s: [torch.randn(*s), torch.softmax(torch.randn(*s), -1), -1, torch.float32],
+                             [(1, 1, 1, 1), (3, 2, 33, 33), (1, 5, 9, 17)]),
+    }
+
+
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_rule_kernels_declare_their_rule_and_take_other_sizes(backend):
+    """The declared dimensions vary at run time (the same results as eager at sizes the card did
+    not have: the batch of an elementwise operator, the rows of a layer norm, every dimension of a
+    softmax); a dimension the rule fixes is still refused."""
+    from modulelens.kernels.shape_rules import declared_rule
+
+    for name, (op, sample, make, shapes) in _rule_cases().items():
+        ks = T.render(T.synthetic_card(op, sample), backend, 0)
+        rule = declared_rule(ks.source)
+        assert rule is not None and ks.params["variable_dims"] == rule.text(), name
+        fn = get_backend(backend).load(ks.source, ks.entry, default_build_dir())
+        aten = resolve_op(op)
+        for shape in shapes:
+            args = make(shape)
+            _compare(fn(*args), aten(*args))
+        if name == "layer_norm":
+            with pytest.raises((RuntimeError, ValueError), match="specialised for shape"):
+                fn(torch.randn(2, 16, 32), [32], torch.randn(32), torch.randn(32), 1e-5)
+
+
+def test_a_non_contiguous_sample_gets_no_rule():
+    x = torch.randn(16, 2, 64).transpose(0, 1)
+    card = T.synthetic_card("aten.native_layer_norm.default", [x, [64], None, None, 1e-5])
+    assert "variable_dims" not in T.render(card, "cpp").params
+
+
 # ---------------------------------------------------------------------------------------------
 # Triton: every family, under the interpreter without a GPU (the backend sets TRITON_INTERPRET=1).
 
@@ -166,6 +212,9 @@ def _triton_cases():
         "add_bcast": ("aten.add.Tensor", [x4, torch.randn(32, 32)], {"alpha": 2}),
         "mul_scalar_nc": ("aten.mul.Scalar", [nc, 0.5], {}),
         "softmax": ("aten._safe_softmax.default", [_neg_inf_rows(x4), -1], {}),
+        "softmax_backward": ("aten._softmax_backward_data.default",
+                             [torch.randn(2, 4, 16, 16), torch.softmax(torch.randn(2, 4, 16, 16), -1), -1, torch.float32],
+                             {}),
         "layer_norm": ("aten.native_layer_norm.default", [torch.randn(8, 32, 64), [64], torch.randn(64), torch.randn(64), 1e-5], {}),
         "rms_norm": ("aten._fused_rms_norm.default", [torch.randn(8, 32, 64), [64], None, None], {}),
         "group_norm": ("aten.native_group_norm.default", [torch.randn(2, 8, 5, 3), None, torch.randn(8), 2, 8, 15, 2, 1e-5], {}),
@@ -199,6 +248,8 @@ def _cuda_cards():
         "softmax": T.synthetic_card("aten._safe_softmax.default", [torch.randn(8, 4, 32, 32), -1]),
         "layer_norm": T.synthetic_card("aten.native_layer_norm.default", [torch.randn(8, 32, 64), [64], torch.randn(64), torch.randn(64), 1e-5]),
         "rms_norm": T.synthetic_card("aten._fused_rms_norm.default", [torch.randn(8, 32, 64).bfloat16(), [64], torch.randn(64).bfloat16(), 1e-6]),
+        "softmax_backward": T.synthetic_card("aten._softmax_backward_data.default",
+                                             [torch.randn(2, 4, 16, 16), torch.rand(2, 4, 16, 16), -1, torch.float32]),
     }
 
 
@@ -270,7 +321,8 @@ def test_match_params_and_families():
     assert m.family == "layer_norm" and m.params["C"] == 64 and m.params["rows"] == 256
     assert m.params["stat_shape"] == [8, 32, 1] and m.params["has_weight"] is False and m.params["eps"] == 1e-5
     fams = T.families()
-    assert set(fams) == {"elementwise", "softmax", "layer_norm", "rms_norm", "group_norm", "reduction", "pooling"}
+    assert set(fams) == {"elementwise", "softmax", "softmax_backward", "layer_norm", "rms_norm", "group_norm",
+                         "reduction", "pooling"}
     assert fams["softmax"]["backends"] == ["cpp", "triton", "cuda"] and "cuda" not in fams["pooling"]["backends"]
     g = T.match(T.synthetic_card("aten.gelu.default", [torch.randn(4)], {"approximate": "tanh"}))
     assert g.params["approximate"] == "tanh"

@@ -116,7 +116,9 @@ def test_check_pack_replays_the_capture(tiny_pack, cli):
     assert check["timing_status"] in ("ok", "undetermined") and check["speedup_interval"]
     assert (check["speedup"] is None) == (check["timing_status"] == "undetermined")
     hits = {e["candidate_id"]: e["hits"] for e in check["entries"]}
-    assert hits.get(candidates[2]) == 1  # the replayed block is the module entry's blocks.1
+    assert hits == {candidates[2]: 1}  # the replayed block is the module entry's blocks.1: it runs instead of the ops
+    assert [u.split(":")[0] for u in r["untested"]] == [c.split(":")[0] for c in candidates[:2]]
+    assert all("inside blocks.1.module:v1" in u for u in r["untested"]) and check["grads_match"] is True
 
 
 def test_apply_pack_to_the_model_in_python(tiny_pack):

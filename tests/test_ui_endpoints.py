@@ -486,7 +486,7 @@ def test_searches_and_packs_say_none_yet(client):
 def _fake_list_tool(monkeypatch, packs):
     """Replace the registry's ``list`` tool by one listing ``packs()`` (which may raise) and cutting
     them to its ``limit`` (2 by default, at most 100) like the real one."""
-    from typing import Literal
+    from typing import Any, Literal
 
     from pydantic import BaseModel, Field
 
@@ -500,7 +500,7 @@ def _fake_list_tool(monkeypatch, packs):
         limit: int = Field(2, ge=1, le=100)
 
     class ListPacksResult(ToolReply):
-        packs: list[str]
+        packs: list[Any]
         left_out: list[LeftOut] = Field(default_factory=list)
 
     def list_packs(req: ListRequest, ctx) -> ListPacksResult:
@@ -511,15 +511,26 @@ def _fake_list_tool(monkeypatch, packs):
     monkeypatch.setattr(state, "get_tool", lambda name: fake if name == "list" else real(name))
 
 
-def test_a_section_shows_what_the_list_tool_gives_for_its_kind(client, monkeypatch):
-    _fake_list_tool(monkeypatch, lambda: ["<b>softmax</b>"])
+def test_the_packs_page_shows_what_the_list_tool_gives_escaped(client, monkeypatch):
+    from modulelens.dispatch.results import PackUse
+    from modulelens.team.packs import PackListEntry
+
+    use = PackUse(subject="<i>train.py</i>", ok=True, hits=12, summary="12 hits (4 backward, 8 forward), 0 fallbacks")
+    entry = PackListEntry(ref="<b>softmax</b>:v1", path="/nowhere", sha256="0" * 64, trusted=False, entries=2,
+                          dispatched=1, shape_rules=1, backward=1, created_at="today", last_run=use)
+    _fake_list_tool(monkeypatch, lambda: [entry])
     r = client.get("/packs")
     assert r.status_code == 200 and "None yet." not in r.text
-    assert "&lt;b&gt;softmax&lt;/b&gt;" in r.text
+    assert "&lt;b&gt;softmax&lt;/b&gt;:v1" in r.text and "<i>train.py</i>" not in r.text
+    assert "12 hits (4 backward, 8 forward)" in r.text and "untrusted" in r.text
 
 
 def test_pages_show_whole_lists_whatever_a_tool_lists_by_default(client, monkeypatch):
-    _fake_list_tool(monkeypatch, lambda: [f"pack-{i}" for i in range(5)])
+    from modulelens.team.packs import PackListEntry
+
+    _fake_list_tool(monkeypatch, lambda: [PackListEntry(ref=f"pack-{i}:v1", path="/nowhere", sha256="0" * 64,
+                                                        trusted=True, entries=1, dispatched=1, created_at="today")
+                                          for i in range(5)])
     r = client.get("/packs")
     assert r.status_code == 200 and all(f"pack-{i}" in r.text for i in range(5))
 
@@ -529,7 +540,7 @@ def test_error_text_names_form_fields_not_cli_flags(client, monkeypatch):
         raise ModuleLensError("the script ran past [--timeout] (900 s)", "raise [--timeout], or use [--strategy export]")
 
     _fake_list_tool(monkeypatch, failing)
-    r = client.get("/packs")
+    r = client.get("/searches")
     assert r.status_code == 400 and "[--" not in r.text
     assert "ran past timeout (900 s)" in r.text and "raise timeout, or use strategy=export" in r.text
     r = _post(client, "/api/jobs", {"action": "gather_stats", "params": {"script": "loop.py", "capture": "evil"}})

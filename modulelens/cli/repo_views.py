@@ -31,11 +31,13 @@ def list_searches_view(r: ListSearchesResult, wide: bool) -> RenderableType:
 
 def list_packs_view(r: ListPacksResult, wide: bool) -> RenderableType:
     table = FittedTable([Column("pack", "key", style="cyan"), Column("used", "value", justify="right"),
-                         Column("trusted", "value"), Column("file", "key", drop=0)], title=f"stored packs in {r.repo}",
-                        wide=wide)
+                         Column("rules", "value", justify="right", drop=3), Column("trusted", "value", drop=2),
+                         Column("last run", "text", drop=1), Column("last check", "text", drop=0)],
+                        title=f"stored packs in {r.repo}", wide=wide)
     for p in r.packs:
-        table.add_row(p.ref, f"{p.dispatched}/{p.entries}", Cell(("yes" if p.trusted else "no",),
-                      style="green" if p.trusted else "yellow"), p.path)
+        check = "-" if p.last_check is None else f"{'ok' if p.last_check.ok else 'NOT OK'}: {p.last_check.summary}"
+        table.add_row(p.ref, f"{p.dispatched}/{p.entries}", str(p.shape_rules), Cell(("yes" if p.trusted else "no",),
+                      style="green" if p.trusted else "yellow"), p.last_run.summary if p.last_run else "-", check)
     return table
 
 
@@ -53,12 +55,18 @@ def show_pack_view(r: ShowPackResult, wide: bool) -> RenderableType:
     head = kv_table([("file", r.path), ("sha256", r.sha256), ("trusted", "yes" if r.trusted else "no"),
                      ("environment", f"torch {r.environment.torch}, {r.environment.device_name}")], title=f"pack {r.ref}")
     table = FittedTable([Column("candidate", "key", style="cyan"), Column("target", "key"),
-                         Column("verdict", "value"), Column("speedup", "value", justify="right"),
-                         Column("used", "value")], wide=wide)
+                         Column("phase", "value", drop=3), Column("verdict", "value", drop=2),
+                         Column("speedup", "value", justify="right"), Column("shapes", "text", drop=4),
+                         Column("used", "value"), Column("run hits", "value", drop=1),
+                         Column("check hits", "value", justify="right", drop=0)], wide=wide)
     for e in r.entries:
-        table.add_row(e.candidate_id, e.target, Cell((e.verdict,), style=_STYLE.get(e.verdict, "")),
-                      _speedup(e.speedup_vs_eager), "yes" if e.dispatched else "no")
-    return Group(head, table)
+        run = "-" if e.run_hits is None else " ".join(f"{k} {n}" for k, n in e.run_hits.items()) or "0"
+        table.add_row(e.candidate_id, e.target, e.phase, Cell((e.verdict,), style=_STYLE.get(e.verdict, "")),
+                      _speedup(e.speedup_vs_eager), e.shape_rule or "exact", "yes" if e.dispatched else "no", run,
+                      "-" if e.check_hits is None else str(e.check_hits))
+    uses = [Text(f"last {what}: {u.summary} ({u.subject})") for what, u in (("run", r.last_run), ("check", r.last_check))
+            if u is not None]
+    return Group(head, table, *uses)
 
 
 def show_report_view(r: ShowReportResult, wide: bool) -> RenderableType:

@@ -451,7 +451,11 @@ def optimize_view(r: SearchResult, wide: bool) -> RenderableType:
     caption = Text(f"{r.evaluations} evaluations ({r.evaluations_this_run} in this run), {r.tree_size} nodes, "
                    f"${r.cost_usd:.4f}, {r.executor} executor, {r.seconds:.0f} s; stopped: {r.stopped_because}; "
                    "speedups re-measured against eager on one worker", style="dim")
-    return Group(table, caption)
+    modules = [Text(f"module level of {m.capture}: " + (f"{m.best_candidate} ({_speedup(m.speedup_vs_eager)})"
+                                                        if m.best_candidate else "no candidate")
+                    + (f"; {m.template_note}" if m.template_note else "")) for m in r.modules]
+    packing = [Text(f"pack both levels: modulelens pack {' '.join(r.pack_candidates)}")] if r.pack_candidates else []
+    return Group(table, caption, *modules, *packing)
 
 
 def _node_row(n: NodeLine) -> tuple[str | Cell, ...]:
@@ -507,13 +511,15 @@ def pack_view(r: PackResult, wide: bool) -> RenderableType:
         Column("candidate", "key", style="cyan"),
         Column("kind", "value", drop=2),
         Column("target", "key"),
+        Column("phase", "value", drop=3),
         Column("verdict", "value", drop=1),
         Column("speedup", "value", justify="right"),
+        Column("shapes", "text", drop=4),
         Column("used", "value", drop=0),
-    ], title=f"pack {r.path} (sha256 {r.sha256[:12]}…)", wide=wide)
+    ], title=f"pack {r.ref}: {r.path} (sha256 {r.sha256[:12]}…)", wide=wide)
     for e in r.entries:
-        table.add_row(e.candidate_id, e.kind, e.target, Cell((e.verdict,), style=_VERDICT.get(e.verdict, "")),
-                      _speedup(e.speedup_vs_eager), _yes_no(e.dispatched))
+        table.add_row(e.candidate_id, e.kind, e.target, e.phase, Cell((e.verdict,), style=_VERDICT.get(e.verdict, "")),
+                      _speedup(e.speedup_vs_eager), e.shape_rule or "exact", _yes_no(e.dispatched))
     return table
 
 
@@ -522,17 +528,20 @@ def _entries_table(entries: list[EntryReport], wide: bool, title: str) -> Fitted
         Column("candidate", "key", style="cyan"),
         Column("target", "key"),
         Column("hits", "value", justify="right"),
+        Column("by phase", "value", drop=1),
         Column("fallbacks", "value", justify="right"),
         Column("why", "text", drop=0),
     ], title=title, wide=wide, stack=True)
     for e in entries:
         why = e.skip_reason or ", ".join(f"{reason} ({n})" for reason, n in e.fallback_reasons.items()) or "-"
-        table.add_row(e.candidate_id, e.target, str(e.hits), str(e.fallbacks), why)
+        phases = " ".join(f"{p[0]}{n}" for p, n in sorted(e.hits_by_phase.items(), reverse=True)) or "-"
+        table.add_row(e.candidate_id, e.target, str(e.hits), phases, str(e.fallbacks), why)
     return table
 
 
 def run_view(r: RunResult, wide: bool) -> RenderableType:
     rows: list[tuple[str, str | Cell]] = [
+        ("summary", Cell((r.summary,), style=_GOOD if r.hits else _BAD)),
         ("exit code", Cell((str(r.exit_code),), style=_GOOD if r.exit_code == 0 else _BAD)),
         ("calls", f"{r.hits} to pack kernels, {r.fallbacks} fell back to eager ({r.mechanism})"),
         ("steps", f"{r.steps} ({r.step_kind})"),
@@ -547,6 +556,7 @@ def run_view(r: RunResult, wide: bool) -> RenderableType:
         rows.append(("outputs", _yes_no(r.outputs_match)))
     if r.script_error:
         rows.append(("error", Cell((r.script_error,), style=_BAD)))
+    rows += [("warning", Cell((w,), style=_WARN)) for w in r.warnings]
     return Group(kv_table(rows, title="run with a pack"), _entries_table(r.entries, wide, "entries"))
 
 
@@ -559,12 +569,14 @@ def check_pack_view(r: CheckPackResult, wide: bool) -> RenderableType:
         Column("fallbacks", "value", justify="right", drop=2),
         Column("speedup", "value", justify="right"),
         Column("detail", "text", drop=0),
-    ], title="pack check: " + ("every replay matches" if r.ok else "MISMATCH"), wide=wide)
+    ], title=f"pack check ({'ok' if r.ok else 'NOT OK'}): {r.summary}", wide=wide)
     for c in r.checks:
-        table.add_row(c.capture, _yes_no(c.matches_captured and c.matches_eager), f"{c.max_abs_error:.3g}",
-                      str(c.hits), str(c.fallbacks), _measured(c.speedup, c.speedup_interval, c.timing_status),
-                      c.detail or "-")
-    return table
+        table.add_row(c.capture, _yes_no(c.matches_captured and c.matches_eager and c.grads_match is not False),
+                      f"{c.max_abs_error:.3g}", str(c.hits), str(c.fallbacks),
+                      _measured(c.speedup, c.speedup_interval, c.timing_status), c.detail or "-")
+    notes = [Text(f"not hit: {x}", style=_BAD) for x in r.not_hit] + [Text(f"untested: {x}", style=_WARN)
+                                                                      for x in r.untested]
+    return Group(table, *notes)
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,1 +1,2 @@
-"""Kernel packs: checksummed files of validated kernels, applied to unmodified models behind exact guards."""
+"""Kernel packs: checksummed files of validated kernels, applied to unmodified models behind guards (the
+validated call, or the kernel's checked shape rule; mode and phase), everything else running eager."""

@@ -1,14 +1,16 @@
 """The Python ways in: ``with modulelens.use_pack(path): ...`` and ``modulelens.apply_pack(model, path)``.
 
-``use_pack`` dispatches every matching operator call made inside its block (any model), and
-patches the module entries' targets in each model whose forward is called inside the block (the
-first module called that is not part of an already seen model counts as a model's root).
-``apply_pack`` patches one model now and dispatches operator calls only while that model's
-forward runs (so backward-phase operator entries are not used by an applied model); ``remove()``
-undoes it. Both refuse a tampered pack or one from another environment (see
-:func:`modulelens.dispatch.pack.read_pack`), and both give a :class:`DispatchReport` with the
-hits and fallbacks per entry. Calls under ``torch.inference_mode`` on inference tensors are not
-intercepted by the ``library`` mechanism: they run eager.
+``use_pack`` dispatches every matching operator call made inside its block (any model, forward
+and backward), and patches the module entries' targets in each model whose forward is called
+inside the block (the first module called that is not part of an already seen model counts as a
+model's root; the training flag operator entries guard is the last root's as its forward starts).
+``apply_pack`` patches one model now and dispatches operator calls while that model's forward runs
+and while a backward pass runs through that forward's outputs (from the first gradient reaching
+them to the end of the pass); ``remove()`` undoes it. Both refuse a tampered pack or one from
+another environment (see :func:`modulelens.dispatch.pack.read_pack`), and both give a
+:class:`DispatchReport` with the hits (per phase) and fallbacks per entry. Calls under
+``torch.inference_mode`` are served or counted like the others
+(:mod:`modulelens.dispatch.interceptors`).
 """
 
 from __future__ import annotations
@@ -45,15 +47,18 @@ class use_pack:
         self._seen: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
 
     def _patch_new_root(self, module: torch.nn.Module, args: Any) -> None:
-        if module in self._seen:
-            return
-        for _, sub in module.named_modules():
-            self._seen.add(sub)
-        self.runtime.patch_model(module)
+        if module not in self._seen:
+            for _, sub in module.named_modules():
+                self._seen.add(sub)
+            self._roots.add(module)
+            self.runtime.patch_model(module)
+        if module in self._roots:
+            self.runtime.training = module.training
 
     def __enter__(self) -> use_pack:
+        self._roots: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
         self.runtime.install()
-        if self.runtime.modules:
+        if self.runtime.modules or self.runtime.tables:
             self._hook = torch.nn.modules.module.register_module_forward_pre_hook(self._patch_new_root)
         self.runtime.activate()
         return self
@@ -76,8 +81,24 @@ class AppliedPack:
         self.runtime = runtime
         runtime.install()
         self.patched = runtime.patch_model(model, root_path)
-        self._hooks = [model.register_forward_pre_hook(lambda m, a: runtime.activate()),
-                       model.register_forward_hook(lambda m, a, o: runtime.deactivate(), always_call=True)]
+        self._hooks = [model.register_forward_pre_hook(self._started),
+                       model.register_forward_hook(self._ended, always_call=True)]
+
+    def _started(self, model: torch.nn.Module, args: Any) -> None:
+        self.runtime.training = model.training
+        self.runtime.activate()
+
+    def _ended(self, model: torch.nn.Module, args: Any, output: Any) -> None:
+        self.runtime.deactivate()
+        if self.runtime.tables and torch.is_grad_enabled():
+            first = next((t for t in _tensors(output) if t.grad_fn is not None), None)
+            if first is not None:
+                first.grad_fn.register_prehook(self._backward_started)
+
+    def _backward_started(self, grads: Any) -> None:
+        """A backward pass reached the model's output: dispatch until the pass ends."""
+        self.runtime.activate()
+        torch.autograd.Variable._execution_engine.queue_callback(self.runtime.deactivate)
 
     def report(self) -> DispatchReport:
         return self.runtime.report()
@@ -87,6 +108,12 @@ class AppliedPack:
             h.remove()
         self._hooks = []
         self.runtime.uninstall()
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    from modulelens.capture.values import flatten
+
+    return [t for t in flatten(value) if isinstance(t, torch.Tensor)]
 
 
 def apply_pack(model: torch.nn.Module, path: str | os.PathLike[str], *, allow_env_mismatch: bool = False,

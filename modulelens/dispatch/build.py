@@ -27,8 +27,10 @@ def _entry(rec: CandidateRecord, force: bool) -> PackEntry:
     if not rec.report.correct or rec.report.verdict == "rejected":
         raise ModuleLensError(f"candidate {rec.candidate_id} was rejected: {rec.report.reason}",
                               "only candidates validated correct can be packed")
+    rule = rec.report.shape_rule
     return PackEntry(candidate_id=rec.candidate_id, kind=rec.kind, target=rec.target, capture=rec.capture, op=rec.op,
-                     class_path=rec.class_path, module_path=rec.module_path, pattern=rec.pattern, backend=rec.backend,
+                     class_path=rec.class_path, module_path=rec.module_path, pattern=rec.pattern, phase=rec.phase,
+                     shape_rule=rule if rule is not None and rule.checked else None, backend=rec.backend,
                      entry=rec.entry, source=rec.source, source_sha256=rec.source_sha256,
                      build=build_recipe(rec.backend), init=rec.init, claims_training=rec.claims_training,
                      report=rec.report, speedup_vs_eager=rec.report.speedup_vs_eager,

@@ -4,11 +4,17 @@ For each capture the pack's entries came from (and any named): the module is reb
 capture (replay strategy ``auto``), run once eager with the captured RNG state and once with the
 pack applied (:func:`~modulelens.dispatch.api.apply_pack`) with the same RNG state; the pack's
 outputs are compared with the captured outputs and with the eager replay (per-dtype tolerances
-of :mod:`modulelens.numerics`); then both are timed in interleaved paired rounds by
-:func:`modulelens.timing.measure_speedup` (the pack paused for the eager side): the speedup with its
-95% interval, a number only when determined. A replay on which no pack kernel ran is not timed
-(nothing to gain). Module entries are matched with the module's path in its model (the capture's
-module path).
+of :mod:`modulelens.numerics`). When the capture holds gradients, both runs also go backward with
+the captured output gradients, and the pack's input and parameter gradients are compared with
+eager's (so backward entries are exercised). Then the forward is timed in interleaved paired
+rounds by :func:`modulelens.timing.measure_speedup` (the pack paused for the eager side): the
+speedup with its 95% interval, a number only when determined. A replay on which no pack kernel ran
+is not timed (nothing to gain). Module entries are matched with the module's path in its model
+(the capture's module path).
+
+The pack is ok only when every replay matched and every entry that could be tested was hit
+(:func:`entry_coverage`): a dispatched entry from a checked capture, a backward entry only where
+the capture has gradients, an operator entry only where no module entry served the replay.
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ class CaptureCheck(BaseModel):
     speedup_interval: list[float] | None = Field(None, description="95% interval [low, high] of the speedup.")
     timing_status: Literal["ok", "undetermined"] = "undetermined"
     timing_reason: str = ""
+    backward: bool = Field(False, description="Also ran backward with the captured output gradients.")
+    grads_match: bool | None = Field(None, description="With backward: the pack's gradients agree with eager's.")
     detail: str = ""
 
 
@@ -77,17 +85,37 @@ def check_capture(repo: Repository, ref: str, make_runtime: Any, min_run_time: f
     expected, _ = cap.loaded.expected_outputs()
     rng = cap.loaded.rng()
 
+    grad_outputs = cap.grad_outputs()
+
     def call(module: torch.nn.Module) -> Any:
         if rng:
             set_rng_states(rng)
         with torch.set_grad_enabled(cap.grad_enabled):
             return module(*args, **kwargs)
 
+    def forward_backward(module: torch.nn.Module) -> tuple[Any, list[torch.Tensor]]:
+        """Outputs, and with captured output gradients the input and parameter gradients."""
+        if not grad_outputs:
+            return call(module), []
+        own = [a.detach().clone().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a for a in args]
+        module.zero_grad(set_to_none=True)
+        if rng:
+            set_rng_states(rng)
+        with torch.set_grad_enabled(True):
+            out = module(*own, **kwargs)
+        pairs = [(o, g.to(o.device, o.dtype)) for o, g in zip(_tensors(out), grad_outputs) if g is not None
+                 and o.requires_grad]
+        if pairs:
+            torch.autograd.backward([p[0] for p in pairs], [p[1] for p in pairs])
+        grads = [a.grad for a in own if isinstance(a, torch.Tensor) and a.grad is not None]
+        grads += [p.grad for p in module.parameters() if p.grad is not None]
+        return out, [g.detach().clone() for g in grads]
+
     def check(module: torch.nn.Module) -> CaptureCheck:
-        eager = call(module)
+        eager, eager_grads = forward_backward(module)
         applied = AppliedPack(module, make_runtime(), root_path=cap.module_path)
         try:
-            packed = call(module)
+            packed, packed_grads = forward_backward(module)
             report = applied.runtime.report()
             hits = sum(e.hits for e in report.entries)
 
@@ -105,10 +133,12 @@ def check_capture(repo: Repository, ref: str, make_runtime: Any, min_run_time: f
             applied.remove()
         ok_cap, worst, why = _agree(packed, expected)
         ok_eager, _, why_eager = _agree(packed, eager)
+        grads_ok, _, why_grads = _agree(packed_grads, eager_grads) if grad_outputs else (None, 0.0, "")
         entries = [e for e in report.entries if e.hits or e.fallbacks]
         out = CaptureCheck(capture=cap.ref, strategy="", matches_captured=ok_cap, matches_eager=ok_eager,
                            max_abs_error=worst, hits=hits, fallbacks=sum(e.fallbacks for e in entries),
-                           entries=entries, detail=why or why_eager,
+                           entries=entries, backward=bool(grad_outputs), grads_match=grads_ok,
+                           detail=why or why_eager or (f"gradients: {why_grads}" if why_grads else ""),
                            timing_reason="no pack kernel ran on the replay: nothing to time")
         if m is not None:
             out.eager_median_s = m.base.median_s if m.base else None
@@ -132,11 +162,47 @@ def pack_captures(runtime: PackRuntime) -> list[str]:
 
 
 def check_pack(repo: Repository, path: str, captures: list[str], *, allow_env_mismatch: bool = False,
-               mechanism: Mechanism = DEFAULT_MECHANISM, min_run_time: float = 0.3) -> list[CaptureCheck]:
+               mechanism: Mechanism = DEFAULT_MECHANISM, min_run_time: float = 0.3
+               ) -> tuple[list[CaptureCheck], PackRuntime]:
+    """The check of each capture (see the module docstring), and a runtime of the pack (unused:
+    for its entries and the entries it skips)."""
     from modulelens.dispatch.api import load_runtime
 
     def make_runtime() -> PackRuntime:
         return load_runtime(path, allow_env_mismatch=allow_env_mismatch, mechanism=mechanism)
 
-    refs = captures or pack_captures(make_runtime())
-    return [check_capture(repo, ref, make_runtime, min_run_time) for ref in refs]
+    runtime = make_runtime()
+    refs = captures or pack_captures(runtime)
+    return [check_capture(repo, ref, make_runtime, min_run_time) for ref in refs], runtime
+
+
+def entry_coverage(runtime: PackRuntime, checks: list[CaptureCheck]) -> tuple[list[str], list[str]]:
+    """(entries that could be tested but were never hit, with why; entries that could not be
+    tested, with why). An entry can be tested when it is dispatched and its capture was checked
+    (a backward entry: with gradients)."""
+    by_capture = {c.capture: c for c in checks}
+    entries = runtime.pack.content.entries
+    # a module entry that served a capture's replay runs instead of the operator entries inside it
+    covering = {e.capture: e.candidate_id for i, e in enumerate(entries) if e.kind == "module"
+                and i not in runtime.skipped and e.capture in by_capture
+                and any(x.candidate_id == e.candidate_id and x.hits for x in by_capture[e.capture].entries)}
+    not_hit, untested = [], []
+    for i, entry in enumerate(entries):
+        cid = entry.candidate_id
+        if i in runtime.skipped:
+            untested.append(f"{cid}: not dispatched ({runtime.skipped[i]})")
+            continue
+        check = by_capture.get(entry.capture or "")
+        if entry.kind == "op" and entry.capture in covering:
+            untested.append(f"{cid}: inside {covering[entry.capture]}, which served the replay of {entry.capture} "
+                            "(a module entry and the operator entries inside it never both fire)")
+        elif check is None:
+            untested.append(f"{cid}: its capture {entry.capture or '(none)'} was not checked")
+        elif entry.phase == "backward" and not check.backward:
+            untested.append(f"{cid}: a backward entry, and {check.capture} has no gradients to run backward with")
+        else:
+            seen = next((e for e in check.entries if e.candidate_id == cid), None)
+            if seen is None or seen.hits == 0:
+                why = next(iter(seen.fallback_reasons), "") if seen else ""
+                not_hit.append(f"{cid}: not hit by the replay of {check.capture}" + (f" ({why})" if why else ""))
+    return not_hit, untested

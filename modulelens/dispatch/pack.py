@@ -1,4 +1,5 @@
-"""The kernel pack file: validated candidates keyed by the exact call pattern they were validated for.
+"""The kernel pack file: validated candidates keyed by the call pattern they were validated for
+(and, where their kernel declared one and validation checked it, the shape rule it admits calls by).
 
 One JSON file (never pickle)::
 
@@ -10,7 +11,8 @@ sha256 you were given (``expect_sha256``) to refuse a pack rewritten as a whole.
 
 ``content`` is a :class:`PackContent`: the environment the entries were validated in (torch
 version, device name, compiler) and the entries (:class:`PackEntry`): the call pattern, the
-source with its build recipe, the validation report and the measured speedup. A pack refuses to
+phase, the checked shape rule, the source with its build recipe, the validation report and the
+measured speedup. Packs written before shape rules and phases load as exact-shape forward entries. A pack refuses to
 load where the environment differs, saying what differs, unless ``allow_env_mismatch`` is set.
 
 A pack carries code that is compiled and run, so it loads only when **trusted** here (see
@@ -35,6 +37,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from modulelens.dispatch.patterns import CallPattern
 from modulelens.errors import ModuleLensError, tool_call
+from modulelens.kernels.shape_rules import ShapeRule
 from modulelens.paths import write_text
 from modulelens.repo.store import MANIFEST, sha256_file
 from modulelens.repo.trust import UntrustedArtifact, is_trusted, signature_of
@@ -78,6 +81,10 @@ class PackEntry(BaseModel):
     class_path: str | None = Field(None, description="module:Class of the replaced module, for module entries.")
     module_path: str | None = Field(None, description="Qualified name of the replaced module in its model (blocks.1).")
     pattern: CallPattern
+    phase: Literal["forward", "backward"] = Field("forward", description="Op entries: the phase its card was "
+                                                  "recorded in (backward: called by the autograd engine).")
+    shape_rule: ShapeRule | None = Field(None, description="The checked shape rule calls are admitted by (None: "
+                                         "the pattern's exact shapes).")
     backend: str = Field(description="cpp, cuda, triton (op entries) or module (a ModelNew Python source).")
     entry: str = Field("forward", description="Entry point: forward for op kernels, ModelNew for modules.")
     source: str
@@ -98,10 +105,11 @@ class PackEntry(BaseModel):
             return f"not validated correct ({self.report.verdict}: {self.report.reason})"
         if self.forced:
             return None
-        if not self.speedup_interval:
+        interval = self.speedup_interval or self.report.speedup_interval
+        if not interval:
             why = self.report.timing_reason or "no speedup interval in its report (validated before intervals, or not timed)"
             return f"not timed against eager with an interval: {why}; validate it again, or pack it with force"
-        low, high = self.speedup_interval
+        low, high = interval
         if low <= 1.0:
             return (f"not surely faster than eager: its speedup's 95% interval is {low:.2f}x..{high:.2f}x "
                     "(the lower bound must be above 1; pack it with force to use it anyway)")

@@ -2,31 +2,25 @@
 
 Only entries that were validated correct and surely beat eager (the lower bound of their speedup
 interval above 1, or packed with force) are dispatched (:meth:`PackEntry.skip_reason` says why
-others are not). A call reaches an entry's kernel only when its :func:`call_key` equals
-the entry's validated key; otherwise it runs eager and counts as a fallback of the closest entry
-of the same operator or module, with the first difference as its reason (worked out when the
-report is made, so the miss path only counts). A kernel that raises falls back to eager for that
-call and the exception is counted as the reason.
+others are not). A call reaches an entry's kernel only when its :func:`call_key` is one of
+the entry's validated keys (:func:`pattern_keys`: arguments, mode, training flag) or fits the
+entry's checked shape rule (:class:`~modulelens.dispatch.rules.RuleGuard`; admitted keys are
+remembered, so the next call of that shape is an exact lookup); otherwise it runs eager and counts
+as a fallback of the closest entry of the same operator or module, with the first difference as
+its reason (worked out when the report is made, so the miss path only counts). A kernel that
+raises falls back to eager for that call and the exception is counted as the reason.
 
-Operator entries are intercepted in one of two ways (``mechanism``):
-
-* ``library`` (default): a Python kernel registered with ``torch.library.Library("aten", "IMPL")``
-  for each packed operator on the ``ADInplaceOrView`` key. That key sits below autograd (so
-  gradients are recorded as usual around the pack kernel) and above the backend keys, so a call
-  that does not match is sent on with ``op.redispatch(keyset & after_ADInplaceOrView_keyset)``,
-  the original CPU/CUDA/Meta kernel, untouched. Registering on the CPU key itself would override
-  the original kernel, leaving nothing to redispatch to. Operators that have their own
-  ``ADInplaceOrView`` kernel (in-place and view operators) are not intercepted this way.
-  Operators without entries are never touched: they cost nothing.
-* ``mode``: a ``TorchDispatchMode`` that sees every aten call and looks it up in the table.
-  Every operator, packed or not, pays a trip through Python.
-
-``benchmarks/pack_overhead.py`` measures both; ``library`` is the cheaper one.
+Operator entries guard the training flag of the model running (set when a model's forward starts:
+the model ``apply_pack`` was given, or each top-level model ``use_pack`` sees) when their pattern
+records one; how calls reach them (``library`` or ``mode``, inference mode included) is
+:mod:`modulelens.dispatch.interceptors`. Operator calls made by the autograd engine are dispatched
+like any other: an entry validated on a backward-phase card serves ``loss.backward()``. Hits are
+counted per phase (``backward`` while the autograd engine runs a backward pass).
 
 Module entries replace ``forward`` of the module at the entry's module path whose class matches,
-on each model the runtime is given (:meth:`PackRuntime.patch_model`); the replacement
-``ModelNew`` is built with the captured constructor arguments and shares the live module's
-parameters and buffers (so training updates reach both).
+on each model the runtime is given (:meth:`PackRuntime.patch_model`); see
+:mod:`modulelens.dispatch.modules`, which also keeps a module entry and the operator entries inside
+it from both firing on one call.
 """
 
 from __future__ import annotations
@@ -40,13 +34,17 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, Field
 
+from modulelens.dispatch.interceptors import LibraryInterceptor, ModeInterceptor, enter_bridge_if_inference
+from modulelens.dispatch.modules import ModuleReplacement, guarded_forward, own_backward_node
 from modulelens.dispatch.pack import LoadedPackFile, PackEntry
-from modulelens.dispatch.patterns import call_key, difference, distance, pattern_key
+from modulelens.dispatch.patterns import difference, distance, pattern_keys
+from modulelens.dispatch.rules import RuleGuard
 
 Mechanism = Literal["library", "mode"]
 MECHANISMS: tuple[str, ...] = ("library", "mode")
 DEFAULT_MECHANISM: Mechanism = "library"
-_AFTER_ADINPLACE = torch._C._after_ADInplaceOrView_keyset
+MAX_ADMITTED_KEYS = 4096  # shapes a rule admitted, remembered per operator or module for exact lookups
+_graph_task_id = torch._C._current_graph_task_id
 
 
 class EntryReport(BaseModel):
@@ -56,7 +54,9 @@ class EntryReport(BaseModel):
     dispatched: bool = Field(description="False when the entry is never used; skip_reason says why.")
     skip_reason: str | None = None
     speedup_vs_eager: float | None = None
+    shape_rule: str | None = Field(None, description="The checked shape rule it admits calls by (else exact shapes).")
     hits: int = 0
+    hits_by_phase: dict[str, int] = Field(default_factory=dict, description="forward / backward.")
     fallbacks: int = 0
     fallback_reasons: dict[str, int] = Field(default_factory=dict)
 
@@ -76,40 +76,86 @@ def _first_line(e: BaseException) -> str:
     return f"kernel raised {type(e).__name__}: {text[0][:200] if text else ''}".rstrip(": ")
 
 
-class _Live:
-    """One dispatched entry: its validated key, its callable, its counters."""
+def current_phase() -> str:
+    """``backward`` while the autograd engine runs a backward pass on this thread, else ``forward``."""
+    return "backward" if _graph_task_id() >= 0 else "forward"
+
+
+class Live:
+    """One dispatched entry: its validated keys, its rule guard, its callable, its counters."""
 
     def __init__(self, entry: PackEntry, impl: Any):
         self.entry = entry
-        self.key = pattern_key(entry.pattern)
+        self.keys = pattern_keys(entry.pattern)
+        self.key = self.keys[0]
+        rule = entry.shape_rule
+        self.guard = RuleGuard(self.key, rule) if rule is not None and rule.checked else None
         self.impl = impl
-        self.hits = 0
+        self.hits: collections.Counter[str] = collections.Counter()
         self.raised: collections.Counter[str] = collections.Counter()
 
+    def count(self, phase: str) -> None:
+        self.hits[phase] += 1
 
-class _Guarded:
+    def why_not(self, key: tuple) -> str:
+        """Why the call of ``key`` does not reach this entry."""
+        reason = self.guard.why_not(key) if self.guard is not None else None
+        return reason or difference(key, self.key)
+
+
+class Guarded:
     """The entries of one operator or one module path, keyed by validated call key."""
 
-    def __init__(self, lives: list[_Live]):
-        self.by_key = {x.key: x for x in lives}
-        self.lives = lives
+    def __init__(self, lives: list[Live], runtime: Any = None):
+        self.runtime = runtime
+        self.lives: list[Live] = []
+        self.by_key: dict[tuple, Live] = {}
+        self.ruled: list[Live] = []
+        self.admitted = 0
         self.misses: collections.Counter[tuple] = collections.Counter()
+        for live in lives:
+            self.add(live)
 
-    def call(self, key: tuple, run: Callable[[_Live], Any], eager: Callable[[], Any]) -> Any:
+    def add(self, live: Live) -> None:
+        self.lives.append(live)
+        for key in live.keys:
+            self.by_key.setdefault(key, live)
+        if live.guard is not None:
+            self.ruled.append(live)
+
+    @property
+    def guards_training(self) -> bool:
+        """Whether live keys carry the model's training flag (entries that recorded one)."""
+        return any(x.entry.pattern.training is not None for x in self.lives)
+
+    def lookup(self, key: tuple) -> Live | None:
+        """The entry the call of ``key`` goes to: an exact key, else the first whose rule admits it."""
         live = self.by_key.get(key)
+        if live is not None or not self.ruled:
+            return live
+        for candidate in self.ruled:
+            if candidate.guard is not None and candidate.guard.why_not(key) is None:
+                if self.admitted < MAX_ADMITTED_KEYS:
+                    self.by_key[key] = candidate
+                    self.admitted += 1
+                return candidate
+        return None
+
+    def call(self, key: tuple, run: Callable[[Live], Any], eager: Callable[[], Any]) -> Any:
+        live = self.lookup(key)
         if live is None:
             self.misses[key] += 1
             return eager()
         return self.run(live, run, eager)
 
-    def run(self, live: _Live, run: Callable[[_Live], Any], eager: Callable[[], Any]) -> Any:
+    def run(self, live: Live, run: Callable[[Live], Any], eager: Callable[[], Any]) -> Any:
         """Run ``live``'s kernel; eager (and the exception counted) if it raises."""
         try:
             out = run(live)
         except Exception as e:  # noqa: BLE001 - a failing pack kernel falls back to eager and is reported
             live.raised[_first_line(e)] += 1
             return eager()
-        live.hits += 1
+        live.count(current_phase())
         return out
 
     def fallbacks(self) -> dict[int, collections.Counter[str]]:
@@ -117,163 +163,16 @@ class _Guarded:
         out: dict[int, collections.Counter[str]] = {id(x): collections.Counter(x.raised) for x in self.lives}
         for key, n in self.misses.items():
             closest = min(self.lives, key=lambda x: distance(key, x.key))
-            out[id(closest)][difference(key, closest.key)] += n
+            out[id(closest)][closest.why_not(key)] += n
         return out
 
 
-class _OpTable(_Guarded):
-    def __init__(self, op: torch._ops.OpOverload, lives: list[_Live]):
-        super().__init__(lives)
+class OpTable(Guarded):
+    """The entries of one operator (see :mod:`modulelens.dispatch.interceptors`)."""
+
+    def __init__(self, op: torch._ops.OpOverload, lives: list[Live], runtime: Any):
+        super().__init__(lives, runtime)
         self.op = op
-
-
-def _run_kernel(args: tuple, kwargs: dict) -> Callable[[_Live], Any]:
-    return lambda live: live.impl(*args, *kwargs.values())
-
-
-class _LibraryKernels:
-    """The process's one ``torch.library`` kernel per intercepted operator (a second registration
-    would replace the first). Every runtime that intercepts the operator adds its table; a call
-    goes to the most recently added table whose runtime is active, else straight to the original
-    kernel. An operator's kernel is removed when its last table is."""
-
-    def __init__(self) -> None:
-        self.tables: dict[Any, list[tuple[_OpTable, Callable[[], bool]]]] = {}
-        self.libs: dict[Any, torch.library.Library] = {}
-
-    def add(self, op: torch._ops.OpOverload, table: _OpTable, active: Callable[[], bool]) -> None:
-        if op not in self.tables:
-            self.tables[op] = []
-            lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901 - overriding aten kernels is the point
-            name = op.name().split("::", 1)[1] + ("" if op._overloadname == "default" else f".{op._overloadname}")
-            lib.impl(name, self._kernel(op, self.tables[op]), "ADInplaceOrView", with_keyset=True)
-            self.libs[op] = lib
-        self.tables[op].append((table, active))
-
-    def remove(self, op: torch._ops.OpOverload, table: _OpTable) -> None:
-        users = self.tables.get(op, [])
-        users[:] = [u for u in users if u[0] is not table]
-        if not users and op in self.libs:
-            self.libs.pop(op)._destroy()
-            del self.tables[op]
-
-    @staticmethod
-    def _kernel(op: torch._ops.OpOverload, users: list[tuple[_OpTable, Callable[[], bool]]]) -> Callable[..., Any]:
-        redispatch = op.redispatch
-
-        def kernel(keyset, *args, **kwargs):
-            below = keyset & _AFTER_ADINPLACE
-            for table, active in reversed(users):
-                if not active():
-                    continue
-                key = call_key(args, kwargs)
-                live = table.by_key.get(key)
-                if live is None:
-                    table.misses[key] += 1
-                    break
-
-                def run(live: _Live) -> Any:
-                    with torch._C._AutoDispatchBelowADInplaceOrView():  # what the kernel calls is not intercepted again
-                        return live.impl(*args, *kwargs.values())
-
-                return table.run(live, run, lambda: redispatch(below, *args, **kwargs))
-            return redispatch(below, *args, **kwargs)
-
-        return kernel
-
-
-_LIBRARY = _LibraryKernels()
-
-
-class _LibraryInterceptor:
-    """Python kernels on the ADInplaceOrView key (see the module docstring)."""
-
-    def __init__(self, tables: dict[Any, _OpTable], active: Callable[[], bool]):
-        self.tables = tables
-        self.active = active
-
-    @staticmethod
-    def unsupported(op: torch._ops.OpOverload) -> str | None:
-        if op in _LIBRARY.libs:
-            return None
-        if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), torch._C.DispatchKey.ADInplaceOrView):
-            return "in-place and view operators are not intercepted (they have their own ADInplaceOrView kernel)"
-        return None
-
-    def install(self) -> None:
-        for op, table in self.tables.items():
-            _LIBRARY.add(op, table, self.active)
-
-    def uninstall(self) -> None:
-        for op, table in self.tables.items():
-            _LIBRARY.remove(op, table)
-
-
-class _ModeInterceptor(torch.utils._python_dispatch.TorchDispatchMode):
-    """A TorchDispatchMode over every aten call (see the module docstring)."""
-
-    def __init__(self, tables: dict[Any, _OpTable], active: Callable[[], bool]):
-        super().__init__()
-        self.tables = tables
-        self.active = active
-
-    @staticmethod
-    def unsupported(op: torch._ops.OpOverload) -> str | None:
-        return None
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        table = self.tables.get(func)
-        if table is None or not self.active():
-            return func(*args, **kwargs)
-        return table.call(call_key(args, kwargs), _run_kernel(args, kwargs), lambda: func(*args, **kwargs))
-
-    def install(self) -> None:
-        self.__enter__()
-
-    def uninstall(self) -> None:
-        self.__exit__(None, None, None)
-
-
-class _ModuleReplacement:
-    """A module entry on one live module: a ``ModelNew`` sharing the module's parameters."""
-
-    def __init__(self, cls: type, entry: PackEntry, tensors: dict[str, torch.Tensor]):
-        self.cls, self.entry, self.tensors = cls, entry, tensors
-
-    def build(self, live: torch.nn.Module) -> torch.nn.Module:
-        """Construct ``ModelNew`` and give it ``live``'s parameters. The RNG state is restored
-        afterwards: initialising the new module's (discarded) weights must not shift the
-        random numbers the user's run draws next (dropout masks, data)."""
-        from modulelens.capture.tracer import rng_states, set_rng_states
-        from modulelens.kernels.module_candidates import construct
-
-        init = self.entry.init
-        assert init is not None
-        state = rng_states()
-        try:
-            new = construct(self.cls, init.args, init.kwargs, self.tensors, init.sys_path)
-        finally:
-            set_rng_states(state)
-        share_state(new, live)
-        return new.train(live.training)
-
-
-def share_state(new: torch.nn.Module, live: torch.nn.Module) -> None:
-    """Make ``new``'s parameters and buffers the very tensors of ``live`` (same names required)."""
-    own = dict(live.named_parameters(remove_duplicate=False)) | dict(live.named_buffers(remove_duplicate=False))
-    names = [n for n, _ in new.named_parameters(remove_duplicate=False)] + [n for n, _ in new.named_buffers(remove_duplicate=False)]
-    missing = sorted(set(names) - set(own))
-    if missing:
-        raise ValueError(f"ModelNew has parameters the module does not: {', '.join(missing[:5])}")
-    for name in names:
-        owner_path, _, leaf = name.rpartition(".")
-        owner = new.get_submodule(owner_path) if owner_path else new
-        value = own[name]
-        if isinstance(value, torch.nn.Parameter):
-            owner._parameters[leaf] = value
-        else:
-            owner._buffers[leaf] = value
 
 
 class PackRuntime:
@@ -289,12 +188,15 @@ class PackRuntime:
         self.mechanism = mechanism
         self.depth = 0  # > 0 while dispatch is active (use_pack's block, or an applied model's forward)
         self.paused = False  # set by pause(): everything runs eager, nothing is counted
+        self.inside_module = 0  # > 0 while a module entry's own forward (or marked backward) runs
+        self.training: bool | None = None  # the training flag of the model running (op entries guard it)
         self.skipped: dict[int, str] = {}
-        self.tables: dict[Any, _OpTable] = {}
-        self.modules: dict[tuple[str, str], tuple[_Guarded, _ModuleReplacement]] = {}
+        self.tables: dict[Any, OpTable] = {}
+        self.modules: dict[tuple[str, str], tuple[Guarded, ModuleReplacement]] = {}
+        self.module_sources: set[str] = set()  # modules the module entries' sources were loaded as
         self.patched: list[tuple[torch.nn.Module, Any]] = []
-        interceptor_cls = _LibraryInterceptor if mechanism == "library" else _ModeInterceptor
-        by_op: dict[Any, list[_Live]] = {}
+        interceptor_cls = LibraryInterceptor if mechanism == "library" else ModeInterceptor
+        by_op: dict[Any, list[Live]] = {}
         for i, entry in enumerate(pack.content.entries):
             reason = entry.skip_reason()
             if reason is None:
@@ -303,16 +205,18 @@ class PackRuntime:
                         op = _resolve(entry.op or "")
                         reason = interceptor_cls.unsupported(op)
                         if reason is None:
-                            by_op.setdefault(op, []).append(_Live(entry, _build_kernel(entry)))
+                            by_op.setdefault(op, []).append(Live(entry, _build_kernel(entry)))
                     else:
                         self._add_module_entry(entry)
                 except Exception as e:  # noqa: BLE001 - an entry that cannot be built here is reported, not fatal
                     reason = f"cannot be built here: {type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
             if reason is not None:
                 self.skipped[i] = reason
-        self.tables = {op: _OpTable(op, lives) for op, lives in by_op.items()}
-        self.interceptor = interceptor_cls(self.tables, lambda: self.depth > 0 and not self.paused)
+        self.tables = {op: OpTable(op, lives, self) for op, lives in by_op.items()}
+        self.has_backward_op_entries = any(x.entry.phase == "backward" for t in self.tables.values() for x in t.lives)
+        self.interceptor = interceptor_cls(self.tables)
         self.installed = False
+        self._bridges: list[Any] = []  # per activation: the inference bridge it entered, or None
 
     def _add_module_entry(self, entry: PackEntry) -> None:
         from modulelens.kernels.module_candidates import load_class
@@ -324,11 +228,10 @@ class PackRuntime:
 
             tensors = load(base64.b64decode(entry.init.tensors_b64))
         where = (entry.class_path or "", entry.module_path or "")
-        guarded = self.modules[where][0] if where in self.modules else _Guarded([])
-        live = _Live(entry, None)
-        guarded.lives.append(live)
-        guarded.by_key[live.key] = live
-        self.modules[where] = (guarded, _ModuleReplacement(cls, entry, tensors))
+        guarded = self.modules[where][0] if where in self.modules else Guarded([], self)
+        guarded.add(Live(entry, None))
+        self.modules[where] = (guarded, ModuleReplacement(cls, entry, tensors))
+        self.module_sources.add(cls.__module__)
 
     # -- operators ----------------------------------------------------------------------------
     def install(self) -> None:
@@ -338,10 +241,30 @@ class PackRuntime:
         self.installed = True
 
     def activate(self) -> None:
-        """Start dispatching (nests): entered by use_pack's block and by an applied model's forward."""
+        """Start dispatching (nests): entered by use_pack's block, an applied model's forward, and
+        a backward pass through an applied model's outputs."""
         self.depth += 1
         if self.depth == 1 and self.tables and self.mechanism == "mode" and not self.paused:
             self.interceptor.install()
+        library = self.tables and self.mechanism == "library"
+        self._bridges.append(enter_bridge_if_inference() if library else None)
+
+    def op_dispatch_on(self) -> bool:
+        """Whether operator calls are dispatched now: active, not paused, not inside a module
+        entry's forward or its own backward."""
+        if self.depth <= 0 or self.paused or self.inside_module:
+            return False
+        if self.module_sources and _graph_task_id() >= 0:
+            node = torch._C._current_autograd_node()
+            if node is not None and any(own_backward_node(node, m) for m in self.module_sources):
+                return False
+        return True
+
+    def enter_module(self) -> None:
+        self.inside_module += 1
+
+    def leave_module(self) -> None:
+        self.inside_module = max(0, self.inside_module - 1)
 
     @contextlib.contextmanager
     def pause(self) -> Iterator[None]:
@@ -369,6 +292,9 @@ class PackRuntime:
                 self.interceptor.uninstall()
 
     def deactivate(self) -> None:
+        bridge = self._bridges.pop() if self._bridges else None
+        if bridge is not None:
+            bridge.__exit__(None, None, None)
         self.depth -= 1
         if self.depth == 0 and self.tables and self.mechanism == "mode" and not self.paused:
             self.interceptor.uninstall()
@@ -403,37 +329,13 @@ class PackRuntime:
             if found is None or getattr(module.forward, "__modulelens_pack__", False):
                 continue
             self.patched.append((module, module.__dict__.get("forward")))
-            module.forward = self._guarded_forward(module, *found)
+            module.forward = guarded_forward(self, module, *found)
             n += 1
         return n
 
-    def _guarded_forward(self, module: torch.nn.Module, guarded: _Guarded, repl: _ModuleReplacement) -> Callable:
-        original = module.forward
-        built: list[torch.nn.Module] = []
-
-        def run(args: tuple, kwargs: dict) -> Callable[[_Live], Any]:
-            def go(live: _Live) -> Any:
-                if not built:
-                    built.append(repl.build(module))
-                new = built[0]
-                new.training = module.training
-                return new(*args, **kwargs)
-            return go
-
-        runtime = self
-
-        def forward(*args: Any, **kwargs: Any) -> Any:
-            if runtime.paused:
-                return original(*args, **kwargs)
-            return guarded.call(call_key(args, kwargs, training=module.training), run(args, kwargs),
-                                lambda: original(*args, **kwargs))
-
-        forward.__modulelens_pack__ = True  # type: ignore[attr-defined]
-        return forward
-
     # -- report -------------------------------------------------------------------------------
     def report(self) -> DispatchReport:
-        lives: dict[int, tuple[_Live, collections.Counter[str]]] = {}
+        lives: dict[int, tuple[Live, collections.Counter[str]]] = {}
         for guarded in [*self.tables.values(), *(g for g, _ in self.modules.values())]:
             reasons = guarded.fallbacks()
             for live in guarded.lives:
@@ -442,12 +344,15 @@ class PackRuntime:
                              environment_notes=self.pack.environment_notes)
         for i, entry in enumerate(self.pack.content.entries):
             target = entry.op if entry.kind == "op" else f"{entry.class_path} at {entry.module_path}"
+            rule = entry.shape_rule
             rep = EntryReport(candidate_id=entry.candidate_id, kind=entry.kind, target=target or "",
                               dispatched=i not in self.skipped, skip_reason=self.skipped.get(i),
-                              speedup_vs_eager=entry.speedup_vs_eager)
+                              speedup_vs_eager=entry.speedup_vs_eager,
+                              shape_rule=rule.summary() if rule is not None and rule.checked else None)
             if id(entry) in lives:
                 live, reasons = lives[id(entry)]
-                rep.hits, rep.fallbacks = live.hits, sum(reasons.values())
+                rep.hits, rep.hits_by_phase = sum(live.hits.values()), dict(live.hits)
+                rep.fallbacks = sum(reasons.values())
                 rep.fallback_reasons = dict(reasons.most_common())
             out.entries.append(rep)
         out.hits = sum(e.hits for e in out.entries)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 from typing import Literal
 
+import torch
 from pydantic import BaseModel
 
 from modulelens.dispatch.pack import ModuleInit
@@ -30,6 +31,7 @@ class CandidateRecord(BaseModel):
     class_path: str | None = None
     module_path: str | None = None
     pattern: CallPattern
+    phase: Literal["forward", "backward"] = "forward"
     backend: str
     entry: str
     source: str
@@ -64,9 +66,9 @@ def _card_record(repo: Repository, candidate_id: str) -> CandidateRecord:
     if synthesized:
         raise ModuleLensError(f"card {card_id}'s sample is shape-only", "the pattern needs a stored sample")
     grad = capture.grad_enabled or opset.backward
-    pattern = describe_call(args, kwargs, grad_enabled=grad and card.phase == "forward")
+    pattern = describe_call(args, kwargs, grad_enabled=grad and card.phase == "forward", training=capture.training)
     return CandidateRecord(candidate_id=art.ref, kind="op", target=card.card_id, capture=cap_art.ref, op=card.op,
-                           pattern=pattern, backend=src.backend, entry=src.entry, source=src.source,
+                           pattern=pattern, phase=card.phase, backend=src.backend, entry=src.entry, source=src.source,
                            source_sha256=src.sha256, report=latest_report(repo, art))
 
 
@@ -119,3 +121,12 @@ class CaptureReplay:
         self.device = manifest.environment.device
         self.module_path = manifest.module_path
         self.loaded = LoadedCapture(art)
+        self.has_grads = manifest.backward is not None
+
+    def grad_outputs(self) -> list[torch.Tensor | None]:
+        """The captured gradients of the outputs, in output order (empty without gradients)."""
+        if not self.has_grads:
+            return []
+        grads = self.loaded.grads()
+        n = 1 + max((int(k.split(".")[1]) for k in grads if k.startswith("grad_output.")), default=-1)
+        return [grads.get(f"grad_output.{i}") for i in range(n)]

@@ -101,6 +101,8 @@ SHARED_ARGUMENTS: dict[str, str] = {
     "allow_outside": "Read a source outside the project and the repository.",
     "allow_env_mismatch": "Allow another torch, device or compiler.",
     "name": "Only this name's versions.",
+    "pack": "Pack file or stored pack NAME[:vN].",
+    "force": "Use entries even when not surely faster than eager.",
 }
 
 

@@ -152,6 +152,20 @@ class NodeRecord(ManifestBase):
                 and bool(self.speedup_vs_eager) and not self.flagged)
 
 
+class ModuleOutcome(BaseModel):
+    """The module level of a capture target: ModelNew candidates for the captured module itself."""
+
+    capture: str
+    class_path: str = ""
+    best_candidate: str | None = Field(None, description="The correct module candidate whose speedup interval has "
+                                       "the highest lower bound (never an undetermined or flagged one).")
+    speedup_vs_eager: float | None = Field(None, description="From its validation.")
+    speedup_interval: list[float] | None = Field(None, description="Its 95% interval [low, high].")
+    evaluations: int = Field(0, description="Module candidates validated by this run.")
+    candidates: list[str] = Field(default_factory=list, description="Module candidates of the capture, validated.")
+    template_note: str | None = Field(None, description="Why no module template fits, or where children come from.")
+
+
 class SearchResult(ToolReply):
     """What optimize returns."""
 
@@ -163,5 +177,8 @@ class SearchResult(ToolReply):
     cost_usd: float = Field(description="Provider spend of the whole search.")
     stopped_because: str
     resumed: bool = Field(False, description="This run continued an existing search.")
+    modules: list[ModuleOutcome] = Field(default_factory=list, description="The module level of each capture target.")
+    pack_candidates: list[str] = Field(default_factory=list, description="The winners of both levels: pass them to "
+                                       "pack (a module entry and the card entries inside it never both fire).")
     executor: ExecutorName = "local"
     seconds: float = 0.0

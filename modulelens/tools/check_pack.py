@@ -13,15 +13,22 @@ from modulelens.repo import Repository
 
 
 class CheckPackRequest(BaseModel):
-    pack: str = Field(json_schema_extra={"cli": "argument"})
+    pack: str = Field(description="Pack file or stored pack NAME[:vN].", json_schema_extra={"cli": "argument"})
     captures: list[str] = Field(default_factory=list, description="Default: the pack's.", json_schema_extra={"cli": "argument"})
     allow_env_mismatch: bool = Field(False, description="Allow another torch, device or compiler.")
     mechanism: Mechanism = Field(DEFAULT_MECHANISM)
+    min_run_time: float = Field(0.3, gt=0, description="Seconds at least.")
     limit: int = Field(8, ge=1, le=MAX_ITEMS, description="Entries listed.")
 
 
 class CheckPackResult(ToolReply):
-    ok: bool = Field(description="Every replay with the pack matches the captured outputs.")
+    summary: str = Field("", description="Hits first; with none, says so and claims no speedup.")
+    ok: bool = Field(description="Every replay matched (outputs, and gradients where captured) and every entry "
+                     "that could be tested was hit.")
+    hits: int = 0
+    not_hit: list[str] = Field(default_factory=list, description="Entries that could be tested but were not hit, why.")
+    untested: list[str] = Field(default_factory=list, description="Entries the captures cannot test, and why.")
+    recorded: str | None = Field(None, description="Where this check was recorded (the stored pack's results).")
     checks: list[CaptureCheck]
     left_out: list[LeftOut] = Field(default_factory=list, description="Lists cut short: `limit` captures, and "
                                     "`limit` pack entries shared among them.")
@@ -31,19 +38,46 @@ class CheckPackResult(ToolReply):
 def check_pack(req: CheckPackRequest, ctx: ToolContext) -> CheckPackResult:
     """Replay a pack's captures with it, vs captured outputs and eager."""
     from modulelens.dispatch.check import check_pack as check
+    from modulelens.dispatch.check import entry_coverage
+    from modulelens.team.packs import pack_file
 
-    checks = check(Repository(ctx.repo_root), req.pack, req.captures, allow_env_mismatch=req.allow_env_mismatch,
-                   mechanism=req.mechanism)
-    result = CheckPackResult(ok=all(c.matches_captured for c in checks), checks=checks)
-    if not any(c.hits for c in checks):
+    repo = Repository(ctx.repo_root)
+    checks, runtime = check(repo, str(pack_file(repo, req.pack)), req.captures,
+                            allow_env_mismatch=req.allow_env_mismatch, mechanism=req.mechanism,
+                            min_run_time=req.min_run_time)
+    not_hit, untested = entry_coverage(runtime, checks)
+    hits = sum(c.hits for c in checks)
+    matched = all(c.matches_captured and c.grads_match is not False for c in checks)
+    summary = ("0 hits: no entry was used by the replays; no speedup claimed" if hits == 0 else
+               f"{hits} hits; " + ("every testable entry hit and matched" if matched and not not_hit else
+                                   f"{len(not_hit)} entries not hit" if matched else "a replay did not match"))
+    result = CheckPackResult(summary=summary, ok=matched and hits > 0 and not not_hit, hits=hits, not_hit=not_hit,
+                             untested=untested, checks=checks)
+    if hits == 0:
         result.warnings.append("no pack kernel ran in any replay (0 hits): the pack changes nothing here")
     result.warnings += [f"{c.capture}: with the pack, outputs differ from the captured ones ({c.detail})"
                         for c in checks if not c.matches_captured][:3]
     result.warnings += [f"{c.capture}: the module's speedup with the pack is undetermined: {c.timing_reason}"
                         for c in checks if c.hits and c.timing_status == "undetermined"][:3]
-    unused = {e.candidate_id: e.skip_reason for c in checks for e in c.entries if not e.dispatched}
-    result.warnings += [f"{cid} was not used: {why}" for cid, why in list(unused.items())[:3]]
+    result.warnings += [f"{x} (ok needs every testable entry hit)" for x in not_hit[:3]]
+    result.recorded = _record(repo, runtime.pack.sha256, result, req.captures)
     return keep_check_lists(result, req.limit)
+
+
+def _record(repo: Repository, sha256: str, result: CheckPackResult, captures: list[str]) -> str | None:
+    """Record the check with the stored pack of the same content, if there is one."""
+    from modulelens.dispatch.results import PackResultManifest, outcomes, record_result
+    from modulelens.team.packs import stored_pack_for
+
+    stored = stored_pack_for(repo, sha256)
+    if stored is None:
+        return None
+    entries = [e for c in result.checks for e in c.entries]
+    rec = PackResultManifest(pack=stored.ref, sha256=sha256, tool="check_pack",
+                             subject=", ".join(c.capture for c in result.checks) or ", ".join(captures),
+                             ok=result.ok, hits=result.hits, fallbacks=sum(c.fallbacks for c in result.checks),
+                             summary=result.summary, entries=outcomes(entries))
+    return record_result(repo, stored, sha256, rec).ref
 
 
 def keep_check_lists(result: CheckPackResult, limit: int | None) -> CheckPackResult:

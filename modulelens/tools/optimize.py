@@ -15,12 +15,12 @@ from modulelens.search.targets import resolve_targets
 
 
 class OptimizeRequest(BaseModel):
-    targets: list[str] = Field(description="Card ids (blk/6) or captures (their top cards).", json_schema_extra={"cli": "argument"})
+    targets: list[str] = Field(description="Card ids (blk/6) or captures.", json_schema_extra={"cli": "argument"})
     provider: str = Field("template", description="template, anthropic or sampling.")
     backend: BackendName = Field("cpp")
-    max_evals: int = Field(24, ge=1, description="For the whole search.")
+    max_evals: int = Field(24, ge=1, description="Whole search.")
     time_budget: float | None = Field(None, gt=0, description="Seconds for this run.")
-    max_cost: float | None = Field(None, ge=0, description="USD for the whole search.")
+    max_cost: float | None = Field(None, ge=0, description="USD, whole search.")
     executor: ExecutorName = Field("local")
     address: str | None = Field(None, description="Ray cluster address.")
     workers: int = Field(1, ge=1, description="Evaluations at once.")
@@ -34,7 +34,10 @@ class OptimizeRequest(BaseModel):
 
 @tool
 def optimize(req: OptimizeRequest, ctx: ToolContext) -> SearchResult:
-    """Tree-search kernels for cards or a capture's top cards (resumable, budgeted)."""
+    """Tree-search kernels for cards, or a capture's top cards and the module itself (resumable)."""
+    from modulelens.ops.model import is_card_id
+    from modulelens.search.modules import search_module
+
     repo = Repository(ctx.repo_root)
     settings = SearchSettings(provider=req.provider, backend=req.backend, max_evals=req.max_evals,
                               time_budget_s=req.time_budget, max_cost_usd=req.max_cost,
@@ -48,14 +51,16 @@ def optimize(req: OptimizeRequest, ctx: ToolContext) -> SearchResult:
         result = run_search(repo, search, executor, ctx=ctx, progress=ctx.progress, resumed=resumed)
     finally:
         executor.close()
+    result.modules = [search_module(repo, ref, settings, ctx.progress) for ref in req.targets if not is_card_id(ref)]
+    result.pack_candidates = [t.best_candidate for t in result.targets if t.best_candidate]
+    result.pack_candidates += [m.best_candidate for m in result.modules if m.best_candidate]
     for t in result.targets:
         if t.best_candidate is None:
             result.warnings.append(f"{t.target}: no correct custom kernel with a determined, believable speedup found"
                                    + (f" ({t.stopped_because})" if t.stopped_because else ""))
         elif not t.remeasured:
             result.warnings.append(f"{t.target}: the best speedup was not re-measured at the end; treat it as a hint")
-    best = [t.best_candidate for t in result.targets if t.best_candidate]
     result.next = [call("show", kind="search", ref=result.search_id)]
-    if best:
-        result.next.append(call("pack", candidates=best, out=f"{result.search_id}.pack"))
+    if result.pack_candidates:
+        result.next.append(call("pack", candidates=result.pack_candidates))
     return result

@@ -29,7 +29,7 @@ class RunRequest(BaseModel):
     script: str = Field(json_schema_extra={"cli": "argument"})
     script_args: list[str] = Field(default_factory=list,
                                    json_schema_extra={"cli": "argument"})
-    pack: str = Field()
+    pack: str = Field(description="Pack file or stored pack NAME[:vN].")
     compare: bool = Field(False, description="Also run without the pack and compare outputs.")
     rtol: float = Field(1e-3, ge=0)
     atol: float = Field(1e-4, ge=0)
@@ -41,9 +41,11 @@ class RunRequest(BaseModel):
 
 
 class RunResult(ToolReply):
+    summary: str = Field("", description="Hits first; with none, says so and claims no speedup.")
     exit_code: int = Field(description="The script's exit code with the pack.")
     script_error: str | None = None
-    hits: int = Field(description="Calls that ran a pack kernel.")
+    hits: int = Field(description="Calls that ran a pack kernel (forward and backward).")
+    hits_by_phase: dict[str, int] = Field(default_factory=dict, description="forward / backward.")
     fallbacks: int = Field(description="Calls to packed operators/modules that ran eager (see entries for why).")
     mechanism: str
     entries: list[EntryReport]
@@ -66,27 +68,45 @@ class RunResult(ToolReply):
     outputs_without: list[float] = Field(default_factory=list)
     max_output_difference: float | None = None
     environment_notes: list[str] = Field(default_factory=list)
+    recorded: str | None = Field(None, description="Where this run was recorded (the stored pack's results).")
     script_output_tail: str = Field("", description="The last lines the script printed (at most 2000 characters).")
     left_out: list[LeftOut] = Field(default_factory=list, description="Lists cut to `limit` items.")
 
 
+def hits_summary(hits: int, by_phase: dict[str, int], fallbacks: int) -> str:
+    """``12 hits (4 backward, 8 forward), 3 fallbacks``, or the zero-hit line."""
+    if hits == 0:
+        return f"0 hits: no call used the pack ({fallbacks} fallbacks); no speedup claimed"
+    phases = ", ".join(f"{n} {phase}" for phase, n in sorted(by_phase.items()) if n)
+    return f"{hits} hits ({phases}), {fallbacks} fallbacks"
+
+
 @tool
 def run(req: RunRequest, ctx: ToolContext) -> RunResult:
-    """Run a script with a pack applied: hits, fallbacks, step times; with [--compare], vs no pack."""
+    """Run a script with a pack: hits per phase, fallbacks, step times; with [--compare], vs no pack."""
     from modulelens.dispatch.script import ScriptRunRequest, outputs_agree, run_script, typical_step
+    from modulelens.repo import Repository
+    from modulelens.team.packs import pack_file
 
     script = Path(req.script).expanduser()
     if not script.is_file():
         raise ModuleLensError(f"script {req.script!r} does not exist", "give the path of a Python file")
+    repo = Repository(ctx.repo_root)
+    pack_path = pack_file(repo, req.pack)
     base = ScriptRunRequest(script=str(script.resolve()), script_args=req.script_args, pack=None,
                             allow_env_mismatch=req.allow_env_mismatch, expect_sha256=req.expect_sha256,
                             mechanism=req.mechanism)
     ctx.progress(0, 2 if req.compare else 1, f"running {script.name} with {req.pack}"
                  + (" (switched off in alternate steps)" if req.compare else ""))
-    with_pack, tail = run_script(base.model_copy(update={"pack": str(Path(req.pack).expanduser().resolve()),
-                                                         "toggle": req.compare}), req.timeout)
-    assert with_pack.report is not None
-    result = RunResult(exit_code=with_pack.exit_code, script_error=with_pack.script_error, hits=with_pack.report.hits,
+    with_pack, tail = run_script(base.model_copy(update={"pack": str(pack_path), "toggle": req.compare}), req.timeout)
+    report = with_pack.report
+    assert report is not None
+    by_phase: dict[str, int] = {}
+    for e in report.entries:
+        for phase, n in e.hits_by_phase.items():
+            by_phase[phase] = by_phase.get(phase, 0) + n
+    result = RunResult(summary=hits_summary(report.hits, by_phase, report.fallbacks), hits_by_phase=by_phase,
+                       exit_code=with_pack.exit_code, script_error=with_pack.script_error, hits=with_pack.report.hits,
                        fallbacks=with_pack.report.fallbacks, mechanism=with_pack.report.mechanism,
                        entries=with_pack.report.entries, steps=len(with_pack.step_seconds),
                        step_kind=with_pack.step_kind, step_seconds_with=typical_step(with_pack.step_seconds),
@@ -100,6 +120,7 @@ def run(req: RunRequest, ctx: ToolContext) -> RunResult:
         result.outputs_without = without.outputs
         result.outputs_match, result.max_output_difference = outputs_agree(with_pack.outputs, without.outputs,
                                                                             req.rtol, req.atol)
+    result.recorded = _record(repo, report, result, script.name)
     ctx.progress(2 if req.compare else 1, 2 if req.compare else 1, "done")
     advise_run(result, req)
     return keep_run_lists(result, req.limit)
@@ -130,10 +151,10 @@ def advise_run(result: RunResult, req: RunRequest) -> None:
     """The warnings and next calls of a run: a pack that never ran (no speedup is claimed then),
     fallbacks, entries not used, a failed script, outputs that disagree."""
     warn = result.warnings
+    if result.hits == 0:  # said first: nothing else in the result means anything without it
+        warn.append("no pack kernel ran (0 hits): every packed call ran eager, so no speedup is claimed")
     if result.exit_code != 0:
         warn.append(f"the script failed with the pack (exit code {result.exit_code}): {result.script_error or 'see script_output_tail'}")
-    if result.hits == 0:
-        warn.append("no pack kernel ran (0 hits): every packed call ran eager, so no speedup is claimed")
     unused = [e for e in result.entries if not e.dispatched]
     warn += [f"{e.candidate_id} was not used: {e.skip_reason}" for e in unused[:3]]
     reasons: dict[str, int] = {}
@@ -162,3 +183,17 @@ def keep_run_lists(result: RunResult, limit: int | None) -> RunResult:
     for field in ("entries", "outputs_with", "outputs_without"):
         result = keep_first(result, field, limit, again)
     return result
+
+
+def _record(repo, report, result: RunResult, script: str) -> str | None:
+    """Record the run with the stored pack of the same content, if there is one."""
+    from modulelens.dispatch.results import PackResultManifest, outcomes, record_result
+    from modulelens.team.packs import stored_pack_for
+
+    stored = stored_pack_for(repo, report.sha256)
+    if stored is None:
+        return None
+    rec = PackResultManifest(pack=stored.ref, sha256=report.sha256, tool="run", subject=script,
+                             ok=result.outputs_match, hits=result.hits, fallbacks=result.fallbacks,
+                             summary=result.summary, entries=outcomes(report.entries))
+    return record_result(repo, stored, report.sha256, rec).ref

@@ -16,6 +16,7 @@ from modulelens.capture.manifest import KIND as CAPTURES
 from modulelens.capture.manifest import capture_manifest
 from modulelens.capture.summary import CaptureSummary, capture_warnings, summarize
 from modulelens.dispatch.pack import STORED_PACK_FILE, PackEnvironment
+from modulelens.dispatch.results import PackUse
 from modulelens.errors import tool_call
 from modulelens.listing import MAX_ITEMS, LeftOut, keep_first
 from modulelens.ops.summary import CardDetail, describe_card
@@ -25,7 +26,7 @@ from modulelens.repo import Repository
 from modulelens.repo.trust import is_trusted
 from modulelens.search.summary import SearchSummary, search_summary
 from modulelens.stats.runs import StatsRunView, TensorStatsRow, capture_tensor_rows, stats_view, thin_steps
-from modulelens.team.packs import PACKS, PackEntrySummary, PackManifest
+from modulelens.team.packs import PACKS, PackedEntryView, PackManifest, entry_views
 from modulelens.validation.advice import report_next, report_warnings
 from modulelens.validation.catalog import CandidateView, candidate_view, first_source_lines, stored_report
 from modulelens.validation.report import ValidationReport
@@ -73,8 +74,10 @@ class ShowPackResult(ToolReply):
     sha256: str
     trusted: bool = Field(description="Signed here: loadable. Else review and trust it first.")
     environment: PackEnvironment
-    entries: list[PackEntrySummary]
+    entries: list[PackedEntryView] = Field(description="With the hits of the last run (per phase) and check.")
     candidates: list[str]
+    last_run: PackUse | None = None
+    last_check: PackUse | None = None
 
 
 class ShowReportResult(ValidationReport, ToolReply):
@@ -115,15 +118,19 @@ def _pack(repo: Repository, ref: str) -> ShowPackResult:
     art = repo.open(PACKS, ref)
     m = art.manifest_as(PackManifest)
     path = str(art.file(STORED_PACK_FILE))
+    entries, last_run, last_check = entry_views(repo, art)
     result = ShowPackResult(ref=art.ref, path=path, sha256=m.sha256, trusted=is_trusted(art.path),
-                            environment=m.environment, entries=m.entries, candidates=m.candidates)
+                            environment=m.environment, entries=entries, candidates=m.candidates, last_run=last_run,
+                            last_check=last_check)
     if not result.trusted:
         result.warnings.append(f"not trusted here: review it with {tool_call('trust', ref=art.ref, kind='packs')}, then trust "
                                f"it with {tool_call('trust', ref=art.ref, kind='packs', yes=True)} before using it")
     result.warnings += [f"{e.candidate_id} will not be used: {e.verdict}, speedup {e.speedup_vs_eager}"
                         for e in m.entries if not e.dispatched]
+    if last_check is not None and not last_check.ok:
+        result.warnings.append(f"its last check was not ok: {last_check.summary}")
     if result.trusted and any(e.dispatched for e in m.entries):
-        result.next = [call("check_pack", pack=path)]
+        result.next = [call("check_pack", pack=art.ref)]
     return result
 
 

@@ -14,7 +14,6 @@ from pydantic import BaseModel, Field
 from modulelens.capture.manifest import KIND as CAPTURES
 from modulelens.capture.manifest import capture_manifest
 from modulelens.errors import ModuleLensError
-from modulelens.kernels.backends.base import default_build_dir
 from modulelens.kernels.candidates import CANDIDATES, candidate_manifest, load_candidate, save_agent_candidate
 from modulelens.kernels.module_candidates import (
     ModuleCandidate,
@@ -31,15 +30,12 @@ from modulelens.replies import ToolReply, call
 from modulelens.repo import Artifact, Repository
 from modulelens.sandbox.pool import DEFAULT_MEMORY_LIMIT_MB
 from modulelens.validation.advice import report_next, report_warnings, surely_faster
-from modulelens.validation.messages import ModuleSource, ValidateModuleTask
-from modulelens.validation.module import readable_sys_path
+from modulelens.validation.module_runs import validate_stored_module
 from modulelens.validation.report import ValidationReport, ValidationSettings
 from modulelens.validation.sandboxed import (
     DEFAULT_TIMEOUT_S,
     CandidateValidation,
-    confinement,
     validate_candidate,
-    validate_in_sandbox,
 )
 from modulelens.validation.stored_reports import REPORT_FILE, REPORTS
 
@@ -123,18 +119,9 @@ class ValidateModuleResult(ValidationReport, ToolReply):
 def _validate_module(req: ValidateKernelRequest, repo: Repository, ctx: ToolContext, path: Path | None,
                      text: str) -> ValidateModuleResult:
     art, cand, target = _module_candidate(req, repo, path, text)
-    capture = repo.open(CAPTURES, target.capture)
-    # the checker builds the captured module: trusted captures only, checked here where the key is
-    confine = confinement(repo, [capture], "validate a module candidate against it",
-                          readable_sys_path(capture_manifest(capture).sys_path, repo.root))
-    task = ValidateModuleTask(
-        repo=str(repo.root), capture=target.capture, build_dir=str(default_build_dir()), confinement=confine,
-        candidate=ModuleSource(source=cand.source, class_name=cand.class_name, claims_training=cand.claims_training),
-        time=req.time, seeds=list(range(req.seeds)), rtol=req.rtol, atol=req.atol,
-        memory_limit_mb=req.memory_limit_mb, call_timeout=req.timeout, build_timeout=req.timeout,
-    )
-    report, rep = validate_in_sandbox(repo, art, task, task.settings, backend="module", timeout=req.timeout,
-                                      memory_limit_mb=req.memory_limit_mb, progress=ctx.progress)
+    report, rep = validate_stored_module(repo, art, cand, target, time=req.time, seeds=req.seeds, rtol=req.rtol,
+                                         atol=req.atol, timeout=req.timeout, memory_limit_mb=req.memory_limit_mb,
+                                         progress=ctx.progress)
     result = ValidateModuleResult(**dict(report), candidate_id=art.ref, target=target.capture, report=rep.ref,
                                   source_file=str(path) if path else None,
                                   warnings=outside_warnings(path, ctx.project, ctx.repo_root) + report_warnings(report))

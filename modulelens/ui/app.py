@@ -68,6 +68,7 @@ def build_app(settings: UiSettings) -> Starlette:
         Route("/stats/{ref}", pages.stats_run_page),
         Route("/searches", pages.searches_page),
         Route("/searches/{ref}", pages.search_page),
+        Route("/packs", pages.packs_page),
         *(Route(s.href, pages.list_section_page) for s in list_backed()),
         Route("/jobs", pages.jobs_page),
         Route("/api/jobs", api.list_jobs, methods=["GET"]),

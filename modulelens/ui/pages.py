@@ -115,9 +115,23 @@ def search_page(request: Request) -> HTMLResponse:
     return ui.page("search.html", "searches", title=search["search_id"], search=search)
 
 
+def packs_page(request: Request) -> HTMLResponse:
+    """The stored packs: each with its entries (phase, shape rule, used or not), the hits of its last
+    run per phase and of its last check."""
+    ui = ui_state(request)
+    packs = ui.call("list", kind="packs").packs
+    entries: dict[str, list[Any]] = {}
+    for p in packs:
+        try:
+            entries[p.ref] = ui.call("show", kind="pack", ref=p.ref).entries
+        except ModuleLensError:  # listed but unreadable now (removed meanwhile): shown without its entries
+            entries[p.ref] = []
+    return ui.page("packs.html", "packs", title="Packs", packs=packs, entries=entries)
+
+
 def list_section_page(request: Request) -> HTMLResponse:
-    """A list-backed section (packs): the ``list`` tool's result for its kind, or "none yet" while
-    the repository holds none."""
+    """A list-backed section: the ``list`` tool's result for its kind, or "none yet" while the
+    repository holds none."""
     ui = ui_state(request)
     s = section(request.url.path.strip("/"))
     listed = ui.call("list", kind=s.list_kind).model_dump(mode="json", exclude={"next", "repo", "kind"})

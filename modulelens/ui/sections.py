@@ -1,9 +1,9 @@
 """The UI's sections (the navigation bar), and the extension point for features still to come.
 
 A section with a ``list_kind`` is *list-backed*: its page calls the ``list`` tool for that kind and
-shows the result (lists of records as tables), or "none yet" while the repository holds none.
-Packs are declared this way. A feature that wants a richer page adds its own route and template and
-sets ``list_kind`` to None (searches have their own pages: the trees, stop and continue).
+shows the result (lists of records as tables), or "none yet" while the repository holds none. A
+feature that wants a richer page adds its own route and template and sets ``list_kind`` to None:
+searches (the trees, stop and continue) and packs (entries, shape rules, hits, checks) do.
 """
 
 from __future__ import annotations
@@ -25,8 +25,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("cards", "Operator cards", "/cards"),
     Section("candidates", "Candidates", "/candidates"),
     Section("searches", "Searches", "/searches"),
-    Section("packs", "Packs", "/packs", list_kind="packs",
-            empty="No stored kernel packs yet: packs pushed or pulled through a team repository are listed here."),
+    Section("packs", "Packs", "/packs"),
     Section("stats", "Training statistics", "/stats"),
     Section("jobs", "Jobs", "/jobs"),
 )

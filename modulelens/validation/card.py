@@ -24,6 +24,7 @@ from modulelens.errors import ModuleLensError
 from modulelens.kernels import build_cache
 from modulelens.kernels.backends import get_backend
 from modulelens.kernels.backends.compiler import LIB_SUFFIX
+from modulelens.kernels.shape_rules import declared_rule
 from modulelens.ops.cards import open_card, sample_call
 from modulelens.ops.model import OpCard
 from modulelens.ops.recorder import resolve_op
@@ -46,6 +47,7 @@ from modulelens.validation.messages import (
 )
 from modulelens.validation.plausibility import speedup_flags
 from modulelens.validation.report import ValidationReport
+from modulelens.validation.shape_rules import checked_rule, rule_problem, shape_rule_cases
 from modulelens.validation.timed import (
     ReferenceFailed,
     TimedProcess,
@@ -136,6 +138,12 @@ class _Validator(CandidateChecker):
             for dist in self.task.distributions:
                 a, k = fresh_inputs(base_args, base_kwargs, seed, dist)
                 cases.append((f"{dist} inputs, seed {seed}", a, k))
+        rule = declared_rule(cand.source)  # the variable dimensions it claims: checked at sizes not captured
+        if rule is not None:
+            problem = rule_problem(rule, base_args, base_kwargs)
+            if problem:
+                return self.reject(f"its declared shape rule ({rule.text()}) does not fit the card: {problem}")
+            cases += shape_rule_cases(rule, base_args, base_kwargs)
 
         if status.can_time:
             self._start_references()
@@ -146,6 +154,8 @@ class _Validator(CandidateChecker):
                 return self.reject(problem)
         self.report.ran = True
         self.report.correct = True
+        if rule is not None:
+            self.report.shape_rule = checked_rule(rule, base_args, base_kwargs)
 
         if self.task.time:
             if not status.can_time:

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from modulelens.kernels.shape_rules import ShapeRule
 from modulelens.sandbox.containment import Isolation
 from modulelens.timing import MeasurementDetail, Timing
 
@@ -88,4 +89,6 @@ class ValidationReport(BaseModel):
     stderr_tail: str = ""
     isolation: Isolation | None = Field(None, description="Containment layers that were in force around the candidate.")
     wrapper_evidence: str = Field("", description="What the custom/wrapper decision was based on, and what it cannot see.")
+    shape_rule: ShapeRule | None = Field(None, description="The variable dimensions the candidate declared, checked at "
+                                         "sizes not captured: a pack entry admits sizes 1 to the largest checked.")
     seconds: float = 0.0

@@ -6,10 +6,12 @@ the card's stored sample: shapes, strides, dtypes, dim, eps, approximate, ...);
 (block sizes, thread counts, parallel grain), following the candidate contract
 (:mod:`modulelens.kernels.source`); ``variants(card, backend)`` says how many variants there are
 (a search uses them as mutations). Kernels are specialised to the card: shapes and strides are
-baked in and checked on entry, and outputs are allocated with the eager outputs' strides.
+baked in and checked on entry, and outputs are allocated with the eager outputs' strides; families
+that define ``shape_rule`` (layer_norm, softmax, softmax_backward) let some dimensions vary instead: their kernels read
+those sizes at run time and declare the rule in their source (:mod:`modulelens.kernels.shape_rules`).
 
 Families (one module each, holding the cpp, triton and, where it fits, cuda templates):
-elementwise, softmax, layer_norm, rms_norm, group_norm, reduction, pooling.
+elementwise, softmax, softmax_backward, layer_norm, rms_norm, group_norm, reduction, pooling.
 """
 
 from __future__ import annotations
@@ -28,13 +30,14 @@ from modulelens.kernels.templates import (
     reduction,
     rms_norm,
     softmax,
+    softmax_backward,
 )
 from modulelens.kernels.templates.call import NoMatch, call_from_card, jsonable
 from modulelens.ops.model import CardSample, OpCard, as_card
 
 CardLike = OpCard | Mapping[str, Any]  # a card, or its stored JSON form
 
-FAMILY_MODULES = (elementwise, softmax, layer_norm, rms_norm, group_norm, reduction, pooling)
+FAMILY_MODULES = (elementwise, softmax, softmax_backward, layer_norm, rms_norm, group_norm, reduction, pooling)
 BACKENDS = ("cpp", "triton", "cuda")
 # Tensor dtypes each backend's templates take.
 SUPPORTED_DTYPES = {
@@ -150,13 +153,16 @@ def render(card: CardLike, backend: str, variant: int = 0) -> KernelSource:
         raise ModuleLensError(f"variant {variant} does not exist for {module.FAMILY}/{backend}",
                               f"variants are 0 to {len(options) - 1}")
     vparams = options[variant]
+    rule_of = getattr(module, "shape_rule", None)
+    rule = rule_of(call, params, backend, vparams) if rule_of else None
     try:
-        source = getattr(module, f"render_{backend}")(call, params, vparams, variant)
+        source = getattr(module, f"render_{backend}")(call, {**params, "rule": rule}, vparams, variant)
     except NoMatch as e:
         raise ModuleLensError(f"no {backend} template fits {op}: {e}", f"template families: {_family_list()}") from None
     return KernelSource(
         backend=backend, source=source, entry="forward", family=module.FAMILY,
-        params={**jsonable(params), **vparams, "variant": variant}, provider="template",
+        params={**jsonable(params), **vparams, "variant": variant,
+                **({"variable_dims": rule.text()} if rule else {})}, provider="template",
         provenance={"template": module.FAMILY, "variant": variant},
     )
 

@@ -6,22 +6,36 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from modulelens.kernels.shape_rules import ShapeRule, declaration
 from modulelens.kernels.templates.call import Call, Const, NoMatch, TArg
 
 CPP_SCALAR = {"float32": "float", "float64": "double"}
 ATEN_DTYPE = {"float32": "at::kFloat", "float64": "at::kDouble", "float16": "at::kHalf", "bfloat16": "at::kBFloat16"}
 
 
-def source_header(call: Call, family: str, variant: int, vparams: dict[str, Any], comment: str = "//") -> str:
-    """Two comment lines naming the template and the call it was specialised for."""
+def source_header(call: Call, family: str, variant: int, vparams: dict[str, Any], comment: str = "//",
+                  rule: ShapeRule | None = None) -> str:
+    """Comment lines naming the template and the call it was specialised for, and the shape rule
+    it declares (:mod:`modulelens.kernels.shape_rules`) when it takes other sizes."""
     shapes = " ".join(str(list(t.shape)) for t in call.tensors)
     dtypes = ",".join(sorted({t.dtype for t in call.tensors}))
     return (f"{comment} modulelens template: family {family}, variant {variant} {vparams}\n"
-            f"{comment} {call.op} {shapes} {dtypes}\n")
+            f"{comment} {call.op} {shapes} {dtypes}\n" + (declaration(rule, comment) if rule else ""))
 
 
-def cpp_header(call: Call, family: str, variant: int, vparams: dict[str, Any]) -> str:
-    return source_header(call, family, variant, vparams, "//")
+def cpp_header(call: Call, family: str, variant: int, vparams: dict[str, Any], rule: ShapeRule | None = None) -> str:
+    return source_header(call, family, variant, vparams, "//", rule)
+
+
+def checked_shape(call: Call, position: int, rule: ShapeRule | None) -> list[int]:
+    """The shape the entry point checks argument ``position`` against: -1 for the dimensions the
+    rule lets vary (any size, the tensor contiguous), the validated size elsewhere."""
+    shape = list(call.values[position].shape)
+    for d in rule.dims if rule else []:
+        for a, dim in d.at:
+            if a == position:
+                shape[dim] = -1
+    return shape
 
 
 def cpp_type(value: Any, cuda: bool = False) -> str:
@@ -68,14 +82,59 @@ def ilist(xs) -> str:
     return "{" + ", ".join(str(int(x)) for x in xs) + "}"
 
 
-def cpp_checks(call: Call) -> str:
-    """``ml_check`` of every tensor parameter (the CPU and CUDA preludes both define it)."""
+def cpp_checks(call: Call, rule: ShapeRule | None = None) -> str:
+    """``ml_check`` of every tensor parameter (the CPU and CUDA preludes both define it); the
+    dimensions ``rule`` lets vary are checked as -1 (any size, tensor contiguous)."""
     lines = []
-    for n, v in zip(call.names, call.values):
+    for i, (n, v) in enumerate(zip(call.names, call.values)):
         if isinstance(v, TArg):
-            lines.append(f'  ml_check({n}, "{n}", {ilist(v.shape)}, {ilist(v.stride)}, {ATEN_DTYPE[v.dtype]});')
+            shape = "{" + ", ".join(str(x) for x in checked_shape(call, i, rule)) + "}"
+            lines.append(f'  ml_check({n}, "{n}", {shape}, {ilist(v.stride)}, {ATEN_DTYPE[v.dtype]});')
     return "\n".join(lines)
 
+
+# The input check both preludes share, for ``{DEVICE_TEST}`` and ``{DEVICE}``: a shape entry of -1
+# is a dimension a shape rule lets vary (any size; the tensor must then be contiguous); the others
+# must equal the validated sizes, and the strides of dimensions longer than 1 the validated ones.
+ML_CHECK = """\
+// Inputs must have the dtype and device the kernel was written for, and the shape and strides (of
+// dimensions longer than 1) it was specialised for; -1 in the shape: any size (then contiguous).
+static void ml_check(const at::Tensor& t, const char* name, at::IntArrayRef shape, at::IntArrayRef stride,
+                     at::ScalarType dtype) {
+  TORCH_CHECK({DEVICE_TEST}, name, ": this kernel takes {DEVICE} tensors, got ", t.device());
+  TORCH_CHECK(t.scalar_type() == dtype, name, ": this kernel takes ", dtype, ", got ", t.scalar_type());
+  bool ok = t.dim() == (int64_t)shape.size(), variable = false;
+  for (size_t d = 0; ok && d < shape.size(); ++d) {
+    variable |= shape[d] < 0;
+    ok = shape[d] < 0 || t.size(d) == shape[d];
+  }
+  if (ok && variable) ok = t.is_contiguous();
+  for (size_t d = 0; ok && !variable && d < shape.size(); ++d) ok = shape[d] == 1 || t.stride(d) == stride[d];
+  TORCH_CHECK(ok, name, ": this kernel is specialised for shape ", shape, " (-1: any size, contiguous) and strides ",
+              stride, ", got ", t.sizes(), " and ", t.strides());
+}
+"""
+
+# Sizes computed at run time (kernels that take the sizes a shape rule lets vary), both preludes.
+ML_SHAPES = """\
+// The strides of a contiguous tensor of the given sizes.
+static inline std::vector<int64_t> ml_contiguous_strides(at::IntArrayRef shape) {
+  std::vector<int64_t> stride(shape.size());
+  int64_t acc = 1;
+  for (int64_t d = (int64_t)shape.size() - 1; d >= 0; --d) {
+    stride[d] = acc;
+    acc *= shape[d] > 1 ? shape[d] : 1;
+  }
+  return stride;
+}
+
+// The sizes of a row statistic (mean, rstd) of x over its last k dimensions: x's sizes, the last k set to 1.
+static inline std::vector<int64_t> ml_stat_shape(const at::Tensor& x, int64_t k) {
+  std::vector<int64_t> s(x.sizes().begin(), x.sizes().end());
+  for (int64_t d = (int64_t)s.size() - k; d < (int64_t)s.size(); ++d) s[d] = 1;
+  return s;
+}
+"""
 
 CPP_PRELUDE = """\
 // modulelens: no-implicit-headers
@@ -89,20 +148,14 @@ CPP_PRELUDE = """\
 #include <tuple>
 #include <vector>
 
-// Inputs must have the shape, strides (of dimensions longer than 1), dtype and device the kernel
-// was specialised for.
-static void ml_check(const at::Tensor& t, const char* name, at::IntArrayRef shape, at::IntArrayRef stride,
-                     at::ScalarType dtype) {
-  TORCH_CHECK(t.device().is_cpu(), name, ": this kernel takes CPU tensors, got ", t.device());
-  TORCH_CHECK(t.scalar_type() == dtype, name, ": this kernel takes ", dtype, ", got ", t.scalar_type());
-  bool ok = t.sizes() == shape;
-  for (size_t d = 0; ok && d < shape.size(); ++d) ok = shape[d] == 1 || t.stride(d) == stride[d];
-  TORCH_CHECK(ok, name, ": this kernel is specialised for shape ", shape, " and strides ", stride, ", got ",
-              t.sizes(), " and ", t.strides());
-}
-
+ML_CHECK_BODY
+ML_SHAPES_BODY
 static inline at::Tensor ml_empty(at::IntArrayRef shape, at::IntArrayRef stride, at::ScalarType dtype) {
   return at::Tensor(at::detail::empty_strided_cpu(shape, stride, dtype));
+}
+
+static inline at::Tensor ml_empty_contiguous(at::IntArrayRef shape, at::ScalarType dtype) {
+  return ml_empty(shape, ml_contiguous_strides(shape), dtype);
 }
 """
 
@@ -177,6 +230,8 @@ static inline double ml_erf_libm(double x) { return std::erf(x); }
 static inline double ml_erf_accurate(double x) { return std::erf(x); }
 static inline double ml_tanh(double x) { return std::tanh(x); }
 """
+CPP_PRELUDE = (CPP_PRELUDE.replace("ML_CHECK_BODY", ML_CHECK.replace("{DEVICE_TEST}", "t.device().is_cpu()")
+                                   .replace("{DEVICE}", "CPU")).replace("ML_SHAPES_BODY", ML_SHAPES))
 
 
 def cpp_parallel(cond: str) -> str:

@@ -4,7 +4,7 @@ Signatures, literals and input checks are the C++ ones (:mod:`.cpp`)."""
 from __future__ import annotations
 
 from modulelens.kernels.templates.call import TArg
-from modulelens.kernels.templates.cpp import ATEN_DTYPE, ilist
+from modulelens.kernels.templates.cpp import ATEN_DTYPE, ML_CHECK, ML_SHAPES, ilist
 
 CUDA_SCALAR = {"float32": "float", "float16": "at::Half", "bfloat16": "at::BFloat16"}
 
@@ -23,16 +23,8 @@ CUDA_PRELUDE = """\
 #include <tuple>
 #include <vector>
 
-static void ml_check(const at::Tensor& t, const char* name, at::IntArrayRef shape, at::IntArrayRef stride,
-                     at::ScalarType dtype) {
-  TORCH_CHECK(t.is_cuda(), name, ": this kernel takes CUDA tensors, got ", t.device());
-  TORCH_CHECK(t.scalar_type() == dtype, name, ": this kernel takes ", dtype, ", got ", t.scalar_type());
-  bool ok = t.sizes() == shape;
-  for (size_t d = 0; ok && d < shape.size(); ++d) ok = shape[d] == 1 || t.stride(d) == stride[d];
-  TORCH_CHECK(ok, name, ": this kernel is specialised for shape ", shape, " and strides ", stride, ", got ",
-              t.sizes(), " and ", t.strides());
-}
-
+ML_CHECK_BODY
+ML_SHAPES_BODY
 struct MlSum { __device__ __forceinline__ float operator()(float a, float b) const { return a + b; } };
 struct MlMax { __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); } };
 
@@ -56,6 +48,9 @@ __device__ __forceinline__ float ml_block_allreduce(float v, Op op, float init) 
   return shm[32];
 }
 """
+
+CUDA_PRELUDE = (CUDA_PRELUDE.replace("ML_CHECK_BODY", ML_CHECK.replace("{DEVICE_TEST}", "t.is_cuda()")
+                                     .replace("{DEVICE}", "CUDA")).replace("ML_SHAPES_BODY", ML_SHAPES))
 
 
 def cuda_empty(t: TArg, like: str) -> str:

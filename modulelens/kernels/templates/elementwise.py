@@ -15,6 +15,13 @@ float64 uses the C library throughout.
 The output is allocated with the eager output's strides (from the card); the loops run over it in
 memory order, with loops merged where every operand allows it, so a same-layout operand is read
 linearly, a broadcast one with a stride of 0, and a strided one through baked strides.
+
+The leading dimensions merged into the outermost loop (the batch, and with operands that broadcast
+only along the trailing dimensions the sequence length too) may vary when the output and the
+operands are contiguous: the shape rule the kernels declare (see
+:mod:`modulelens.kernels.shape_rules`; each such dimension tied across the operands that have it,
+the ones broadcast along it fixed). The element count and the output's size are read at run time;
+the index expressions never bound the outermost loop, so nothing else changes.
 """
 
 from __future__ import annotations
@@ -22,7 +29,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from modulelens.kernels.templates.call import Call, NoMatch, TArg, require_same_device
+from modulelens.kernels.shape_rules import ShapeRule, VariableDim
+from modulelens.kernels.templates.call import Call, NoMatch, TArg, contiguous_strides, require_same_device
 from modulelens.kernels.templates.cpp import (
     ATEN_DTYPE,
     CPP_MATH,
@@ -35,7 +43,7 @@ from modulelens.kernels.templates.cpp import (
     ilist,
 )
 from modulelens.kernels.templates.cuda import CUDA_PRELUDE, CUDA_SCALAR, cuda_empty
-from modulelens.kernels.templates.loops import broadcast_strides, loop_nest, offset_terms
+from modulelens.kernels.templates.loops import broadcast_strides, loop_nest, offset_terms, outer_loop_dims
 from modulelens.kernels.templates.triton import TRITON_PRELUDE, py_checks, py_empty, py_header, py_literal, py_signature
 
 FAMILY = "elementwise"
@@ -87,11 +95,66 @@ def match(call: Call) -> dict[str, Any]:
         raise NoMatch(f"mixed dtypes {sorted(dtypes)} (templates take operands and output of one dtype)")
     if out.numel == 0:
         raise NoMatch("empty output")
-    loops = loop_nest(out, [broadcast_strides(t, out.shape) for t in operands])
+    strides = [broadcast_strides(t, out.shape) for t in operands]
+    loops = loop_nest(out, strides)
     names = [call.names[0]] if call.op in UNARY else [call.param("self"), call.param("other")][:len(operands)]
     return {"op": call.op, "fn": fn, "approximate": approximate, "scalar": scalar, "alpha": alpha,
             "operands": names, "loops": [[s, list(st)] for s, st in loops], "numel": out.numel, "dtype": out.dtype,
+            "outer_dims": outer_loop_dims(out, strides),
             "out_shape": list(out.shape), "out_stride": list(out.stride)}
+
+
+def _holders(call: Call, p: dict[str, Any]) -> list[tuple[int, list[tuple[int, str, int]]]]:
+    """Each output dimension of the outermost loop with the operands that have it (not broadcast
+    along it), as (position, name, their own dimension)."""
+    out = call.outputs[0]
+    found = []
+    for d in p["outer_dims"]:
+        have = []
+        for name in p["operands"]:
+            pos = call.names.index(name)
+            t = call.values[pos]
+            own = d - (out.ndim - t.ndim)
+            if own >= 0 and t.shape[own] == out.shape[d]:
+                have.append((pos, name, own))
+        if have:
+            found.append((d, have))
+    return found
+
+
+def shape_rule(call: Call, p: dict[str, Any], backend: str, v: dict[str, Any]) -> ShapeRule | None:
+    """The dimensions of the outermost loop vary, each shared by the operands that have it, when the
+    output and the operands are contiguous (see the module docstring)."""
+    out = call.outputs[0]
+    if tuple(out.stride) != contiguous_strides(out.shape):
+        return None
+    for name in p["operands"]:
+        t = call.values[call.names.index(name)]
+        if tuple(t.stride) != contiguous_strides(t.shape):
+            return None
+    dims = [VariableDim(at=[(pos, own) for pos, _, own in have]) for _, have in _holders(call, p)]
+    return ShapeRule(dims=dims) if dims else None
+
+
+def _runtime_sizes(call: Call, p: dict[str, Any], lang: str) -> dict[int, str]:
+    """Output dimension -> the expression of its size at run time, for the dimensions that vary."""
+    size = "shape[{}]" if lang == "triton" else "size({})"
+    return {d: f"{have[0][1]}.{size.format(have[0][2])}" for d, have in _holders(call, p)}
+
+
+def _runtime_numel(call: Call, p: dict[str, Any], lang: str) -> str:
+    """The element count: the card's, or read at run time when dimensions vary."""
+    if not p.get("rule"):
+        return str(p["numel"])
+    sizes = _runtime_sizes(call, p, lang)
+    fixed = p["numel"] // math.prod(p["out_shape"][d] for d in sizes)
+    return "(" + " * ".join([*sizes.values(), str(fixed)]) + ")"
+
+
+def _out_shape(call: Call, p: dict[str, Any], lang: str) -> str:
+    sizes = _runtime_sizes(call, p, lang)
+    dims = [sizes.get(d, str(s)) for d, s in enumerate(p["out_shape"])]
+    return "(" + "".join(f"{x}, " for x in dims) + ")" if lang == "triton" else "{" + ", ".join(dims) + "}"
 
 
 def variants(backend: str, p: dict[str, Any]) -> list[dict[str, Any]]:
@@ -154,7 +217,8 @@ def _operand_access(p: dict[str, Any], k: int, index: str, outer_only: bool, div
 def render_cpp(call: Call, p: dict[str, Any], v: dict[str, Any], variant: int) -> str:
     T = CPP_SCALAR[p["dtype"]]
     loops = p["loops"]
-    n = p["numel"]
+    rule = p.get("rule")
+    n = "n" if rule else f"{p['numel']}LL"
     var = ["a", "b"]
     ptrs = "\n".join(f"  const T* __restrict__ in{k} = {name}.data_ptr<T>();" for k, name in enumerate(p["operands"]))
     expr = expression(p, "cpp", "T", v.get("erf", "fast"))
@@ -163,21 +227,21 @@ def render_cpp(call: Call, p: dict[str, Any], v: dict[str, Any], variant: int) -
         loads = "\n".join(
             f"    const T {var[k]} = in{k}[{_inner(loops[0][1][k + 1], 'i')}];" for k in range(len(p["operands"])))
         body = f"""\
-  #pragma omp parallel for simd schedule(static) num_threads(ml_threads) if(parallel: {n}LL >= {grain}LL)
-  for (int64_t i = 0; i < {n}LL; ++i) {{
+  #pragma omp parallel for simd schedule(static) num_threads(ml_threads) if(parallel: {n} >= {grain}LL)
+  for (int64_t i = 0; i < {n}; ++i) {{
 {loads}
     y[i] = {expr};
   }}"""
     else:
         inner_size, inner_st = loops[-1]
-        outer = n // inner_size
+        outer = f"({n} / {inner_size}LL)" if rule else f"{p['numel'] // inner_size}LL"
         bases = "\n".join(
             f"    const T* __restrict__ p{k} = in{k} + ({_operand_access(p, k, 'o', True)});" for k in range(len(p["operands"])))
         loads = "\n".join(
             f"      const T {var[k]} = p{k}[{_inner(inner_st[k + 1], 'i')}];" for k in range(len(p["operands"])))
         body = f"""\
-  #pragma omp parallel for schedule(static) num_threads(ml_threads) if({n}LL >= {grain}LL)
-  for (int64_t o = 0; o < {outer}LL; ++o) {{
+  #pragma omp parallel for schedule(static) num_threads(ml_threads) if({n} >= {grain}LL)
+  for (int64_t o = 0; o < {outer}; ++o) {{
 {bases}
     T* __restrict__ yo = y + o * {inner_size}LL;
     #pragma omp simd
@@ -186,14 +250,18 @@ def render_cpp(call: Call, p: dict[str, Any], v: dict[str, Any], variant: int) -
       yo[i] = {expr};
     }}
   }}"""
-    return f"""{cpp_header(call, FAMILY, variant, v)}{CPP_PRELUDE}
+    alloc = (f"ml_empty_contiguous({_out_shape(call, p, 'cpp')}, {ATEN_DTYPE[p['dtype']]})" if rule else
+             f"ml_empty({ilist(p['out_shape'])}, {ilist(p['out_stride'])}, {ATEN_DTYPE[p['dtype']]})")
+    return f"""{cpp_header(call, FAMILY, variant, v, rule)}{CPP_PRELUDE}
 {CPP_MATH}
 using T = {T};
 
 // loops (size, [out stride, operand strides]) outer to inner: {loops}
 {cpp_signature(call, "at::Tensor")} {{
-{cpp_checks(call)}
-  at::Tensor out = ml_empty({ilist(p["out_shape"])}, {ilist(p["out_stride"])}, {ATEN_DTYPE[p["dtype"]]});
+{cpp_checks(call, rule)}
+  const int64_t n = {_runtime_numel(call, p, 'cpp')};
+  (void)n;
+  at::Tensor out = {alloc};
 {ptrs}
   T* __restrict__ y = out.data_ptr<T>();
   const int ml_threads = at::get_num_threads();
@@ -211,14 +279,15 @@ def _inner(stride: int, index: str) -> str:
 def render_triton(call: Call, p: dict[str, Any], v: dict[str, Any], variant: int) -> str:
     ops = p["operands"]
     var = ["a", "b"]
+    rule = p.get("rule")
     n = p["numel"]
-    wide = n * max([1] + [abs(s) for _, st in p["loops"] for s in st]) >= 2**31
+    wide = bool(rule) or n * max([1] + [abs(s) for _, st in p["loops"] for s in st]) >= 2**31
     ptr_args = "".join(f", in{k}_ptr" for k in range(len(ops)))
     loads = "\n".join(
         f"    {var[k]} = tl.load(in{k}_ptr + ({_operand_access(p, k, 'i', False, '//')}), mask=mask, "
         f"other={'1.0' if k else '0.0'}).to(tl.float32)" for k in range(len(ops)))
     out = call.outputs[0]
-    return f"""{py_header(call, FAMILY, variant, v)}{TRITON_PRELUDE}
+    return f"""{py_header(call, FAMILY, variant, v, rule)}{TRITON_PRELUDE}
 
 @triton.jit
 def _elementwise(y_ptr{ptr_args}, N, BLOCK: tl.constexpr):
@@ -231,10 +300,12 @@ def _elementwise(y_ptr{ptr_args}, N, BLOCK: tl.constexpr):
 
 
 {py_signature(call)}
-{py_checks(call)}
-    out = {py_empty(out, ops[0])}
-    grid = (triton.cdiv({n}, {v["BLOCK"]}),)
-    _elementwise[grid](out{''.join(', ' + o for o in ops)}, {n}, BLOCK={v["BLOCK"]}, num_warps={v["num_warps"]})
+{py_checks(call, rule=rule)}
+    n = {_runtime_numel(call, p, 'triton')}
+    out = {f"torch.empty({_out_shape(call, p, 'triton')}, dtype={ops[0]}.dtype, device={ops[0]}.device)" if rule
+           else py_empty(out, ops[0])}
+    grid = (triton.cdiv(n, {v["BLOCK"]}),)
+    _elementwise[grid](out{''.join(', ' + o for o in ops)}, n, BLOCK={v["BLOCK"]}, num_warps={v["num_warps"]})
     return out
 """
 
@@ -242,30 +313,32 @@ def _elementwise(y_ptr{ptr_args}, N, BLOCK: tl.constexpr):
 def render_cuda(call: Call, p: dict[str, Any], v: dict[str, Any], variant: int) -> str:
     ops = p["operands"]
     var = ["a", "b"]
-    n = p["numel"]
+    rule = p.get("rule")
     threads = int(v["threads"])
     params = "".join(f", const scalar_t* __restrict__ in{k}" for k in range(len(ops)))
     loads = "\n".join(
         f"    const float {var[k]} = static_cast<float>(in{k}[{_operand_access(p, k, 'i', False)}]);" for k in range(len(ops)))
     args = "".join(f", {o}.data_ptr<scalar_t>()" for o in ops)
-    return f"""{cpp_header(call, FAMILY, variant, v)}{CUDA_PRELUDE}
+    return f"""{cpp_header(call, FAMILY, variant, v, rule)}{CUDA_PRELUDE}
 using scalar_t = {CUDA_SCALAR[p["dtype"]]};
 
 // loops (size, [out stride, operand strides]) outer to inner: {p["loops"]}
-__global__ void ml_elementwise(scalar_t* __restrict__ y{params}) {{
+__global__ void ml_elementwise(scalar_t* __restrict__ y{params}, int64_t n) {{
   const int64_t step = (int64_t)gridDim.x * blockDim.x;
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < {n}LL; i += step) {{
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {{
 {loads}
     y[i] = static_cast<scalar_t>({expression(p, "cuda")});
   }}
 }}
 
 {cpp_signature(call, "at::Tensor", cuda=True)} {{
-{cpp_checks(call)}
+{cpp_checks(call, rule)}
   const c10::cuda::CUDAGuard guard({ops[0]}.device());
-  at::Tensor out = {cuda_empty(call.outputs[0], ops[0])};
-  const int64_t blocks = std::min<int64_t>(({n}LL + {threads} - 1) / {threads}, 65536LL);
-  ml_elementwise<<<(unsigned)blocks, {threads}, 0, c10::cuda::getCurrentCUDAStream()>>>(out.data_ptr<scalar_t>(){args});
+  const int64_t n = {_runtime_numel(call, p, 'cuda')};
+  at::Tensor out = {f"at::empty_strided({_out_shape(call, p, 'cuda')}, ml_contiguous_strides({_out_shape(call, p, 'cuda')}), {ops[0]}.options())" if rule else cuda_empty(call.outputs[0], ops[0])};
+  if (n == 0) return out;
+  const int64_t blocks = std::min<int64_t>((n + {threads} - 1) / {threads}, 65536LL);
+  ml_elementwise<<<(unsigned)blocks, {threads}, 0, c10::cuda::getCurrentCUDAStream()>>>(out.data_ptr<scalar_t>(){args}, n);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
 }}

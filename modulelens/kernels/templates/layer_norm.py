@@ -3,6 +3,10 @@
 ``len(normalized_shape)``) and the dtype eager gives them (float32 for float16/bfloat16 inputs on
 CUDA), both read from the card's output spec.
 
+The leading dimensions of a contiguous input may vary (the shape rule the kernels declare, see
+:mod:`modulelens.kernels.shape_rules`): the row count and the output sizes are read at run time;
+the normalized dimensions, the weights, dtypes and eps stay as validated.
+
 CPU: per row, mean and the centred sum of squares accumulated in double (two passes over a row
 that stays in L1), ``rstd = 1 / sqrt(var + eps)``, then ``(x * rstd - rstd * mean) * w + b`` as
 eager computes it; rows in parallel above the grain. Triton: one program per row (looped above
@@ -13,11 +17,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from modulelens.kernels.shape_rules import ShapeRule, VariableDim
 from modulelens.kernels.templates.call import (
     Call,
     NoMatch,
     TArg,
-    contiguous_strides,
     dense_operands,
     require_same_device,
     trailing_size,
@@ -30,7 +34,6 @@ from modulelens.kernels.templates.cpp import (
     cpp_header,
     cpp_literal,
     cpp_signature,
-    ilist,
 )
 from modulelens.kernels.templates.cuda import CUDA_PRELUDE, CUDA_SCALAR
 from modulelens.kernels.templates.loops import next_pow2
@@ -65,7 +68,17 @@ def match(call: Call) -> dict[str, Any]:
     return {"op": call.op, "rows": x.numel // c, "C": c, "eps": float(eps), "shape": list(x.shape),
             "stat_shape": list(mean.shape), "dtype": x.dtype, "stat_dtype": mean.dtype, "has_weight": w is not None,
             "has_bias": b is not None, "contiguous": [t.contiguous for t in (x, w, b) if t is not None],
-            "x": call.param("input"), "w": call.param("weight"), "b": call.param("bias")}
+            "x": call.param("input"), "w": call.param("weight"), "b": call.param("bias"), "k": len(ns)}
+
+
+def shape_rule(call: Call, p: dict[str, Any], backend: str, v: dict[str, Any]) -> ShapeRule | None:
+    """Each leading dimension of a contiguous input varies on its own (rows are independent)."""
+    x = call.arg("input")
+    lead = x.ndim - p["k"]
+    if not x.contiguous or lead < 1:
+        return None
+    pos = call.schema_names.index("input")
+    return ShapeRule(dims=[VariableDim(at=[(pos, d)]) for d in range(lead)])
 
 
 def variants(backend: str, p: dict[str, Any]) -> list[dict[str, Any]]:
@@ -104,19 +117,22 @@ def render_cpp(call: Call, p: dict[str, Any], v: dict[str, Any], variant: int) -
     #pragma omp simd reduction(+:q)
     for (int64_t j = 0; j < C; ++j) { const double d = (double)xr[j] - mu; q += d * d; }
     const double var = q / C;"""
-    return f"""{cpp_header(call, FAMILY, variant, v)}{CPP_PRELUDE}
+    rule = p.get("rule")
+    return f"""{cpp_header(call, FAMILY, variant, v, rule)}{CPP_PRELUDE}
 using T = {T};
-constexpr int64_t ROWS = {p['rows']}, C = {p['C']};
+constexpr int64_t C = {p['C']}, K = {p['k']};
 constexpr double EPS = {cpp_literal(p['eps'], 'double')};
 
 {cpp_signature(call, "std::tuple<at::Tensor, at::Tensor, at::Tensor>")} {{
-{cpp_checks(call)}
+{cpp_checks(call, rule)}
   const at::Tensor xc = {xs};
 {f'  const at::Tensor wc = {ws};' if hw else ''}
 {f'  const at::Tensor bc = {bs};' if hb else ''}
-  at::Tensor out = ml_empty({ilist(p['shape'])}, {ilist(contiguous_strides(p['shape']))}, {dt});
-  at::Tensor mean = ml_empty({ilist(p['stat_shape'])}, {ilist(contiguous_strides(p['stat_shape']))}, {dt});
-  at::Tensor rstd = ml_empty({ilist(p['stat_shape'])}, {ilist(contiguous_strides(p['stat_shape']))}, {dt});
+  const int64_t ROWS = xc.numel() / C;
+  const std::vector<int64_t> stat = ml_stat_shape(xc, K);
+  at::Tensor out = ml_empty_contiguous(xc.sizes(), {dt});
+  at::Tensor mean = ml_empty_contiguous(stat, {dt});
+  at::Tensor rstd = ml_empty_contiguous(stat, {dt});
   const T* __restrict__ X = xc.data_ptr<T>();
 {'  const T* __restrict__ W = wc.data_ptr<T>();' if hw else ''}
 {'  const T* __restrict__ B = bc.data_ptr<T>();' if hb else ''}
@@ -151,8 +167,8 @@ def _triton_common(call: Call, p: dict[str, Any]) -> tuple[str, str, str]:
 
 
 def render_triton(call: Call, p: dict[str, Any], v: dict[str, Any], variant: int) -> str:
-    rows, c = p["rows"], p["C"]
-    pid = "tl.program_id(0).to(tl.int64)" if rows * c >= 2**31 else "tl.program_id(0)"
+    c, rule = p["C"], p.get("rule")
+    pid = "tl.program_id(0).to(tl.int64)" if rule or p["rows"] * c >= 2**31 else "tl.program_id(0)"
     prep, wa, ba = _triton_common(call, p)
     if v["mode"] == "row":
         kernel = f"""
@@ -212,15 +228,17 @@ def _layer_norm(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, eps, C: tl.const
 """
         block = v["BLOCK"]
     dt, st = TORCH_DTYPE[p["dtype"]], TORCH_DTYPE[p["stat_dtype"]]
-    return f"""{py_header(call, FAMILY, variant, v)}{TRITON_PRELUDE}
+    return f"""{py_header(call, FAMILY, variant, v, rule)}{TRITON_PRELUDE}
 {kernel}
 
 {py_signature(call)}
-{py_checks(call)}
-{prep}    out = torch.empty({p['shape']}, dtype={dt}, device=x.device)
-    mean = torch.empty({p['stat_shape']}, dtype={st}, device=x.device)
-    rstd = torch.empty({p['stat_shape']}, dtype={st}, device=x.device)
-    _layer_norm[({rows},)](x, {wa}, {ba}, out, mean, rstd, {py_literal(p['eps'])}, C={c}, BLOCK={block},
+{py_checks(call, rule=rule)}
+{prep}    rows = x.numel() // {c}
+    stat = tuple(x.shape[:-{p['k']}]) + (1,) * {p['k']}
+    out = torch.empty(tuple(x.shape), dtype={dt}, device=x.device)
+    mean = torch.empty(stat, dtype={st}, device=x.device)
+    rstd = torch.empty(stat, dtype={st}, device=x.device)
+    _layer_norm[(rows,)](x, {wa}, {ba}, out, mean, rstd, {py_literal(p['eps'])}, C={c}, BLOCK={block},
                            HAS_W={p['has_weight']}, HAS_B={p['has_bias']}, num_warps={v['num_warps']})
     return out, mean, rstd
 """
@@ -232,11 +250,11 @@ def render_cuda(call: Call, p: dict[str, Any], v: dict[str, Any], variant: int) 
     xs, ws, bs = dense_operands([x, w if hw else None, b if hb else None], p["contiguous"])
     threads = int(v["threads"])
     affine = "(v - mean) * rstd" + (" * static_cast<float>(w[j])" if hw else "") + (" + static_cast<float>(b[j])" if hb else "")
-    st = p["stat_shape"]
-    return f"""{cpp_header(call, FAMILY, variant, v)}{CUDA_PRELUDE}
+    rule = p.get("rule")
+    return f"""{cpp_header(call, FAMILY, variant, v, rule)}{CUDA_PRELUDE}
 using scalar_t = {CUDA_SCALAR[p['dtype']]};
 using stat_t = {CUDA_SCALAR[p['stat_dtype']]};
-constexpr int64_t ROWS = {p['rows']}, C = {p['C']};
+constexpr int64_t C = {p['C']}, K = {p['k']};
 
 __global__ void ml_layer_norm(const scalar_t* __restrict__ x, const scalar_t* __restrict__ w,
                               const scalar_t* __restrict__ b, scalar_t* __restrict__ y, stat_t* __restrict__ mean_out,
@@ -265,14 +283,17 @@ __global__ void ml_layer_norm(const scalar_t* __restrict__ x, const scalar_t* __
 }}
 
 {cpp_signature(call, "std::tuple<at::Tensor, at::Tensor, at::Tensor>", cuda=True)} {{
-{cpp_checks(call)}
+{cpp_checks(call, rule)}
   const c10::cuda::CUDAGuard guard({x}.device());
   const at::Tensor xc = {xs};
 {f'  const at::Tensor wc = {ws};' if hw else ''}
 {f'  const at::Tensor bc = {bs};' if hb else ''}
-  at::Tensor out = at::empty_strided({ilist(p['shape'])}, {ilist(contiguous_strides(p['shape']))}, {x}.options());
-  at::Tensor mean = at::empty_strided({ilist(st)}, {ilist(contiguous_strides(st))}, {x}.options().dtype({ATEN_DTYPE[p['stat_dtype']]}));
-  at::Tensor rstd = at::empty_strided({ilist(st)}, {ilist(contiguous_strides(st))}, {x}.options().dtype({ATEN_DTYPE[p['stat_dtype']]}));
+  const int64_t ROWS = xc.numel() / C;
+  const std::vector<int64_t> stat = ml_stat_shape(xc, K);
+  at::Tensor out = at::empty_strided(xc.sizes(), ml_contiguous_strides(xc.sizes()), {x}.options());
+  at::Tensor mean = at::empty_strided(stat, ml_contiguous_strides(stat), {x}.options().dtype({ATEN_DTYPE[p['stat_dtype']]}));
+  at::Tensor rstd = at::empty_strided(stat, ml_contiguous_strides(stat), {x}.options().dtype({ATEN_DTYPE[p['stat_dtype']]}));
+  if (ROWS == 0) return std::make_tuple(out, mean, rstd);
   ml_layer_norm<<<(unsigned)ROWS, {threads}, 0, c10::cuda::getCurrentCUDAStream()>>>(
       xc.data_ptr<scalar_t>(), {'wc.data_ptr<scalar_t>()' if hw else 'nullptr'}, {'bc.data_ptr<scalar_t>()' if hb else 'nullptr'},
       out.data_ptr<scalar_t>(), mean.data_ptr<stat_t>(), rstd.data_ptr<stat_t>(), {float(p['eps'])!r}f);

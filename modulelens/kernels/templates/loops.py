@@ -54,6 +54,21 @@ def loop_nest(out: TArg, operand_strides: list[list[int]]) -> list[tuple[int, li
     return merged
 
 
+def outer_loop_dims(out: TArg, operand_strides: list[list[int]]) -> list[int]:
+    """The output dimensions :func:`loop_nest` merges into its outermost loop (in memory order): the
+    index expressions never bound that loop, so its length may change at run time."""
+    dims = sorted((d for d in range(out.ndim) if out.shape[d] != 1), key=lambda d: out.stride[d], reverse=True)
+    group: list[int] = []
+    for d in dims:
+        st = [out.stride[d], *[s[d] for s in operand_strides]]
+        if group:
+            prev = [out.stride[group[-1]], *[s[group[-1]] for s in operand_strides]]
+            if not all(a == b * out.shape[d] for a, b in zip(prev, st)):
+                break
+        group.append(d)
+    return group
+
+
 def offset_terms(loops: list[tuple[int, list[int]]], k: int, index: str, outer_only: bool) -> list[str]:
     """C/Python expressions (one per loop with a non-zero stride) whose sum is operand ``k``'s element
     offset for the linear ``index`` over the loops (all loops, or all but the innermost)."""

@@ -6,12 +6,17 @@ holding a NaN are NaN in both, like eager. CPU: one pass for the maximum, one fo
 (accumulated in double), one to scale; rows in parallel above the grain. Triton: one program per
 row (the row in one block up to 16384 columns, else looped with an online maximum). CUDA: one
 thread block per row with warp-shuffle reductions.
+
+Every dimension of a contiguous input may vary (the shape rule the kernels declare, see
+:mod:`modulelens.kernels.shape_rules`): rows and row length are read at run time (the triton row
+variant only up to the widest row one block holds).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from modulelens.kernels.shape_rules import ShapeRule, VariableDim
 from modulelens.kernels.templates.call import Call, NoMatch, TArg, contiguous_strides, dense, require_same_device
 from modulelens.kernels.templates.cpp import (
     ATEN_DTYPE,
@@ -62,6 +67,25 @@ def match(call: Call) -> dict[str, Any]:
             "out_contiguous": tuple(out.stride) == contiguous_strides(out.shape) or out.contiguous, "x": call.param("self")}
 
 
+def row_rule(call: Call, names: list[str], backend: str, v: dict[str, Any], row_max: int) -> ShapeRule | None:
+    """Every dimension of the contiguous tensors ``names`` (of one shape) varies, each size shared
+    by all of them; the row length only where the variant takes a row twice as long (plus one)."""
+    xs = [call.arg(n) for n in names]
+    if not all(isinstance(x, TArg) and x.contiguous for x in xs) or len({x.shape for x in xs}) != 1:
+        return None
+    pos = [call.schema_names.index(n) for n in names]
+    ndim = xs[0].ndim
+    last = backend != "triton" or v.get("mode") != "row" or next_pow2(2 * xs[0].shape[-1] + 1) <= row_max
+    return ShapeRule(dims=[VariableDim(at=[(a, d) for a in pos]) for d in range(ndim if last else ndim - 1)]) or None
+
+
+def shape_rule(call: Call, p: dict[str, Any], backend: str, v: dict[str, Any]) -> ShapeRule | None:
+    if not p["out_contiguous"]:
+        return None
+    rule = row_rule(call, ["self"], backend, v, ROW_MAX)
+    return rule if rule and rule.dims else None
+
+
 def variants(backend: str, p: dict[str, Any]) -> list[dict[str, Any]]:
     if backend == "cpp":
         return [{"grain": 32768}, {"grain": 8192}, {"grain": 1 << 40}]
@@ -84,20 +108,20 @@ def render_cpp(call: Call, p: dict[str, Any], v: dict[str, Any], variant: int) -
     if p["out_dtype"] != p["in_dtype"]:
         raise NoMatch("the cpp template keeps the input dtype")
     T = CPP_SCALAR[p["in_dtype"]]
-    rows, c, x = p["rows"], p["C"], p["x"]
+    x, rule = p["x"], p.get("rule")
     src = dense(x, p["input_contiguous"])
     ret = "out" if p["out_contiguous"] else (
         f"ml_empty({ilist(p['shape'])}, {ilist(p['out_stride'])}, {ATEN_DTYPE[p['out_dtype']]}).copy_(out)")
-    return f"""{cpp_header(call, FAMILY, variant, v)}{CPP_PRELUDE}
+    return f"""{cpp_header(call, FAMILY, variant, v, rule)}{CPP_PRELUDE}
 {CPP_MATH}
 using T = {T};
-constexpr int64_t ROWS = {rows}, C = {c};
 constexpr bool SAFE = {'true' if p['safe'] else 'false'};
 
 {cpp_signature(call, "at::Tensor")} {{
-{cpp_checks(call)}
+{cpp_checks(call, rule)}
   const at::Tensor xc = {src};
-  at::Tensor out = ml_empty({ilist(p['shape'])}, {ilist(contiguous_strides(p['shape']))}, {ATEN_DTYPE[p['out_dtype']]});
+  const int64_t C = xc.size(-1), ROWS = C > 0 ? xc.numel() / C : 0;
+  at::Tensor out = ml_empty_contiguous(xc.sizes(), {ATEN_DTYPE[p['out_dtype']]});
   const T* __restrict__ X = xc.data_ptr<T>();
   T* __restrict__ Y = out.data_ptr<T>();
   const int ml_threads = at::get_num_threads();
@@ -132,14 +156,12 @@ constexpr bool SAFE = {'true' if p['safe'] else 'false'};
 
 
 def render_triton(call: Call, p: dict[str, Any], v: dict[str, Any], variant: int) -> str:
-    rows, c, x = p["rows"], p["C"], p["x"]
-    wide = rows * c >= 2**31
-    pid = "tl.program_id(0).to(tl.int64)" if wide else "tl.program_id(0)"
-    prep = f"    x = {dense(x, p['input_contiguous'])}\n"
+    rows, c, x, rule = p["rows"], p["C"], p["x"], p.get("rule")
+    pid = "tl.program_id(0).to(tl.int64)" if rule or rows * c >= 2**31 else "tl.program_id(0)"
+    prep = f"    x = {dense(x, p['input_contiguous'])}\n    C = x.shape[-1]\n    rows = x.numel() // C if C else 0\n"
     shape, out_dt = p["shape"], TORCH_DTYPE[p["out_dtype"]]
     finish = py_return("out", p["out_contiguous"], shape, p["out_stride"], p["out_dtype"])
     if v["mode"] == "row":
-        block = next_pow2(c)
         kernel = f"""
 @triton.jit
 def _softmax(x_ptr, y_ptr, C: tl.constexpr, BLOCK: tl.constexpr, SAFE: tl.constexpr):
@@ -156,7 +178,8 @@ def _softmax(x_ptr, y_ptr, C: tl.constexpr, BLOCK: tl.constexpr, SAFE: tl.conste
         y = tl.where(all_neg_inf, 0.0, y)
     tl.store(y_ptr + row * C + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 """
-        launch = f"    _softmax[({rows},)](x, out, C={c}, BLOCK={block}, SAFE={p['safe']}, num_warps={v['num_warps']})\n"
+        launch = (f"    _softmax[(rows,)](x, out, C=C, BLOCK=triton.next_power_of_2(C), SAFE={p['safe']}, "
+                  f"num_warps={v['num_warps']})\n")
     else:
         kernel = f"""
 @triton.jit
@@ -190,25 +213,25 @@ def _softmax(x_ptr, y_ptr, C: tl.constexpr, BLOCK: tl.constexpr, SAFE: tl.conste
             y = tl.where(all_neg_inf, 0.0, y)
         tl.store(y_ptr + base + start + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 """
-        launch = f"    _softmax[({rows},)](x, out, C={c}, BLOCK={v['BLOCK']}, SAFE={p['safe']}, num_warps={v['num_warps']})\n"
-    return (f"{py_header(call, FAMILY, variant, v)}{TRITON_PRELUDE}\n{kernel}\n\n{py_signature(call)}\n{py_checks(call)}\n"
-            f"{prep}    out = torch.empty({shape}, dtype={out_dt}, device=x.device)\n{launch}{finish}")
+        launch = f"    _softmax[(rows,)](x, out, C=C, BLOCK={v['BLOCK']}, SAFE={p['safe']}, num_warps={v['num_warps']})\n"
+    return (f"{py_header(call, FAMILY, variant, v, rule)}{TRITON_PRELUDE}\n{kernel}\n\n{py_signature(call)}\n"
+            f"{py_checks(call, rule=rule)}\n{prep}    out = torch.empty(tuple(x.shape), dtype={out_dt}, device=x.device)\n"
+            f"{launch}{finish}")
 
 
 def render_cuda(call: Call, p: dict[str, Any], v: dict[str, Any], variant: int) -> str:
-    rows, c, x = p["rows"], p["C"], p["x"]
+    x, rule = p["x"], p.get("rule")
     threads = int(v["threads"])
     src = dense(x, p["input_contiguous"])
     shape = p["shape"]
     ret = "out" if p["out_contiguous"] else (
         f"at::empty_strided({ilist(shape)}, {ilist(p['out_stride'])}, out.options()).copy_(out)")
-    return f"""{cpp_header(call, FAMILY, variant, v)}{CUDA_PRELUDE}
+    return f"""{cpp_header(call, FAMILY, variant, v, rule)}{CUDA_PRELUDE}
 using in_t = {CUDA_SCALAR[p['in_dtype']]};
 using out_t = {CUDA_SCALAR[p['out_dtype']]};
-constexpr int64_t ROWS = {rows}, C = {c};
 constexpr bool SAFE = {'true' if p['safe'] else 'false'};
 
-__global__ void ml_softmax(const in_t* __restrict__ x, out_t* __restrict__ y) {{
+__global__ void ml_softmax(const in_t* __restrict__ x, out_t* __restrict__ y, int64_t C) {{
   const int64_t row = blockIdx.x;
   const in_t* __restrict__ xr = x + row * C;
   out_t* __restrict__ yr = y + row * C;
@@ -234,11 +257,13 @@ __global__ void ml_softmax(const in_t* __restrict__ x, out_t* __restrict__ y) {{
 }}
 
 {cpp_signature(call, "at::Tensor", cuda=True)} {{
-{cpp_checks(call)}
+{cpp_checks(call, rule)}
   const c10::cuda::CUDAGuard guard({x}.device());
   const at::Tensor xc = {src};
-  at::Tensor out = at::empty_strided({ilist(shape)}, {ilist(contiguous_strides(shape))}, {x}.options().dtype({ATEN_DTYPE[p['out_dtype']]}));
-  ml_softmax<<<(unsigned)ROWS, {threads}, 0, c10::cuda::getCurrentCUDAStream()>>>(xc.data_ptr<in_t>(), out.data_ptr<out_t>());
+  const int64_t C = xc.size(-1), ROWS = C > 0 ? xc.numel() / C : 0;
+  at::Tensor out = at::empty_strided(xc.sizes(), ml_contiguous_strides(xc.sizes()), {x}.options().dtype({ATEN_DTYPE[p['out_dtype']]}));
+  if (ROWS == 0) return {ret};
+  ml_softmax<<<(unsigned)ROWS, {threads}, 0, c10::cuda::getCurrentCUDAStream()>>>(xc.data_ptr<in_t>(), out.data_ptr<out_t>(), C);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {ret};
 }}

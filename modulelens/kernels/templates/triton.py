@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from modulelens.kernels.shape_rules import ShapeRule
 from modulelens.kernels.templates.call import Call, TArg
-from modulelens.kernels.templates.cpp import source_header
+from modulelens.kernels.templates.cpp import checked_shape, source_header
 
 TRITON_PRELUDE = """\
 import torch
@@ -27,10 +28,15 @@ def _tanh(x):
 
 
 def _check(t, name, shape, stride, dtype):
-    if tuple(t.shape) != tuple(shape) or t.dtype != dtype:
-        raise ValueError(f"{name}: this kernel is specialised for shape {list(shape)} and {dtype}, "
+    # -1 in shape: a dimension the shape rule lets vary (any size; the tensor must be contiguous)
+    fits = t.dim() == len(shape) and all(s < 0 or a == s for s, a in zip(shape, t.shape))
+    if not fits or t.dtype != dtype:
+        raise ValueError(f"{name}: this kernel is specialised for shape {list(shape)} (-1: any size) and {dtype}, "
                          f"got {list(t.shape)} and {t.dtype}")
-    if any(s != 1 and a != b for s, a, b in zip(shape, t.stride(), stride)):
+    if -1 in shape:
+        if not t.is_contiguous():
+            raise ValueError(f"{name}: this kernel takes a contiguous tensor, got strides {list(t.stride())}")
+    elif any(s != 1 and a != b for s, a, b in zip(shape, t.stride(), stride)):
         raise ValueError(f"{name}: this kernel is specialised for strides {list(stride)}, got {list(t.stride())}")
 """
 
@@ -64,13 +70,14 @@ def py_literal(x: float | int) -> str:
     return repr(x)
 
 
-def py_checks(call: Call, indent: str = "    ") -> str:
+def py_checks(call: Call, indent: str = "    ", rule: ShapeRule | None = None) -> str:
     lines = []
-    for n, v in zip(call.names, call.values):
+    for i, (n, v) in enumerate(zip(call.names, call.values)):
         if isinstance(v, TArg):
-            lines.append(f'{indent}_check({n}, "{n}", {list(v.shape)}, {list(v.stride)}, {TORCH_DTYPE[v.dtype]})')
+            shape = checked_shape(call, i, rule)
+            lines.append(f'{indent}_check({n}, "{n}", {shape}, {list(v.stride)}, {TORCH_DTYPE[v.dtype]})')
     return "\n".join(lines)
 
 
-def py_header(call: Call, family: str, variant: int, vparams: dict[str, Any]) -> str:
-    return source_header(call, family, variant, vparams, "#")
+def py_header(call: Call, family: str, variant: int, vparams: dict[str, Any], rule: ShapeRule | None = None) -> str:
+    return source_header(call, family, variant, vparams, "#", rule)

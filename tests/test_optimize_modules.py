@@ -1,0 +1,81 @@
+"""optimize on a capture searches the module level beside its top cards: transformers' GPT-2
+activation (NewGELUActivation, eight pointwise operators) gets a fused ModelNew from the module
+template, with its own backward; the winners of both levels are packed together and applied: the
+module entry serves forward and backward, and the card entry never fires inside it. About a minute
+(a C++ card kernel and a ModelNew built and validated in the sandbox)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import modulelens
+from modulelens.registry import ToolContext
+
+pytestmark = pytest.mark.slow
+
+
+def _mlp() -> nn.Module:
+    from transformers.activations import NewGELUActivation
+
+    return nn.Sequential(nn.Linear(16, 64), NewGELUActivation(), nn.Linear(64, 16))
+
+
+@pytest.fixture(scope="module")
+def act_capture(tmp_path_factory):
+    """A repository holding the capture ``act`` of the MLP's activation (training, with gradients) and its cards."""
+    from modulelens.tools.capture_ops import CaptureOpsRequest, capture_ops
+
+    repo = tmp_path_factory.mktemp("act-repo")
+    torch.manual_seed(0)
+    with modulelens.capture("1", name="act", repo=repo, backward=True, export=False):
+        mlp = _mlp().train()
+        mlp(torch.randn(4, 8, 16)).sum().backward()
+    capture_ops(CaptureOpsRequest(ref="act", repeats=3), ToolContext(repo_root=repo))
+    return repo
+
+
+def test_optimize_a_capture_searches_its_module_and_packs_both_levels(act_capture):
+    from modulelens.tools.optimize import OptimizeRequest, optimize
+    from modulelens.tools.pack import PackRequest, pack
+
+    ctx = ToolContext(repo_root=act_capture)
+    result = optimize(OptimizeRequest(targets=["act"], max_evals=1, top=1), ctx)
+    (module,) = result.modules
+    assert module.class_path == "transformers.activations:NewGELUActivation" and module.evaluations == 1
+    assert module.best_candidate == "act.module:v1" and module.speedup_vs_eager, module
+    card_winner = result.targets[0].best_candidate
+    assert result.pack_candidates == [card_winner, module.best_candidate]
+    again = optimize(OptimizeRequest(targets=["act"], max_evals=1, top=1), ctx)  # a rerun reuses the stored child
+    assert again.modules[0].evaluations == 0 and again.modules[0].best_candidate == module.best_candidate
+
+    packed = pack(PackRequest(candidates=result.pack_candidates, force=True), ctx)
+    torch.manual_seed(1)
+    mlp, eager = _mlp().train(), _mlp().train()
+    eager.load_state_dict(mlp.state_dict())
+    x = torch.randn(4, 8, 16)
+    applied = modulelens.apply_pack(mlp, packed.path)
+    try:
+        mlp(x).pow(2).sum().backward()
+    finally:
+        applied.remove()
+    eager(x).pow(2).sum().backward()
+    for p, q in zip(mlp.parameters(), eager.parameters()):
+        assert torch.allclose(p.grad, q.grad, atol=1e-5)
+    by_id = {e.candidate_id: e for e in applied.report().entries}
+    assert by_id[module.best_candidate].hits_by_phase == {"forward": 1, "backward": 1}
+    assert by_id[card_winner].hits == 0  # its operator runs inside the module entry only
+
+
+def test_a_module_no_template_fits_says_why(tmp_path):
+    from modulelens.search.model import SearchSettings
+    from modulelens.search.modules import search_module
+
+    with modulelens.capture("", name="lin", repo=tmp_path, export=False):
+        nn.Linear(4, 4)(torch.randn(2, 4))
+    outcome = search_module(modulelens.repo.Repository(tmp_path), "lin", SearchSettings())
+    assert outcome.best_candidate is None and outcome.evaluations == 0
+    assert "it has parameters" in outcome.template_note
+    llm = search_module(modulelens.repo.Repository(tmp_path), "lin", SearchSettings(provider="anthropic"))
+    assert "validate_kernel of a ModelNew (source: its file, target: lin:v1)" in llm.template_note

@@ -99,16 +99,15 @@ class TimingPlan(BaseModel):
 
 
 class MeasurementDetail(BaseModel):
-    """How a speedup was measured: rounds, threads and why, disturbance, method, findings."""
+    """What a speedup's measurement saw: rounds, disturbance, threads, findings (a report keeps
+    this; the method and why those threads are in its one-line note)."""
 
     rounds: int = Field(0, description="Rounds the estimate uses.")
     clean_rounds: int = Field(0, description="Rounds in which neither side's process was preempted.")
     batches: int = 0
     disturbed_batches: int = 0
     threads: int = Field(1, description="Intra-op threads of both sides.")
-    threads_why: str = ""
     retimed: bool = Field(False, description="The first attempt was disturbed and the rounds were started over.")
-    method: str = Field("", description="How it was measured, in one line.")
     findings: list[noise.Finding] = Field(default_factory=list)
 
 
@@ -116,6 +115,8 @@ class SpeedupMeasurement(MeasurementDetail):
     """A speedup ``base time / candidate time`` with its 95% interval, or ``undetermined``, and
     how it was measured."""
 
+    threads_why: str = ""
+    method: str = Field("", description="How it was measured, in one line.")
     status: Literal["ok", "undetermined"]
     speedup: float | None = Field(None, description="The median of the per-round ratios; null when undetermined.")
     interval: list[float] | None = Field(None, description="95% interval [low, high]; null without enough rounds.")
@@ -129,9 +130,12 @@ class SpeedupMeasurement(MeasurementDetail):
         """The interval's lower bound: what decisions use."""
         return self.interval[0] if self.interval else None
 
-    def detail(self) -> MeasurementDetail:
-        """How it was measured, without the figures (a report holds those in its own fields)."""
-        return MeasurementDetail.model_validate(self.model_dump(include=set(MeasurementDetail.model_fields)))
+    def detail(self, findings: int = 4) -> MeasurementDetail:
+        """What it saw, without the figures (a report holds those in its own fields): at most
+        ``findings`` findings, blocking ones first."""
+        detail = MeasurementDetail.model_validate(self.model_dump(include=set(MeasurementDetail.model_fields)))
+        detail.findings = sorted(detail.findings, key=lambda f: not f.blocking)[:findings]
+        return detail
 
     def note(self, what: str) -> str:
         """One line: what was timed, how, with which threads, and why it is or is not determined."""

@@ -108,7 +108,7 @@ class TimedProcess:
         self.checker, self.proc, self.label, self.device = checker, proc, label, device
         self.feed, self.want, self.module_call, self.verify = feed, want, module_call, verify
         self.reference = reference
-        self.timer = "the checker's perf_counter around one request per batch to a contained process"
+        self.timer = "the checker's clock around each batch's request to a contained process"
         self._pid: int | None = None
         self._pending: Any = None
         self.verified = 0
@@ -233,8 +233,7 @@ def time_against(checker: CandidateChecker, reference: Callable[[], TimedProcess
     record_timing(checker.report, m, what)
     if candidate.verify is not None:
         checker.check(f"timed outputs match the {checked_against}", True,
-                      f"{candidate.verified} timed batch(es) checked, chosen at random after they ran; fresh values "
-                      "each round and swaps between calls")
+                      f"{candidate.verified} timed batch(es) checked, drawn after they ran")
     return m
 
 

@@ -467,3 +467,29 @@ def test_report_warnings_say_undetermined_and_not_surely_faster():
     sure = report(timing_status="ok", speedup_vs_eager=1.5, speedup_interval=[1.3, 1.7], timing_reason="ok")
     assert report_warnings(sure) == [] and surely_faster(sure) and not surely_faster(unsure)
     assert "not timed" in report_warnings(report())[0]
+
+
+def test_a_setup_runs_before_every_call_outside_the_clock():
+    clock = FakeClock()
+    log: list[str] = []
+
+    def setup():
+        log.append("setup")
+        clock.now += 1.0  # slow, but not counted
+
+    def call():
+        log.append("call")
+        clock.now += 0.001
+
+    import modulelens.timing.callables as callables
+
+    real = callables._perf_counter
+    callables._perf_counter = clock
+    try:
+        seconds = CallableSide("x", call, setup=setup).batch(3, 0)
+    finally:
+        callables._perf_counter = real
+    assert seconds == pytest.approx(0.003) and log == ["setup", "call"] * 3
+    cuda = FakeCuda(clock)
+    layer = CudaLayer("cuda:0", cuda)
+    assert CallableSide("y", call, "cuda:0", cuda=layer, setup=setup).batch(2, 0) == pytest.approx(0.002)

@@ -9,8 +9,9 @@ the captured output gradients, and the pack's input and parameter gradients are 
 eager's (so backward entries are exercised). Then the forward is timed in interleaved paired
 rounds by :func:`modulelens.timing.measure_speedup` (the pack paused for the eager side): the
 speedup with its 95% interval, a number only when determined. A replay on which no pack kernel ran
-is not timed (nothing to gain). Module entries are matched with the module's path in its model
-(the capture's module path).
+is not timed (nothing to gain). Every run starts from the inputs as captured (rebuilt, untimed,
+when the captured call changed them, as a key/value cache grows). Module entries are matched with
+the module's path in its model (the capture's module path).
 
 The pack is ok only when every replay matched and every entry that could be tested was hit
 (:func:`entry_coverage`): a dispatched entry from a checked capture, a backward entry only where
@@ -81,22 +82,30 @@ def check_capture(repo: Repository, ref: str, make_runtime: Any, min_run_time: f
     cap = CaptureReplay(repo, ref)
     device = cap.device if not cap.device.startswith("cuda") or torch.cuda.is_available() else "cpu"
     cap.loaded.device = device
-    args, kwargs = cap.loaded.inputs()
+    inputs = [cap.loaded.inputs()]
     expected, _ = cap.loaded.expected_outputs()
     rng = cap.loaded.rng()
 
     grad_outputs = cap.grad_outputs()
 
+    def rebuild() -> None:
+        """The inputs as captured again: the last call may have changed them (a cache it grew)."""
+        inputs[0] = cap.loaded.inputs()
+
     def call(module: torch.nn.Module) -> Any:
+        args, kwargs = inputs[0]
         if rng:
             set_rng_states(rng)
         with torch.set_grad_enabled(cap.grad_enabled):
             return module(*args, **kwargs)
 
     def forward_backward(module: torch.nn.Module) -> tuple[Any, list[torch.Tensor]]:
-        """Outputs, and with captured output gradients the input and parameter gradients."""
+        """Outputs, and with captured output gradients the input and parameter gradients, of a
+        call on the inputs as captured."""
+        rebuild()
         if not grad_outputs:
             return call(module), []
+        args, kwargs = inputs[0]
         own = [a.detach().clone().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a for a in args]
         module.zero_grad(set_to_none=True)
         if rng:
@@ -126,8 +135,9 @@ def check_capture(repo: Repository, ref: str, make_runtime: Any, min_run_time: f
             m = None
             if hits:
                 plan = TimingPlan(min_seconds=min_run_time, budget_s=max(2.0, 4 * min_run_time))
-                m = measure_speedup(CallableSide("eager (pack paused)", paused, device),
-                                    CallableSide("with the pack", lambda: call(module), device), plan,
+                setup = rebuild if cap.loaded.changed_inputs else None
+                m = measure_speedup(CallableSide("eager (pack paused)", paused, device, setup=setup),
+                                    CallableSide("with the pack", lambda: call(module), device, setup=setup), plan,
                                     thread_choice())
         finally:
             applied.remove()

@@ -3,7 +3,8 @@
 CPU: ``time.perf_counter`` around ``calls`` calls. CUDA: CUDA events recorded on the current
 stream around the calls, the device synchronised before (so earlier work is not counted) and
 after, and the L2 cache flushed before every batch (a buffer twice its size overwritten), so that
-every batch starts from memory the way a training step does. The CUDA layer is injected
+every batch starts from memory the way a training step does. With a ``setup`` (calls that change
+their inputs), it runs before every call outside the clock and the calls are timed one by one. The CUDA layer is injected
 (:class:`CudaLayer`, default ``torch.cuda``) so the path can be exercised without a GPU.
 """
 
@@ -62,15 +63,40 @@ def cuda_batch_seconds(fn: Callable[[], Any], calls: int, layer: CudaLayer) -> f
     return start.elapsed_time(end) / 1e3
 
 
+def with_setup_seconds(fn: Callable[[], Any], calls: int, setup: Callable[[], Any], layer: CudaLayer | None) -> float:
+    """Seconds of ``calls`` calls of ``fn``, each after ``setup()`` (outside the clock): for calls
+    that change what they are given (a key/value cache that grows). Each call is timed alone
+    (CUDA events around it, the device synchronised after the setup) and the times are summed."""
+    total = 0.0
+    for _ in range(calls):
+        setup()
+        if layer is not None:
+            layer.synchronize()
+            stream = layer.stream()
+            start, end = layer.event(), layer.event()
+            start.record(stream)
+            fn()
+            end.record(stream)
+            layer.synchronize()
+            total += start.elapsed_time(end) / 1e3
+        else:
+            t0 = _perf_counter()
+            fn()
+            total += _perf_counter() - t0
+    return total
+
+
 class CallableSide:
-    """``fn`` called in this process (see the module docstring). ``set_threads`` sets this
-    process's torch thread count (shared by every in-process side)."""
+    """``fn`` called in this process (see the module docstring); with ``setup``, it runs before
+    every call, untimed. ``set_threads`` sets this process's torch thread count (shared by every
+    in-process side)."""
 
     def __init__(self, label: str, fn: Callable[[], Any], device: str = "cpu", *, cuda: CudaLayer | None = None,
-                 before_batch: Callable[[int], Any] | None = None):
+                 before_batch: Callable[[int], Any] | None = None, setup: Callable[[], Any] | None = None):
         self.label, self.fn, self.device = label, fn, device
         self.cuda = cuda if cuda is not None else (CudaLayer(device) if device.startswith("cuda") else None)
         self.before_batch = before_batch
+        self.setup = setup
         self.timer = ("CUDA events on the current stream, L2 flushed before each batch" if self.cuda is not None
                       else "time.perf_counter around each batch in this process")
 
@@ -79,6 +105,8 @@ class CallableSide:
             self.before_batch(round_index)
 
     def batch(self, calls: int, round_index: int) -> float:
+        if self.setup is not None:
+            return with_setup_seconds(self.fn, calls, self.setup, self.cuda)
         if self.cuda is not None:
             return cuda_batch_seconds(self.fn, calls, self.cuda)
         fn = self.fn

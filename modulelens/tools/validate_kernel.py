@@ -29,7 +29,7 @@ from modulelens.registry import ToolContext, tool
 from modulelens.replies import ToolReply, call
 from modulelens.repo import Artifact, Repository
 from modulelens.sandbox.pool import DEFAULT_MEMORY_LIMIT_MB
-from modulelens.validation.advice import report_next, report_warnings
+from modulelens.validation.advice import report_next, report_warnings, surely_faster
 from modulelens.validation.module_runs import validate_stored_module
 from modulelens.validation.report import ValidationReport, ValidationSettings
 from modulelens.validation.sandboxed import (
@@ -125,7 +125,7 @@ def _validate_module(req: ValidateKernelRequest, repo: Repository, ctx: ToolCont
     result = ValidateModuleResult(**dict(report), candidate_id=art.ref, target=target.capture, report=rep.ref,
                                   source_file=str(path) if path else None,
                                   warnings=outside_warnings(path, ctx.project, ctx.repo_root) + report_warnings(report))
-    if report.verdict == "custom" and report.correct and (report.speedup_vs_eager or 0) > 1.0:
+    if surely_faster(report):
         result.next = [call("pack", candidates=[art.ref], out=f"{art.name.split('.', 1)[0]}.pack")]
     return keep_first(result, "checks", req.limit, str(repo.open(REPORTS, rep.ref).file(REPORT_FILE)))
 

@@ -5,13 +5,15 @@ The checker sends a :data:`CandidateRequest` and reads one :data:`CandidateReply
 candidate code, so the checker can note what the process has mapped), load the
 candidate (:class:`LoadRequest` -> :class:`Loaded`; a module-level candidate with
 :class:`LoadModuleRequest`: its source runs, it is built with the captured constructor arguments
-and loads the captured weights), call it once on inputs in the shared arena
-(:class:`CallRequest` -> :class:`Called`), copy the last call's outputs into the arena again
-(:class:`FetchRequest` -> :class:`Called`: after the checker rewrote the inputs, an output that
-changed shares their memory), load other parameters and buffers into a module candidate
-(:class:`StateRequest` -> :class:`StateLoaded`), deny the reference library before any candidate
-code loads (:class:`DenyRequest` -> :class:`Denied`), or call it again N times on the same inputs
-for timing (:class:`RepeatRequest` -> :class:`Repeated`). Everything a candidate process reports is
+and loads the captured weights; the reference operator itself, for the symmetric timing of eager,
+with :class:`LoadOpRequest`), call it on inputs in the shared arena (:class:`CallRequest`
+-> :class:`Called`): once for a check, ``calls`` times for a timed batch, by the same function
+either way (a timed call is a checked call: the checker verifies the outputs of a random sample
+of timed batches, see :mod:`modulelens.validation.perturb`), copy the last call's outputs into
+the arena again (:class:`FetchRequest` -> :class:`Called`: after the checker rewrote the inputs,
+an output that changed shares their memory), load other parameters and buffers into a module
+candidate (:class:`StateRequest` -> :class:`StateLoaded`), or deny the reference library before
+any candidate code loads (:class:`DenyRequest` -> :class:`Denied`). Everything a candidate process reports is
 a *claim* (its code may have rewritten the harness): the checker trusts only the bytes it reads
 back from the arena and what it measures itself; ``ops`` is evidence, labelled as coming from the
 candidate's side.
@@ -39,6 +41,18 @@ class LoadRequest(BaseModel):
 class ReadyRequest(BaseModel):
     kind: Literal["ready"] = "ready"
     backend: str = Field(description="The candidate's backend: its runtime is imported now (part of the baseline).")
+
+
+class LoadOpRequest(BaseModel):
+    """Load the reference operator of a card (``aten.x.overload``) as the process's entry: called
+    like a candidate (``positional`` arguments, then ``kw_names`` values passed by name), plain
+    or through ``torch.compile`` (the compile baseline)."""
+
+    kind: Literal["load_op"] = "load_op"
+    op: str
+    positional: int = Field(ge=0)
+    kw_names: list[str] = Field(default_factory=list)
+    compiled: bool = False
 
 
 class LoadModuleRequest(BaseModel):
@@ -72,6 +86,10 @@ class CallRequest(BaseModel):
     rng: dict[str, Any] | None = Field(None, description="Encoded RNG states set right before the call (module calls).")
     grad_outputs: list[Any] | None = Field(
         None, description="Encoded output gradients: backward after the call, gradients returned (module calls).")
+    calls: int = Field(1, ge=1, description="Calls in a row; before each after the first the floating inputs "
+                       "get the swaps of `seed` (perturb.Swaps). The outputs are the last call's.")
+    seed: int = Field(0, ge=0, description="Where the swaps between calls go.")
+    threads: int | None = Field(None, ge=1, description="torch intra-op threads for the calls (None: leave).")
 
 
 class FetchRequest(BaseModel):
@@ -100,12 +118,7 @@ class DenyRequest(BaseModel):
     numpy: Literal["memory", "python"] = "memory"
 
 
-class RepeatRequest(BaseModel):
-    kind: Literal["repeat"] = "repeat"
-    calls: int = Field(ge=1)
-
-
-CandidateRequest = Annotated[ReadyRequest | LoadRequest | LoadModuleRequest | CallRequest | RepeatRequest
+CandidateRequest = Annotated[ReadyRequest | LoadRequest | LoadOpRequest | LoadModuleRequest | CallRequest
                              | FetchRequest | StateRequest | DenyRequest, Field(discriminator="kind")]
 CANDIDATE_REQUESTS: TypeAdapter[CandidateRequest] = TypeAdapter(CandidateRequest)
 
@@ -158,10 +171,5 @@ class Denied(BaseModel):
     error: str = ""
 
 
-class Repeated(BaseModel):
-    kind: Literal["repeated"] = "repeated"
-    error: str = ""
-
-
-CandidateReply = Annotated[Ready | Loaded | Called | Repeated | StateLoaded | Denied, Field(discriminator="kind")]
+CandidateReply = Annotated[Ready | Loaded | Called | StateLoaded | Denied, Field(discriminator="kind")]
 CANDIDATE_REPLIES: TypeAdapter[CandidateReply] = TypeAdapter(CandidateReply)

@@ -9,6 +9,7 @@ model, told apart by ``kind``, so a caller matches on the type instead of probin
 
 * :class:`ValidatedResult`: a validation ran to a verdict (a rejection is a verdict too);
 * :class:`TimedResult`: a candidate was timed;
+* :class:`RemeasuredResult`: finalists were timed together against eager;
 * :class:`RefusedResult`: the task could not be done here (a ``ModuleLensError``: message and hint);
 * :class:`PongResult`: answer to a :class:`PingTask`;
 * :class:`InternalErrorResult` (the sandbox's): modulelens itself failed inside the worker (a bug);
@@ -32,7 +33,7 @@ from modulelens.sandbox.worker_messages import (
     WorkerKind,
     WorkerResult,
 )
-from modulelens.timing import Timing
+from modulelens.timing import SpeedupMeasurement, Timing
 from modulelens.validation.report import ModuleValidationSettings, ValidationReport, ValidationSettings
 
 # -- tasks -------------------------------------------------------------------------------------
@@ -114,11 +115,27 @@ class ValidateModuleTask(Message, ModuleValidationSettings, CandidateLimits):
         return ModuleValidationSettings.model_validate(self.model_dump(include=set(ModuleValidationSettings.model_fields)))
 
 
+class RemeasureTask(Message, CandidateLimits):
+    """Time validated candidates of one card against eager together, in the same interleaved rounds
+    (optimize's finalists): see :mod:`modulelens.validation.remeasure`."""
+
+    kind: Literal["remeasure"] = "remeasure"
+    repo: str
+    card_id: str
+    candidates: list[KernelSource]
+    build_dir: str
+    confinement: Confinement | None = None
+    device: str | None = None
+    min_run_time: float = Field(0.6, gt=0)
+    timing_budget_s: float = Field(6.0, gt=0)
+    target_width: float = Field(0.2, gt=0)
+
+
 class PingTask(Message):
     kind: Literal["ping"] = "ping"
 
 
-SandboxTask = Annotated[ValidateCardTask | ValidateModuleTask | TimeCandidateTask | PingTask,
+SandboxTask = Annotated[ValidateCardTask | ValidateModuleTask | TimeCandidateTask | RemeasureTask | PingTask,
                         Field(discriminator="kind")]
 TASKS: TypeAdapter[SandboxTask] = TypeAdapter(SandboxTask)
 
@@ -133,6 +150,12 @@ class ValidatedResult(WorkerResult):
 class TimedResult(WorkerResult):
     kind: Literal["timed"] = "timed"
     timing: Timing
+
+
+class RemeasuredResult(WorkerResult):
+    kind: Literal["remeasured"] = "remeasured"
+    measurements: list[SpeedupMeasurement | None] = Field(description="Per candidate, in task order; null: not measured.")
+    reasons: list[str] = Field(description="Per candidate: why it was not measured (empty when it was).")
 
 
 class RefusedResult(WorkerResult):
@@ -162,7 +185,8 @@ class PongResult(WorkerResult):
 
 
 SandboxResult = Annotated[
-    ValidatedResult | TimedResult | RefusedResult | PongResult | InternalErrorResult | CrashedResult,
+    ValidatedResult | TimedResult | RemeasuredResult | RefusedResult | PongResult | InternalErrorResult
+    | CrashedResult,
     Field(discriminator="kind"),
 ]
 
@@ -170,7 +194,8 @@ SandboxResult = Annotated[
 # -- frames on the result pipe -----------------------------------------------------------------
 
 WorkerMessage = Annotated[
-    StageReport | ValidatedResult | TimedResult | RefusedResult | PongResult | InternalErrorResult | CrashedResult,
+    StageReport | ValidatedResult | TimedResult | RemeasuredResult | RefusedResult | PongResult | InternalErrorResult
+    | CrashedResult,
     Field(discriminator="kind"),
 ]
 WORKER_MESSAGES: TypeAdapter[WorkerMessage] = TypeAdapter(WorkerMessage)

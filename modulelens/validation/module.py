@@ -50,9 +50,14 @@ the repository were out of reach.
 Memory: comparisons stream over chunks and fresh inputs are drawn one case at a time; a capture too
 big for the memory limit even so ends in a clear error naming the sizes and ``--memory-limit-mb``.
 
-Timing: the original module timed here while the candidate process is stopped, the candidate by
-this process's clock around batches of calls in its own process, in the mode the candidate is
-packed for (training with grad for a training candidate, else eval without grad).
+Timing: the original module runs in a reference process started and served exactly like the
+candidate's (the same harness loads the captured class by its class path, built with the same
+constructor arguments and the captured weights), and both are timed by this process's clock through
+the same request in interleaved rounds (:mod:`modulelens.validation.timed`), in the mode the
+candidate is packed for (training with grad for a training candidate, forward only, the same RNG
+state set before every call on both sides; else eval without grad). Both sides hold the captured
+state (the fresh-parameter checks load it back into the candidate before). The candidate's timed
+outputs are checked on a random sample of batches, judged like the checks (float64 oracle in eval).
 """
 
 from __future__ import annotations
@@ -61,11 +66,13 @@ import copy
 import os
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from modulelens.timing import thread_choice
 from modulelens.validation.candidate_messages import Loaded, LoadModuleRequest
 from modulelens.validation.checker import CandidateChecker, CandidateFailed, ModuleCall, start_candidate
 from modulelens.validation.compare import compare_output, float64_args, judged_by_oracle, same_bits
@@ -81,6 +88,14 @@ from modulelens.validation.messages import (
     out_of_memory,
 )
 from modulelens.validation.report import ValidationReport
+from modulelens.validation.timed import (
+    ReferenceFailed,
+    TimedProcess,
+    TimingFeed,
+    load_reference,
+    time_against,
+    timing_plan,
+)
 
 EVAL_ONLY = "checked in eval mode only (dropout off, no gradients): not dispatched in training"
 SAME_RNG = ("training mode checked with the same RNG state before the original and the candidate "
@@ -133,7 +148,9 @@ class _ModuleValidator(CandidateChecker):
         conf = self.task.confinement  # the caller's list: it knows where the key and the home folder are
         folders = [Path(p) for p in conf.readable] if conf else readable_sys_path(manifest.sys_path, repo.root)
         read_only = [Path(self.task.build_dir), *folders]
+        self.threads = thread_choice()
         self.proc = start_candidate(self.task.memory_limit_mb, read_only=read_only)
+        self.reference_proc = None  # the original module's own process, started when checks begin
         try:
             return self._run(art, manifest, loaded, device)
         except CandidateFailed as e:
@@ -147,29 +164,37 @@ class _ModuleValidator(CandidateChecker):
         finally:
             self.report.stdout_bytes = self.proc.stdout_bytes()
             self.proc.remove()
+            if self.reference_proc is not None:
+                self.reference_proc.remove()
+
+    def _module_request(self, proc: Any, art: Any, manifest: Any, state: dict[str, torch.Tensor], device: str,
+                        source: str, class_name: str = "ModelNew",
+                        shared_build_dir: str | None = None) -> LoadModuleRequest:
+        """Write ``state`` and the constructor's tensors into ``proc``'s scratch folder; the request
+        that has that process build ``class_name`` of ``source`` from them."""
+        from safetensors.torch import save_file
+
+        from modulelens.capture.artifact import load_tensors
+
+        path = proc.scratch / "state.safetensors"
+        save_file({k: v.detach().cpu().contiguous().clone() for k, v in state.items()}, str(path))
+        init = None
+        if art.has_file("init.safetensors"):
+            init = proc.scratch / "init.safetensors"
+            save_file({k: v.contiguous() for k, v in load_tensors(art, "init.safetensors").items()}, str(init))
+        return LoadModuleRequest(source=source, class_name=class_name, init_args=list(manifest.init.args or []),
+                                 init_kwargs=dict(manifest.init.kwargs or {}), init_tensors=str(init) if init else None,
+                                 state=str(path), sys_path=[str(p) for p in proc.read_only[1:]], device=device,
+                                 shared_build_dir=shared_build_dir)
 
     def _load(self, checker: CandidateChecker, art: Any, manifest: Any, reference: torch.nn.Module,
               device: str) -> Loaded:
         """Write the weights and the constructor's tensors into ``checker``'s candidate's scratch
         folder and have that candidate process load and build ``ModelNew`` from them."""
-        from safetensors.torch import save_file
-
-        from modulelens.capture.artifact import load_tensors
-
-        proc = checker.proc
-        state = proc.scratch / "state.safetensors"
-        save_file({k: v.detach().cpu().contiguous().clone() for k, v in reference.state_dict().items()}, str(state))
-        init = None
-        if art.has_file("init.safetensors"):
-            init = proc.scratch / "init.safetensors"
-            save_file({k: v.contiguous() for k, v in load_tensors(art, "init.safetensors").items()}, str(init))
         if checker is self:
             self.get_ready("module")
-        req = LoadModuleRequest(source=self.task.candidate.source, class_name=self.task.candidate.class_name,
-                                init_args=list(manifest.init.args or []), init_kwargs=dict(manifest.init.kwargs or {}),
-                                init_tensors=str(init) if init else None, state=str(state),
-                                sys_path=[str(p) for p in proc.read_only[1:]], device=device,
-                                shared_build_dir=self.task.build_dir)
+        req = self._module_request(checker.proc, art, manifest, reference.state_dict(), device,
+                                   self.task.candidate.source, self.task.candidate.class_name, self.task.build_dir)
         loaded = checker._request(req, timeout=self.task.build_timeout)
         if loaded.ok and checker is self:  # a denial run takes the builds this run verified and shared
             self.publish_extensions(loaded, self.task.candidate.source, Path(self.task.build_dir))
@@ -192,6 +217,8 @@ class _ModuleValidator(CandidateChecker):
         if not self.check("builds with the captured constructor arguments and weights", result.ok, result.error):
             return self.reject(f"cannot be built with the captured constructor arguments and weights: {result.error}")
 
+        if self.task.time:  # started now, so that its start overlaps the checks
+            self.reference_proc = start_candidate(self.task.memory_limit_mb, read_only=list(self.proc.read_only))
         args, kwargs = loaded.inputs()
         expected, _ = loaded.expected_outputs()
         self.data_bytes = sum(t.numel() * t.element_size() for t in tensors([args, kwargs, expected]))
@@ -213,7 +240,7 @@ class _ModuleValidator(CandidateChecker):
         self.report.ran, self.report.correct = True, True
         if self.task.time:
             self.stage("time")
-            self.time_it(reference, args, kwargs, claims, device)
+            self.time_it(reference, args, kwargs, claims, device, art, manifest)
             self.stage("recheck")
             a, k = fresh_inputs(args, kwargs, 9973, "normal")
             problem = self.check_case(reference, a, k, "fresh values in the timed buffers after timing",
@@ -318,11 +345,14 @@ class _ModuleValidator(CandidateChecker):
         return out
 
     def values_problem(self, got: list[torch.Tensor], want: list[torch.Tensor], label: str,
-                       rtol: float | None = None, oracle: Oracle | None = None) -> str | None:
-        """Why ``got`` does not stand for ``want`` on ``label``, or None; checks recorded. An
-        output outside the tolerance is judged against the float64 ``oracle`` when there is one."""
+                       rtol: float | None = None, oracle: Oracle | None = None, quiet: bool = False) -> str | None:
+        """Why ``got`` does not stand for ``want`` on ``label``, or None; checks recorded (``quiet``:
+        only a failure, for the checks of timed batches). An output outside the tolerance is judged
+        against the float64 ``oracle`` when there is one."""
         g, w = tensors(got), tensors(want)
-        if not self.check(f"output structure ({label})", len(g) == len(w), f"{len(g)} tensors, {len(w)} expected"):
+        if len(g) != len(w) or not quiet:
+            self.check(f"output structure ({label})", len(g) == len(w), f"{len(g)} tensors, {len(w)} expected")
+        if len(g) != len(w):
             return f"returns {len(g)} tensor(s) where the module returns {len(w)} ({label})"
         reference64: list[torch.Tensor] | None = None
         for i, (x, y) in enumerate(zip(g, w)):
@@ -332,7 +362,10 @@ class _ModuleValidator(CandidateChecker):
                 reference64 = reference64 if reference64 is not None else (oracle() or [])
                 if i < len(reference64) and reference64[i].shape == y.shape:
                     ok, entry, detail = judged_by_oracle(x, y.detach(), reference64[i], label, i, detail)
-                    self.report.accuracy.append(entry)
+                    if not (quiet and ok):
+                        self.report.accuracy.append(entry)
+            if quiet and ok:
+                continue
             if not self.check(f"output {i} values ({label})", ok, detail):
                 return f"output {i} is wrong on {label}: {detail}"
         return None
@@ -441,25 +474,65 @@ class _ModuleValidator(CandidateChecker):
                     return problem
         return None
 
-    def time_it(self, reference: torch.nn.Module, args: list, kwargs: dict, training: bool, device: str) -> None:
-        """The original timed here while the candidate process is stopped; the candidate by this
-        process's clock around batches of its calls (see :meth:`CandidateChecker.time_rounds`)."""
-        reference.train(training)
-        want = tensors(self._reference(reference, args, kwargs, training, None))
-        self.call(args, kwargs, want, trace=False, label="timing inputs", module_call=ModuleCall(training))
+    def time_it(self, reference: torch.nn.Module, args: list, kwargs: dict, training: bool, device: str,
+                art: Any, manifest: Any) -> None:
+        """The original module (in its own reference process) against the candidate, in the mode
+        the candidate is packed for (see the module docstring)."""
+        from modulelens.capture.tracer import rng_states
 
-        def eager() -> Any:
-            with torch.set_grad_enabled(training):
-                return reference(*args, **kwargs)
-
-        eager_t, cand_t = self.time_rounds(eager, device, self.task.min_run_time)
-        self.report.eager, self.report.candidate = eager_t, cand_t
-        self.report.speedup_vs_eager = eager_t.median_s / cand_t.median_s
+        rng = rng_states() if training else None  # set before every timed call, on both sides
+        module_call = ModuleCall(training, rng)
+        want = tensors(self._reference(reference, args, kwargs, training, rng))
+        self.call(args, kwargs, want, trace=False, label="timing inputs", module_call=module_call)
         mode = "training mode with grad (forward)" if training else "eval mode without grad"
-        self.report.timing_note = (f"module forward in {mode}; original: {eager_t.timer}; candidate: {cand_t.timer}; "
-                                   f"medians of the faster of two interleaved rounds each; {eager_t.threads} threads")
-        if self.report.speedup_vs_eager > 10:
+        what = f"module forward in {mode} (fresh values per round)"
+        feed = TimingFeed(args, kwargs)
+        cand = TimedProcess(self, self.proc, "candidate", device, feed, want, module_call,
+                            verify=self._verify_timed(reference, training, rng))
+        plan = timing_plan(self.task.min_run_time, self.task.timing_budget_s, self.task.target_width)
+        original = partial(self._original_side, art, manifest, device, feed, want, args, kwargs, module_call)
+        time_against(self, original, cand, plan, what, "original")
+        if self.report.speedup_vs_eager is not None and self.report.speedup_vs_eager > 10:
             self.report.flags.append(f"suspicious: {self.report.speedup_vs_eager:.1f}x faster than eager")
+
+    def _original_side(self, art: Any, manifest: Any, device: str, feed: TimingFeed, want: list, args: list,
+                       kwargs: dict, module_call: ModuleCall) -> TimedProcess:
+        """The reference process with the original module loaded (its captured class found as
+        replay finds it, built with the captured constructor arguments and the captured state, never
+        a fresh draw) and called once."""
+        proc = self.reference_proc
+        if proc is None:
+            raise ReferenceFailed("no reference process")
+        sources = {mod: (art.file(stored.file).read_text(), stored.original) for mod, stored in manifest.sources.items()}
+        load = self._module_request(proc, art, manifest, self.captured_state, device,
+                                    original_source(manifest.init.cls, sources, manifest.sys_path))
+        problem = load_reference(self, proc, "module", load, self.task.build_timeout)
+        if problem:
+            raise ReferenceFailed(f"the original module could not be loaded in its reference process: {problem}")
+        try:
+            request, _ = self.encode_call(args, kwargs, want, False, module_call, proc=proc)
+            self.read_reply(proc.request(request, self.call_timeout), "the original module", proc)
+        except Exception as e:  # noqa: BLE001 - a reference that cannot run leaves the speedup undetermined
+            raise ReferenceFailed(f"the original module failed in its reference process: {e}") from None
+        return TimedProcess(self, proc, "original module", device, feed, want, module_call, reference=True)
+
+    def _verify_timed(self, reference: torch.nn.Module, training: bool, rng: dict | None):
+        """The check of a timed batch's outputs: the original module on the inputs its last call saw,
+        judged like the checks (the float64 oracle in eval mode)."""
+        def verify(outputs: list, args: list, kwargs: dict, label: str) -> str | None:
+            want = tensors(self._reference(reference, args, kwargs, training, rng))
+            oracle = None if training else (lambda: self._oracle(reference, args, kwargs))
+            return self.values_problem(outputs, want, label, oracle=oracle, quiet=True)
+
+        return verify
+
+
+def original_source(class_path: str, sources: dict[str, tuple[str, str]], sys_path: list[str]) -> str:
+    """A module candidate's source whose ``ModelNew`` is the captured class itself, found as replay
+    finds it (script copies stored with the capture first, then ``sys_path``): the reference side
+    of a module timing, loaded by the harness like any candidate."""
+    return ("from modulelens.capture.sources import Resolver\n\n"
+            f"ModelNew = Resolver({sources!r}, {sys_path!r})({class_path!r})\n")
 
 
 def _newly_non_finite(outputs: list[torch.Tensor], base: list[torch.Tensor]) -> bool:

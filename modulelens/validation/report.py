@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field
 
 from modulelens.kernels.shape_rules import ShapeRule
 from modulelens.sandbox.containment import Isolation
-from modulelens.timing import Timing
+from modulelens.timing import MeasurementDetail, Timing
 
 DISTRIBUTIONS = ("normal", "uniform", "heavy", "special")
 
@@ -23,7 +23,11 @@ class CheckSettings(BaseModel):
                                      description="Distributions of the fresh inputs (each seed draws every one).")
     rtol: float | None = Field(None, ge=0, description="Relative tolerance (default: per dtype).")
     atol: float | None = Field(None, ge=0, description="Absolute tolerance (default: per dtype, scaled by the output).")
-    min_run_time: float = Field(0.3, gt=0, description="Seconds of timed calls, eager and candidate together.")
+    min_run_time: float = Field(0.3, gt=0, description="Seconds of timed rounds at least, eager and candidate together.")
+    timing_budget_s: float = Field(3.0, gt=0, description="Seconds of timed rounds at most: the rounds stop there, "
+                                   "the speedup determined or not.")
+    target_width: float = Field(0.2, gt=0, description="Relative width of the speedup's 95% interval to reach "
+                                "((high - low) / point); wider is undetermined.")
 
 
 class ValidationSettings(CheckSettings):
@@ -38,7 +42,7 @@ class ModuleValidationSettings(CheckSettings):
     """One validation of a module-level candidate (KernelBench ModelNew) against its capture."""
 
     capture: str = Field(description="The capture ref (name:vN) the candidate replaces.")
-    min_run_time: float = Field(0.6, gt=0, description="Seconds of timed calls, original and candidate together.")
+    min_run_time: float = Field(0.6, gt=0, description="Seconds of timed rounds at least, original and candidate together.")
 
 
 class Check(BaseModel):
@@ -96,9 +100,24 @@ class ValidationReport(BaseModel):
     eager: Timing | None = None
     candidate: Timing | None = None
     compiled_baseline: Timing | None = Field(None, description="torch.compile of the same operator, when asked for.")
-    speedup_vs_eager: float | None = Field(None, description="eager median / candidate median; null when not timed.")
-    speedup_vs_compile: float | None = None
-    timing_note: str = ""
+    speedup_vs_eager: float | None = Field(
+        None, description="Eager time / candidate time (median of interleaved paired rounds); null when not timed "
+        "or undetermined (see timing_status).")
+    speedup_interval: list[float] | None = Field(None, description="95% interval [low, high] of the speedup over "
+                                                 "eager; null when not timed. Decisions use low.")
+    timing_status: Literal["ok", "undetermined"] | None = Field(
+        None, description="ok: speedup_vs_eager is determined; undetermined: too noisy to tell (the number is null, "
+        "timing_reason says why); null: not timed.")
+    timing_reason: str = Field("", description="Why the speedup is or is not determined.")
+    speedup_vs_compile: float | None = Field(None, description="torch.compile time / candidate time; null when not "
+                                             "asked, not timed or undetermined.")
+    speedup_vs_compile_interval: list[float] | None = None
+    compile_timing_status: Literal["ok", "undetermined"] | None = None
+    compile_timing_reason: str = ""
+    measurement: MeasurementDetail | None = Field(None, description="How the speedup over eager was measured: "
+                                                  "rounds, threads and why, findings, method.")
+    timing_note: str = Field("", description="One line: what was timed, how, with which threads, and why the "
+                             "speedup is or is not determined.")
     stdout_bytes: int = 0
     stderr_tail: str = ""
     isolation: Isolation | None = Field(None, description="Containment layers that were in force around the candidate.")

@@ -27,6 +27,8 @@ from modulelens.validation.messages import (
     CrashedResult,
     InternalErrorResult,
     RefusedResult,
+    RemeasuredResult,
+    RemeasureTask,
     SandboxResult,
     SandboxTask,
     TimeCandidateTask,
@@ -189,6 +191,26 @@ def time_candidate(repo: Repository, candidate: Artifact, src: KernelSource, *, 
         case RefusedResult():
             raise ModuleLensError(result.message, result.hint)
     raise _unexpected(result, "timing")
+
+
+def remeasure_candidates(repo: Repository, card_id: str, sources: list[KernelSource], *, min_run_time: float,
+                         timing_budget_s: float, device: str | None = None,
+                         sandbox: SandboxPool | None = None) -> RemeasuredResult:
+    """Time validated candidates of ``card_id`` against eager together, interleaved, in a sandbox
+    worker (optimize's finalists; see :mod:`modulelens.validation.remeasure`)."""
+    card_artifact, card = open_card(repo, card_id)
+    task = RemeasureTask(repo=str(repo.root), card_id=card.card_id, candidates=sources,
+                         build_dir=str(default_build_dir()), device=device, min_run_time=min_run_time,
+                         timing_budget_s=timing_budget_s,
+                         confinement=confinement(repo, [card_artifact], "re-measure candidates on its cards"))
+    result = (sandbox or pool()).run(task, timeout=DEFAULT_TIMEOUT_S + CHECKER_SLACK_S)
+    match result:
+        case RemeasuredResult():
+            return result
+        case CrashedResult():
+            why = f"the sandbox worker {result.reason} while re-measuring the finalists"
+            return RemeasuredResult(measurements=[None] * len(sources), reasons=[why] * len(sources))
+    raise _unexpected(result, "a re-measurement")
 
 
 def _unexpected(result: SandboxResult, task: str) -> ModuleLensError:

@@ -429,6 +429,37 @@ def test_toggle_schedule_and_step_pairs():
     assert without == [2.0, 2.2, 2.1, 1.9] and with_ == [1.0, 1.1, 0.9, 1.0]
 
 
+def test_the_pack_is_switched_between_steps_never_inside_one():
+    """A step's backward runs in the state its forward ran in (the first step's too: the switch
+    for a script without optimizer steps happens before the next forward, not after the first)."""
+    import torch
+
+    from modulelens.dispatch.script import StepRecorder, ToggleSchedule
+
+    states: list[bool] = []
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    recorder = StepRecorder(switch=states.append).install()
+    try:
+        at_backward = []
+        for _ in range(6):
+            loss = model(torch.randn(3, 4)).sum()
+            at_backward.append(recorder.pack_on)
+            loss.backward()
+            opt.step()
+    finally:
+        recorder.uninstall()
+    schedule = [ToggleSchedule.on(i) for i in range(6)]
+    assert at_backward == recorder.step_on == schedule
+    forwards = StepRecorder(switch=states.append).install()  # a script that never steps: forwards are steps
+    try:
+        for _ in range(6):
+            model(torch.randn(3, 4))
+    finally:
+        forwards.uninstall()
+    assert forwards.forward_on == schedule
+
+
 def test_run_compare_claims_no_ratio_when_no_pack_kernel_ran_and_an_interval_otherwise():
     from modulelens.dispatch.script import ToggleSchedule
     from modulelens.tools.run import RunResult, compare_steps

@@ -146,6 +146,8 @@ class StepRecorder:
         if module in self.roots:
             self._depth += 1
             if self._depth == 1:
+                if self.forward_times and not self.steps:  # no optimizer step yet: forwards are the steps
+                    self._set(ToggleSchedule.on(len(self.forward_times)))
                 self._t0 = time.perf_counter()
                 if self.start is None:
                     self.start = self._t0
@@ -159,8 +161,6 @@ class StepRecorder:
                 first = _first_tensor(output)
                 if first is not None and not self.losses:
                     self.forward_sums.append(float(first.detach().double().sum()))
-                if not self.steps:  # a script that never steps an optimizer: forwards are its steps
-                    self._set(ToggleSchedule.on(len(self.forward_times)))
 
     def _stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.step_on.append(self.pack_on)

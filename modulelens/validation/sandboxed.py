@@ -51,8 +51,8 @@ class CandidateValidation(ValidationReport):
     candidate_id: str
     target: str = Field(description="The card validated against.")
     report: str = Field(description="Reference of the stored report.")
-    left_out: list[LeftOut] = Field(default_factory=list, description="Lists cut to `limit` items (the stored "
-                                    "report has them all).")
+    left_out: list[LeftOut] = Field(default_factory=list, description="Checks past `limit`, details of layers in "
+                                    "force: the stored report has them.")
 
 
 def pool() -> SandboxPool:

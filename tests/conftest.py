@@ -56,6 +56,16 @@ def run_cli_subprocess(*args: str, env: dict | None = None, timeout: float = 600
     )
 
 
+def full_report(reply):
+    """The stored validation report behind a validate_kernel reply: every check and every isolation
+    layer's detail (the reply keeps details only for layers not in force). The reply itself when it
+    cut nothing."""
+    from modulelens.validation.report import ValidationReport
+
+    full = next((c.full for c in reply.left_out if c.field == "isolation.layers.detail"), None)
+    return reply if full is None else ValidationReport.model_validate_json(Path(full).read_text(encoding="utf-8"))
+
+
 def wait_until(predicate, timeout: float, what: str) -> None:
     """Return once ``predicate()`` is true; fail naming ``what`` after ``timeout`` seconds."""
     import time

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import errno
 import textwrap
-from pathlib import Path
 
 import pytest
+from conftest import full_report
 
 from modulelens.registry import ToolContext
 from modulelens.sandbox.seccomp import ARCHES, CLONE, CLONE3, DENIED, SOCKET, filter_program, machine_arch
 from modulelens.tools.validate_kernel import ValidateKernelRequest, validate_kernel
-from modulelens.validation.report import ValidationReport
 
 ALLOW, KILL = "allow", "kill"
 OPCODES = {0x20: "ld", 0x15: "jeq", 0x35: "jge", 0x45: "jset", 0x06: "ret"}
@@ -107,8 +106,8 @@ def test_forbidden_calls_answer_eperm_in_the_sandbox(softmax_card):
     # the reply keeps the layer's name; its detail is in the stored report the reply points to
     seccomp = next(x for x in r.isolation.layers if x.name == "seccomp")
     assert seccomp.in_force and not seccomp.detail, r.isolation.summary()
-    (cut,) = [c for c in r.left_out if c.field == "isolation.layers.detail"]
-    stored = ValidationReport.model_validate_json(Path(cut.full).read_text(encoding="utf-8"))
+    stored = full_report(r)
+    assert stored is not r
     seccomp = next(x for x in stored.isolation.layers if x.name == "seccomp")
     assert seccomp.in_force and "ptrace" in seccomp.detail, stored.isolation.summary()
 

@@ -37,6 +37,7 @@ from modulelens.tools.capture_ops import CaptureOpsRequest, capture_ops
 from modulelens.tools.validate_kernel import ValidateKernelRequest, validate_kernel
 from modulelens.validation.candidate_messages import LoadRequest, ReadyRequest
 from modulelens.validation.checker import HARNESS, candidates_folder, start_candidate
+from tests.conftest import full_report
 from tests.test_sandbox_hostile import GENUINE, SoftmaxHead
 
 pytestmark = pytest.mark.slow
@@ -104,7 +105,7 @@ def test_a_build_swapped_for_a_link_to_the_key_is_refused_and_the_key_stays_in_i
     assert "without following links" in r.reason, r.reason
     assert not _holds(publish_dir(default_build_dir()), world.key)
     assert world.key.hex() not in r.model_dump_json()
-    layers = {x.name: x for x in r.isolation.layers}
+    layers = {x.name: x for x in full_report(r).isolation.layers}
     for name in ("checker: landlock", "checker: signing key and repository unreadable"):
         assert layers[name].in_force, r.isolation.summary()
     assert str(world.key_path) in layers["checker: signing key and repository unreadable"].detail
@@ -225,7 +226,7 @@ def test_no_byte_reaches_a_host_unix_socket(world, tmp_path):
             s.close()
     assert not received, received
     assert r.verdict == "rejected" and "path=EPERM" in r.reason and "abstract=EPERM" in r.reason, r.reason
-    seccomp = next(x for x in r.isolation.layers if x.name == "seccomp")
+    seccomp = next(x for x in full_report(r).isolation.layers if x.name == "seccomp")
     assert seccomp.in_force and "socket (every family" in seccomp.detail
 
 

@@ -14,9 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__version__ = "0.1.0"
-
 from modulelens.prestart import maybe_prestart  # noqa: E402 - first, before torch: see its docstring
+from modulelens.version import __version__  # noqa: F401 - the package's version
 
 maybe_prestart()
 

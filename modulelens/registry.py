@@ -28,6 +28,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
 
+from modulelens.callbacks import ProgressFn, SampleFn
 from modulelens.errors import ModuleLensError
 from modulelens.paths import project_folder
 from modulelens.replies import ToolReply
@@ -36,10 +37,6 @@ from modulelens.repo.store import remove_stale_tmp
 
 Req = TypeVar("Req", bound=BaseModel)
 Res = TypeVar("Res", bound=BaseModel)
-
-ProgressFn = Callable[[float, float | None, str | None], None]
-# (system prompt, user prompt, max tokens) -> (reply text, model name), via MCP sampling.
-SampleFn = Callable[[str, str, int], tuple[str, str]]
 
 
 @dataclass

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+__version__ = "0.1.0"  # pyproject.toml's version (re-exported as ``modulelens.__version__``)
+
 
 def package_version() -> str:
-    """The installed distribution's version; ``modulelens.__version__`` when it is not installed."""
+    """The installed distribution's version; :data:`__version__` when it is not installed."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
         return version("modulelens")
     except PackageNotFoundError:
-        import modulelens
-
-        return modulelens.__version__
+        return __version__

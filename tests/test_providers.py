@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import random
-import sys
 import types as pytypes
 import warnings
 
@@ -50,6 +49,24 @@ def _card(op: str = "aten.native_layer_norm.default") -> dict:
 @pytest.fixture
 def card():
     return _card()
+
+
+# --- the request ------------------------------------------------------------------------------
+
+
+def test_a_generation_request_holds_the_card_itself(card):
+    """Built once: a card's stored JSON validates into an OpCard when the request is made (a bad
+    card fails there, not inside a provider), and a card read from its opset is kept as it is."""
+    from pydantic import ValidationError
+
+    from modulelens.ops.model import OpCard
+
+    req = GenerationRequest(card=card, backend="cpp")
+    assert isinstance(req.card, OpCard) and (req.card.op, req.card.shapes) == (card["op"], card["shapes"])
+    stored = OpCard.model_validate(card).bind("blk:v1")
+    assert GenerationRequest(card=stored, backend="cpp").card.card_id == "blk:v1/0"
+    with pytest.raises(ValidationError, match="card.op"):
+        GenerationRequest(card={"shapes": [[8, 32]]}, backend="cpp")
 
 
 # --- extract_code -----------------------------------------------------------------------------
@@ -371,19 +388,21 @@ def test_urllib_transport_returns_http_errors(monkeypatch):
 
 @pytest.fixture
 def fake_templates(monkeypatch):
+    """The template library cut down to three layer-norm variants: the provider's own logic alone."""
+    from modulelens.kernels import templates
+
     calls = []
-    mod = pytypes.ModuleType("modulelens.kernels.templates")
 
     def variants(card, backend):
-        return 3 if card["op"] == "aten.native_layer_norm.default" else 0
+        return 3 if card.op == "aten.native_layer_norm.default" else 0
 
     def render(card, backend, variant=0):
         calls.append(variant)
         return KernelSource(backend=backend, source=f"// layer norm v{variant}\n", family="layernorm",
                             params={"block": 64 * (variant + 1)}, provider="template")
 
-    mod.variants, mod.render = variants, render
-    monkeypatch.setitem(sys.modules, "modulelens.kernels.templates", mod)
+    monkeypatch.setattr(templates, "variants", variants)
+    monkeypatch.setattr(templates, "render", render)
     return calls
 
 

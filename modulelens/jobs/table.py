@@ -221,8 +221,6 @@ def _signal(pid: int, sig: signal.Signals, *, group: bool = False) -> None:
 def job_environment() -> dict[str, str]:
     """This process's environment, with this modulelens first on the path (the job process must
     run the same code as its starter, even when that was imported from a checkout)."""
-    import modulelens
-
-    here = str(Path(modulelens.__file__).resolve().parent.parent)
+    here = str(Path(__file__).resolve().parents[2])  # the folder that holds the modulelens package
     path = os.environ.get("PYTHONPATH", "")
     return {**os.environ, "PYTHONPATH": here + (os.pathsep + path if path else ""), "PYTHONUNBUFFERED": "1"}

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel, Field
 
+from modulelens.callbacks import ProgressFn
 from modulelens.capture.manifest import capture_manifest
 from modulelens.capture.replay import LoadedCapture
 from modulelens.errors import ModuleLensError
@@ -25,7 +26,6 @@ from modulelens.ops.cards import open_card, require_tensor_inputs, run_card, sam
 from modulelens.ops.model import OpCard, is_card_id
 from modulelens.profiling.bandwidth import copy_bandwidth
 from modulelens.profiling.breakdown import OpTime, profile_breakdown
-from modulelens.registry import ProgressFn
 from modulelens.replies import ToolReply
 from modulelens.repo import Repository
 from modulelens.timing import Timing, time_callable

@@ -215,9 +215,8 @@ def _stated(card: OpCard, name: str) -> Any:
     return getattr(card, name) if name in card.model_fields_set else None
 
 
-def card_fields(card: OpCard | Mapping[str, Any], backend: str) -> dict[str, Any]:
+def card_fields(card: OpCard, backend: str) -> dict[str, Any]:
     """The placeholders the kernel prompts share, derived from the card."""
-    card = as_card(card)
     args = describe_arguments(card, backend)
     returns, ret_cpp = _describe_returns(card)
     shapes = card.shapes

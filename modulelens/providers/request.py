@@ -7,12 +7,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from modulelens.kernels.source import KernelSource
+from modulelens.ops.model import OpCard
 
 
 class GenerationRequest(BaseModel):
-    card: dict[str, Any] = Field(
-        description="The operator card in its stored JSON form (OpCard.model_dump(mode='json')); providers read it "
-        "through modulelens.ops.model.as_card.")
+    """One candidate asked of a provider. Built once by the caller (a card read from its opset, or a
+    card's stored JSON form, which validates into an :class:`OpCard`); providers read its fields."""
+
+    card: OpCard = Field(description="The operator card to write a kernel for.")
     backend: Literal["cpp", "cuda", "triton"]
     parent: KernelSource | None = Field(None, description="The candidate to mutate or repair.")
     parent_report: dict[str, Any] | None = Field(

@@ -18,9 +18,9 @@ once.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
 from typing import Any
 
+from modulelens.callbacks import SampleFn
 from modulelens.errors import ModuleLensError
 from modulelens.kernels.source import KernelSource
 from modulelens.providers.prompting import build_messages, extract_code, prompt_sha256
@@ -36,9 +36,6 @@ UNAVAILABLE_HINT = (
     "use [--provider template] (offline) or [--provider anthropic] (needs ANTHROPIC_API_KEY), or write the kernel "
     "yourself and pass it to validate_kernel"
 )
-
-SampleFn = Callable[[str, str, int], tuple[str, str]]
-
 
 class SamplingProvider:
     name = "sampling"

@@ -8,23 +8,19 @@ variant (``parent.params["variant"] + 1``, wrapping around): a deterministic mut
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from modulelens.errors import ModuleLensError
+from modulelens.kernels import templates
 from modulelens.kernels.source import KernelSource
-from modulelens.ops.model import as_card
 from modulelens.providers.request import GenerationRequest, lineage
-
-TEMPLATES_MODULE = "modulelens.kernels.templates"
 
 
 class TemplateProvider:
     name = "template"
 
     def generate(self, req: GenerationRequest, ctx: Any = None) -> KernelSource:
-        templates = importlib.import_module(TEMPLATES_MODULE)
-        op = as_card(req.card).op
+        op = req.card.op
         count = int(templates.variants(req.card, req.backend))
         if count <= 0:
             raise ModuleLensError(

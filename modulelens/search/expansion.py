@@ -88,7 +88,7 @@ class Expander:
         """The child of ``node``; raises ModuleLensError when the provider cannot make one."""
         if self.is_template:
             return self._template_child(tree, node)
-        request = GenerationRequest(card=self.card.model_dump(mode="json"), backend=self.settings.backend,
+        request = GenerationRequest(card=self.card, backend=self.settings.backend,
                                     instructions=self._context(tree, node) or None,
                                     variant=len(tree.children(node.node)))
         if node.node != ROOT and node.candidate_id:

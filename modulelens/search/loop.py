@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from modulelens.callbacks import ProgressFn
 from modulelens.cancellation import CallCancelled
 from modulelens.errors import ModuleLensError
 from modulelens.kernels.candidates import candidate_name, load_candidate, save_candidate
@@ -28,7 +29,6 @@ from modulelens.kernels.source import KernelSource
 from modulelens.ops.cards import open_card
 from modulelens.ops.model import OpCard
 from modulelens.providers.base import Provider
-from modulelens.registry import ProgressFn
 from modulelens.repo import Repository
 from modulelens.search.executors import EvalResult, EvalTask, Executor, LocalExecutor, RemeasureRequest, store_result
 from modulelens.search.expansion import Expander, Proposal

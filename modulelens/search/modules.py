@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from modulelens.callbacks import ProgressFn
 from modulelens.errors import ModuleLensError
-from modulelens.registry import ProgressFn
 from modulelens.repo import Artifact, Repository
 from modulelens.search.model import ModuleOutcome, SearchSettings
 

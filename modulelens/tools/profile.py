@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from modulelens.callbacks import ProgressFn
 from modulelens.errors import InvalidName
 from modulelens.kernels.candidates import CANDIDATES, candidate_manifest, load_candidate
 from modulelens.listing import MAX_ITEMS, keep_first
 from modulelens.ops.cards import open_card
 from modulelens.ops.model import is_card_id
 from modulelens.profiling.targets import ProfileOptions, ProfileResult, add_roofline, profile_target
-from modulelens.registry import ProgressFn, ToolContext, tool
+from modulelens.registry import ToolContext, tool
 from modulelens.replies import call
 from modulelens.repo import Repository, parse_ref
 from modulelens.validation.sandboxed import time_candidate

@@ -3,11 +3,11 @@ ModelNew) and the module level of ``optimize`` both run."""
 
 from __future__ import annotations
 
+from modulelens.callbacks import ProgressFn
 from modulelens.capture.manifest import KIND as CAPTURES
 from modulelens.capture.manifest import capture_manifest
 from modulelens.kernels.backends.base import default_build_dir
 from modulelens.kernels.module_candidates import ModuleCandidate, ModuleTarget
-from modulelens.registry import ProgressFn
 from modulelens.repo import Artifact, Repository
 from modulelens.sandbox.pool import DEFAULT_MEMORY_LIMIT_MB
 from modulelens.validation.messages import ModuleSource, ValidateModuleTask

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from pydantic import Field
 
+from modulelens.callbacks import ProgressFn
 from modulelens.cancellation import CallCancelled
 from modulelens.errors import ModuleLensError
 from modulelens.kernels.build_cache import default_build_dir
@@ -16,7 +17,6 @@ from modulelens.kernels.candidates import candidate_manifest
 from modulelens.kernels.source import KernelSource
 from modulelens.listing import LeftOut
 from modulelens.ops.cards import open_card
-from modulelens.registry import ProgressFn
 from modulelens.repo import Artifact, Repository
 from modulelens.repo.trust import KEY_FILE, config_dir, require_trusted, verified_digest
 from modulelens.sandbox.pool import DEFAULT_MEMORY_LIMIT_MB, SandboxPool, shared_pool

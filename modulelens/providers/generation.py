@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from modulelens.callbacks import ProgressFn
 from modulelens.kernels.candidates import load_candidate, save_candidate
 from modulelens.kernels.source import BackendName, KernelSource
 from modulelens.ops.cards import open_card
 from modulelens.providers.base import get_provider
 from modulelens.providers.request import GenerationRequest
-from modulelens.registry import ProgressFn
 from modulelens.repo import Artifact, Repository
 
 
@@ -27,7 +27,7 @@ def generate_candidate(repo: Repository, card_id: str, backend: BackendName, pro
     parent_src = load_candidate(repo, parent)[1] if parent else None
     if progress:
         progress(0, 1, f"asking the {provider} provider for a {backend} kernel for {card.op}")
-    request = GenerationRequest(card=card.model_dump(mode="json"), backend=backend, parent=parent_src,
+    request = GenerationRequest(card=card, backend=backend, parent=parent_src,
                                 parent_report=parent_report, instructions=instructions, variant=variant)
     src = get_provider(provider).generate(request, ctx)
     return save_candidate(repo, card, src, parent=parent), src

@@ -67,6 +67,7 @@ from modulelens.stats.records import StatsRun, StepRecord
 from modulelens.stats.schema import NanOrigin, StatsFinding
 from modulelens.stats.series import DEFAULT_EMA
 from modulelens.stats.softmax import ObserverSlot
+from modulelens.stats.updates import HostState
 from modulelens.stats.window import Call, Reduced, Window, floating_tensors, materialize, saturation_of
 from modulelens.wrappers import is_wrapper
 
@@ -145,6 +146,7 @@ class StatsCollector:
         self._class_paths: dict[str, str] = {}
         self._order: list[str] = []
         self._zero_rows: dict[str, torch.Tensor] = {}  # weight -> its rows with a zero gradient on the last sampled step
+        self._host_params = HostState()  # how the C helper reads each CPU parameter, and its copy buffer
         self._win: Window | None = None
         self._slot = ObserverSlot(self._record_softmax, self._note_once, enabled=softmax)
         self._module_hooks: list[Any] = []
@@ -471,8 +473,9 @@ class StatsCollector:
             return
         names = [name]
         win.grad_targets[key] = (weakref.ref(t), names)
+        node, index = t.grad_fn, t.output_nr
 
-        def hook(g: torch.Tensor, names=names, win=win) -> None:
+        def reduce(g: torch.Tensor | None, names=names, win=win) -> None:
             if not win.open or g is None:
                 return
             try:
@@ -484,7 +487,17 @@ class StatsCollector:
             except Exception as e:  # noqa: BLE001
                 self._note_error("reducing a gradient", e)
 
-        win.tensor_hooks.append(t.register_hook(hook))
+        if node is None:  # a leaf: a hook on the tensor
+            win.tensor_hooks.append(t.register_hook(reduce))
+            return
+
+        # A pre-hook of the node that made t (half the cost of a tensor hook): it sees the gradient
+        # w.r.t. each output of the node; t is output ``index``. Like a tensor hook registered now,
+        # it sees the gradient w.r.t. this version of t, also when t is later modified in place.
+        def pre(grads: tuple, reduce=reduce, index=index) -> None:
+            reduce(grads[index] if index < len(grads) else None)
+
+        win.tensor_hooks.append(node.register_prehook(pre))
 
     # -- hooks: forward-mode steps -------------------------------------------------------------
     def _root_pre(self, module: nn.Module, args: tuple) -> None:
@@ -524,7 +537,8 @@ class StatsCollector:
                         continue
                     win.params_seen.add(id(p))
                     named.append((entry[0], p))
-            win.updates.before_step(named, self._zero_rows, {n for n, p in named if id(p) in self.names.tables})
+            win.updates.before_step(named, self._zero_rows, {n for n, p in named if id(p) in self.names.tables},
+                                    self._host_params)
         except Exception as e:  # noqa: BLE001
             self._note_error("reading parameters before optimizer.step()", e)
 

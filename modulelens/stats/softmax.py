@@ -26,6 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from modulelens.stats import fused
+
 SOFTMAX_FIELDS = ("rows", "entropy", "max_prob", "onehot", "calls")
 ONEHOT_PROB = 0.99
 MAX_ROWS = 256  # rows per call (evenly spaced): the means of 256 rows are within a few percent
@@ -91,6 +93,11 @@ def softmax_call(kind: str, args: tuple, kwargs: dict, out: torch.Tensor) -> Vec
     x = args[0] if args else kwargs["input"]
     dim = _softmax_dim(x, args, kwargs)
     with torch.no_grad():
+        if x.is_floating_point() and x.device.type == "cpu":
+            # From the logits: one C pass (the exponentials vectorised by PyTorch), no logarithms.
+            host = fused.softmax_rows_cpu(_rows(x.detach(), dim), ONEHOT_PROB)
+            if host is not None:
+                return [*host, 1.0]
         p = _rows(out.detach(), dim).float()
         if kind == "log_softmax":
             p = p.exp()
@@ -140,8 +147,13 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, attn_mask: torch.Tensor 
                 attn_mask = attn_mask[:keep]
         want = min(SDPA_BUDGET // max(batch * S, 1), max(1, MAX_ROWS // max(batch, 1)))
         step = 1 if want >= L else -(-L // max(want, 1))
+        scale = scale if scale is not None else 1 / math.sqrt(E)
+        if attn_mask is None and q.is_cpu and k.is_cpu:  # one pass in C over q and k in place
+            host = fused.attention_rows_cpu(q, k, step, scale, is_causal, ONEHOT_PROB)
+            if host is not None:
+                return [*host, 1.0]
         logits = torch.matmul(q[..., ::step, :], k.transpose(-2, -1)).float()
-        logits.mul_(scale if scale is not None else 1 / math.sqrt(E))
+        logits.mul_(scale)
         count: torch.Tensor | float = float(S)
         if is_causal:
             bias, count = _causal(L, S, step, q.device)
@@ -153,6 +165,10 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, attn_mask: torch.Tensor 
             else:
                 logits = logits + m.float()
             count = (logits != -math.inf).sum(-1, dtype=torch.float32)
+        if logits.device.type == "cpu":
+            host = fused.softmax_rows_cpu(logits.reshape(-1, logits.shape[-1]), ONEHOT_PROB)
+            if host is not None:
+                return [*host, 1.0]
         return row_stats(torch.softmax(logits, -1), count)
 
 

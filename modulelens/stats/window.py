@@ -33,17 +33,19 @@ class Reduced:
     vec: Vector
 
 
-@dataclass
 class Call:
     """One module call of the step (``name`` None: not recorded: a wrapper, outside the roots, or
-    grad disabled)."""
+    grad disabled). A plain class with slots: one is made for every module call of a sampled step."""
 
-    module: nn.Module
-    name: str | None
-    finish: int = -1
-    in_norms: list[torch.Tensor | float | Reduced] = field(default_factory=list)
-    in_numel: int = 0
-    out: list[Vector] = field(default_factory=list)
+    __slots__ = ("module", "name", "finish", "in_norms", "in_numel", "out")
+
+    def __init__(self, module: nn.Module, name: str | None):
+        self.module = module
+        self.name = name
+        self.finish = -1  # the order in which the calls of the step returned (-1: never returned)
+        self.in_norms: list[torch.Tensor | float | Reduced] = []
+        self.in_numel = 0
+        self.out: list[Vector] = []
 
 
 @dataclass
@@ -69,6 +71,8 @@ class Window:
 
 def floating_tensors(value: Any, depth: int = 0) -> list[torch.Tensor]:
     """The non-empty floating (or complex) tensors in a module's inputs or outputs."""
+    if type(value) is tuple and len(value) == 1:  # the usual positional arguments: (x,)
+        value = value[0]
     if isinstance(value, torch.Tensor):
         return [value] if (value.is_floating_point() or value.is_complex()) and value.numel() else []
     if depth > 3:

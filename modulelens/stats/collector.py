@@ -373,6 +373,7 @@ class StatsCollector:
         name = win.innermost() if win is not None else None
         if name is not None:
             win.softmax.setdefault(name, []).append((source, vec))  # type: ignore[union-attr]
+            win.on_device = win.on_device or type(vec) is not list  # type: ignore[union-attr]
 
     # -- hooks: modules -----------------------------------------------------------------------
     def _pre(self, module: nn.Module, args: tuple, advance: bool = True) -> None:
@@ -414,7 +415,9 @@ class StatsCollector:
             win.calls.append(call)
             for t in floating_tensors(args):
                 reduced = _reduced(win, t)
-                call.in_norms.append(Reduced(reduced) if reduced is not None else S.l2(t))
+                norm = Reduced(reduced) if reduced is not None else S.l2(t)
+                call.in_norms.append(norm)
+                win.on_device = win.on_device or not isinstance(norm, (float, Reduced))
                 call.in_numel += t.numel()
         except StopRun:
             raise
@@ -444,8 +447,11 @@ class StatsCollector:
             call.finish = win.finished
             win.finished += 1
             sat = saturation_of(module)
+            call.saturating = sat is not None
             for t in floating_tensors(output):
-                call.out.append(self._out_moments(win, t, sat))
+                vec = self._out_moments(win, t, sat)
+                call.out.append(vec)
+                win.on_device = win.on_device or type(vec) is not list
                 if self.gradients and t.requires_grad and torch.is_grad_enabled():
                     self._grad_hook(win, t, call.name)
         except Exception as e:  # noqa: BLE001
@@ -484,6 +490,7 @@ class StatsCollector:
                 win.grad_seq += 1
                 for n in names:
                     win.grads.setdefault(n, []).append((seq, vec))
+                win.on_device = win.on_device or type(vec) is not list
             except Exception as e:  # noqa: BLE001
                 self._note_error("reducing a gradient", e)
 

@@ -196,32 +196,30 @@ def softmax_rows_cpu(logits: torch.Tensor, onehot: float) -> list[float] | None:
     return list(out)
 
 
-def attention_rows_cpu(q: torch.Tensor, k: torch.Tensor, step: int, scale: float, causal: bool,
-                       onehot: float) -> list[float] | None:
+_I64x4 = ctypes.c_int64 * 4
+_F64x4 = ctypes.c_double * 4
+
+
+def _work(n: int) -> ctypes.Array:
+    """This thread's float scratch area of at least ``n`` floats (reused from call to call)."""
+    buf = getattr(_out, "work", None)
+    if buf is None or len(buf) < n:
+        buf = _out.work = (ctypes.c_float * max(n, 4096))()
+    return buf
+
+
+def attention_rows_cpu(q: int, q_strides: list[int], k: int, k_strides: list[int], nb0: int, nb1: int, rows: int,
+                       step: int, dim: int, keys: int, scale: float, causal: bool, onehot: float) -> list[float] | None:
     """As :func:`softmax_rows_cpu` for the attention weights softmax(q k^T * scale) of
     ``scaled_dot_product_attention`` without a mask (``causal``: query i sees keys 0..i), for the
-    query rows 0, step, 2 step... of CPU tensors ``q`` (..., L, E) and ``k`` (..., S, E) whose batch
-    dimensions broadcast, read in place through their strides; None without the C helper."""
+    query rows 0, step, 2 step... (``rows`` of them) of float32 CPU tensors q (nb0, nb1, L, dim) and
+    k (nb0, nb1, keys, dim) at addresses ``q`` and ``k``, read through their strides (0 where a
+    batch dimension broadcasts); None without the C helper."""
     if not available():
         return None
-    q, k = q.detach().float(), k.detach().float()
-    while q.dim() < 4:
-        q = q.unsqueeze(0)
-    while k.dim() < 4:
-        k = k.unsqueeze(0)
-    if q.dim() > 4:
-        q = q.reshape(-1, *q.shape[-3:])
-    if k.dim() > 4:
-        k = k.reshape(-1, *k.shape[-3:])
-    nb0, nb1 = max(q.shape[0], k.shape[0]), max(q.shape[1], k.shape[1])
-    q = q.expand(nb0, nb1, -1, -1)
-    k = k.expand(nb0, nb1, -1, -1)
-    rows, dim, keys = -(-q.shape[2] // step), q.shape[3], k.shape[2]
-    work = torch.empty((dim + 1) * keys, dtype=torch.float32)
-    out = (ctypes.c_double * 4)()
-    _state["attention_rows"](q.data_ptr(), (ctypes.c_int64 * 4)(*q.stride()), k.data_ptr(),  # type: ignore[operator]
-                             (ctypes.c_int64 * 4)(*k.stride()), nb0, nb1, rows, step, dim, keys, scale, int(causal),
-                             work.data_ptr(), onehot, out)
+    out = _F64x4()
+    _state["attention_rows"](q, _I64x4(*q_strides), k, _I64x4(*k_strides), nb0, nb1, rows, step, dim, keys,  # type: ignore[operator]
+                             scale, int(causal), _work((dim + 1) * keys), onehot, out)
     return list(out)
 
 

@@ -168,6 +168,7 @@ class UpdateMeasurement:
     # name -> (||w_after - w_before||, ||w_before||) on the update sample.
     updates: dict[str, tuple[torch.Tensor | float, torch.Tensor | float]] = field(default_factory=dict)
     buffers: list[torch.Tensor] = field(default_factory=list)  # the host copies (kept until after the step)
+    on_device: bool = False  # some norms are tensors (the PyTorch path): materialize moves them to the host
 
     def before_step(self, named: list[tuple[str, torch.Tensor]], zero_rows: dict[str, torch.Tensor],
                     tables: set[str] = frozenset(), host: HostState | None = None) -> None:  # type: ignore[assignment]
@@ -237,6 +238,7 @@ class UpdateMeasurement:
 
     def _before_step_torch(self, named: list[tuple[str, torch.Tensor]], zero_rows: dict[str, torch.Tensor],
                            tables: set[str]) -> None:
+        self.on_device = True
         ws = [p.detach() for _, p in named]
         with_grad = [(n, p.grad.detach()) for n, p in named if p.grad is not None and p.grad.layout == torch.strided]
         dead = {}

@@ -41,6 +41,7 @@ BUILD_TIMEOUT_S = 120.0
 _lock = threading.Lock()
 _state: dict[str, object] = {}  # "fn": the C function, or "why": the reason there is none
 _out = threading.local()
+_F64x13 = ctypes.c_double * 13
 
 
 def _build_dir() -> Path:
@@ -150,12 +151,12 @@ def moments_cpu(t: torch.Tensor, saturation: tuple[float, float] | None,
     fn = _state.get("fn") or _load()
     if fn is None or n == 0:
         return None
-    buf = getattr(_out, "buf", None)
-    if buf is None:
-        buf = _out.buf = (ctypes.c_double * 13)()
-    centre, half = saturation if saturation is not None else (0.0, 0.0)
-    fn(t.data_ptr(), n, code, int(saturation is not None), centre, threshold * half, buf)  # type: ignore[operator]
-    return list(buf)
+    buf = _F64x13()
+    if saturation is None:
+        fn(t.data_ptr(), n, code, 0, 0.0, 0.0, buf)  # type: ignore[operator]
+    else:
+        fn(t.data_ptr(), n, code, 1, saturation[0], threshold * saturation[1], buf)  # type: ignore[operator]
+    return buf[:]  # a list (five times faster than list(buf))
 
 
 def sum_squares_cpu(t: torch.Tensor) -> float | None:
@@ -193,7 +194,7 @@ def softmax_rows_cpu(logits: torch.Tensor, onehot: float) -> list[float] | None:
     x = logits.detach().to(torch.float32).contiguous()
     out = (ctypes.c_double * 4)()
     _state["softmax_rows"](x.data_ptr(), x.shape[0], x.shape[1], onehot, out)  # type: ignore[operator]
-    return list(out)
+    return out[:]
 
 
 _I64x4 = ctypes.c_int64 * 4
@@ -220,7 +221,7 @@ def attention_rows_cpu(q: int, q_strides: list[int], k: int, k_strides: list[int
     out = _F64x4()
     _state["attention_rows"](q, _I64x4(*q_strides), k, _I64x4(*k_strides), nb0, nb1, rows, step, dim, keys,  # type: ignore[operator]
                              scale, int(causal), _work((dim + 1) * keys), onehot, out)
-    return list(out)
+    return out[:]
 
 
 PARAM_FIELDS = 13  # int64 fields per parameter of modulelens_param_before (see moments.c)

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
@@ -254,6 +255,23 @@ def _mha_call(args: tuple, kwargs: dict) -> Vector:
 
 
 SDPA_SOURCE = "scaled_dot_product_attention"
+
+# torch.nn classes whose forward calls no softmax and no attention: while one of them runs (an
+# instance of exactly that class, its forward not replaced), the observer is off the mode stack and
+# its operators do not pass through Python (a third of the operators of a small transformer).
+QUIET_MODULES = frozenset(getattr(nn, n) for n in (
+    "Linear", "Bilinear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
+    "Embedding", "EmbeddingBag", "LayerNorm", "GroupNorm", "RMSNorm", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d",
+    "InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d", "Dropout", "Dropout1d", "Dropout2d", "Dropout3d",
+    "AlphaDropout", "Identity", "ReLU", "ReLU6", "GELU", "SiLU", "Mish", "Tanh", "Sigmoid", "Hardtanh", "Hardsigmoid",
+    "Hardswish", "LeakyReLU", "PReLU", "ELU", "SELU", "CELU", "Softplus", "Softsign", "Flatten", "Unflatten",
+    "MaxPool1d", "MaxPool2d", "MaxPool3d", "AvgPool1d", "AvgPool2d", "AvgPool3d", "AdaptiveAvgPool1d",
+    "AdaptiveAvgPool2d", "AdaptiveAvgPool3d") if hasattr(nn, n))
+
+
+def quiet(module: nn.Module) -> bool:
+    """True for a module whose forward calls no softmax or attention (see :data:`QUIET_MODULES`)."""
+    return type(module) in QUIET_MODULES and "forward" not in module.__dict__
 
 
 class SoftmaxObserver(TorchFunctionMode):

@@ -9,7 +9,6 @@ calls of each module into a :class:`~modulelens.stats.records.StepRecord`.
 
 from __future__ import annotations
 
-import collections
 import math
 import weakref
 from dataclasses import dataclass, field
@@ -37,12 +36,13 @@ class Call:
     """One module call of the step (``name`` None: not recorded: a wrapper, outside the roots, or
     grad disabled). A plain class with slots: one is made for every module call of a sampled step."""
 
-    __slots__ = ("module", "name", "finish", "in_norms", "in_numel", "out", "saturating")
+    __slots__ = ("module", "name", "finish", "in_norms", "in_numel", "out", "saturating", "quiet")
 
     def __init__(self, module: nn.Module, name: str | None):
         self.module = module
         self.name = name
         self.saturating = False  # a bounded activation (its outputs count saturated elements)
+        self.quiet = False  # the softmax observer was off the mode stack while it ran
         self.finish = -1  # the order in which the calls of the step returned (-1: never returned)
         self.in_norms: list[torch.Tensor | float | Reduced] = []
         self.in_numel = 0
@@ -59,7 +59,8 @@ class Window:
     grad_seq: int = 0
     grad_targets: dict[tuple[int, int], tuple[weakref.ref, list[str]]] = field(default_factory=dict)
     tensor_hooks: list[Any] = field(default_factory=list)
-    memo: collections.deque = field(default_factory=lambda: collections.deque(maxlen=8))
+    # id(output) -> (weak reference, version, saturation, moment vector): outputs already reduced this step.
+    memo: dict[int, tuple[weakref.ref, int, Any, Vector]] = field(default_factory=dict)
     softmax: dict[str, list[tuple[str, Vector]]] = field(default_factory=dict)
     params_seen: set[int] = field(default_factory=set)
     updates: UpdateMeasurement = field(default_factory=UpdateMeasurement)

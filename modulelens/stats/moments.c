@@ -347,6 +347,31 @@ CLONES static double sum_squares(const void *x, int64_t n, int dtype) {
     return s;
 }
 
+/* sum(x^2) of a contiguous tensor while copying it to dst: one read of the source. */
+CLONES static double copy_sum_squares(const void *x, void *dst, int64_t n, int dtype) {
+    double s = 0;
+    switch (dtype) {
+    case 0: {
+        const float *p = x;
+        float *q = dst;
+#pragma omp simd reduction(+:s)
+        for (int64_t i = 0; i < n; i++) { q[i] = p[i]; s += (double)p[i] * p[i]; }
+        break;
+    }
+    case 1: {
+        const double *p = x;
+        double *q = dst;
+#pragma omp simd reduction(+:s)
+        for (int64_t i = 0; i < n; i++) { q[i] = p[i]; s += p[i] * p[i]; }
+        break;
+    }
+    default:
+        memcpy(dst, x, (size_t)(n * 2));
+        s = sum_squares(x, n, dtype);
+    }
+    return s;
+}
+
 /* sum(x^2) of a contiguous tensor, in double. */
 double modulelens_sum_squares(const void *x, int64_t n, int dtype) { return sum_squares(x, n, dtype); }
 
@@ -360,11 +385,10 @@ int modulelens_param_before(int64_t count, const int64_t *rec, double *out) {
             return -1;
         int64_t n = rec[2], size = element_size(wt), rows = rec[5], cols = rec[6], stride = rec[7];
         char *copy = (char *)rec[8];
-        out[0] = sum_squares(w, n, wt);
+        out[0] = rows == 1 && cols == n ? 0.0 : sum_squares(w, n, wt);
         out[1] = g ? sum_squares(g, n, gt) : 0.0;
         if (rows == 1 && cols == n) { /* the whole weight: its sum is known */
-            memcpy(copy, w, (size_t)(n * size));
-            out[2] = out[0];
+            out[2] = out[0] = copy_sum_squares(w, copy, n, wt);
         } else {
             double sq = 0;
             for (int64_t r = 0; r < rows; r++) {

@@ -49,6 +49,11 @@ from model import TinyConfig, TinyFormer  # noqa: E402
 import modulelens as ml  # noqa: E402
 
 
+def _speedup(rep) -> str:
+    interval = f" (95% {rep.speedup_interval[0]:.2f}..{rep.speedup_interval[1]:.2f})" if rep.speedup_interval else ""
+    return (f"{rep.speedup_vs_eager:.2f}x" if rep.speedup_vs_eager is not None else "undetermined") + interval
+
+
 def make_pack(repo: Path, out: Path) -> list[str]:
     ops = ml.capture_ops(str(TRAIN), ["--steps", "2"], module="blocks.1", backward=True, repo=str(repo))
     cards = {c.op: c.card_id for c in ops.cards if c.phase == "forward"}
@@ -56,7 +61,7 @@ def make_pack(repo: Path, out: Path) -> list[str]:
     for op in ("aten._safe_softmax.default", "aten.native_layer_norm.default"):
         gen = ml.generate_kernel(cards[op], backend="cpp", provider="template", repo=str(repo))
         rep = ml.validate_kernel(gen.candidate_id, repo=str(repo))
-        print(f"{gen.candidate_id} ({op}): {rep.verdict}, {rep.speedup_vs_eager:.2f}x vs eager", flush=True)
+        print(f"{gen.candidate_id} ({op}): {rep.verdict}, {_speedup(rep)} vs eager", flush=True)
         ids.append(gen.candidate_id)
     from modulelens.tools import get_tool
 
@@ -65,9 +70,9 @@ def make_pack(repo: Path, out: Path) -> list[str]:
 
     mod = module_tool(module_tool.request(source=str(FUSED), target=ops.capture, claims_training=True),
                       ToolContext(repo_root=repo))
-    print(f"{mod.candidate_id} (fused Block): {mod.verdict}, {mod.speedup_vs_eager:.2f}x vs eager", flush=True)
+    print(f"{mod.candidate_id} (fused Block): {mod.verdict}, {_speedup(mod)} vs eager", flush=True)
     ids.append(mod.candidate_id)
-    packed = ml.pack(ids, out=str(out), repo=str(repo))
+    packed = ml.pack(ids, out=str(out), repo=str(repo), force=True)  # the overhead is measured with every entry used
     for e in packed.entries:
         print(f"  packed {e.candidate_id}: dispatched={e.dispatched} {e.skip_reason or ''}", flush=True)
     return ids

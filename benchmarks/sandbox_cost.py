@@ -258,7 +258,8 @@ def per_call(samples: int) -> dict[str, float]:
             t1 = time.perf_counter()
             proc.request(call, timeout=60)
             checked.append(time.perf_counter() - t1)
-        one = [time_calls(proc, 1, 60) for _ in range(samples)]
+        bare = call.model_copy(update={"trace": False})
+        one = [time_calls(proc, bare, 60)[0] for _ in range(samples)]
     finally:
         proc.remove()
     return {"checked": _median(checked), "bare": _median(one)}

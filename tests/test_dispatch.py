@@ -43,16 +43,22 @@ def forward(x, dim):
 MECHANISMS = ["library", "mode"]
 
 
+def _interval(speedup: float | None) -> list[float] | None:
+    return [speedup * 0.95, speedup * 1.05] if speedup is not None else None
+
+
 def _report(speedup: float | None = 2.0, correct: bool = True) -> ValidationReport:
     return ValidationReport(verdict="custom" if correct else "rejected", correct=correct, reason="test entry",
-                            stage="done", backend="triton", speedup_vs_eager=speedup)
+                            stage="done", backend="triton", speedup_vs_eager=speedup,
+                            speedup_interval=_interval(speedup), timing_status="ok" if speedup else None)
 
 
 def _op_entry(x: torch.Tensor, source: str = KERNEL, *, grad: bool = True, speedup: float | None = 2.0,
               cid: str = "t.card0:v1") -> PackEntry:
     return PackEntry(candidate_id=cid, kind="op", target="t:v1/0", op=SOFTMAX,
                      pattern=describe_call([x, -1], {}, grad_enabled=grad), backend="triton", source=source,
-                     source_sha256="test", report=_report(speedup), speedup_vs_eager=speedup)
+                     source_sha256="test", report=_report(speedup), speedup_vs_eager=speedup,
+                     speedup_interval=_interval(speedup))
 
 
 def _write(path, entries: list[PackEntry], **env_changes) -> str:
@@ -187,14 +193,17 @@ def test_a_kernel_that_raises_falls_back_to_eager_and_is_reported(tmp_path, mech
     assert list(entry.fallback_reasons) == ["kernel raised RuntimeError: kernel exploded"]
 
 
-def test_only_entries_that_beat_eager_are_dispatched(tmp_path):
+def test_only_entries_that_surely_beat_eager_are_dispatched(tmp_path):
     x = torch.randn(4, 8)
     slow = _op_entry(x, speedup=0.8)
+    unsure = _op_entry(x, speedup=1.2, cid="t.card0:v2").model_copy(update={"speedup_interval": [0.9, 1.6]})
+    assert "95% interval is 0.90x..1.60x (the lower bound must be above 1" in unsure.skip_reason()
+    assert unsure.model_copy(update={"forced": True}).skip_reason() is None  # packed with force: used anyway
     path = _write(tmp_path / "p.pack", [slow])
     with modulelens.use_pack(path) as pack:
         _softmax(x)
     entry = pack.report().entries[0]
-    assert not entry.dispatched and entry.hits == 0 and "slower than eager (0.80x)" in entry.skip_reason
+    assert not entry.dispatched and entry.hits == 0 and "interval is 0.76x..0.84x" in entry.skip_reason
     assert not torch._C._dispatch_has_kernel_for_dispatch_key("aten::_safe_softmax",
                                                                torch._C.DispatchKey.ADInplaceOrView)
 
@@ -260,7 +269,8 @@ def _module_entry(x: torch.Tensor, *, training: bool = False) -> PackEntry:
     return PackEntry(candidate_id="s.module:v1", kind="module", target="s:v1", class_path=class_path(Scale),
                      module_path="inner", pattern=describe_call([x], {}, grad_enabled=False, training=training),
                      backend="module", entry="ModelNew", source=MODEL_NEW, source_sha256="test",
-                     init=ModuleInit(args=[4], kwargs={}), report=_report(), speedup_vs_eager=2.0)
+                     init=ModuleInit(args=[4], kwargs={}), report=_report(), speedup_vs_eager=2.0,
+                     speedup_interval=_interval(2.0))
 
 
 def test_a_module_entry_replaces_the_modules_forward_behind_its_guard(tmp_path):
@@ -458,7 +468,7 @@ def test_a_run_with_no_hits_says_so_first_and_claims_no_speedup(cli, tmp_path):
     script.write_text("import torch\nfor _ in range(3):\n    torch.softmax(torch.randn(4, 16), -1)\n")
     code, r, res = cli("run", script, "--pack", path, "--compare", "--repo", tmp_path, "--json")
     assert code == 0, res.output
-    assert r["hits"] == 0 and r["summary"].startswith("0 hits") and r["speedup"] is None
+    assert r["hits"] == 0 and r["summary"].startswith("0 hits") and r["step_ratio"] is None
     assert r["warnings"] and "(0 hits)" in r["warnings"][0]  # said first
     assert r["recorded"] is None  # the pack was never stored in this repository
 

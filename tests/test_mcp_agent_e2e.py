@@ -137,7 +137,7 @@ def test_results_say_what_to_do_next_and_what_could_mislead(loop):
                                           "arguments": {"candidate": loop["generated"]["candidate_id"]}}]
     untimed = loop["untimed"]
     assert untimed["correct"] and untimed["speedup_vs_eager"] is None
-    assert any(w.startswith("speed undetermined") for w in untimed["warnings"]), untimed["warnings"]
+    assert any(w.startswith("not timed") for w in untimed["warnings"]), untimed["warnings"]
     pack = loop["pack"]
     assert [e["dispatched"] for e in pack["entries"]] == [False]
     assert pack["warnings"][0] == "no entry of this pack will be used: every call will run eager"
@@ -146,7 +146,8 @@ def test_results_say_what_to_do_next_and_what_could_mislead(loop):
 def test_a_pack_run_in_which_no_kernel_ran_says_so_and_claims_no_speedup(loop):
     run = loop["run"]
     assert run["exit_code"] == 0 and run["hits"] == 0
-    assert run["speedup"] is None and run["step_seconds_with"] is not None  # timings kept, no claim made
+    assert run["step_ratio"] is None and run["step_seconds_with"] is not None  # timings kept, no claim made
+    assert run["timing_status"] == "undetermined" and "no pack kernel ran" in run["timing_reason"]
     assert any("no pack kernel ran (0 hits)" in w for w in run["warnings"]), run["warnings"]
     assert any("was not used" in w for w in run["warnings"]), run["warnings"]
     assert run["next"] and run["next"][0]["tool"] == "check_pack"

@@ -52,7 +52,9 @@ def gpt2_pack(tmp_path_factory, app):
         reports.append(rep)
     # --force: the entries are used whatever this (shared, noisy) machine measured
     packed = cli("pack", *candidates, "--force", "--out", repo / "gpt2.pack")
-    run = cli("run", TRAIN, "--pack", packed["ref"], "--compare", "--", "--steps", "4", "--lengths", "24,12")
+    # --compare switches the pack off in alternate steps (ToggleSchedule: on in steps 0 and 2), so each
+    # length runs twice: once with the pack, once without
+    run = cli("run", TRAIN, "--pack", packed["ref"], "--compare", "--", "--steps", "4", "--lengths", "24,24,12,12")
     return repo, packed["ref"], repo / "gpt2.pack", candidates, reports, run
 
 
@@ -70,12 +72,15 @@ def test_the_pack_serves_two_other_lengths_forward_and_backward_with_the_same_lo
     _, ref, _, (ln, sb), _, run = gpt2_pack
     assert run["exit_code"] == 0 and run["outputs_match"] is True, (run["outputs_with"], run["outputs_without"])
     assert len(run["outputs_with"]) == 4 and run["max_output_difference"] <= 1e-5
+    from modulelens.dispatch.script import ToggleSchedule
+
     by_id = {e["candidate_id"]: e for e in run["entries"]}
-    # 2 blocks x (ln_1, ln_2) + ln_f per step, at lengths 24 and 12 (captured at 16)
-    assert by_id[ln]["hits_by_phase"] == {"forward": 20} and by_id[ln]["fallbacks"] == 0, by_id[ln]
+    assert [i for i in range(4) if ToggleSchedule.on(i)] == [0, 2]  # the pack ran at lengths 24 and 12
+    # 2 blocks x (ln_1, ln_2) + ln_f per step with the pack, at lengths 24 and 12 (captured at 16)
+    assert by_id[ln]["hits_by_phase"] == {"forward": 10} and by_id[ln]["fallbacks"] == 0, by_id[ln]
     # the attention softmax's backward in each block, inside loss.backward()
-    assert by_id[sb]["hits_by_phase"] == {"backward": 8} and by_id[sb]["fallbacks"] == 0, by_id[sb]
-    assert run["summary"].startswith("28 hits") and not any("0 hits" in w or "fell back" in w for w in run["warnings"])
+    assert by_id[sb]["hits_by_phase"] == {"backward": 4} and by_id[sb]["fallbacks"] == 0, by_id[sb]
+    assert run["summary"].startswith("14 hits") and not any("0 hits" in w or "fell back" in w for w in run["warnings"])
     assert run["recorded"] == f"{ref.split(':')[0]}.v1:v1"
 
 
@@ -170,10 +175,10 @@ def test_check_pack_replays_forward_and_backward_and_lists_with_the_hits(gpt2_pa
     assert {e["candidate_id"]: e["hits"] for e in check["entries"]} == {candidates[0]: 2, candidates[1]: 1}
     code, shown, res = cli("show", "pack", ref, "--repo", repo, "--json")
     assert code == 0, res.output
-    assert shown["last_check"]["ok"] is True and shown["trusted"] and shown["last_run"]["hits"] == 28
+    assert shown["last_check"]["ok"] is True and shown["trusted"] and shown["last_run"]["hits"] == 14
     entries = {e["candidate_id"]: e for e in shown["entries"]}
-    assert entries[candidates[0]]["run_hits"] == {"forward": 20} and entries[candidates[0]]["check_hits"] == 2
-    assert entries[candidates[1]]["run_hits"] == {"backward": 8} and entries[candidates[1]]["check_hits"] == 1
+    assert entries[candidates[0]]["run_hits"] == {"forward": 10} and entries[candidates[0]]["check_hits"] == 2
+    assert entries[candidates[1]]["run_hits"] == {"backward": 4} and entries[candidates[1]]["check_hits"] == 1
 
 
 def test_check_pack_with_zero_hits_is_not_ok_and_claims_no_speedup(gpt2_pack, cli, tmp_path):
@@ -211,7 +216,7 @@ def test_list_packs_over_mcp(gpt2_pack):
     packs = result.structured_content["packs"]
     assert [p["ref"] for p in packs] == [ref]
     assert (packs[0]["entries"], packs[0]["shape_rules"], packs[0]["backward"]) == (2, 2, 1)
-    assert packs[0]["last_run"]["hits"] == 28 and packs[0]["last_run"]["summary"].startswith("28 hits")
+    assert packs[0]["last_run"]["hits"] == 14 and packs[0]["last_run"]["summary"].startswith("14 hits")
 
 
 def test_the_ui_lists_the_pack_with_entries_rules_and_hits(gpt2_pack):
@@ -225,4 +230,4 @@ def test_the_ui_lists_the_pack_with_entries_rules_and_hits(gpt2_pack):
         r = c.get("/packs")
     assert r.status_code == 200 and "None yet." not in r.text
     assert ref in r.text and all(cid in r.text for cid in candidates)
-    assert "admits 1..33" in r.text and "forward 20" in r.text and "backward 8" in r.text
+    assert "admits 1..33" in r.text and "forward 10" in r.text and "backward 4" in r.text

@@ -321,8 +321,9 @@ at::Tensor forward(at::Tensor x, int64_t dim, bool half_to_float) {
 def test_genuine_kernel_mentioning_aten_in_a_comment_is_custom_and_timed_honestly(card):
     r = run(card, GENUINE, backend="cpp")
     assert r.verdict == "custom" and r.correct, (r.reason, r.backend_calls)
-    assert r.speedup_vs_eager is not None and r.speedup_vs_eager < 10, r.speedup_vs_eager
-    assert "checker's perf_counter" in r.candidate.timer
+    assert r.timing_status in ("ok", "undetermined") and r.speedup_interval, r.timing_reason
+    assert r.speedup_vs_eager is None or r.speedup_vs_eager < 10, r.speedup_vs_eager
+    assert "checker's clock" in r.candidate.timer
     assert "library symbols" in r.wrapper_evidence
 
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import errno
 import textwrap
+from pathlib import Path
 
 import pytest
 
 from modulelens.registry import ToolContext
 from modulelens.sandbox.seccomp import ARCHES, CLONE, CLONE3, DENIED, SOCKET, filter_program, machine_arch
 from modulelens.tools.validate_kernel import ValidateKernelRequest, validate_kernel
+from modulelens.validation.report import ValidationReport
 
 ALLOW, KILL = "allow", "kill"
 OPCODES = {0x20: "ld", 0x15: "jeq", 0x35: "jge", 0x45: "jset", 0x06: "ret"}
@@ -102,8 +104,13 @@ def test_forbidden_calls_answer_eperm_in_the_sandbox(softmax_card):
     assert r.verdict == "rejected"
     for part in ("ptrace=EPERM", "unshare=EPERM", "inet=EPERM", "inet6=EPERM", "unix=EPERM", "pair=ok", "child=ran"):
         assert part in r.reason, (part, r.reason)
+    # the reply keeps the layer's name; its detail is in the stored report the reply points to
     seccomp = next(x for x in r.isolation.layers if x.name == "seccomp")
-    assert seccomp.in_force and "ptrace" in seccomp.detail, r.isolation.summary()
+    assert seccomp.in_force and not seccomp.detail, r.isolation.summary()
+    (cut,) = [c for c in r.left_out if c.field == "isolation.layers.detail"]
+    stored = ValidationReport.model_validate_json(Path(cut.full).read_text(encoding="utf-8"))
+    seccomp = next(x for x in stored.isolation.layers if x.name == "seccomp")
+    assert seccomp.in_force and "ptrace" in seccomp.detail, stored.isolation.summary()
 
 
 def test_layer_reports_what_is_in_force_or_why_not():

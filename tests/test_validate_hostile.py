@@ -54,7 +54,7 @@ HOSTILE = {
     "returns its input": ("""
         def forward(x, dim, half_to_float):
             return x
-        """, "is (a view of) input 0"),
+        """, "shares memory with the inputs"),
     "returns stale memory": ("""
         def forward(x, dim, half_to_float):
             return torch.empty_like(x)   # may hold a result computed just before

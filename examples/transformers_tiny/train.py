@@ -63,7 +63,7 @@ def main():
     lengths = [int(x) for x in args.lengths.split(",")]
     for step in range(args.steps):
         ids = get_batch(gen, args.batch_size, lengths[step % len(lengths)], args.vocab)
-        loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+        loss = model(input_ids=ids, labels=ids).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

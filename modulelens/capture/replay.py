@@ -19,7 +19,7 @@ from safetensors import safe_open
 from modulelens.capture import init_args
 from modulelens.capture.artifact import load_tensors
 from modulelens.capture.custom_ops import import_op_modules, missing_op_error, missing_ops
-from modulelens.capture.leafcall import LEAF_PROGRAM_PREFIX, LeafProgramCall
+from modulelens.capture.leafcall import BUFFER_PREFIX, LEAF_PROGRAM_PREFIX, LeafProgramCall
 from modulelens.capture.manifest import CaptureManifest, capture_manifest
 from modulelens.capture.sources import Resolver
 from modulelens.capture.spec import ModuleSpec, TensorSpec
@@ -71,7 +71,7 @@ class LoadedCapture:
         }
         self.resolver = Resolver(sources, self.manifest.sys_path)
         self.synthesized: list[str] = []
-        self.input_leaves: dict[int, torch.Tensor] = {}  # id of an input given as an activation -> its leaf
+        self.input_leaves: dict[int, torch.Tensor] = {}  # of the last inputs(): id of an activation -> its leaf
 
     # -- data ---------------------------------------------------------------------------------
     def _decoder(self, filename: str, *, device: str | None, dtype: torch.dtype | None,
@@ -79,13 +79,30 @@ class LoadedCapture:
         source = TensorSource(load_tensors(self.artifact, filename), device=device, dtype=dtype)
         return Decoder(source, self.resolver, self._build_nested, placeholders=placeholders)
 
+    @functools.cached_property
+    def _stored_inputs(self) -> dict[str, torch.Tensor]:
+        return load_tensors(self.artifact, "inputs.safetensors")
+
     def inputs(self) -> tuple[list[Any], dict[str, Any]]:
-        dec = self._decoder("inputs.safetensors", device=self.device, dtype=self.dtype)
+        """The call's arguments as they were before the captured call. Every call rebuilds them:
+        new tensors (copies of the stored ones, which are read once) and new objects around them,
+        so a forward that changes what it is given (grows a key/value cache, updates a tensor in
+        place) leaves the next call's arguments as captured. Run a module more than once on the
+        captured inputs by calling this before each run, outside any timer."""
+        source = TensorSource(self._stored_inputs, device=self.device, dtype=self.dtype)
+        dec = Decoder(source, self.resolver, self._build_nested)
         args = dec.decode(self.manifest.inputs.args)
         kwargs = dec.decode(self.manifest.inputs.kwargs)
-        self.synthesized += dec.source.synthesized
-        self.input_leaves.update(dec.source.leaves)
+        self.synthesized += [k for k in source.synthesized if k not in self.synthesized]
+        self.input_leaves = source.leaves  # ids of tensors from earlier calls may be reused
         return list(args), dict(kwargs)
+
+    @property
+    def changed_inputs(self) -> list[str]:
+        """Keys of the input tensors the captured call changed (a cache it grew, a tensor updated
+        in place): a module run twice on one set of :meth:`inputs` does not start the second run
+        from the captured inputs."""
+        return [key for key in self.manifest.state_after if not key.startswith(BUFFER_PREFIX)]
 
     def expected_outputs(self) -> Any:
         dec = self._decoder("outputs.safetensors", device="cpu", dtype=None)

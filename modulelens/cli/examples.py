@@ -30,7 +30,7 @@ EXAMPLES: dict[str, str] = {
     "gather_stats": "examples/tinyformer/train.py --every 5 -- --steps 20",
     "pack": "demo-block.card2:v1 demo-block.module:v1 --out demo.pack",
     "run": "examples/tinyformer/train.py --pack demo.pack --compare -- --steps 6",
-    "check_pack": "demo.pack --min-run-time 0.5",
+    "check_pack": "demo.pack --limit 4",
 }
 
 

@@ -320,6 +320,14 @@ def _speedup(x: float | None) -> str:
     return f"{x:.2f}x" if x is not None else "-"
 
 
+def _measured(point: float | None, interval: list[float] | None, status: str | None) -> str:
+    """A speedup as reported: the point with its 95% interval, or undetermined with the interval."""
+    span = f" (95% {interval[0]:.2f}x..{interval[1]:.2f}x)" if interval else ""
+    if status == "ok" and point is not None:
+        return f"{point:.2f}x{span}"
+    return f"undetermined{span}" if status else "-"
+
+
 def list_candidates_view(r: ListCandidatesResult, wide: bool) -> RenderableType:
     table = FittedTable([
         Column("candidate", "key", style="cyan"),
@@ -356,9 +364,11 @@ def show_candidate_view(r: CandidateView, wide: bool) -> RenderableType:
 def validate_kernel_view(r: CandidateValidation, wide: bool) -> RenderableType:
     head = Text.assemble((r.verdict, f"bold {_VERDICT[r.verdict]}"), f" {r.candidate_id} for {r.target} ({r.backend})")
     rows: list[tuple[str, str | Cell]] = [("reason", r.reason)]
-    if r.speedup_vs_eager is not None and r.eager and r.candidate:
-        rows.append(("speedup", f"{r.speedup_vs_eager:.2f}x vs eager"
-                     + (f", {r.speedup_vs_compile:.2f}x vs torch.compile" if r.speedup_vs_compile is not None else "")))
+    if r.timing_status is not None:
+        rows.append(("speedup", _measured(r.speedup_vs_eager, r.speedup_interval, r.timing_status) + " vs eager"
+                     + (", " + _measured(r.speedup_vs_compile, r.speedup_vs_compile_interval, r.compile_timing_status)
+                        + " vs torch.compile" if r.compile_timing_status else "")))
+    if r.eager and r.candidate:
         for label, t in (("eager", r.eager), ("candidate", r.candidate)):
             rows.append((label, f"{seconds(t.median_s)} (p20 {seconds(t.p20_s)}, p80 {seconds(t.p80_s)})"))
     if r.timing_note:
@@ -492,10 +502,6 @@ def add_search_child_view(r: AddSearchChildResult, wide: bool) -> RenderableType
 # --------------------------------------------------------------------------------------------
 
 
-def _speedup(x: float | None) -> str:
-    return "-" if x is None else f"{x:.2f}x"
-
-
 def validate_module_view(r: ValidateModuleResult, wide: bool) -> RenderableType:
     return validate_kernel_view(r, wide)
 
@@ -542,8 +548,10 @@ def run_view(r: RunResult, wide: bool) -> RenderableType:
     ]
     if r.step_seconds_with is not None:
         rows.append(("step time", seconds(r.step_seconds_with) + " with the pack"
-                     + (f", {seconds(r.step_seconds_without)} without ({_speedup(r.speedup)})"
-                        if r.step_seconds_without is not None else "")))
+                     + (f", {seconds(r.step_seconds_without)} without" if r.step_seconds_without is not None else "")))
+    if r.timing_status is not None:
+        rows.append(("step ratio", _measured(r.step_ratio, r.step_ratio_interval, r.timing_status)
+                     + f": {r.timing_reason}"))
     if r.outputs_match is not None:
         rows.append(("outputs", _yes_no(r.outputs_match)))
     if r.script_error:
@@ -564,7 +572,8 @@ def check_pack_view(r: CheckPackResult, wide: bool) -> RenderableType:
     ], title=f"pack check ({'ok' if r.ok else 'NOT OK'}): {r.summary}", wide=wide)
     for c in r.checks:
         table.add_row(c.capture, _yes_no(c.matches_captured and c.matches_eager and c.grads_match is not False),
-                      f"{c.max_abs_error:.3g}", str(c.hits), str(c.fallbacks), _speedup(c.speedup), c.detail or "-")
+                      f"{c.max_abs_error:.3g}", str(c.hits), str(c.fallbacks),
+                      _measured(c.speedup, c.speedup_interval, c.timing_status), c.detail or "-")
     notes = [Text(f"not hit: {x}", style=_BAD) for x in r.not_hit] + [Text(f"untested: {x}", style=_WARN)
                                                                       for x in r.untested]
     return Group(table, *notes)

@@ -33,13 +33,15 @@ def _entry(rec: CandidateRecord, force: bool) -> PackEntry:
                      shape_rule=rule if rule is not None and rule.checked else None, backend=rec.backend,
                      entry=rec.entry, source=rec.source, source_sha256=rec.source_sha256,
                      build=build_recipe(rec.backend), init=rec.init, claims_training=rec.claims_training,
-                     report=rec.report, speedup_vs_eager=rec.report.speedup_vs_eager, forced=force)
+                     report=rec.report, speedup_vs_eager=rec.report.speedup_vs_eager,
+                     speedup_interval=rec.report.speedup_interval, forced=force)
 
 
 def make_pack(repo: Repository, candidate_ids: list[str], out: Path, force: bool = False) -> tuple[str, PackContent]:
     """Write the pack of ``candidate_ids`` to ``out``; returns (sha256, content). Two candidates
-    for the same call pattern are refused (keep the faster one). ``force``: entries validated
-    correct are used even when not proven faster than eager."""
+    for the same call pattern are refused (keep the faster one). An entry is used where the pack is
+    loaded only when the lower bound of its speedup interval is above 1, unless ``force``
+    (:meth:`PackEntry.skip_reason`)."""
     if not candidate_ids:
         raise ModuleLensError("no candidates given", f"e.g. {tool_call('pack', candidates=['blk.card2:v1', 'blk.card7:v1'], out='model.pack')}")
     entries = [_entry(candidate_record(repo, c), force) for c in candidate_ids]

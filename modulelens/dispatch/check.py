@@ -6,9 +6,12 @@ pack applied (:func:`~modulelens.dispatch.api.apply_pack`) with the same RNG sta
 outputs are compared with the captured outputs and with the eager replay (per-dtype tolerances
 of :mod:`modulelens.numerics`). When the capture holds gradients, both runs also go backward with
 the captured output gradients, and the pack's input and parameter gradients are compared with
-eager's (so backward entries are exercised). Then the forward is timed in back-to-back pairs of
-calls (the pack paused for the eager side; the speedup is the median of the pairs' ratios). Module
-entries are matched with the module's path in its model (the capture's module path).
+eager's (so backward entries are exercised). Then the forward is timed in interleaved paired
+rounds by :func:`modulelens.timing.measure_speedup` (the pack paused for the eager side): the
+speedup with its 95% interval, a number only when determined. A replay on which no pack kernel ran
+is not timed (nothing to gain). Every run starts from the inputs as captured (rebuilt, untimed,
+when the captured call changed them, as a key/value cache grows). Module entries are matched with
+the module's path in its model (the capture's module path).
 
 The pack is ok only when every replay matched and every entry that could be tested was hit
 (:func:`entry_coverage`): a dispatched entry from a checked capture, a backward entry only where
@@ -17,7 +20,7 @@ the capture has gradients, an operator entry only where no module entry served t
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, Field
@@ -38,7 +41,11 @@ class CaptureCheck(BaseModel):
     entries: list[EntryReport]
     eager_median_s: float | None = None
     pack_median_s: float | None = None
-    speedup: float | None = Field(None, description="Module replay time eager / with the pack (median of paired ratios).")
+    speedup: float | None = Field(None, description="Module replay time eager / with the pack (median of paired "
+                                  "rounds); null when undetermined or when no pack kernel ran.")
+    speedup_interval: list[float] | None = Field(None, description="95% interval [low, high] of the speedup.")
+    timing_status: Literal["ok", "undetermined"] = "undetermined"
+    timing_reason: str = ""
     backward: bool = Field(False, description="Also ran backward with the captured output gradients.")
     grads_match: bool | None = Field(None, description="With backward: the pack's gradients agree with eager's.")
     detail: str = ""
@@ -70,27 +77,35 @@ def check_capture(repo: Repository, ref: str, make_runtime: Any, min_run_time: f
     """Replay capture ``ref`` with a fresh runtime from ``make_runtime()`` applied (see module doc)."""
     from modulelens.capture.tracer import set_rng_states
     from modulelens.dispatch.api import AppliedPack
-    from modulelens.timing import paired_timing
+    from modulelens.timing import CallableSide, TimingPlan, measure_speedup, thread_choice
 
     cap = CaptureReplay(repo, ref)
     device = cap.device if not cap.device.startswith("cuda") or torch.cuda.is_available() else "cpu"
     cap.loaded.device = device
-    args, kwargs = cap.loaded.inputs()
+    inputs = [cap.loaded.inputs()]
     expected, _ = cap.loaded.expected_outputs()
     rng = cap.loaded.rng()
 
     grad_outputs = cap.grad_outputs()
 
+    def rebuild() -> None:
+        """The inputs as captured again: the last call may have changed them (a cache it grew)."""
+        inputs[0] = cap.loaded.inputs()
+
     def call(module: torch.nn.Module) -> Any:
+        args, kwargs = inputs[0]
         if rng:
             set_rng_states(rng)
         with torch.set_grad_enabled(cap.grad_enabled):
             return module(*args, **kwargs)
 
     def forward_backward(module: torch.nn.Module) -> tuple[Any, list[torch.Tensor]]:
-        """Outputs, and with captured output gradients the input and parameter gradients."""
+        """Outputs, and with captured output gradients the input and parameter gradients, of a
+        call on the inputs as captured."""
+        rebuild()
         if not grad_outputs:
             return call(module), []
+        args, kwargs = inputs[0]
         own = [a.detach().clone().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a for a in args]
         module.zero_grad(set_to_none=True)
         if rng:
@@ -111,25 +126,36 @@ def check_capture(repo: Repository, ref: str, make_runtime: Any, min_run_time: f
         try:
             packed, packed_grads = forward_backward(module)
             report = applied.runtime.report()
+            hits = sum(e.hits for e in report.entries)
 
             def paused() -> Any:
                 with applied.runtime.pause():
                     return call(module)
 
-            t_eager, t_pack, speedup, _ = paired_timing(paused, lambda: call(module), device,
-                                                        min_run_time=min_run_time)
+            m = None
+            if hits:
+                plan = TimingPlan(min_seconds=min_run_time, budget_s=max(2.0, 4 * min_run_time))
+                setup = rebuild if cap.loaded.changed_inputs else None
+                m = measure_speedup(CallableSide("eager (pack paused)", paused, device, setup=setup),
+                                    CallableSide("with the pack", lambda: call(module), device, setup=setup), plan,
+                                    thread_choice())
         finally:
             applied.remove()
         ok_cap, worst, why = _agree(packed, expected)
         ok_eager, _, why_eager = _agree(packed, eager)
         grads_ok, _, why_grads = _agree(packed_grads, eager_grads) if grad_outputs else (None, 0.0, "")
         entries = [e for e in report.entries if e.hits or e.fallbacks]
-        return CaptureCheck(capture=cap.ref, strategy="", matches_captured=ok_cap, matches_eager=ok_eager,
-                            max_abs_error=worst, hits=sum(e.hits for e in entries),
-                            fallbacks=sum(e.fallbacks for e in entries), entries=entries,
-                            eager_median_s=t_eager.median_s, pack_median_s=t_pack.median_s, speedup=speedup,
-                            backward=bool(grad_outputs), grads_match=grads_ok,
-                            detail=why or why_eager or (f"gradients: {why_grads}" if why_grads else ""))
+        out = CaptureCheck(capture=cap.ref, strategy="", matches_captured=ok_cap, matches_eager=ok_eager,
+                           max_abs_error=worst, hits=hits, fallbacks=sum(e.fallbacks for e in entries),
+                           entries=entries, backward=bool(grad_outputs), grads_match=grads_ok,
+                           detail=why or why_eager or (f"gradients: {why_grads}" if why_grads else ""),
+                           timing_reason="no pack kernel ran on the replay: nothing to time")
+        if m is not None:
+            out.eager_median_s = m.base.median_s if m.base else None
+            out.pack_median_s = m.candidate.median_s if m.candidate else None
+            out.speedup, out.speedup_interval = m.speedup, m.interval
+            out.timing_status, out.timing_reason = m.status, m.note("the module replay, eager vs with the pack")
+        return out
 
     result, strategy, _, _ = cap.loaded.with_strategy("auto", False, lambda m: check(m.train(cap.training)))
     result.strategy = strategy

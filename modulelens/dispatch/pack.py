@@ -94,19 +94,25 @@ class PackEntry(BaseModel):
     claims_training: bool = Field(False, description="Module entries: validated for training (gradients).")
     report: ValidationReport
     speedup_vs_eager: float | None = None
-    forced: bool = Field(False, description="Packed with force: used without being proven faster than eager.")
+    speedup_interval: list[float] | None = Field(None, description="95% interval of the speedup at validation.")
+    forced: bool = Field(False, description="Packed with --force: used whatever its speedup interval says.")
 
     def skip_reason(self) -> str | None:
-        """Why this entry is never dispatched, or None when it is dispatched (correct, and faster
-        than eager unless ``forced``)."""
+        """Why this entry is never dispatched, or None when it is: it must be validated correct
+        and surely faster than eager, the lower bound of its speedup's 95% interval above 1
+        (unless packed with ``force``)."""
         if not self.report.correct or self.report.verdict == "rejected":
             return f"not validated correct ({self.report.verdict}: {self.report.reason})"
         if self.forced:
             return None
-        if self.speedup_vs_eager is None:
-            return "not timed against eager"
-        if self.speedup_vs_eager <= 1.0:
-            return f"slower than eager ({self.speedup_vs_eager:.2f}x)"
+        interval = self.speedup_interval or self.report.speedup_interval
+        if not interval:
+            why = self.report.timing_reason or "no speedup interval in its report (validated before intervals, or not timed)"
+            return f"not timed against eager with an interval: {why}; validate it again, or pack it with force"
+        low, high = interval
+        if low <= 1.0:
+            return (f"not surely faster than eager: its speedup's 95% interval is {low:.2f}x..{high:.2f}x "
+                    "(the lower bound must be above 1; pack it with force to use it anyway)")
         return None
 
 

@@ -1,7 +1,8 @@
 """Guarded dispatch of a loaded pack: which calls go to a pack kernel, and what happened.
 
-Only entries that were validated correct and beat eager are dispatched (:meth:`PackEntry.skip_reason`
-says why others are not). A call reaches an entry's kernel only when its :func:`call_key` is one of
+Only entries that were validated correct and surely beat eager (the lower bound of their speedup
+interval above 1, or packed with force) are dispatched (:meth:`PackEntry.skip_reason` says why
+others are not). A call reaches an entry's kernel only when its :func:`call_key` is one of
 the entry's validated keys (:func:`pattern_keys`: arguments, mode, training flag) or fits the
 entry's checked shape rule (:class:`~modulelens.dispatch.rules.RuleGuard`; admitted keys are
 remembered, so the next call of that shape is an exact lookup); otherwise it runs eager and counts
@@ -273,6 +274,22 @@ class PackRuntime:
             yield
         finally:
             self.paused = was
+
+    def switch(self, on: bool) -> None:
+        """Switch dispatch on or off between a script's steps (``run --compare`` times both in one
+        process): off, the interceptor is taken out entirely (both mechanisms), so an off step
+        costs what a step without the pack costs but for the patched modules' forward, which
+        checks this switch and calls the original."""
+        if on != self.paused:
+            return
+        self.paused = not on
+        if not self.tables or not self.installed:
+            return
+        if self.mechanism == "library" or self.depth > 0:
+            if on:
+                self.interceptor.install()
+            else:
+                self.interceptor.uninstall()
 
     def deactivate(self) -> None:
         bridge = self._bridges.pop() if self._bridges else None

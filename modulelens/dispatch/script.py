@@ -12,6 +12,12 @@ a :class:`ScriptRunRequest`; the worker runs the script as ``__main__`` (as capt
   backward calls, the sum of each top-level forward's first output tensor.
 
 The top-level model is the first module called that is not inside a model seen before.
+
+With ``toggle`` (``run --compare``), the pack is switched on and off between steps
+(:class:`ToggleSchedule`): the first step with it and the second without (warm-up: builds, caches),
+then pairs of steps in alternating order (on/off, off/on, ...), each step recorded with its state,
+so that with and without are timed in one process, interleaved, and the step ratio comes with an
+interval (:func:`step_ratio`).
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ class ScriptRunRequest(BaseModel):
     script: str
     script_args: list[str] = Field(default_factory=list)
     pack: str | None = Field(None, description="None: run without a pack (the baseline).")
+    toggle: bool = Field(False, description="Switch the pack on and off between steps (ToggleSchedule).")
     allow_env_mismatch: bool = False
     expect_sha256: str | None = None
     mechanism: Mechanism = DEFAULT_MECHANISM
@@ -50,15 +57,48 @@ class ScriptRunOutcome(BaseModel):
     script_error: str | None = Field(None, description="How the script ended, when not normally.")
     report: DispatchReport | None = None
     step_seconds: list[float] = Field(default_factory=list)
+    step_pack_on: list[bool] = Field(default_factory=list, description="With toggle: whether each step ran with the pack.")
     step_kind: str = Field("optimizer step", description="optimizer step, or model forward for scripts that never step.")
     outputs: list[float] = Field(default_factory=list)
     output_kind: str = Field("loss", description="loss (scalars .backward() was called on), or forward output sum.")
 
 
-class StepRecorder:
-    """Records step times and outputs of a script run (see the module docstring)."""
+class ToggleSchedule:
+    """Which steps run with the pack when it is toggled: step 0 with (warm-up), step 1 without
+    (warm-up), then round ``r`` = steps ``2 + 2r`` and ``3 + 2r``: on then off for even ``r``, off
+    then on for odd ``r`` (ABBA over pairs of steps)."""
 
-    def __init__(self) -> None:
+    WARMUP = 2
+
+    @staticmethod
+    def on(step: int) -> bool:
+        if step < ToggleSchedule.WARMUP:
+            return step == 0
+        r, k = divmod(step - ToggleSchedule.WARMUP, 2)
+        return (k == 0) == (r % 2 == 0)
+
+
+def step_rounds(seconds: list[float], on: list[bool]) -> tuple[list[float], list[float]]:
+    """(seconds without the pack, seconds with it), one pair per complete round of the
+    :class:`ToggleSchedule` (warm-up steps left out)."""
+    without, with_ = [], []
+    for first in range(ToggleSchedule.WARMUP, len(seconds) - 1, 2):
+        pair = {on[first]: seconds[first], on[first + 1]: seconds[first + 1]}
+        if len(pair) == 2:
+            without.append(pair[False])
+            with_.append(pair[True])
+    return without, with_
+
+
+class StepRecorder:
+    """Records step times and outputs of a script run (see the module docstring); with a
+    ``switch``, turns the pack on and off between steps (:class:`ToggleSchedule`)."""
+
+    def __init__(self, switch: Any = None) -> None:
+        self.switch = switch
+        self.pack_on = True
+        self.step_on: list[bool] = []
+        self.forward_on: list[bool] = []
         self.seen: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
         self.roots: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
         self.start: float | None = None
@@ -106,6 +146,8 @@ class StepRecorder:
         if module in self.roots:
             self._depth += 1
             if self._depth == 1:
+                if self.forward_times and not self.steps:  # no optimizer step yet: forwards are the steps
+                    self._set(ToggleSchedule.on(len(self.forward_times)))
                 self._t0 = time.perf_counter()
                 if self.start is None:
                     self.start = self._t0
@@ -115,21 +157,30 @@ class StepRecorder:
             self._depth -= 1
             if self._depth == 0:
                 self.forward_times.append(time.perf_counter() - self._t0)
+                self.forward_on.append(self.pack_on)
                 first = _first_tensor(output)
                 if first is not None and not self.losses:
                     self.forward_sums.append(float(first.detach().double().sum()))
 
     def _stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.step_on.append(self.pack_on)
         now = time.perf_counter()
         begin = self.last if self.last is not None else (self.start if self.start is not None else now)
         self.steps.append(now - begin)
-        self.last = now
+        self._set(ToggleSchedule.on(len(self.steps)))
+        self.last = time.perf_counter()  # the switch itself is not part of the next step
+
+    def _set(self, on: bool) -> None:
+        if self.switch is not None and on != self.pack_on:
+            self.switch(on)
+            self.pack_on = on
 
     def fill(self, outcome: ScriptRunOutcome) -> None:
         if self.steps:
-            outcome.step_seconds, outcome.step_kind = self.steps, "optimizer step"
+            outcome.step_seconds, outcome.step_kind, outcome.step_pack_on = self.steps, "optimizer step", self.step_on
         else:
             outcome.step_seconds, outcome.step_kind = self.forward_times, "model forward"
+            outcome.step_pack_on = self.forward_on
         if self.losses:
             outcome.outputs, outcome.output_kind = self.losses, "loss"
         else:
@@ -160,12 +211,13 @@ def run_in_worker(request: ScriptRunRequest) -> ScriptRunOutcome:
 
     outcome = ScriptRunOutcome()
     script = Path(request.script).resolve()
-    recorder = StepRecorder().install()
     pack = None
+    if request.pack:
+        pack = use_pack(request.pack, allow_env_mismatch=request.allow_env_mismatch,
+                        expect_sha256=request.expect_sha256, mechanism=request.mechanism)
+    recorder = StepRecorder(pack.runtime.switch if pack is not None and request.toggle else None).install()
     try:
-        if request.pack:
-            pack = use_pack(request.pack, allow_env_mismatch=request.allow_env_mismatch,
-                            expect_sha256=request.expect_sha256, mechanism=request.mechanism)
+        if pack is not None:
             with pack:
                 error = run_user_file(script, request.script_args, stop=_NeverRaised)
         else:

@@ -102,7 +102,7 @@ SHARED_ARGUMENTS: dict[str, str] = {
     "allow_env_mismatch": "Allow another torch, device or compiler.",
     "name": "Only this name's versions.",
     "pack": "Pack file or stored pack NAME[:vN].",
-    "force": "Use entries even when not proven faster than eager.",
+    "force": "Use entries even when not surely faster than eager.",
 }
 
 

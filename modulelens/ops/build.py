@@ -58,17 +58,16 @@ class _ModuleRunner:
 
     def __init__(self, loaded: LoadedCapture, m: CaptureManifest, backward: bool):
         self.loaded, self.backward = loaded, backward
-        self.args, self.kwargs = loaded.inputs()
         self.rng = loaded.rng()
         self.grad_mode = m.grad_enabled or backward
         self.has_grads = m.backward is not None
         self.cuda = m.environment.device.startswith("cuda")
 
     def fresh(self) -> tuple[list, dict]:
-        def copy(x: Any) -> Any:
-            return x.detach().clone().requires_grad_(x.requires_grad) if isinstance(x, torch.Tensor) else x
-
-        return [copy(a) for a in self.args], {n: copy(v) for n, v in self.kwargs.items()}
+        """The captured inputs rebuilt for one run (objects inside them too, such as a key/value
+        cache the previous run grew), each tensor given as it was in the run (see
+        :meth:`LoadedCapture.inputs`)."""
+        return self.loaded.inputs()
 
     def run(self, module: Any, inputs: tuple[list, dict], before_backward: Callable[[], None] | None = None) -> Any:
         """One call on ``inputs`` (from :meth:`fresh`, made outside any timer or recorder)."""

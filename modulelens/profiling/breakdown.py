@@ -19,29 +19,40 @@ class OpTime(BaseModel):
 
 
 def profile_breakdown(fn: Callable[[], Any], device: str, runs: int = 5,
-                      top: int | None = None) -> tuple[list[OpTime], int, str]:
+                      top: int | None = None, setup: Callable[[], Any] | None = None) -> tuple[list[OpTime], int, str]:
     """Operators by self time (the first ``top``, None: all) over ``runs`` calls (after one warm-up) and the peak memory
     allocated during one call: CUDA allocator peak on GPU; on CPU, the largest running total of
-    allocations minus frees seen by the profiler. Returns (ops, peak_bytes, how_peak_was_measured)."""
+    allocations minus frees seen by the profiler. ``setup``, when given, runs before every call,
+    outside the profiler (each call is then profiled alone). Returns (ops, peak_bytes,
+    how_peak_was_measured)."""
     from torch.profiler import ProfilerActivity, profile
 
     cuda = device.startswith("cuda")
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    fn()
-    with profile(activities=activities, record_shapes=True) as prof:
-        for _ in range(runs):
-            fn()
-        if cuda:
-            torch.cuda.synchronize()
     attr = "self_device_time_total" if cuda else "self_cpu_time_total"
-    events = [e for e in prof.key_averages(group_by_input_shape=True) if getattr(e, attr, 0) > 0]
-    total = sum(getattr(e, attr) for e in events) or 1.0
-    events.sort(key=lambda e: getattr(e, attr), reverse=True)
+    prepare = setup or (lambda: None)
+    prepare()
+    fn()
+    totals: dict[tuple[str, str], list[float]] = {}  # (op, shapes) -> [calls, self time in us]
+    for batch in ([1] * runs if setup is not None else [runs]):
+        prepare()
+        with profile(activities=activities, record_shapes=True) as prof:
+            for _ in range(batch):
+                fn()
+            if cuda:
+                torch.cuda.synchronize()
+        for e in prof.key_averages(group_by_input_shape=True):
+            if getattr(e, attr, 0) > 0:
+                entry = totals.setdefault((e.key, str(e.input_shapes)), [0, 0.0])
+                entry[0] += e.count
+                entry[1] += getattr(e, attr)
+    total = sum(t for _, t in totals.values()) or 1.0
+    ranked = sorted(totals.items(), key=lambda kv: kv[1][1], reverse=True)
     ops = [
-        OpTime(op=e.key, input_shapes=str(e.input_shapes), calls_per_run=e.count / runs,
-               self_s_per_run=getattr(e, attr) / 1e6 / runs, share=getattr(e, attr) / total)
-        for e in events[:top]
+        OpTime(op=op, input_shapes=shapes, calls_per_run=count / runs, self_s_per_run=t / 1e6 / runs, share=t / total)
+        for (op, shapes), (count, t) in ranked[:top]
     ]
+    prepare()
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()

@@ -67,6 +67,7 @@ class _Timed:
     grad: bool
     card: OpCard | None = None
     notes: list[str] = field(default_factory=list)
+    setup: Callable[[], Any] | None = None  # runs before every call, untimed
 
 
 def _no_progress(done: float, total: float | None = None, message: str | None = None) -> None:
@@ -79,12 +80,14 @@ def profile_target(repo: Repository, target: str, options: ProfileOptions,
     kind = "card" if is_card_id(target) else "capture"
     timed = _card_call(repo, target, options) if kind == "card" else _capture_call(repo, target, options)
     progress(0, 3, f"timing {target}")
-    timing = time_callable(timed.call, timed.device, min_run_time=options.min_run_time, warmup=options.warmup)
+    timing = time_callable(timed.call, timed.device, min_run_time=options.min_run_time, warmup=options.warmup,
+                           setup=timed.setup)
     result = ProfileResult(**timing.model_dump(), target=target, target_kind=kind, what=timed.what,
                            grad_enabled=timed.grad, notes=timed.notes)
     if options.breakdown:
         progress(1, 3, "torch.profiler breakdown")
-        result.breakdown, result.peak_memory_bytes, result.peak_memory_method = profile_breakdown(timed.call, timed.device)
+        result.breakdown, result.peak_memory_bytes, result.peak_memory_method = profile_breakdown(
+            timed.call, timed.device, setup=timed.setup)
     if timed.card is not None:
         if timed.card.kind == "memory" and timed.card.bytes_per_call:
             progress(2, 3, "machine copy bandwidth")
@@ -129,16 +132,24 @@ def _capture_call(repo: Repository, ref: str, options: ProfileOptions) -> _Timed
     m = capture_manifest(art)
     device = _on(options.device, m.environment.device)
     loaded = LoadedCapture(art, device=device)
-    args, kwargs = loaded.inputs()
+    inputs = [loaded.inputs()]
     module, strategy, _, _ = loaded.with_strategy(options.strategy, False, lambda mod: mod)
 
     def call():
+        args, kwargs = inputs[0]
         with torch.set_grad_enabled(m.grad_enabled):
             return module(*args, **kwargs)
 
+    def rebuild() -> None:
+        inputs[0] = loaded.inputs()
+
     what = (f"one forward of {m.class_path} ({strategy} strategy) on the captured inputs, "
             f"in {'train' if m.training else 'eval'} mode")
-    return _Timed(call, device, what, m.grad_enabled, notes=_synthesized_notes(loaded.synthesized))
+    changed = loaded.changed_inputs
+    if changed:  # each call starts from the inputs as captured (a cache not yet grown by the last call)
+        what += f"; the inputs are rebuilt before every call, untimed (the forward changes {', '.join(changed[:3])})"
+    return _Timed(call, device, what, m.grad_enabled, notes=_synthesized_notes(loaded.synthesized),
+                  setup=rebuild if changed else None)
 
 
 def add_roofline(result: ProfileResult, card: OpCard, device: str) -> None:

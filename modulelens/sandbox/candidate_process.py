@@ -298,9 +298,9 @@ class CandidateProcess:
                 pass
         return self._maps if self._maps is not None and self._maps >= 0 else None
 
-    def mapped_files(self) -> set[str]:
-        """The files mapped into the candidate's process now, from its ``/proc/PID/maps`` (written by
-        the kernel: the candidate cannot forge it). Empty when it cannot be read."""
+    def maps(self) -> str:
+        """The candidate's ``/proc/PID/maps`` now (written by the kernel: the candidate cannot forge
+        it): address ranges, permissions, inodes and files. Empty when it cannot be read."""
         fd = self._maps_fd()
         try:
             if fd is not None:
@@ -308,12 +308,14 @@ class CandidateProcess:
                 chunks = []
                 while chunk := os.read(fd, 1 << 16):
                     chunks.append(chunk)
-                text = b"".join(chunks).decode(errors="replace")
-            else:
-                text = Path(f"/proc/{self.candidate_pid()}/maps").read_text()
+                return b"".join(chunks).decode(errors="replace")
+            return Path(f"/proc/{self.candidate_pid()}/maps").read_text()
         except OSError:
-            return set()
-        return {line.split(None, 5)[5] for line in text.splitlines() if len(line.split(None, 5)) == 6
+            return ""
+
+    def mapped_files(self) -> set[str]:
+        """The files mapped into the candidate's process now (:meth:`maps`)."""
+        return {line.split(None, 5)[5] for line in self.maps().splitlines() if len(line.split(None, 5)) == 6
                 and line.split(None, 5)[5].startswith("/")}
 
     # -- pausing and ending ----------------------------------------------------------------------

@@ -307,6 +307,64 @@ def _allow(ruleset: int, path: str, access: int, handled: int) -> None:
         os.close(fd)
 
 
+def paths_beneath_except(roots: list[str], denied: list[str]) -> list[str]:
+    """Paths whose hierarchies together hold everything under ``roots`` but nothing under
+    ``denied``: a root holding no denied path as itself; otherwise, along the way down to each
+    denied path, every other entry (symbolic links skipped: their targets are reached as
+    themselves, or not at all). Pure but for listing folders."""
+    deny = {os.path.realpath(d) for d in denied}
+
+    def holds_denied(path: str) -> bool:
+        return any(d == path or d.startswith(path.rstrip("/") + "/") for d in deny)
+
+    out: list[str] = []
+
+    def expand(path: str) -> None:
+        if path in deny:
+            return
+        if not holds_denied(path):
+            out.append(path)
+            return
+        try:
+            entries = sorted(os.scandir(path), key=lambda e: e.name)
+        except OSError:
+            return
+        for entry in entries:
+            if not entry.is_symlink():
+                expand(entry.path)
+
+    for root in sorted({os.path.realpath(r) for r in roots}):
+        if not any(root == d or root.startswith(d.rstrip("/") + "/") for d in deny):
+            expand(root)
+    return out
+
+
+def restrict_reading(readable: list[str], denied: list[str]) -> Layer:
+    """A further Landlock layer on this process (layers only ever narrow): read and execute only
+    under ``readable`` minus the hierarchies ``denied`` (:func:`paths_beneath_except`); writing is
+    left as the earlier layers set it."""
+    abi = landlock_abi()
+    name = "landlock (denial)"
+    if abi < 1:
+        return Layer(name=name, in_force=False, detail="not supported by this kernel")
+    handled = _EXECUTE | _READ_FILE | _READ_DIR
+    attr = ctypes.c_uint64(handled)
+    fd = _libc.syscall(_SYS_CREATE, ctypes.byref(attr), ctypes.c_size_t(8), ctypes.c_uint32(0))
+    if fd < 0:
+        return Layer(name=name, in_force=False, detail=f"create_ruleset: {os.strerror(ctypes.get_errno())}")
+    try:
+        paths = paths_beneath_except(readable, denied)
+        for path in paths:
+            _allow(fd, path, handled, handled)
+        if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            return Layer(name=name, in_force=False, detail="no_new_privs refused")
+        if _libc.syscall(_SYS_RESTRICT, fd, ctypes.c_uint32(0)) != 0:
+            return Layer(name=name, in_force=False, detail=f"restrict_self: {os.strerror(ctypes.get_errno())}")
+    finally:
+        os.close(fd)
+    return Layer(name=name, in_force=True, detail=f"{len(denied)} hierarchies unreadable ({len(paths)} rules)")
+
+
 # -- what the checker reads and reports from outside ----------------------------------------------
 
 FOREIGN_LIBRARIES = ("numpy", "scipy", "numba", "llvmlite", "jax", "jaxlib", "tensorflow", "cupy", "sklearn",

@@ -141,22 +141,54 @@ def apply_seccomp() -> Layer:
         return Layer(name="seccomp", in_force=False, detail="not Linux")
     if arch not in ARCHES:
         return Layer(name="seccomp", in_force=False, detail=f"no filter for architecture {arch} (only x86_64, aarch64)")
+    ok, how = install_filter(filter_program(arch))
+    return Layer(name="seccomp", in_force=ok, detail=f"{denied_summary()}; on {how}" if ok else how)
+
+
+# mprotect and pkey_mprotect: (x86_64, aarch64); PROT_EXEC
+MPROTECT, PKEY_MPROTECT, PROT_EXEC = (10, 226), (329, 288), 4
+
+
+def no_exec_program(arch: str) -> list[Instruction]:
+    """A filter stacked on :func:`filter_program` where code must stay as it is: ``mprotect`` and
+    ``pkey_mprotect`` asking for ``PROT_EXEC`` answer ``EPERM`` (pages made unusable stay so;
+    libraries still load, ``mmap`` being untouched)."""
+    if arch not in ARCHES:
+        raise ValueError(f"no seccomp filter for architecture {arch!r}")
+    i = 0 if arch == "x86_64" else 1
+    return [
+        Instruction(LD_W_ABS, 0, 0, OFFSET_ARCH),
+        Instruction(JEQ_K, 0, 8, ARCHES[arch]),        # else kill
+        Instruction(LD_W_ABS, 0, 0, OFFSET_NR),
+        Instruction(JEQ_K, 2, 0, MPROTECT[i]),         # to the prot check
+        Instruction(JEQ_K, 1, 0, PKEY_MPROTECT[i]),
+        Instruction(RET_K, 0, 0, RET_ALLOW),
+        Instruction(LD_W_ABS, 0, 0, OFFSET_ARG0 + 16),  # prot, the third argument
+        Instruction(JSET_K, 1, 0, PROT_EXEC),
+        Instruction(RET_K, 0, 0, RET_ALLOW),
+        Instruction(RET_K, 0, 0, RET_ERRNO | errno.EPERM),
+        Instruction(RET_K, 0, 0, RET_KILL_PROCESS),
+    ]
+
+
+def install_filter(program: list[Instruction]) -> tuple[bool, str]:
+    """Install ``program`` on every thread of this process after setting no_new_privs (filters
+    stack: an earlier one stays in force). Returns (installed, on which threads or why not)."""
     libc = ctypes.CDLL(None, use_errno=True)
-    program = filter_program(arch)
     filters = (_SockFilter * len(program))(*[_SockFilter(*x) for x in program])
     fprog = _SockFprog(len(program), filters)
     if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-        return Layer(name="seccomp", in_force=False, detail=f"prctl(no_new_privs): {os.strerror(ctypes.get_errno())}")
-    nr = SECCOMP[0 if arch == "x86_64" else 1]
+        return False, f"prctl(no_new_privs): {os.strerror(ctypes.get_errno())}"
+    nr = SECCOMP[0 if machine_arch() == "x86_64" else 1]
     how = "all threads"
     done = libc.syscall(ctypes.c_long(nr), ctypes.c_uint(_SECCOMP_SET_MODE_FILTER),
                         ctypes.c_uint(_SECCOMP_FILTER_FLAG_TSYNC), ctypes.byref(fprog))
     if done > 0:  # TSYNC names the thread it could not synchronise; nothing was installed
-        return Layer(name="seccomp", in_force=False, detail=f"seccomp(2): thread {done} could not be synchronised")
+        return False, f"seccomp(2): thread {done} could not be synchronised"
     if done < 0:
         if ctypes.get_errno() != errno.ENOSYS:
-            return Layer(name="seccomp", in_force=False, detail=f"seccomp(2): {os.strerror(ctypes.get_errno())}")
+            return False, f"seccomp(2): {os.strerror(ctypes.get_errno())}"
         how = "the main thread only (no seccomp(2) to synchronise threads)"
         if libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
-            return Layer(name="seccomp", in_force=False, detail=f"prctl(seccomp): {os.strerror(ctypes.get_errno())}")
-    return Layer(name="seccomp", in_force=True, detail=f"{denied_summary()}; on {how}")
+            return False, f"prctl(seccomp): {os.strerror(ctypes.get_errno())}"
+    return True, how

@@ -4,7 +4,8 @@ future of its :class:`EvalResult`.
 Every evaluation is one call of :func:`modulelens.validation.sandboxed.validate_candidate`: the
 candidate runs in a sandbox worker that times eager and the candidate interleaved, so each
 result's speedup is against a baseline measured by the same worker, and results from different
-workers (or machines) are compared only through those ratios.
+workers (or machines) are compared only through those ratios. The final re-measurement
+(:meth:`Executor.remeasure`) times a target's finalists together in one worker.
 
 * :class:`LocalExecutor`: N threads, each with its own sandbox pool (its own worker process);
   reports are stored by the validation itself. Each evaluation runs in its submitter's context, so
@@ -34,8 +35,9 @@ from modulelens.kernels.candidates import load_candidate
 from modulelens.kernels.source import KernelSource
 from modulelens.repo import Repository
 from modulelens.sandbox.pool import SandboxPool
+from modulelens.validation.messages import RemeasuredResult
 from modulelens.validation.report import ValidationReport, ValidationSettings
-from modulelens.validation.sandboxed import new_pool, validate_candidate
+from modulelens.validation.sandboxed import new_pool, remeasure_candidates, validate_candidate
 from modulelens.validation.stored_reports import save_report
 
 
@@ -55,13 +57,33 @@ class EvalResult(BaseModel):
     seconds: float = 0.0
 
 
+class RemeasureRequest(BaseModel):
+    """Finalists of one card to time together against eager (the search's final re-measurement)."""
+
+    repo: str
+    card_id: str
+    sources: list[KernelSource]
+    min_run_time: float
+    timing_budget_s: float
+    device: str = "cpu"
+
+
 class Executor(Protocol):
     name: str
     workers: int
 
     def submit(self, task: EvalTask) -> concurrent.futures.Future[EvalResult]: ...
 
+    def remeasure(self, request: RemeasureRequest) -> RemeasuredResult: ...
+
     def close(self) -> None: ...
+
+
+def remeasure_in_repo(request: RemeasureRequest, sandbox: SandboxPool | None) -> RemeasuredResult:
+    """Time the finalists of ``request`` together in ``sandbox`` (a worker of this machine)."""
+    return remeasure_candidates(Repository(request.repo), request.card_id, request.sources,
+                                min_run_time=request.min_run_time, timing_budget_s=request.timing_budget_s,
+                                device=request.device, sandbox=sandbox)
 
 
 def evaluate_in_repo(task: EvalTask, sandbox: SandboxPool | None, worker: str) -> EvalResult:
@@ -114,6 +136,14 @@ class LocalExecutor:
         (:mod:`modulelens.cancellation`) stops the sandbox worker evaluating it."""
         return self._pool.submit(contextvars.copy_context().run, self._run, task)
 
+    def remeasure(self, request: RemeasureRequest) -> RemeasuredResult:
+        """The finalists timed together in a sandbox worker of its own (nothing else runs then)."""
+        sandbox = new_pool()
+        try:
+            return remeasure_in_repo(request, sandbox)
+        finally:
+            sandbox.close()
+
     def close(self) -> None:
         self._pool.shutdown(wait=True)
         for sandbox in self._sandboxes:
@@ -136,26 +166,34 @@ def opset_files(repo: Repository, card_id: str) -> tuple[str, dict[str, bytes]]:
     return folder.relative_to(repo.root).as_posix(), files
 
 
+def _scratch_repository(opset_dir: str, files: dict[str, bytes]) -> Path:
+    """A scratch repository on this node holding the shipped opset. The submitting side only ships
+    opsets it trusts (:func:`opset_files`); another node's key differs, so the copy is signed with
+    this node's key here, in a scratch repository nobody else reads. The caller removes it."""
+    import tempfile
+
+    from modulelens.repo.trust import sign_folder
+
+    scratch = Path(tempfile.mkdtemp(prefix="modulelens-ray-"))
+    target = scratch / opset_dir
+    for rel, data in files.items():
+        (target / rel).parent.mkdir(parents=True, exist_ok=True)
+        (target / rel).write_bytes(data)
+    sign_folder(target)
+    return scratch
+
+
 def evaluate_shipped(task_json: str, opset_dir: str, files: dict[str, bytes]) -> str:
     """What a Ray task runs: rebuild the card's opset and the candidate in a scratch repository on
     this node, validate there (a sandbox worker of this node), and return the result as JSON."""
     import shutil
-    import tempfile
 
     from modulelens.kernels.candidates import save_candidate
     from modulelens.ops.cards import open_card
-    from modulelens.repo.trust import sign_folder
 
     task = EvalTask.model_validate_json(task_json)
-    scratch = Path(tempfile.mkdtemp(prefix="modulelens-ray-"))
+    scratch = _scratch_repository(opset_dir, files)
     try:
-        target = scratch / opset_dir
-        for rel, data in files.items():
-            (target / rel).parent.mkdir(parents=True, exist_ok=True)
-            (target / rel).write_bytes(data)
-        # The submitting side only ships opsets it trusts (opset_files); another node's key differs,
-        # so the copy is signed with this node's key here, in a scratch repository nobody else reads.
-        sign_folder(target)
         repo = Repository(scratch)
         _, card = open_card(repo, task.settings.card_id)
         art = save_candidate(repo, card, task.source)
@@ -166,6 +204,26 @@ def evaluate_shipped(task_json: str, opset_dir: str, files: dict[str, bytes]) ->
         finally:
             sandbox.close()
         return result.model_copy(update={"report_ref": None}).model_dump_json()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def remeasure_shipped(request_json: str, opset_dir: str, files: dict[str, bytes]) -> str:
+    """What a Ray task runs for the final re-measurement: the card's opset rebuilt in a scratch
+    repository on this node (signed here, as in :func:`evaluate_shipped`), the finalists timed
+    together in a sandbox worker of this node; the result as JSON."""
+    import shutil
+
+
+    request = RemeasureRequest.model_validate_json(request_json)
+    scratch = _scratch_repository(opset_dir, files)
+    try:
+        sandbox = new_pool()
+        try:
+            result = remeasure_in_repo(request.model_copy(update={"repo": str(scratch)}), sandbox)
+        finally:
+            sandbox.close()
+        return result.model_dump_json()
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -217,6 +275,14 @@ class RayExecutor:
 
         ref.future().add_done_callback(done)
         return out
+
+    def remeasure(self, request: RemeasureRequest) -> RemeasuredResult:
+        """The finalists timed together as one Ray task (one node, one worker)."""
+        folder, files = opset_files(Repository(request.repo), request.card_id)
+        gpu = request.device.startswith("cuda")
+        remote = self._ray.remote(remeasure_shipped).options(num_cpus=0 if gpu else 1, num_gpus=1 if gpu else 0)
+        return RemeasuredResult.model_validate_json(self._ray.get(remote.remote(request.model_dump_json(), folder,
+                                                                                files)))
 
     def close(self) -> None:
         if self._started:

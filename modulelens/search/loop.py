@@ -1,5 +1,7 @@
 """The search: grow each target's tree until a budget is spent or no branch can improve, then
-re-measure each target's winner against eager on one worker.
+re-measure each target's finalists (its best usable nodes by the lower bound of their speedup
+interval) together against eager on one worker, and call best the one whose interval has the
+highest lower bound there; never a node whose speedup is undetermined or flagged.
 
 Each iteration picks an active target (round robin), selects a node (:meth:`SearchTree.select`),
 asks the expander for a child, stores the child as a candidate and a ``pending`` node, and hands
@@ -28,7 +30,7 @@ from modulelens.ops.model import OpCard
 from modulelens.providers.base import Provider
 from modulelens.registry import ProgressFn
 from modulelens.repo import Repository
-from modulelens.search.executors import EvalResult, EvalTask, Executor, LocalExecutor, store_result
+from modulelens.search.executors import EvalResult, EvalTask, Executor, LocalExecutor, RemeasureRequest, store_result
 from modulelens.search.expansion import Expander, Proposal
 from modulelens.search.model import (
     NodeRecord,
@@ -40,6 +42,7 @@ from modulelens.search.model import (
 )
 from modulelens.search.store import find_search, load_tree, open_search, save_search, search_key, write_node
 from modulelens.search.tree import ROOT, SearchTree
+from modulelens.validation.plausibility import MAX_BELIEVABLE_SPEEDUP
 from modulelens.validation.report import ValidationSettings
 
 
@@ -152,6 +155,7 @@ def _complete(run: _Run, future: concurrent.futures.Future) -> None:
     _save(run, target, node.model_copy(update={
         "status": "evaluated", "seq": target.tree.next_seq(), "verdict": r.verdict, "correct": r.correct,
         "reason": r.reason, "errors": r.errors[:5], "speedup_vs_eager": r.speedup_vs_eager,
+        "speedup_interval": r.speedup_interval, "flagged": any(f.startswith("suspicious") for f in r.flags),
         "latency_s": r.candidate.median_s if timed else None, "p20_s": r.candidate.p20_s if timed else None,
         "p80_s": r.candidate.p80_s if timed else None, "eager_s": r.eager.median_s if timed else None,
         "worker": result.worker, "report": result.report_ref, "eval_seconds": result.seconds,
@@ -160,7 +164,8 @@ def _complete(run: _Run, future: concurrent.futures.Future) -> None:
     best = target.tree.best()
     run.progress(run.nodes(), run.settings.max_evals,
                  f"{target.spec.card_id} node {node.node}: {r.verdict}"
-                 + (f" {r.speedup_vs_eager:.2f}x" if r.speedup_vs_eager else "")
+                 + (f" {r.speedup_vs_eager:.2f}x" if r.speedup_vs_eager else
+                    " speed undetermined" if r.timing_status == "undetermined" else "")
                  + (f"; best {best.speedup_vs_eager:.2f}x" if best and best.speedup_vs_eager else ""))
 
 
@@ -176,7 +181,7 @@ def _roofline_fraction(target: _Target) -> float | None:
 
 def _why_stopped(run: _Run, target: _Target) -> str | None:
     fraction, best = _roofline_fraction(target), target.tree.best()
-    if fraction is not None and fraction >= run.settings.roofline_target and best and (best.speedup_vs_eager or 0) > 1:
+    if fraction is not None and fraction >= run.settings.roofline_target and best and best.cost < 1:
         return "roofline"  # near the bound and faster than eager (data in cache can beat a DRAM bound)
     busy = any(t is target for t, _, _ in run.in_flight.values())
     if busy:
@@ -235,39 +240,64 @@ def _grow(run: _Run) -> str:
 # -- the final re-measurement -------------------------------------------------------------------
 
 
+FINALISTS = 3  # best usable nodes of a target re-measured together at the end
+
+
 def _outcome(run: _Run, target: _Target, previous: dict[str, TargetOutcome]) -> TargetOutcome:
     tree = target.tree
     out = TargetOutcome(target=target.spec.card_id, op=target.spec.op, evaluations=tree.evaluations,
                         nodes=len(tree.candidates), cost_usd=tree.cost_usd, stopped_because=target.stopped)
-    best = tree.best()
-    if best is None:
+    finalists = sorted((n for n in tree.candidates if n.usable), key=lambda n: (n.cost, n.seq))[:FINALISTS]
+    if not finalists:
         return out
-    out.best_candidate, out.best_node = best.candidate_id, best.node
+    ids = [n.candidate_id or "" for n in finalists]
     before = previous.get(target.spec.card_id)
-    if before is not None and before.remeasured and before.best_candidate == best.candidate_id:
+    if before is not None and before.remeasured and before.finalists == ids:
         return out.model_copy(update={k: getattr(before, k) for k in (
-            "speedup_vs_eager", "speedup_vs_compile", "best_latency_s", "eager_latency_s", "roofline_fraction",
-            "remeasured")})
-    run.progress(run.nodes(), run.settings.max_evals, f"re-measuring {best.candidate_id} against eager")
-    _, src = load_candidate(run.repo, best.candidate_id or "")
-    task = _eval_task(run, target, best.candidate_id or "", src)
-    task.settings = task.settings.model_copy(update={"compile_baseline": run.settings.compile_baseline,
+            "best_candidate", "best_node", "speedup_vs_eager", "speedup_interval", "speedup_vs_compile",
+            "best_latency_s", "eager_latency_s", "roofline_fraction", "remeasured", "finalists")})
+    run.progress(run.nodes(), run.settings.max_evals, f"re-measuring {len(ids)} finalist(s) of "
+                 f"{target.spec.card_id} together against eager")
+    sources = [load_candidate(run.repo, cid)[1] for cid in ids]
+    result = run.executor.remeasure(RemeasureRequest(
+        repo=str(run.repo.root), card_id=target.spec.card_id, sources=sources, device=target.card.device,
+        min_run_time=2 * run.settings.min_run_time, timing_budget_s=max(3.0, 4 * len(ids) * run.settings.min_run_time)))
+    out.finalists = ids
+    ranked = [(m, n) for m, n in zip(result.measurements, finalists)
+              if m is not None and m.status == "ok" and m.speedup is not None and m.speedup <= MAX_BELIEVABLE_SPEEDUP]
+    if not ranked:
+        why = "; ".join(sorted({r or (m.reason if m else "") for m, r in zip(result.measurements, result.reasons)}))
+        best = finalists[0]
+        out.best_candidate, out.best_node = best.candidate_id, best.node
+        out.speedup_vs_eager, out.speedup_interval = best.speedup_vs_eager, best.speedup_interval
+        out.best_latency_s, out.eager_latency_s = best.latency_s, best.eager_s
+        out.stopped_because = (f"{out.stopped_because or ''}; the finalists' joint re-measurement was not "
+                               f"determined ({why}): best by its validation").lstrip("; ")
+        return out
+    m, best = max(ranked, key=lambda mn: mn[0].lower or 0.0)
+    out.best_candidate, out.best_node, out.remeasured = best.candidate_id, best.node, True
+    out.speedup_vs_eager, out.speedup_interval = m.speedup, m.interval
+    out.best_latency_s = m.candidate.median_s if m.candidate else None
+    out.eager_latency_s = m.base.median_s if m.base else None
+    if target.spec.bound_s and out.best_latency_s:
+        out.roofline_fraction = target.spec.bound_s / out.best_latency_s
+    if run.settings.compile_baseline:
+        out.speedup_vs_compile = _versus_compile(run, target, best.candidate_id or "")
+    return out
+
+
+def _versus_compile(run: _Run, target: _Target, candidate_id: str) -> float | None:
+    """The winner's speedup over torch.compile, from one validation with the compile baseline."""
+    _, src = load_candidate(run.repo, candidate_id)
+    task = _eval_task(run, target, candidate_id, src)
+    task.settings = task.settings.model_copy(update={"compile_baseline": True,
                                                      "min_run_time": 2 * run.settings.min_run_time})
-    single = LocalExecutor(1) if run.executor.name == "local" else run.executor  # one worker: one Ray task
+    single = LocalExecutor(1) if run.executor.name == "local" else run.executor
     try:
-        result = store_result(run.repo, task, single.submit(task).result())
+        return store_result(run.repo, task, single.submit(task).result()).report.speedup_vs_compile
     finally:
         if single is not run.executor:
             single.close()
-    r = result.report
-    if not (r.correct and r.speedup_vs_eager and r.candidate and r.eager):
-        out.stopped_because = f"{out.stopped_because or ''}; the winner failed its re-measurement: {r.reason}".lstrip("; ")
-        return out
-    out.speedup_vs_eager, out.speedup_vs_compile = r.speedup_vs_eager, r.speedup_vs_compile
-    out.best_latency_s, out.eager_latency_s, out.remeasured = r.candidate.median_s, r.eager.median_s, True
-    if target.spec.bound_s:
-        out.roofline_fraction = target.spec.bound_s / r.candidate.median_s
-    return out
 
 
 # -- entry points -------------------------------------------------------------------------------

@@ -1,9 +1,12 @@
 """The records of a search: its settings, its targets, its nodes and its outcome.
 
-A node's *cost* is what the search minimises: the candidate's median latency divided by eager's
-median measured by the same validation in the same worker (``1 / speedup_vs_eager``), so costs
-from different workers or machines are comparable; raw latencies are kept for display only.
-Failures (rejected, not timed, generation failed) cost :data:`FAIL_COST`.
+A node's *cost* is what the search minimises: one over the lower bound of the 95% interval of its
+speedup over eager, measured by the same validation in the same worker, so costs from different
+workers or machines are comparable and a node is valued at what it surely gains, not at one
+figure (a noisy measurement has a low lower bound and costs more); raw latencies are kept for
+display only. Failures (rejected, not timed, generation failed) cost :data:`FAIL_COST`. Only a
+custom, correct node whose speedup was determined and not flagged as beyond belief can be a
+target's best (:attr:`NodeRecord.usable`).
 """
 
 from __future__ import annotations
@@ -62,10 +65,14 @@ class SearchTarget(BaseModel):
 class TargetOutcome(BaseModel):
     target: str = Field(description="The card id.")
     op: str
-    best_candidate: str | None = Field(None, description="Fastest custom candidate found (re-measured at the end).")
+    best_candidate: str | None = Field(None, description="The custom candidate whose speedup interval has the highest "
+                                       "lower bound among the finalists re-measured together (never an undetermined "
+                                       "or flagged one).")
     best_node: int | None = None
     speedup_vs_eager: float | None = Field(None, description="From the final interleaved re-measurement on one worker.")
+    speedup_interval: list[float] | None = Field(None, description="Its 95% interval [low, high].")
     speedup_vs_compile: float | None = None
+    finalists: list[str] = Field(default_factory=list, description="Candidates re-measured together at the end.")
     best_latency_s: float | None = None
     eager_latency_s: float | None = None
     roofline_fraction: float | None = Field(None, description="Roofline bound / best latency (memory cards).")
@@ -111,7 +118,9 @@ class NodeRecord(ManifestBase):
     p20_s: float | None = None
     p80_s: float | None = None
     eager_s: float | None = Field(None, description="Eager median measured by the same validation (same worker).")
-    speedup_vs_eager: float | None = None
+    speedup_vs_eager: float | None = Field(None, description="Null when not timed or undetermined.")
+    speedup_interval: list[float] | None = Field(None, description="95% interval [low, high]; the cost uses low.")
+    flagged: bool = Field(False, description="The validation flagged the speedup as beyond belief.")
     worker: str | None = Field(None, description="Which worker measured it.")
     report: str | None = Field(None, description="Reference of the stored validation report.")
     cost_usd: float = Field(0.0, description="Provider spend to generate it.")
@@ -129,15 +138,18 @@ class NodeRecord(ManifestBase):
         """What the search minimises (see the module docstring); None while pending or for the root."""
         if not self.done:
             return None
-        if self.verdict in ("custom", "wrapper") and self.correct and self.speedup_vs_eager:
-            cost = min(MAX_COST, 1.0 / self.speedup_vs_eager)
+        low = self.speedup_interval[0] if self.speedup_interval else self.speedup_vs_eager
+        if self.verdict in ("custom", "wrapper") and self.correct and low:
+            cost = min(MAX_COST, 1.0 / low)
             return max(cost, 1.0) if self.verdict == "wrapper" else cost  # a wrapper is no better than eager
         return FAIL_COST
 
     @property
     def usable(self) -> bool:
-        """A custom, correct, timed candidate: one that can be the result."""
-        return self.status == "evaluated" and self.verdict == "custom" and self.correct and bool(self.speedup_vs_eager)
+        """A custom, correct candidate whose speedup was determined and not flagged: one that can
+        be the result."""
+        return (self.status == "evaluated" and self.verdict == "custom" and self.correct
+                and bool(self.speedup_vs_eager) and not self.flagged)
 
 
 class ModuleOutcome(BaseModel):
@@ -145,8 +157,10 @@ class ModuleOutcome(BaseModel):
 
     capture: str
     class_path: str = ""
-    best_candidate: str | None = Field(None, description="Fastest correct module candidate.")
+    best_candidate: str | None = Field(None, description="The correct module candidate whose speedup interval has "
+                                       "the highest lower bound (never an undetermined or flagged one).")
     speedup_vs_eager: float | None = Field(None, description="From its validation.")
+    speedup_interval: list[float] | None = Field(None, description="Its 95% interval [low, high].")
     evaluations: int = Field(0, description="Module candidates validated by this run.")
     candidates: list[str] = Field(default_factory=list, description="Module candidates of the capture, validated.")
     template_note: str | None = Field(None, description="Why no module template fits, or where children come from.")

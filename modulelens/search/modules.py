@@ -88,15 +88,20 @@ def search_module(repo: Repository, capture_ref: str, settings: SearchSettings,
     else:
         outcome.template_note = (f"the {settings.provider} provider writes card kernels only; module candidates come "
                                  f"from validate_kernel of a ModelNew (source: its file, target: {capture.ref})")
-    best: tuple[float, str] | None = None
+    best: tuple[float, str, Any] | None = None
     for art, _ in stored:
         report = latest_report(repo, art)
         if report is None:
             continue
         outcome.candidates.append(art.ref)
-        if report.correct and report.verdict != "rejected" and report.speedup_vs_eager:
-            if best is None or report.speedup_vs_eager > best[0]:
-                best = (report.speedup_vs_eager, art.ref)
+        # ranked by the lower bound of the speedup's interval; never an undetermined or flagged one
+        determined = report.speedup_vs_eager is not None and report.speedup_interval
+        flagged = any(f.startswith("suspicious") for f in report.flags)
+        if report.correct and report.verdict != "rejected" and determined and not flagged:
+            low = report.speedup_interval[0]
+            if best is None or low > best[0]:
+                best = (low, art.ref, report)
     if best is not None:
-        outcome.speedup_vs_eager, outcome.best_candidate = best
+        _, outcome.best_candidate, report = best
+        outcome.speedup_vs_eager, outcome.speedup_interval = report.speedup_vs_eager, report.speedup_interval
     return outcome

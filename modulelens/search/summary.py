@@ -20,6 +20,7 @@ class NodeLine(BaseModel):
     status: str
     verdict: str | None = None
     speedup_vs_eager: float | None = None
+    speedup_interval: list[float] | None = Field(None, description="95% interval; the node's value uses its low end.")
     latency_s: float | None = None
     candidate_id: str | None = None
     provider: str | None = None
@@ -51,7 +52,8 @@ class SearchSummary(ToolReply):
 
 def _line(n: NodeRecord, on_path: set[int]) -> NodeLine:
     return NodeLine(node=n.node, parent=n.parent, depth=len(n.lineage), status=n.status, verdict=n.verdict,
-                    speedup_vs_eager=n.speedup_vs_eager, latency_s=n.latency_s, candidate_id=n.candidate_id,
+                    speedup_vs_eager=n.speedup_vs_eager, speedup_interval=n.speedup_interval, latency_s=n.latency_s,
+                    candidate_id=n.candidate_id,
                     provider=n.provider, variant=n.variant, cost_usd=n.cost_usd, worker=n.worker, report=n.report,
                     reason=n.reason, best=n.node in on_path)
 
@@ -65,10 +67,10 @@ def search_summary(repo: Repository, search_id: str, limit: int | None = None) -
     targets = []
     for spec in search.targets:
         tree = load_tree(repo, search_id, spec.index)
-        path = [n.node for n in tree.best_path()] if tree.nodes else []
+        outcome = outcomes.get(spec.card_id)
+        path = [n.node for n in tree.best_path(outcome.best_node if outcome else None)] if tree.nodes else []
         lines = [_line(n, set(path)) for n in _depth_first(tree)]
-        targets.append(TargetTree(target=spec.card_id, op=spec.op, nodes=lines, best_path=path,
-                                  outcome=outcomes.get(spec.card_id)))
+        targets.append(TargetTree(target=spec.card_id, op=spec.op, nodes=lines, best_path=path, outcome=outcome))
     summary = SearchSummary(search_id=search.search_id, settings=search.settings, executor=search.executor,
                             runs=search.runs, stopped_because=search.stopped_because, targets=targets)
     journals = {spec.card_id: str(repo.root / NODES / journal_name(search_id, spec.index)) for spec in search.targets}

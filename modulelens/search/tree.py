@@ -83,9 +83,10 @@ class SearchTree:
         usable = [n for n in self.subtree(node) if n.usable]
         return min(usable, key=lambda n: (n.cost, n.seq)) if usable else None
 
-    def best_path(self) -> list[NodeRecord]:
-        """Root to the best node."""
-        best = self.best()
+    def best_path(self, chosen: int | None = None) -> list[NodeRecord]:
+        """Root to the node ``chosen`` (the search's outcome: the finalists' re-measurement may rank
+        them otherwise than their validations did), else to the best node."""
+        best = self.nodes[chosen] if chosen in self.nodes else self.best()
         if best is None:
             return [self.nodes[ROOT]]
         return [self.nodes[i] for i in best.lineage] + [best]

@@ -1,17 +1,38 @@
-"""Timing: how long a callable takes, as a spread of samples rather than one number.
+"""Timing: how long things take, and how much faster one is than another, as a measurement with
+an error bar or as "undetermined".
 
 A leaf package: it imports only the standard library, torch and pydantic, so every place that
-times (validation, profiling, dispatch checks, benchmarks) can use it without pulling in anything
-else of modulelens.
+times (validation, profiling, dispatch checks, run --compare, optimize, benchmarks) can use it
+without pulling in anything else of modulelens.
 
-* :class:`Timing` - the record of one measurement (median, p20/p80, samples, timer, threads, cache);
-* :func:`time_callable` - one callable, with ``torch.utils.benchmark`` on CPU and CUDA events
-  (L2 flushed before every call) on CUDA;
-* :func:`paired_timing` - two callables timed back to back, pair after pair, with the median ratio;
-* :func:`percentile` - linear-interpolated percentile of samples.
+* :class:`Timing` - the record of one side's samples (median, p20/p80, runs, timer, threads);
+* :func:`time_callable` - one callable alone (``profile``, bandwidth);
+* :func:`measure_speedup` / :func:`measure_speedups` - a base against candidates in interleaved
+  paired rounds, each side a :class:`Side` (a contained process, or a :class:`CallableSide` in
+  this process), giving a :class:`SpeedupMeasurement`: ``status`` ok/undetermined, ``speedup``
+  (null when undetermined), 95% ``interval``, ``reason``, threads and why, ``method``;
+* :func:`estimate_ratio` / :func:`decide` - the estimator and the decision on per-round ratios
+  (for callers that pair rounds themselves, like ``run --compare``);
+* :mod:`.noise` - the detectors; :mod:`.threads` - the thread policy (:func:`choose_threads`).
 """
 
-from modulelens.timing.paired import paired_timing
+from modulelens.timing.callables import CallableSide, CudaLayer
+from modulelens.timing.estimate import RatioEstimate, decide, estimate_ratio, median_interval, round_ratios
+from modulelens.timing.interleaved import (
+    MeasurementDetail,
+    Probe,
+    Side,
+    SpeedupMeasurement,
+    TimingPlan,
+    measure_speedup,
+    measure_speedups,
+    measurement_from_rounds,
+)
+from modulelens.timing.noise import Finding
 from modulelens.timing.samples import Timing, percentile, time_callable
+from modulelens.timing.threads import ThreadChoice, choose_threads, fewer_threads, thread_choice, user_threads
 
-__all__ = ["Timing", "paired_timing", "percentile", "time_callable"]
+__all__ = ["CallableSide", "CudaLayer", "Finding", "MeasurementDetail", "Probe", "RatioEstimate", "Side", "SpeedupMeasurement", "ThreadChoice",
+           "Timing", "TimingPlan", "choose_threads", "decide", "estimate_ratio", "fewer_threads", "measure_speedup",
+           "measure_speedups", "measurement_from_rounds", "median_interval", "percentile", "round_ratios", "thread_choice", "time_callable",
+           "user_threads"]

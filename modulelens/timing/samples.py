@@ -3,12 +3,15 @@
 CPU: ``torch.utils.benchmark.Timer.timeit`` repeated for ``min_run_time`` seconds, each sample
 one call (or a few, for calls under 50 us), so the spread is that of individual calls. CUDA: CUDA events around each run, with the
 device synchronised and the L2 cache flushed (a large buffer is overwritten) before every run.
-Either way: explicit warm-up calls first, then median, p20 and p80 over the measured samples.
+With a ``setup`` run before every call (calls that change their inputs), CPU samples are single
+calls timed by ``time.perf_counter``, the setup outside the clock. Either way: explicit warm-up
+calls first, then median, p20 and p80 over the measured samples.
 """
 
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -50,12 +53,18 @@ class _L2Flush:
 
 
 def time_callable(fn: Callable[[], Any], device: str = "cpu", *, min_run_time: float = 0.5, warmup: int = 3,
-                  max_samples: int = 200) -> Timing:
+                  max_samples: int = 200, setup: Callable[[], Any] | None = None) -> Timing:
+    """Time ``fn`` (see the module docstring). ``setup``, when given, runs before every call,
+    untimed (each sample is then one call): for calls that change what they are given."""
     for _ in range(warmup):
+        if setup is not None:
+            setup()
         fn()
     threads = torch.get_num_threads()
     if device.startswith("cuda"):
-        return _time_cuda(fn, device, min_run_time, warmup, max_samples, threads)
+        return _time_cuda(fn, device, min_run_time, warmup, max_samples, threads, setup)
+    if setup is not None:
+        return _time_with_setup(fn, setup, device, min_run_time, warmup, max_samples, threads)
     from torch.utils.benchmark import Timer
 
     timer = Timer(stmt="fn()", globals={"fn": fn}, num_threads=threads)
@@ -77,13 +86,33 @@ def time_callable(fn: Callable[[], Any], device: str = "cpu", *, min_run_time: f
     )
 
 
-def _time_cuda(fn, device, min_run_time, warmup, max_samples, threads) -> Timing:
+def _time_with_setup(fn, setup, device, min_run_time, warmup, max_samples, threads) -> Timing:
+    """One call per sample, ``setup()`` before each, outside the clock."""
+    times: list[float] = []
+    spent = 0.0
+    while (spent < min_run_time or len(times) < 10) and len(times) < max_samples * 50:
+        setup()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+        spent += times[-1]
+    return Timing(
+        median_s=statistics.median(times), p20_s=percentile(times, 0.2), p80_s=percentile(times, 0.8),
+        runs=len(times), samples=len(times), warmup=warmup,
+        timer="time.perf_counter around single calls, each after an untimed setup", device=device,
+        threads=threads, cache="warm (CPU caches are not flushed between calls)",
+    )
+
+
+def _time_cuda(fn, device, min_run_time, warmup, max_samples, threads, setup=None) -> Timing:
     dev = torch.device(device)
     l2 = torch.cuda.get_device_properties(dev).L2_cache_size if hasattr(torch.cuda.get_device_properties(dev), "L2_cache_size") else 64 << 20
     flush = _L2Flush(torch.empty(max(2 * l2, 64 << 20), dtype=torch.uint8, device=dev))
     times: list[float] = []
     total = 0.0
     while (total < min_run_time or len(times) < 10) and len(times) < max_samples:
+        if setup is not None:
+            setup()
         flush()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda.synchronize(dev)

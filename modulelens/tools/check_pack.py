@@ -17,7 +17,7 @@ class CheckPackRequest(BaseModel):
     captures: list[str] = Field(default_factory=list, description="Default: the pack's.", json_schema_extra={"cli": "argument"})
     allow_env_mismatch: bool = Field(False, description="Allow another torch, device or compiler.")
     mechanism: Mechanism = Field(DEFAULT_MECHANISM)
-    min_run_time: float = Field(0.3, gt=0, description="Seconds per side.")
+    min_run_time: float = Field(0.3, gt=0, description="Seconds at least.")
     limit: int = Field(8, ge=1, le=MAX_ITEMS, description="Entries listed.")
 
 
@@ -48,9 +48,6 @@ def check_pack(req: CheckPackRequest, ctx: ToolContext) -> CheckPackResult:
     not_hit, untested = entry_coverage(runtime, checks)
     hits = sum(c.hits for c in checks)
     matched = all(c.matches_captured and c.grads_match is not False for c in checks)
-    if hits == 0:
-        for c in checks:
-            c.speedup = None  # nothing ran a pack kernel: the timings compare eager with eager
     summary = ("0 hits: no entry was used by the replays; no speedup claimed" if hits == 0 else
                f"{hits} hits; " + ("every testable entry hit and matched" if matched and not not_hit else
                                    f"{len(not_hit)} entries not hit" if matched else "a replay did not match"))
@@ -60,6 +57,8 @@ def check_pack(req: CheckPackRequest, ctx: ToolContext) -> CheckPackResult:
         result.warnings.append("no pack kernel ran in any replay (0 hits): the pack changes nothing here")
     result.warnings += [f"{c.capture}: with the pack, outputs differ from the captured ones ({c.detail})"
                         for c in checks if not c.matches_captured][:3]
+    result.warnings += [f"{c.capture}: the module's speedup with the pack is undetermined: {c.timing_reason}"
+                        for c in checks if c.hits and c.timing_status == "undetermined"][:3]
     result.warnings += [f"{x} (ok needs every testable entry hit)" for x in not_hit[:3]]
     result.recorded = _record(repo, runtime.pack.sha256, result, req.captures)
     return keep_check_lists(result, req.limit)

@@ -56,7 +56,7 @@ def optimize(req: OptimizeRequest, ctx: ToolContext) -> SearchResult:
     result.pack_candidates += [m.best_candidate for m in result.modules if m.best_candidate]
     for t in result.targets:
         if t.best_candidate is None:
-            result.warnings.append(f"{t.target}: no correct custom kernel faster than eager found"
+            result.warnings.append(f"{t.target}: no correct custom kernel with a determined, believable speedup found"
                                    + (f" ({t.stopped_because})" if t.stopped_because else ""))
         elif not t.remeasured:
             result.warnings.append(f"{t.target}: the best speedup was not re-measured at the end; treat it as a hint")

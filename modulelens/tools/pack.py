@@ -18,7 +18,7 @@ class PackRequest(BaseModel):
     candidates: list[str] = Field(description="Validated candidate ids.",
                                   json_schema_extra={"cli": "argument"})
     out: str | None = Field(None, description="Also write this file (relative: to the project).")
-    force: bool = Field(False, description="Use entries even when not proven faster than eager.")
+    force: bool = Field(False, description="Use entries even when not surely faster than eager.")
 
 
 class PackedEntry(BaseModel):
@@ -28,9 +28,12 @@ class PackedEntry(BaseModel):
     phase: str = Field("forward", description="Op entries: forward, or backward (called by the autograd engine).")
     backend: str
     verdict: str
-    speedup_vs_eager: float | None = Field(None, description="Measured at validation; null when not timed.")
+    speedup_vs_eager: float | None = Field(None, description="Measured at validation; null when not timed or undetermined.")
+    speedup_interval: list[float] | None = Field(None, description="Its 95% interval at validation.")
     shape_rule: str | None = Field(None, description="The checked shape rule calls are admitted by; null: exact shapes.")
-    dispatched: bool = Field(description="Whether it will be used: only entries validated correct and faster than eager.")
+    dispatched: bool = Field(description="Whether it will be used: only entries validated correct whose speedup "
+                             "interval's lower bound is above 1 (or forced).")
+    forced: bool = Field(False, description="Used because of force, whatever its speedup interval says.")
     skip_reason: str | None = None
 
 
@@ -40,6 +43,10 @@ class PackResult(ToolReply):
     sha256: str = Field(description="sha256 of the pack's content; pass it as [--expect-sha256] to refuse any other pack.")
     environment: dict = Field(description="torch version, device name and compiler the pack is tied to.")
     entries: list[PackedEntry]
+
+
+def _interval(interval: list[float] | None) -> str:
+    return f"95% interval {interval[0]:.2f}x..{interval[1]:.2f}x" if interval else "no speedup interval"
 
 
 def _default_name(out: Path | None, candidates: list[str]) -> str | None:
@@ -73,10 +80,13 @@ def pack(req: PackRequest, ctx: ToolContext) -> PackResult:
         PackedEntry(candidate_id=e.candidate_id, kind=e.kind,
                     target=e.op if e.kind == "op" else f"{e.class_path} at {e.module_path}", phase=e.phase,
                     backend=e.backend, verdict=e.report.verdict, speedup_vs_eager=e.speedup_vs_eager,
-                    shape_rule=e.shape_rule.summary() if e.shape_rule else None,
-                    dispatched=e.skip_reason() is None, skip_reason=e.skip_reason())
+                    speedup_interval=e.speedup_interval, shape_rule=e.shape_rule.summary() if e.shape_rule else None,
+                    dispatched=e.skip_reason() is None, forced=e.forced, skip_reason=e.skip_reason())
         for e in content.entries])
     result.warnings = [f"{e.candidate_id} will not be used: {e.skip_reason}" for e in result.entries if not e.dispatched]
+    forced = [e for e in result.entries if e.forced and (not e.speedup_interval or e.speedup_interval[0] <= 1)]
+    result.warnings += [f"{e.candidate_id} is used because of force, although its speedup is not surely above 1 "
+                        f"({_interval(e.speedup_interval)})" for e in forced]
     if not any(e.dispatched for e in result.entries):
         result.warnings.insert(0, "no entry of this pack will be used: every call will run eager")
     else:

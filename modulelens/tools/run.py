@@ -1,8 +1,18 @@
-"""run: run an unmodified script with a kernel pack applied; optionally compare with a run without it."""
+"""run: run an unmodified script with a kernel pack applied; optionally compare with a run without it.
+
+With ``compare``, the run with the pack switches it off and on between steps (warm-up steps, then
+pairs of steps in alternating order: see :class:`~modulelens.dispatch.script.ToggleSchedule`), so
+with and without are timed in one process, interleaved; the step ratio (time without / time with)
+is the median of the pairs' ratios with its 95% interval (:func:`modulelens.timing.measurement_from_rounds`),
+a number only when determined and never when no pack kernel ran. A second run without the pack
+gives the outputs (losses) to compare with.
+"""
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
@@ -41,11 +51,17 @@ class RunResult(ToolReply):
     entries: list[EntryReport]
     steps: int = Field(description="Steps recorded with the pack.")
     step_kind: str
-    step_seconds_with: float | None = Field(None, description="Median step time with the pack (first step left out).")
-    step_seconds_without: float | None = Field(None, description="With [--compare]: the same without the pack.")
+    step_seconds_with: float | None = Field(None, description="Median step time with the pack (warm-up left out).")
+    step_seconds_without: float | None = Field(None, description="With [--compare]: the same without the pack "
+                                               "(steps of the same run with the pack switched off).")
     exit_code_without: int | None = Field(None, description="With [--compare]: the script's exit code without the pack.")
-    speedup: float | None = Field(None, description="With [--compare]: step_seconds_without / step_seconds_with; "
-                                  "null when no pack kernel ran (hits 0).")
+    step_ratio: float | None = Field(None, description="With [--compare]: step time without / with the pack, the "
+                                     "median of interleaved pairs of steps; null when undetermined or no pack "
+                                     "kernel ran (hits 0).")
+    step_ratio_interval: list[float] | None = Field(None, description="With [--compare]: its 95% interval [low, high].")
+    timing_status: Literal["ok", "undetermined"] | None = Field(None, description="With [--compare]: whether "
+                                                                  "step_ratio is determined.")
+    timing_reason: str = Field("", description="With [--compare]: why it is or is not determined.")
     outputs_match: bool | None = Field(None, description="With [--compare]: every output agrees within rtol/atol.")
     output_kind: str = ""
     outputs_with: list[float] = Field(default_factory=list)
@@ -80,8 +96,9 @@ def run(req: RunRequest, ctx: ToolContext) -> RunResult:
     base = ScriptRunRequest(script=str(script.resolve()), script_args=req.script_args, pack=None,
                             allow_env_mismatch=req.allow_env_mismatch, expect_sha256=req.expect_sha256,
                             mechanism=req.mechanism)
-    ctx.progress(0, 2 if req.compare else 1, f"running {script.name} with {req.pack}")
-    with_pack, tail = run_script(base.model_copy(update={"pack": str(pack_path)}), req.timeout)
+    ctx.progress(0, 2 if req.compare else 1, f"running {script.name} with {req.pack}"
+                 + (" (switched off in alternate steps)" if req.compare else ""))
+    with_pack, tail = run_script(base.model_copy(update={"pack": str(pack_path), "toggle": req.compare}), req.timeout)
     report = with_pack.report
     assert report is not None
     by_phase: dict[str, int] = {}
@@ -96,19 +113,38 @@ def run(req: RunRequest, ctx: ToolContext) -> RunResult:
                        output_kind=with_pack.output_kind, outputs_with=with_pack.outputs,
                        environment_notes=with_pack.report.environment_notes, script_output_tail=tail[-OUTPUT_TAIL_CHARS:])
     if req.compare:
+        compare_steps(result, with_pack.step_seconds, with_pack.step_pack_on)
         ctx.progress(1, 2, f"running {script.name} without the pack")
         without, _ = run_script(base, req.timeout)
-        result.step_seconds_without = typical_step(without.step_seconds)
         result.exit_code_without = without.exit_code
         result.outputs_without = without.outputs
         result.outputs_match, result.max_output_difference = outputs_agree(with_pack.outputs, without.outputs,
                                                                             req.rtol, req.atol)
-        if result.step_seconds_with and result.step_seconds_without and result.hits > 0:
-            result.speedup = result.step_seconds_without / result.step_seconds_with
     result.recorded = _record(repo, report, result, script.name)
     ctx.progress(2 if req.compare else 1, 2 if req.compare else 1, "done")
     advise_run(result, req)
     return keep_run_lists(result, req.limit)
+
+
+def compare_steps(result: RunResult, seconds: list[float], pack_on: list[bool]) -> None:
+    """Fill the with/without step times and the step ratio of ``result`` from a run whose pack was
+    toggled between steps (see the module docstring). No pack kernel ran: no ratio is claimed."""
+    from modulelens.dispatch.script import step_rounds
+    from modulelens.timing import measurement_from_rounds, thread_choice
+
+    without, with_ = step_rounds(seconds, pack_on)
+    if with_:
+        result.step_seconds_with, result.step_seconds_without = statistics.median(with_), statistics.median(without)
+    if result.hits == 0:
+        result.timing_status = "undetermined"
+        result.timing_reason = "no pack kernel ran: nothing the pack could have sped up"
+        return
+    m = measurement_from_rounds(without, with_, target_width=0.2, threads=thread_choice(),
+                                timer="time.perf_counter between optimizer steps (or model forwards) of the script",
+                                method=f"{len(with_)} pairs of {result.step_kind}s, with and without the pack in "
+                                       "alternating order in one process (warm-up steps left out)")
+    result.step_ratio, result.step_ratio_interval = m.speedup, m.interval
+    result.timing_status, result.timing_reason = m.status, m.reason
 
 
 def advise_run(result: RunResult, req: RunRequest) -> None:
@@ -131,9 +167,9 @@ def advise_run(result: RunResult, req: RunRequest) -> None:
     warn += result.environment_notes
     if req.compare and result.outputs_match is False:
         warn.append(f"outputs differ with and without the pack (max difference {result.max_output_difference})")
-    if result.speedup is not None and result.steps < 5:
-        warn.append(f"the speedup is a ratio of medians over {result.steps} step(s), without an interval: run more "
-                    "steps before relying on it")
+    if req.compare and result.hits > 0 and result.timing_status == "undetermined":
+        warn.append(f"the step ratio is undetermined: {result.timing_reason}; run more steps (2 warm-up steps, "
+                    "then pairs with and without the pack) or on a quieter machine")
     if not req.compare and result.hits > 0:
         result.next = [call("run", script=req.script, script_args=req.script_args or None, pack=req.pack,
                             compare=True)]

@@ -8,6 +8,7 @@ as ``target`` (``blk/6``) means a kernel (``backend`` needed), a capture ref (``
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TypeVar
 
 from pydantic import BaseModel, Field
 
@@ -29,7 +30,7 @@ from modulelens.registry import ToolContext, tool
 from modulelens.replies import ToolReply, call
 from modulelens.repo import Artifact, Repository
 from modulelens.sandbox.pool import DEFAULT_MEMORY_LIMIT_MB
-from modulelens.validation.advice import report_next, report_warnings
+from modulelens.validation.advice import report_next, report_warnings, surely_faster
 from modulelens.validation.module_runs import validate_stored_module
 from modulelens.validation.report import ValidationReport, ValidationSettings
 from modulelens.validation.sandboxed import (
@@ -112,8 +113,8 @@ class ValidateModuleResult(ValidationReport, ToolReply):
     target: str = Field(description="The capture validated against.")
     report: str = Field(description="Reference of the stored report.")
     source_file: str | None = Field(None, description="The file the source was read from (symlinks followed).")
-    left_out: list[LeftOut] = Field(default_factory=list, description="Checks cut to `limit` items (the stored "
-                                    "report has them all).")
+    left_out: list[LeftOut] = Field(default_factory=list, description="Checks past `limit`, details of layers in "
+                                    "force: the stored report has them.")
 
 
 def _validate_module(req: ValidateKernelRequest, repo: Repository, ctx: ToolContext, path: Path | None,
@@ -125,14 +126,31 @@ def _validate_module(req: ValidateKernelRequest, repo: Repository, ctx: ToolCont
     result = ValidateModuleResult(**dict(report), candidate_id=art.ref, target=target.capture, report=rep.ref,
                                   source_file=str(path) if path else None,
                                   warnings=outside_warnings(path, ctx.project, ctx.repo_root) + report_warnings(report))
-    if report.verdict == "custom" and report.correct and (report.speedup_vs_eager or 0) > 1.0:
+    if surely_faster(report):
         result.next = [call("pack", candidates=[art.ref], out=f"{art.name.split('.', 1)[0]}.pack")]
-    return keep_first(result, "checks", req.limit, str(repo.open(REPORTS, rep.ref).file(REPORT_FILE)))
+    return _brief(result, req.limit, str(repo.open(REPORTS, rep.ref).file(REPORT_FILE)))
 
 
 class ValidateKernelResult(CandidateValidation, ToolReply):
     # the validation's record (no docstring, so none in the JSON schema)
     source_file: str | None = Field(None, description="The file the source was read from (symlinks followed).")
+
+
+R = TypeVar("R", ValidateKernelResult, ValidateModuleResult)
+
+
+def _brief(reply: R, limit: int, full: str) -> R:
+    """``reply`` cut to a size an agent reads: its first ``limit`` checks, and only the isolation
+    layers that were *not* in force keep their detail (what is missing and why); the stored report
+    ``full`` has every check and every layer's detail, and ``left_out`` says so."""
+    reply = keep_first(reply, "checks", limit, full)
+    if reply.isolation is None or all(not x.detail for x in reply.isolation.layers if x.in_force):
+        return reply
+    layers = [x if not x.in_force else x.model_copy(update={"detail": ""}) for x in reply.isolation.layers]
+    cut = LeftOut(field="isolation.layers.detail", shown=sum(1 for x in layers if x.detail), total=len(layers),
+                  full=full)
+    return reply.model_copy(update={"isolation": reply.isolation.model_copy(update={"layers": layers}),
+                                    "left_out": [*reply.left_out, cut]})
 
 
 @tool
@@ -155,4 +173,4 @@ def validate_kernel(req: ValidateKernelRequest, ctx: ToolContext) -> ValidateKer
     reply = ValidateKernelResult(**dict(result), source_file=str(path) if path else None,
                                  warnings=outside_warnings(path, ctx.project, ctx.repo_root) + report_warnings(result),
                                  next=report_next(result, result.candidate_id, result.target))
-    return keep_first(reply, "checks", req.limit, str(repo.open(REPORTS, result.report).file(REPORT_FILE)))
+    return _brief(reply, req.limit, str(repo.open(REPORTS, result.report).file(REPORT_FILE)))

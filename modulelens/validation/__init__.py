@@ -23,9 +23,11 @@ checker before its containment is in place):
 * :mod:`.messages`: the tasks and results (``ValidateCardTask``, ``ValidateModuleTask``,
   ``ModuleSource``, ``TimeCandidateTask``, ``PingTask``, ``ValidatedResult``, ...),
   ``VALIDATION_WORKER``;
-* :mod:`.plausibility`: ``speedup_flags``; :mod:`.compare`: ``compare_output``;
-  :mod:`.inputs`: ``fresh_inputs``, ``tensors``; :mod:`.evidence`: ``library_symbols``,
-  ``computing_ops``.
+* :mod:`.plausibility`: ``speedup_flags``; :mod:`.compare`: ``compare_output``, ``within_oracle``;
+  :mod:`.inputs`: ``fresh_inputs``, ``fresh_state``, ``tensors``; :mod:`.evidence`:
+  ``library_symbols``, ``built_library_symbols``, ``computing_ops``; :mod:`.denial`:
+  ``check_by_denial`` (the run where the reference library is denied; :mod:`.poison` is what that
+  process does to itself).
 
 Layering (checked by ``tests/test_imports.py``): validation may import ``kernels`` (backends,
 build cache, KernelSource, candidate artifacts), ``sandbox``, ``timing``, ``ops``, ``capture``,

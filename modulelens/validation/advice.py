@@ -13,13 +13,20 @@ def report_warnings(report: ValidationReport) -> list[str]:
     out = [f"flagged: {flag}" for flag in report.flags]
     if report.compiled and not report.ran:
         out.append("compiled only: the kernel never ran here, so it is not shown correct or fast")
-    if report.correct and report.speedup_vs_eager is None:
-        out.append(f"speed undetermined: {report.timing_note or 'not timed'}; a pack will not use it until timed")
-    elif report.correct and report.speedup_vs_eager is not None and report.speedup_vs_eager <= 1.0:
-        out.append(f"slower than eager ({report.speedup_vs_eager:.2f}x): a pack will not use it")
-    if report.verdict == "wrapper":
-        calls = ", ".join(report.backend_calls[:3]) or "torch"
-        out.append(f"a wrapper: it calls back into {calls} for the computation")
+    if report.correct:
+        out += _timing_warnings(report)
+    if report.verdict == "wrapper" and report.backend_calls:
+        out.append(f"a wrapper: it calls back into {', '.join(report.backend_calls[:3])} for the computation")
+    elif report.verdict == "wrapper" and report.denial is not None:
+        what = "not confirmed to compute by itself" if report.denial.outcome == "inconclusive" else "a wrapper"
+        out.append(f"{what}: {report.denial.detail}")
+    elif report.verdict == "wrapper":
+        out.append("a wrapper: it calls back into torch for the computation")
+    accepted = [a for a in report.accuracy if a.accepted and a.eager_max_abs is not None]
+    if accepted:
+        a = max(accepted, key=lambda x: x.eager_max_abs or 0.0)
+        out.append(f"accepted against the float64 oracle: eager itself is off by up to {a.eager_max_abs:.3g} here "
+                   f"(the candidate by {a.candidate_max_abs:.3g}; {a.case})")
     if report.isolation is not None:
         missing = [layer.name for layer in report.isolation.layers if not layer.in_force]
         if missing:
@@ -27,11 +34,39 @@ def report_warnings(report: ValidationReport) -> list[str]:
     return out
 
 
+def _interval(interval: list[float] | None) -> str:
+    return f"95% interval {interval[0]:.2f}x..{interval[1]:.2f}x" if interval else "no interval"
+
+
+def _timing_warnings(report: ValidationReport) -> list[str]:
+    """A correct candidate's speed: not timed, undetermined (the number is null), or not surely
+    faster than eager (the lower bound of its interval at or below 1): a pack uses it only when
+    that lower bound is above 1."""
+    interval = report.speedup_interval
+    if report.timing_status is None:
+        return [f"not timed: {report.timing_note or 'timing was off'}; a pack will not use it until timed"]
+    out = []
+    if report.timing_status == "undetermined":
+        said = "" if not interval or "interval" in report.timing_reason else f" ({_interval(interval)})"
+        out.append(f"speed undetermined{said}: {report.timing_reason}; validate it again on a quieter machine")
+    if not interval or interval[0] <= 1.0:
+        out.append(f"not surely faster than eager ({_interval(interval)}): a pack will not use it")
+    if report.compile_timing_status == "undetermined":
+        out.append(f"speed against torch.compile undetermined: {report.compile_timing_reason}")
+    return out
+
+
+def surely_faster(report: ValidationReport) -> bool:
+    """Correct and custom, with a speedup interval whose lower bound is above 1 (what a pack needs)."""
+    low = report.speedup_interval[0] if report.speedup_interval else 0.0
+    return report.verdict == "custom" and report.correct and low > 1.0
+
+
 def report_next(report: ValidationReport, candidate_id: str, card_id: str | None) -> list[NextCall]:
     """The calls after a validation: a repair when rejected, a pack when it is a usable kernel."""
     if report.verdict == "rejected" and card_id:
         return [call("generate_kernel", card=card_id, parent=candidate_id)]
-    if report.verdict == "custom" and report.correct and (report.speedup_vs_eager or 0) > 1.0:
+    if surely_faster(report):
         name = candidate_id.split(".", 1)[0]
         return [call("pack", candidates=[candidate_id], out=f"{name}.pack")]
     return []

@@ -5,12 +5,18 @@ The checker sends a :data:`CandidateRequest` and reads one :data:`CandidateReply
 candidate code, so the checker can note what the process has mapped), load the
 candidate (:class:`LoadRequest` -> :class:`Loaded`; a module-level candidate with
 :class:`LoadModuleRequest`: its source runs, it is built with the captured constructor arguments
-and loads the captured weights), call it once on inputs in the shared arena
-(:class:`CallRequest` -> :class:`Called`), or call it again N times on the same inputs for
-timing (:class:`RepeatRequest` -> :class:`Repeated`). Everything a candidate process reports is
+and loads the captured weights; the reference operator itself, for the symmetric timing of eager,
+with :class:`LoadOpRequest`), call it on inputs in the shared arena (:class:`CallRequest`
+-> :class:`Called`): once for a check, ``calls`` times for a timed batch, by the same function
+either way (a timed call is a checked call: the checker verifies the outputs of a random sample
+of timed batches, see :mod:`modulelens.validation.perturb`), copy the last call's outputs into
+the arena again (:class:`FetchRequest` -> :class:`Called`: after the checker rewrote the inputs,
+an output that changed shares their memory), load other parameters and buffers into a module
+candidate (:class:`StateRequest` -> :class:`StateLoaded`), or deny the reference library before
+any candidate code loads (:class:`DenyRequest` -> :class:`Denied`). Everything a candidate process reports is
 a *claim* (its code may have rewritten the harness): the checker trusts only the bytes it reads
-back from the arena and what it measures itself; ``ops`` and ``aliases`` are evidence, labelled
-as coming from the candidate's side.
+back from the arena and what it measures itself; ``ops`` is evidence, labelled as coming from the
+candidate's side.
 """
 
 from __future__ import annotations
@@ -35,6 +41,18 @@ class LoadRequest(BaseModel):
 class ReadyRequest(BaseModel):
     kind: Literal["ready"] = "ready"
     backend: str = Field(description="The candidate's backend: its runtime is imported now (part of the baseline).")
+
+
+class LoadOpRequest(BaseModel):
+    """Load the reference operator of a card (``aten.x.overload``) as the process's entry: called
+    like a candidate (``positional`` arguments, then ``kw_names`` values passed by name), plain
+    or through ``torch.compile`` (the compile baseline)."""
+
+    kind: Literal["load_op"] = "load_op"
+    op: str
+    positional: int = Field(ge=0)
+    kw_names: list[str] = Field(default_factory=list)
+    compiled: bool = False
 
 
 class LoadModuleRequest(BaseModel):
@@ -68,15 +86,40 @@ class CallRequest(BaseModel):
     rng: dict[str, Any] | None = Field(None, description="Encoded RNG states set right before the call (module calls).")
     grad_outputs: list[Any] | None = Field(
         None, description="Encoded output gradients: backward after the call, gradients returned (module calls).")
+    calls: int = Field(1, ge=1, description="Calls in a row; before each after the first the floating inputs "
+                       "get the swaps of `seed` (perturb.Swaps). The outputs are the last call's.")
+    seed: int = Field(0, ge=0, description="Where the swaps between calls go.")
+    threads: int | None = Field(None, ge=1, description="torch intra-op threads for the calls (None: leave).")
 
 
-class RepeatRequest(BaseModel):
-    kind: Literal["repeat"] = "repeat"
-    calls: int = Field(ge=1)
+class FetchRequest(BaseModel):
+    """Copy the outputs of the last call into the arena again (same slots), without calling."""
+
+    kind: Literal["fetch"] = "fetch"
+    output_offset: int
 
 
-CandidateRequest = Annotated[ReadyRequest | LoadRequest | LoadModuleRequest | CallRequest | RepeatRequest,
-                             Field(discriminator="kind")]
+class StateRequest(BaseModel):
+    """Load these parameters and buffers (encoded tensors in the arena) into the module candidate by
+    name (``load_state_dict``, strict)."""
+
+    kind: Literal["state"] = "state"
+    state: dict[str, Any]
+
+
+class DenyRequest(BaseModel):
+    """Deny the reference library in this process, before any candidate code loads: every computing
+    aten operator (and those of torch's other operator namespaces) raises; numpy's code is made
+    unusable (``numpy="memory"``: its executable pages unmapped from use, its files unreadable, no
+    page made executable again), or, for Triton's CPU interpreter which computes with numpy,
+    denied to code outside torch, Triton and numpy itself (``numpy="python"``)."""
+
+    kind: Literal["deny"] = "deny"
+    numpy: Literal["memory", "python"] = "memory"
+
+
+CandidateRequest = Annotated[ReadyRequest | LoadRequest | LoadOpRequest | LoadModuleRequest | CallRequest
+                             | FetchRequest | StateRequest | DenyRequest, Field(discriminator="kind")]
 CANDIDATE_REQUESTS: TypeAdapter[CandidateRequest] = TypeAdapter(CandidateRequest)
 
 
@@ -105,7 +148,6 @@ class Loaded(BaseModel):
 class Called(BaseModel):
     kind: Literal["called"] = "called"
     outputs: list[TensorSlot] = Field(default_factory=list)
-    aliases: list[int | None] = Field(default_factory=list, description="Input index each output views (claimed).")
     ops: list[str] | None = Field(None, description="aten ops the process ran during the call (claimed).")
     numpy_bridges: list[str] = Field(default_factory=list,
                                      description="torch<->numpy crossings made during the call (claimed).")
@@ -115,10 +157,19 @@ class Called(BaseModel):
     out_of_memory: bool = False
 
 
-class Repeated(BaseModel):
-    kind: Literal["repeated"] = "repeated"
+class StateLoaded(BaseModel):
+    kind: Literal["state_loaded"] = "state_loaded"
     error: str = ""
 
 
-CandidateReply = Annotated[Ready | Loaded | Called | Repeated, Field(discriminator="kind")]
+class Denied(BaseModel):
+    kind: Literal["denied"] = "denied"
+    operators: int = Field(description="Operator kernels replaced by one that raises (claimed).")
+    numpy: str = Field(description="What was done to numpy and the other numerical libraries (claimed; the "
+                       "checker reads the memory map itself).")
+    layers: list[str] = Field(default_factory=list, description="Kernel-enforced layers added (claimed).")
+    error: str = ""
+
+
+CandidateReply = Annotated[Ready | Loaded | Called | StateLoaded | Denied, Field(discriminator="kind")]
 CANDIDATE_REPLIES: TypeAdapter[CandidateReply] = TypeAdapter(CandidateReply)

@@ -1,13 +1,13 @@
 """The checker's side of one candidate process, shared by card and module validation: requests
 (a death becomes :class:`CandidateFailed`), inputs written into the shared arena and outputs read
-back, the candidate timed by the checker's own clock, the isolation in force, and the foreign
-numerical libraries the candidate's process mapped."""
+back, outputs sharing the inputs' memory found from the arena, parameters loaded into a module
+candidate, the isolation in force, and the libraries the candidate's process mapped. Every call,
+checked or timed, is a :class:`CallRequest` built by :meth:`CandidateChecker.encode_call`; timed
+ones go through :func:`time_calls`, the checker's clock (see :mod:`.timed`)."""
 
 from __future__ import annotations
 
-import statistics
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,17 +21,20 @@ from modulelens.kernels.module_builds import module_build_address
 from modulelens.sandbox.candidate_process import CandidateDied, CandidateProcess, scratch_parent
 from modulelens.sandbox.containment import Isolation, Layer, foreign_in, secrets_layer
 from modulelens.sandbox.shm import TensorSlot, aligned, encode_value, span_bytes
-from modulelens.timing import Timing, time_callable
+from modulelens.timing import ThreadChoice
 from modulelens.validation.candidate_messages import (
     CANDIDATE_REPLIES,
     Called,
     CallRequest,
+    FetchRequest,
     Loaded,
     Ready,
     ReadyRequest,
-    Repeated,
-    RepeatRequest,
+    StateLoaded,
+    StateRequest,
 )
+from modulelens.validation.compare import same_bits
+from modulelens.validation.evidence import built_library_symbols, mapped_libraries
 from modulelens.validation.inputs import tensors
 from modulelens.validation.verdict_keeping import ReportKeeper
 
@@ -56,29 +59,29 @@ def start_candidate(memory_limit_mb: int, read_only: list[Path], harness: str = 
                             parent=scratch_parent(candidates_folder()))
 
 
-def time_calls(proc: CandidateProcess, calls: int, timeout: float) -> float:
-    """Seconds per call of ``calls`` calls on the last inputs, measured here between sending the
-    request and reading its answer (the candidate cannot reach this clock). Raises
-    :class:`CandidateDied`; a candidate error raises RuntimeError."""
+def time_calls(proc: CandidateProcess, request: CallRequest, timeout: float) -> tuple[float, Called]:
+    """Seconds of one request (``request.calls`` calls) measured here, between sending it and
+    reading its answer (the candidate cannot reach this clock), and the answer. The one timed path
+    of every side, reference or candidate. Raises :class:`CandidateDied`."""
     t0 = time.perf_counter()
-    reply = proc.request(RepeatRequest(calls=calls), timeout)
+    reply = proc.request(request, timeout)
     elapsed = time.perf_counter() - t0
-    if not isinstance(reply, Repeated):
-        raise CandidateDied(f"answered a timing request with {reply.kind}")
-    if reply.error:
-        raise RuntimeError(reply.error)
-    return elapsed / calls
+    if not isinstance(reply, Called):
+        raise CandidateDied(f"answered a call with {reply.kind}")
+    return elapsed, reply
 
 
 class _Call:
-    """One call of the candidate as the checker saw it: outputs read back from the arena, the input
-    slots as written, and the ops the candidate process claims it ran."""
+    """One call of the candidate as the checker saw it: outputs read back from the arena (and where
+    they lay: from ``output_offset``), the input slots as written, and the ops the candidate
+    process claims it ran."""
 
     def __init__(self, outputs: list[torch.Tensor], inputs: list[tuple[TensorSlot, torch.Tensor]],
-                 output_slots: list[TensorSlot], aliases: list[int | None], ops: list[str] | None,
+                 output_slots: list[TensorSlot], output_offset: int, ops: list[str] | None,
                  input_grads: list[torch.Tensor | None] | None = None,
                  param_grads: dict[str, torch.Tensor] | None = None):
-        self.outputs, self.inputs, self.output_slots, self.aliases, self.ops = outputs, inputs, output_slots, aliases, ops
+        self.outputs, self.inputs, self.output_slots, self.ops = outputs, inputs, output_slots, ops
+        self.output_offset = output_offset
         self.input_grads, self.param_grads = input_grads or [], param_grads or {}
 
 
@@ -116,6 +119,7 @@ class CandidateChecker(ReportKeeper):
 
     proc: CandidateProcess
     call_timeout: float
+    threads: ThreadChoice | None = None  # intra-op threads of every call (both sides), chosen at the start
 
     def _request(self, req, timeout: float | None = None):
         try:
@@ -176,14 +180,16 @@ class CandidateChecker(ReportKeeper):
             iso.layers = [x for x in iso.layers if x.name != "namespaces"]
             iso.add("namespaces", False, self.proc.namespaces_missing)
         iso.add("process separation", True, "the candidate runs in its own process; reference outputs, "
-                "comparison, timing and verdict stay in the checker")
+                "comparison, the clock and verdict stay in the checker; eager is timed in a reference process "
+                "of its own")
         iso.layers.append(secrets_layer(iso, self.proc.read_only, dict(SECRETS) or {"the repository": repo_root}))
         iso.layers.extend(x.model_copy() for x in self.proc.layers)
         iso.layers.extend(x.model_copy() for x in CHECKER_LAYERS)
         return iso
 
-    def _write_inputs(self, values: list) -> tuple[list, list[tuple[TensorSlot, torch.Tensor]], int]:
-        arena = self.proc.arena
+    def _write_inputs(self, values: list, proc: CandidateProcess | None = None
+                      ) -> tuple[list, list[tuple[TensorSlot, torch.Tensor]], int]:
+        arena = (proc or self.proc).arena
         written: list[tuple[TensorSlot, torch.Tensor]] = []
         need = sum(aligned(span_bytes(t)) for t in tensors(values) if isinstance(t, torch.Tensor))
         arena.resize(need + 1)
@@ -199,28 +205,39 @@ class CandidateChecker(ReportKeeper):
         encoded = [encode_value(v, put) for v in values]
         return encoded, written, offset
 
-    def call(self, args: list, kwargs: dict, want: list[torch.Tensor], trace: bool, label: str,
-             module_call: ModuleCall | None = None) -> _Call:
-        """Write the inputs, call the candidate once, read its outputs back (and, for a module call
-        with output gradients, its gradients). Card calls pass keyword values positionally; module
-        calls by name. Raises CandidateFailed."""
+    def encode_call(self, args: list, kwargs: dict, want: list[torch.Tensor], trace: bool,
+                    module_call: ModuleCall | None = None, *, proc: CandidateProcess | None = None,
+                    calls: int = 1, seed: int = 0) -> tuple[CallRequest, list[tuple[TensorSlot, torch.Tensor]]]:
+        """Write the inputs into ``proc``'s arena (default: the candidate's) and build the request
+        for ``calls`` calls on them: the same request for a check and a timed batch. Returns the
+        request and the input slots as written. Card calls pass keyword values positionally;
+        module calls by name."""
+        proc = proc or self.proc
         values = [*args, *kwargs.values()]
         extra = module_call.tensors() if module_call else []
         try:
-            encoded, written, end = self._write_inputs(values + extra)
+            encoded, written, end = self._write_inputs(values + extra, proc)
         except ValueError as e:
             raise ModuleLensError(f"inputs cannot be passed to a candidate: {e}", "pick another card") from None
         grad_bytes = sum(aligned(span_bytes(t)) for t in extra)
         out_bytes = sum(aligned(max(w.numel() * w.element_size(), 1)) for w in want)
-        self.proc.arena.resize(end + 2 * out_bytes + (module_call.grad_room if module_call else 0) + grad_bytes
-                               + (1 << 16))
+        proc.arena.resize(end + 2 * out_bytes + (module_call.grad_room if module_call else 0) + grad_bytes
+                          + (1 << 16))
         fields: dict[str, Any] = {"args": encoded[:len(values)]}
         if module_call:
             fields = module_call.request_fields(encoded[:len(args)], encoded[len(args):len(values)],
                                                 encoded[len(values):], list(kwargs))
-        reply = self._request(CallRequest(arena_size=self.proc.arena.size, output_offset=end,
-                                          poison_nbytes=[w.numel() * w.element_size() for w in want], trace=trace,
-                                          **fields))
+        request = CallRequest(arena_size=proc.arena.size, output_offset=end,
+                              poison_nbytes=[w.numel() * w.element_size() for w in want], trace=trace,
+                              calls=calls, seed=seed, threads=self.threads.threads if self.threads else None,
+                              **fields)
+        return request, written[:len(tensors(values))]
+
+    def read_reply(self, reply: Any, label: str, proc: CandidateProcess | None = None) -> tuple[
+            list[torch.Tensor], list[torch.Tensor | None], dict[str, torch.Tensor]]:
+        """(outputs, input gradients, parameter gradients) of a call's reply, read from the arena;
+        a candidate error, an out-of-memory or an unreadable output raises CandidateFailed."""
+        arena = (proc or self.proc).arena
         if not isinstance(reply, Called):
             raise CandidateFailed(f"the candidate process answered a call with {reply.kind}")
         if reply.out_of_memory:
@@ -229,38 +246,66 @@ class CandidateChecker(ReportKeeper):
             self.report.errors.append(reply.error)
             raise CandidateFailed(f"raised {reply.error.split(':')[0]} on {label}: {reply.error[:300]}")
         try:
-            outputs = [self.proc.arena.read(s) for s in reply.outputs]
-            input_grads = [self.proc.arena.read(s) if s is not None else None for s in reply.input_grads]
-            param_grads = {n: self.proc.arena.read(s) for n, s in reply.param_grads.items()}
+            outputs = [arena.read(s) for s in reply.outputs]
+            input_grads = [arena.read(s) if s is not None else None for s in reply.input_grads]
+            param_grads = {n: arena.read(s) for n, s in reply.param_grads.items()}
         except ValueError as e:
             raise CandidateFailed(f"returned an output the checker cannot read ({e}) on {label}") from None
+        return outputs, input_grads, param_grads
+
+    def call(self, args: list, kwargs: dict, want: list[torch.Tensor], trace: bool, label: str,
+             module_call: ModuleCall | None = None) -> _Call:
+        """Write the inputs, call the candidate once, read its outputs back (and, for a module call
+        with output gradients, its gradients). Raises CandidateFailed."""
+        request, inputs = self.encode_call(args, kwargs, want, trace, module_call)
+        reply = self._request(request)
+        outputs, input_grads, param_grads = self.read_reply(reply, label)
         self.numpy_bridges.update(reply.numpy_bridges)
-        return _Call(outputs, written[:len(tensors(values))], reply.outputs, reply.aliases, reply.ops,
-                     input_grads, param_grads)
+        return _Call(outputs, inputs, reply.outputs, request.output_offset, reply.ops, input_grads, param_grads)
 
-    def time_rounds(self, eager_call: Callable[[], Any], device: str, min_run_time: float) -> tuple[Timing, Timing]:
-        """(eager, candidate): eager timed here while the candidate process is stopped, the
-        candidate by this process's clock around batches of its last call; two interleaved
-        rounds, the faster of each kept (drift hits both alike)."""
-        rounds = []
-        for _ in range(2):
-            self.proc.pause()
-            try:
-                eager = time_callable(eager_call, device, min_run_time=min_run_time / 2)
-            finally:
-                self.proc.resume()
-            rounds.append((eager, self._time_candidate(device, min_run_time / 2)))
-        eager = min((r[0] for r in rounds), key=lambda t: t.median_s)
-        cand = min((r[1] for r in rounds), key=lambda t: t.median_s)
-        return eager, cand
-
-    def _time_candidate(self, device: str, min_run_time: float) -> Timing:
+    def outputs_sharing_inputs(self, result: _Call, allowed: frozenset[int] = frozenset()) -> list[int]:
+        """The outputs of ``result`` that share memory with its inputs, however the candidate mapped
+        it (a view, a second mapping of the arena): this process inverts every byte of the input
+        regions in the arena, has the candidate copy its last outputs out again without calling it,
+        and sees which outputs changed. ``allowed``: outputs that may (an in-place operator's first).
+        The inputs are left inverted. Raises CandidateFailed."""
+        if not result.inputs or not any(t.numel() for t in result.outputs):
+            return []
+        arena = self.proc.arena
+        for slot, _ in result.inputs:
+            for start in range(0, slot.nbytes, 1 << 26):
+                raw = TensorSlot(offset=slot.offset + start, nbytes=min(1 << 26, slot.nbytes - start),
+                                 dtype="torch.uint8", shape=[min(1 << 26, slot.nbytes - start)], stride=[1])
+                arena.put(torch.bitwise_not(arena.read(raw)), raw.offset)
+        reply = self._request(FetchRequest(output_offset=result.output_offset))
+        if not isinstance(reply, Called) or reply.error or len(reply.outputs) != len(result.outputs):
+            raise CandidateFailed("could not copy its outputs out again after the call "
+                                  f"({getattr(reply, 'error', '') or 'another number of outputs'})")
         try:
-            return checker_timing(self.proc, device, min_run_time, self.call_timeout)
-        except RuntimeError as e:
-            raise CandidateFailed(f"raised while being timed: {e}") from None
-        except CandidateDied as e:
-            raise CandidateFailed(f"the candidate process {e.reason} while being timed") from None
+            return [i for i, (slot, before) in enumerate(zip(reply.outputs, result.outputs))
+                    if i not in allowed and before.numel() and not same_bits(arena.read(slot), before)]
+        except ValueError as e:
+            raise CandidateFailed(f"copied its outputs out again where the checker cannot read them ({e})") from None
+
+    def load_state(self, state: dict[str, torch.Tensor]) -> str:
+        """Load ``state`` (parameters and buffers by name) into the module candidate through the
+        arena: '' when it took them, else its error."""
+        encoded, _, _ = self._write_inputs(list(state.values()))
+        reply = self._request(StateRequest(state=dict(zip(state, encoded))))
+        if not isinstance(reply, StateLoaded):
+            raise CandidateFailed(f"the candidate process answered a state request with {reply.kind}")
+        return reply.error
+
+    def mapped_since_ready(self) -> set[str]:
+        """Files the candidate's process mapped since :meth:`get_ready` (its memory map, read here)."""
+        return self.proc.mapped_files() - getattr(self, "baseline_maps", set())
+
+    def built_symbols(self) -> list[str]:
+        """Vendor and past-the-dispatcher ATen symbols imported by the libraries the candidate built
+        and loaded (shared objects under its scratch folder or the build cache in its memory map,
+        which the kernel writes), as ``symbol (library)``; see :func:`built_library_symbols`."""
+        return built_library_symbols(mapped_libraries(self.proc.maps(), [self.proc.scratch, default_build_dir()]),
+                                     runtime=[self.proc.scratch / "triton"])
 
     def foreign_evidence(self) -> list[str]:
         """Wrapper evidence the checker holds beyond aten ops: foreign libraries newly mapped,
@@ -269,29 +314,6 @@ class CandidateChecker(ReportKeeper):
         if self.numpy_bridges:
             found.append("crosses into numpy (" + ", ".join(sorted(self.numpy_bridges)) + ")")
         return found
-
-
-def checker_timing(proc: CandidateProcess, device: str, min_run_time: float, timeout: float,
-                   warmup: int = 3) -> Timing:
-    """Per-call seconds of the candidate's last call, measured by this process's clock around
-    batches of calls (each batch >= 20 ms, so the pipe round trip is a small part of it)."""
-    time_calls(proc, warmup, timeout)
-    one = time_calls(proc, 1, timeout)
-    batch = max(1, min(100_000, int(0.02 / max(one, 1e-9))))
-    samples: list[float] = []
-    spent = 0.0
-    while spent < min_run_time or len(samples) < 5:
-        per_call = time_calls(proc, batch, timeout)
-        samples.append(per_call)
-        spent += per_call * batch
-        if len(samples) >= 200:
-            break
-    samples.sort()
-    pick = lambda q: samples[min(len(samples) - 1, int(q * len(samples)))]  # noqa: E731
-    return Timing(median_s=statistics.median(samples), p20_s=pick(0.2), p80_s=pick(0.8), runs=len(samples) * batch,
-                  samples=len(samples), warmup=warmup,
-                  timer=f"checker's perf_counter around {batch} call(s) per sample in the candidate process",
-                  device=device, threads=torch.get_num_threads(), cache="warm (CPU caches are not flushed between calls)")
 
 
 def _clean_tail(text: str) -> str:

@@ -1,9 +1,11 @@
 """Wrapper evidence: which aten ops a candidate ran that compute (rather than allocate, copy or
-view), which vendor-library or past-the-dispatcher ATen symbols its extension imports (read with
-``nm`` by the checker), and what the foreign-library evidence is based on and cannot see."""
+view), which vendor-library or past-the-dispatcher ATen symbols the libraries it built and loaded
+import (found in its memory map and read with ``nm`` by the checker), and what the
+foreign-library evidence is based on and cannot see."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -14,15 +16,18 @@ import torch
 from modulelens.ops.recorder import classify
 
 # Operators a custom kernel may call: allocation, copies, views and metadata.
-_ALLOWED = {
+ALLOWED_OPS = frozenset({
     "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros", "zeros_like", "new_zeros",
     "full", "full_like", "new_full", "fill_", "zero_", "copy_", "clone", "contiguous", "_to_copy", "to", "resize_",
-    "set_", "lift_fresh_copy", "_local_scalar_dense", "sym_size", "sym_stride", "sym_numel", "is_same_size",
-    "equal", "detach", "alias", "item", "size", "stride", "numel", "dim", "is_contiguous", "data_ptr",
-}
+    "set_", "lift_fresh_copy", "lift_fresh", "lift", "_local_scalar_dense", "sym_size", "sym_stride", "sym_numel",
+    "is_same_size", "equal", "detach", "detach_", "alias", "item", "size", "stride", "numel", "dim", "is_contiguous",
+    "data_ptr", "_unsafe_view", "_reshape_alias", "_copy_from", "_copy_from_and_resize",
+    "_has_compatible_shallow_copy_type", "_version", "record_stream",
+})
 # Library symbols a compiled candidate must not import: vendor libraries and ATen's kernels called
 # past the dispatcher (at::cpu::gelu, at::native::...), which no dispatcher trace can see.
-_LIBRARY_SYMBOL = re.compile(r"^(cublas\w*|cublasLt\w*|cudnn\w*|mkl_\w+|cblas_\w+|dnnl\w*|"
+# dlsym and friends too: a library that looks its calls up at run time hides them from this list.
+_LIBRARY_SYMBOL = re.compile(r"^(cublas\w*|cublasLt\w*|cudnn\w*|mkl_\w+|cblas_\w+|dnnl\w*|dlv?sym|dlm?open|"
                              r"at::(?:cpu|cuda|native|compositeexplicitautograd|compositeimplicitautograd)::\w+)")
 
 FOREIGN_EVIDENCE = ("foreign numerical libraries (scipy, numba, jax, tensorflow, cupy, numpy's lazily loaded "
@@ -30,8 +35,12 @@ FOREIGN_EVIDENCE = ("foreign numerical libraries (scipy, numba, jax, tensorflow,
                     "checker from /proc/PID/maps (the kernel writes it; the candidate cannot forge it); crossings "
                     "between torch and numpy during the calls (Tensor.numpy, __array__, from_numpy, "
                     "as_tensor/tensor of an ndarray), counted in the candidate's process (a claim)")
-NOT_SEEN = ("not seen: numpy's core (torch maps it at import, so its use shows only through the crossings), "
-            "and symbols resolved at run time (dlsym)")
+NOT_SEEN = ("not seen: functions a library finds at run time without importing dlsym (which is itself flagged), "
+            "and Python code reaching the BLAS inside torch's own library through ctypes; numpy's core shows only "
+            "through the crossings and the denial run (torch maps it at import)")
+LIBRARY_EVIDENCE = ("the libraries the candidate built and loaded (its process's memory map, read by the checker: "
+                    "shared objects in its scratch folder or the build cache), their imported symbols read by the "
+                    "checker with nm from the very file mapped (same inode)")
 
 
 def computing_ops(names: list[str]) -> list[str]:
@@ -40,26 +49,29 @@ def computing_ops(names: list[str]) -> list[str]:
     for name in names:
         if not name.startswith("aten::"):
             continue
-        base = name.split("::", 1)[1].split(".")[0]
-        if base in _ALLOWED:
+        base, _, overload_name = name.split("::", 1)[1].partition(".")
+        if base in ALLOWED_OPS:
             continue
         packet = getattr(torch.ops.aten, base, None)
-        overload = getattr(packet, "default", None) if packet is not None else None
-        if overload is not None and classify(overload) == "view":
-            continue
+        names = [overload_name or "default"] if packet is None or overload_name else packet.overloads()
+        overloads = [getattr(packet, n, None) for n in names] if packet is not None else []
+        if any(o is not None and classify(o) == "view" for o in overloads):
+            continue  # the profiler names ops without their overload: a view under any overload is a view
         out.append(name)
     return out
 
 
-def library_symbols(library: Path) -> list[str]:
+def library_symbols(library: Path, fd: int | None = None) -> list[str]:
     """Vendor-library and past-the-dispatcher ATen symbols the extension file imports (read with
-    ``nm`` by the checker, not reported by the candidate)."""
+    ``nm`` by the checker, not reported by the candidate); with ``fd``, read from that open file
+    (``library`` then only names it)."""
     nm = shutil.which("nm")
     if not nm:
         return []
+    path = f"/proc/self/fd/{fd}" if fd is not None else str(library)
     try:
-        text = subprocess.run([nm, "-D", "--undefined-only", "-C", str(library)], capture_output=True, text=True,
-                              timeout=60).stdout
+        text = subprocess.run([nm, "-D", "--undefined-only", "-C", path], capture_output=True, text=True,
+                              timeout=60, pass_fds=(fd,) if fd is not None else ()).stdout
     except (OSError, subprocess.SubprocessError):
         return []
     found = set()
@@ -69,3 +81,45 @@ def library_symbols(library: Path) -> list[str]:
         if m:
             found.add(m.group(0))
     return sorted(found)
+
+
+def mapped_libraries(maps_text: str, roots: list[Path]) -> dict[str, int]:
+    """``{file: inode}`` of the shared objects mapped in ``maps_text`` (a ``/proc/PID/maps``, which
+    the kernel writes) that lie under ``roots``; a file deleted since it was mapped keeps the
+    kernel's `` (deleted)`` mark."""
+    prefixes = [str(Path(os.path.realpath(r))).rstrip("/") + "/" for r in roots]
+    found: dict[str, int] = {}
+    for line in maps_text.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) == 6 and parts[5].startswith(tuple(prefixes)) and ".so" in os.path.basename(parts[5]):
+            found[parts[5].strip()] = int(parts[4])
+    return found
+
+
+def built_library_symbols(libraries: dict[str, int], runtime: list[Path] = ()) -> list[str]:
+    """For each library (``{file: inode}``, :func:`mapped_libraries`), the vendor and ATen symbols
+    it imports as ``symbol (file name)``, read from the file opened without following links and
+    only when it is still the inode mapped; a library that was deleted or replaced on disk after
+    it was loaded is named as such (its symbols cannot be checked). Libraries under ``runtime``
+    (Triton's generated launchers, which load the GPU driver with dlopen) may import ``dl*``."""
+    found = []
+    runtime_prefixes = tuple(str(r).rstrip("/") + "/" for r in runtime)
+    for path, inode in sorted(libraries.items()):
+        name = os.path.basename(path.removesuffix(" (deleted)"))
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            found.append(f"{name} was deleted or replaced after it was loaded (its symbols cannot be checked)")
+            continue
+        try:
+            st = os.fstat(fd)
+            if st.st_ino != inode or not (st.st_mode & 0o170000 == 0o100000):
+                found.append(f"{name} was replaced on disk after it was loaded (its symbols cannot be checked)")
+                continue
+            symbols = library_symbols(Path(path), fd=fd)
+            if path.startswith(runtime_prefixes):
+                symbols = [sym for sym in symbols if not sym.startswith("dl")]
+            found += [f"{sym} ({name})" for sym in symbols]
+        finally:
+            os.close(fd)
+    return found

@@ -4,11 +4,21 @@ Started by :class:`modulelens.sandbox.candidate_process.CandidateProcess` (forke
 that preloaded :data:`PRELOAD`, or fresh; inside new namespaces where the kernel allows), it hands
 the checker a descriptor of its own ``/proc/self/maps`` and then applies the remaining containment
 layers to itself *before* any candidate code exists in it (private /tmp and /dev, rlimits, not
-dumpable, Landlock, seccomp), then serves requests: load
-(compile) the candidate, call it on inputs the checker wrote into the shared arena and copy its
-outputs there, or call it again N times for the checker's clock. It holds no reference output,
-no checker and no verdict: the worst a candidate can do here is lie about itself, and the checker
-treats what this process says as claims.
+dumpable, Landlock, seccomp), then serves requests: load (compile) the candidate, call it on
+inputs the checker wrote into the shared arena and copy its outputs there (and again on request,
+after the checker rewrote the inputs), load other parameters into a module candidate, or deny the
+reference library before any candidate code loads (a denial process,
+:mod:`modulelens.validation.poison`). A check and a timed batch are the same request handled by
+the same function at the same line (:meth:`_Harness.call`): nothing on the stack or in the
+arguments but the number of calls tells them apart, and timed batches are checked too (a random
+sample of them, by the checker, after the fact). It holds no reference output, no checker and no
+verdict: the worst a candidate can do here is lie about itself, and the checker treats what this
+process says as claims.
+
+The reference side of a timing (eager, the original module, torch.compile) runs in a process
+started and served exactly the same way, which loads the reference as its entry
+(:meth:`_Harness.load_op`, or :meth:`_Harness.load_module` with a source naming the original
+class), so whatever the process, the pipes and the arena cost falls on both sides.
 """
 
 from __future__ import annotations
@@ -27,7 +37,7 @@ PRELOAD = ("modulelens.validation.candidate_messages", "modulelens.sandbox.conta
            "safetensors.torch", "triton.language", "triton.runtime.interpreter")
 
 
-def _contain(req_fd: int, scratch: Path, memory_mb: int, read_only: list[str]) -> Any:
+def _contain(req_fd: int, scratch: Path, memory_mb: int, read_only: list[str]) -> tuple[Any, list[str]]:
     import torch
 
     from modulelens.sandbox.containment import (
@@ -56,7 +66,7 @@ def _contain(req_fd: int, scratch: Path, memory_mb: int, read_only: list[str]) -
     iso.layers.append(not_dumpable())
     iso.layers.append(apply_landlock([str(scratch)], readable, private_dev=dev.in_force))
     iso.layers.append(apply_seccomp())  # last: the layers above need mount and prctl
-    return iso
+    return iso, readable
 
 
 def _tensors(value: Any) -> list:
@@ -69,26 +79,17 @@ def _tensors(value: Any) -> list:
     return []
 
 
-def _overlaps(a, b) -> bool:
-    try:
-        sa, sb = a.untyped_storage(), b.untyped_storage()
-    except (RuntimeError, NotImplementedError):
-        return False
-    if a.device != b.device or sa.nbytes() == 0 or sb.nbytes() == 0:
-        return False
-    pa, pb = sa.data_ptr(), sb.data_ptr()
-    return pa < pb + sb.nbytes() and pb < pa + sa.nbytes()
-
-
 class _Harness:
-    def __init__(self, arena_fd: int, isolation: Any, scratch: Path):
+    def __init__(self, arena_fd: int, isolation: Any, scratch: Path, readable: list[str]):
         from modulelens.sandbox.shm import MappedArena
 
         self.arena = MappedArena(arena_fd)
         self.scratch = scratch
         self.isolation = isolation
+        self.readable = readable
         self.entry: Any = None
-        self.again: Any = None  # the last call, repeated for the checker's clock
+        self.last_outputs: list = []  # the last call's output tensors, copied out again on request
+        self.device_inputs: list = []  # (slot, device copy) of the last call: refreshed before a fetch
 
     def ready(self, req) -> Any:
         """Import what the harness itself needs for this backend (its runtime, numpy through torch)
@@ -133,6 +134,27 @@ class _Harness:
         name, library, fresh = builds[-1]
         return Loaded(isolation=self.isolation, ok=True, build_name=name, library=library, fresh_build=fresh)
 
+    def load_op(self, req) -> Any:
+        """The reference operator as the entry (plain, or through torch.compile)."""
+        from modulelens.ops.recorder import resolve_op
+        from modulelens.validation.candidate_messages import Loaded
+
+        try:
+            op = resolve_op(req.op)
+        except (AttributeError, ValueError) as e:
+            return Loaded(isolation=self.isolation, ok=False, error=f"unknown operator {req.op}: {e}")
+        n, names = req.positional, list(req.kw_names)
+
+        def reference(*values: Any) -> Any:
+            return op(*values[:n], **dict(zip(names, values[n:])))
+
+        if req.compiled:
+            import torch
+
+            reference = torch.compile(reference, dynamic=False)
+        self.entry = reference
+        return Loaded(isolation=self.isolation, ok=True)
+
     def load_module(self, req) -> Any:
         """Run a module candidate's source (its ``load_inline`` extensions through the shared
         build cache), build its class with the captured constructor arguments and load the
@@ -165,24 +187,36 @@ class _Harness:
                       shared_extensions=[n for n, _, built in builds if not built])
 
     def call(self, req) -> Any:
+        """One request, check or timed batch alike: ``req.calls`` calls in a row (the floating
+        inputs swapped between them, see :mod:`modulelens.validation.perturb`), the last call's
+        outputs copied into the arena."""
+        import contextlib
+
         import torch
 
-        from modulelens.sandbox.shm import aligned, decode_value
+        from modulelens.sandbox.shm import decode_value
         from modulelens.validation.candidate_messages import Called
 
+        if req.threads and torch.get_num_threads() != req.threads:
+            torch.set_num_threads(req.threads)
         inputs: list = []
+        input_slots: list = []
+        self.device_inputs = []
 
         def get(slot):
             t = self.arena.view(slot)
             if slot.device != "cpu":
                 dev = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=slot.device)
                 dev.copy_(t)
+                self.device_inputs.append((slot, dev))
                 t = dev
             inputs.append(t)
+            input_slots.append(slot)
             return t
 
         args = [decode_value(a, get) for a in req.args]
         kwargs = {k: decode_value(v, get) for k, v in req.kwargs.items()}
+        swaps = self._swaps(inputs, input_slots, req.seed) if req.calls > 1 else None
         rng = {k: decode_value(v, get) for k, v in req.rng.items()} if req.rng is not None else None
         grad_outputs = [decode_value(g, lambda s: self.arena.read(s)) for g in req.grad_outputs or []]
         invoke = self._invocation(args, kwargs, req.training, rng, bool(req.grad_outputs))
@@ -192,13 +226,12 @@ class _Harness:
             del poison
         ops = None
         try:
-            with _NumpyBridges() as bridges:
-                if req.trace:
-                    with _OpTrace() as trace:
-                        out = invoke()
-                    ops = trace.names
-                else:
+            with _NumpyBridges() as bridges, (_OpTrace() if req.trace else contextlib.nullcontext()) as trace:
+                for i in range(req.calls):
+                    if i:
+                        swaps(i)
                     out = invoke()
+            ops = trace.names if req.trace else None
             if inputs and inputs[0].is_cuda:
                 torch.cuda.synchronize()
             grads = self._backward(out, grad_outputs) if req.grad_outputs else None
@@ -208,24 +241,93 @@ class _Harness:
             text = str(e).strip().splitlines()[0] if str(e).strip() else ""
             oom = isinstance(e, RuntimeError) and ("allocate" in text or "memory" in text.lower())
             return Called(error=f"{type(e).__name__}: {text[:500]}", out_of_memory=oom)
-        self.again = invoke
-        outs = _tensors(out)
-        slots, aliases = [], []
-        offset = req.output_offset
-        for o in outs:
-            aliases.append(next((i for i, a in enumerate(inputs) if _overlaps(o, a)), None))
-            try:
-                slots.append(self.arena.put(o, offset))
-            except ValueError as e:
-                return Called(error=f"output too large: {e}")
-            offset = aligned(offset + slots[-1].nbytes)
-        reply = Called(outputs=slots, aliases=aliases, ops=ops, numpy_bridges=bridges.names)
+        self.last_outputs = _tensors(out)
+        try:
+            slots, offset = self._put_outputs(req.output_offset)
+        except ValueError as e:
+            return Called(error=f"output too large: {e}")
+        reply = Called(outputs=slots, ops=ops, numpy_bridges=bridges.names)
         if grads is not None:
             try:
                 self._put_grads(reply, grads, offset)
             except ValueError as e:
                 return Called(error=f"gradients too large: {e}")
         return reply
+
+    def _put_outputs(self, offset: int) -> tuple[list, int]:
+        """Copy the last call's outputs into the arena from ``offset``: (slots, offset after them)."""
+        from modulelens.sandbox.shm import aligned
+
+        slots = []
+        for o in self.last_outputs:
+            slots.append(self.arena.put(o, offset))
+            offset = aligned(offset + slots[-1].nbytes)
+        return slots, offset
+
+    def fetch(self, req) -> Any:
+        """The last call's outputs copied into the arena again, without calling: the checker rewrote
+        the inputs in between, so an output sharing their memory (however it was mapped) changed."""
+        from modulelens.validation.candidate_messages import Called
+
+        for slot, dev in self.device_inputs:  # inputs on a device are copies: rewrite them too
+            dev.copy_(self.arena.view(slot))
+        try:
+            slots, _ = self._put_outputs(req.output_offset)
+        except ValueError as e:
+            return Called(error=f"output too large: {e}")
+        return Called(outputs=slots)
+
+    def state(self, req) -> Any:
+        """Load the parameters and buffers the checker wrote into the arena into the module
+        candidate (strict, by name)."""
+        import torch
+
+        from modulelens.sandbox.shm import decode_value
+        from modulelens.validation.candidate_messages import StateLoaded
+
+        try:
+            values = {k: decode_value(v, self.arena.read) for k, v in req.state.items()}
+            with torch.no_grad():
+                self.entry.load_state_dict(values, strict=True)
+        except BaseException as e:  # noqa: BLE001 - a module that cannot take the state is the candidate's answer
+            text = str(e).strip().splitlines()
+            return StateLoaded(error=f"{type(e).__name__}: {text[0][:300] if text else ''}")
+        return StateLoaded()
+
+    def deny(self, req) -> Any:
+        """Make the reference library unusable here (:mod:`modulelens.validation.poison`), before any
+        candidate code exists in this process."""
+        from modulelens.validation import poison
+        from modulelens.validation.candidate_messages import Denied
+
+        if self.entry is not None:
+            return Denied(operators=0, numpy="", error="a candidate is already loaded")
+        operators = poison.poison_operators()
+        if req.numpy == "memory":
+            numpy, layers = poison.unusable_numpy(self.readable)
+        else:
+            numpy, layers = poison.python_numpy_denial(), []
+        self.isolation.layers.extend(layers)
+        return Denied(operators=operators, numpy=numpy, layers=[x.name for x in layers if x.in_force])
+
+    def _swaps(self, inputs: list, slots: list, seed: int) -> Any:
+        """The swaps between the calls of a batch over the floating inputs: on the arena's bytes
+        (numpy views of each input's whole span as integers of its element size) for CPU inputs,
+        on the device copy otherwise."""
+        from modulelens.validation.perturb import Swaps, perturbed
+
+        ints = {1: "torch.uint8", 2: "torch.int16", 4: "torch.int32", 8: "torch.int64"}
+        spans = []
+        for t, slot in zip(inputs, slots):
+            if not perturbed(t):
+                continue
+            if t.device.type == "cpu":
+                n = slot.nbytes // t.element_size()
+                flat = slot.model_copy(update={"dtype": ints[t.element_size()], "shape": [n], "stride": [1]})
+                spans.append(self.arena.view(flat).numpy())
+            else:
+                spans.append(_DeviceSpan(t))
+        return Swaps(spans, seed)
 
     def _invocation(self, args: list, kwargs: dict, training: bool | None, rng: dict | None, grad: bool) -> Any:
         """The call itself: a card candidate on its arguments; a module in train (with grad) or eval
@@ -275,31 +377,36 @@ class _Harness:
         reply.input_grads = [put(g) if g is not None else None for g in leaves]
         reply.param_grads = {n: put(g) for n, g in params.items()}
 
-    def repeat(self, req) -> Any:
-        import torch
-
-        from modulelens.validation.candidate_messages import Repeated
-
-        try:
-            for _ in range(req.calls):
-                self.again()
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-        except BaseException as e:  # noqa: BLE001
-            return Repeated(error=f"{type(e).__name__}: {str(e)[:300]}")
-        return Repeated()
-
 
 def _load_error(e: BaseException) -> str:
     """Short text of a load failure: the first compiler errors of a failed C++ build, else the
     exception's first line."""
-    from modulelens.kernels.backends.cpp import summarize_errors
+    from modulelens.kernels.backends.compiler import summarize_errors
 
     text = str(e)
     if "error:" in text:
         return f"{type(e).__name__}: " + summarize_errors(text, {"main.cpp": (0, 1 << 30)})
     lines = text.strip().splitlines()
     return f"{type(e).__name__}: {lines[0][:500] if lines else ''}"
+
+
+class _DeviceSpan:
+    """A device tensor's whole storage as a sequence of elements (for the swaps of a batch)."""
+
+    def __init__(self, t: Any):
+        import torch
+
+        n = t.untyped_storage().nbytes() // t.element_size()
+        self.flat = torch.as_strided(t, (n,), (1,), 0)
+
+    def __len__(self) -> int:
+        return self.flat.numel()
+
+    def __getitem__(self, i: int) -> Any:
+        return self.flat[i].clone()
+
+    def __setitem__(self, i: int, value: Any) -> None:
+        self.flat[i] = value
 
 
 class _NumpyBridges:
@@ -367,24 +474,39 @@ class _OpTrace:
         self.names = sorted({e.name() for e in result.events()})
 
 
+def _steady_allocator() -> None:
+    """Fix glibc's mmap threshold (64 MiB) so that allocations below it come from the heap in
+    every process alike. By default the threshold adapts to what the process freed before, so
+    two processes with different histories (a candidate after its checks, a fresh reference)
+    would pay differently for the same allocation (an mmap and page faults per call, or not),
+    and a timing would measure their pasts."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallopt(-3, 64 << 20)  # M_MMAP_THRESHOLD
+        libc.mallopt(-1, 128 << 20)  # M_TRIM_THRESHOLD: freed memory is kept, not returned per call
+    except (OSError, AttributeError):
+        pass
+
+
 def main(argv: list[str]) -> int:
     req_fd, reply_fd, arena_fd = int(argv[0]), int(argv[1]), int(argv[2])
     scratch, memory_mb, read_only = Path(argv[3]), int(argv[4]), argv[5:]
+    _steady_allocator()
     import torch
 
     if not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    isolation = _contain(req_fd, scratch, memory_mb, read_only)
+    isolation, readable = _contain(req_fd, scratch, memory_mb, read_only)
     from modulelens.sandbox import protocol
-    from modulelens.validation.candidate_messages import (
-        CANDIDATE_REQUESTS,
-        CallRequest,
-        LoadModuleRequest,
-        LoadRequest,
-        ReadyRequest,
-    )
+    from modulelens.validation.candidate_messages import CANDIDATE_REQUESTS
 
-    harness = _Harness(arena_fd, isolation, scratch)
+    harness = _Harness(arena_fd, isolation, scratch, readable)
+    # one handler per request kind: a check and a timed batch are both "call" (the same function)
+    handlers = {"ready": harness.ready, "load": harness.load, "load_op": harness.load_op,
+                "load_module": harness.load_module, "call": harness.call, "fetch": harness.fetch,
+                "state": harness.state, "deny": harness.deny}
     while True:
         req, fds = protocol.receive_with_fds(req_fd, CANDIDATE_REQUESTS)
         if req is None:
@@ -392,16 +514,7 @@ def main(argv: list[str]) -> int:
         if fds:  # the checker made a bigger arena: it comes with the request that needs it
             harness.arena.replace(fds[0])
         try:
-            if isinstance(req, ReadyRequest):
-                reply = harness.ready(req)
-            elif isinstance(req, LoadRequest):
-                reply = harness.load(req)
-            elif isinstance(req, LoadModuleRequest):
-                reply = harness.load_module(req)
-            elif isinstance(req, CallRequest):
-                reply = harness.call(req)
-            else:
-                reply = harness.repeat(req)
+            reply = handlers[req.kind](req)
         except BaseException:  # noqa: BLE001 - a broken harness ends the process; the checker sees it die
             traceback.print_exc()
             return 70

@@ -9,6 +9,7 @@ model, told apart by ``kind``, so a caller matches on the type instead of probin
 
 * :class:`ValidatedResult`: a validation ran to a verdict (a rejection is a verdict too);
 * :class:`TimedResult`: a candidate was timed;
+* :class:`RemeasuredResult`: finalists were timed together against eager;
 * :class:`RefusedResult`: the task could not be done here (a ``ModuleLensError``: message and hint);
 * :class:`PongResult`: answer to a :class:`PingTask`;
 * :class:`InternalErrorResult` (the sandbox's): modulelens itself failed inside the worker (a bug);
@@ -18,6 +19,7 @@ model, told apart by ``kind``, so a caller matches on the type instead of probin
 
 from __future__ import annotations
 
+import errno
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, TypeAdapter
@@ -31,7 +33,7 @@ from modulelens.sandbox.worker_messages import (
     WorkerKind,
     WorkerResult,
 )
-from modulelens.timing import Timing
+from modulelens.timing import SpeedupMeasurement, Timing
 from modulelens.validation.report import ModuleValidationSettings, ValidationReport, ValidationSettings
 
 # -- tasks -------------------------------------------------------------------------------------
@@ -113,11 +115,27 @@ class ValidateModuleTask(Message, ModuleValidationSettings, CandidateLimits):
         return ModuleValidationSettings.model_validate(self.model_dump(include=set(ModuleValidationSettings.model_fields)))
 
 
+class RemeasureTask(Message, CandidateLimits):
+    """Time validated candidates of one card against eager together, in the same interleaved rounds
+    (optimize's finalists): see :mod:`modulelens.validation.remeasure`."""
+
+    kind: Literal["remeasure"] = "remeasure"
+    repo: str
+    card_id: str
+    candidates: list[KernelSource]
+    build_dir: str
+    confinement: Confinement | None = None
+    device: str | None = None
+    min_run_time: float = Field(0.6, gt=0)
+    timing_budget_s: float = Field(6.0, gt=0)
+    target_width: float = Field(0.2, gt=0)
+
+
 class PingTask(Message):
     kind: Literal["ping"] = "ping"
 
 
-SandboxTask = Annotated[ValidateCardTask | ValidateModuleTask | TimeCandidateTask | PingTask,
+SandboxTask = Annotated[ValidateCardTask | ValidateModuleTask | TimeCandidateTask | RemeasureTask | PingTask,
                         Field(discriminator="kind")]
 TASKS: TypeAdapter[SandboxTask] = TypeAdapter(SandboxTask)
 
@@ -134,10 +152,32 @@ class TimedResult(WorkerResult):
     timing: Timing
 
 
+class RemeasuredResult(WorkerResult):
+    kind: Literal["remeasured"] = "remeasured"
+    measurements: list[SpeedupMeasurement | None] = Field(description="Per candidate, in task order; null: not measured.")
+    reasons: list[str] = Field(description="Per candidate: why it was not measured (empty when it was).")
+
+
 class RefusedResult(WorkerResult):
     kind: Literal["refused"] = "refused"
     message: str
     hint: str | None = None
+
+
+def out_of_memory(e: BaseException) -> bool:
+    """``e`` is the checker running out of memory (Python's or torch's allocator, or a mapping)."""
+    return (isinstance(e, MemoryError) or (isinstance(e, RuntimeError) and "can't allocate memory" in str(e))
+            or (isinstance(e, OSError) and e.errno == errno.ENOMEM))
+
+
+def memory_refusal(task: CandidateLimits, what: str, data_bytes: int | None) -> RefusedResult:
+    """The answer when the checker ran out of memory validating ``what``: which limit, how big the
+    data compared is (when known), and how to raise the limit."""
+    size = f"its inputs and outputs take {data_bytes / 2**20:.0f} MiB; " if data_bytes else ""
+    return RefusedResult(
+        message=f"validating {what} needs more memory than the limit of {task.memory_limit_mb} MB ({size}the checker "
+                "holds the original's outputs, the candidate's and their comparison)",
+        hint=f"raise it with [--memory-limit-mb {2 * task.memory_limit_mb}]", healthy=False)
 
 
 class PongResult(WorkerResult):
@@ -145,7 +185,8 @@ class PongResult(WorkerResult):
 
 
 SandboxResult = Annotated[
-    ValidatedResult | TimedResult | RefusedResult | PongResult | InternalErrorResult | CrashedResult,
+    ValidatedResult | TimedResult | RemeasuredResult | RefusedResult | PongResult | InternalErrorResult
+    | CrashedResult,
     Field(discriminator="kind"),
 ]
 
@@ -153,7 +194,8 @@ SandboxResult = Annotated[
 # -- frames on the result pipe -----------------------------------------------------------------
 
 WorkerMessage = Annotated[
-    StageReport | ValidatedResult | TimedResult | RefusedResult | PongResult | InternalErrorResult | CrashedResult,
+    StageReport | ValidatedResult | TimedResult | RemeasuredResult | RefusedResult | PongResult | InternalErrorResult
+    | CrashedResult,
     Field(discriminator="kind"),
 ]
 WORKER_MESSAGES: TypeAdapter[WorkerMessage] = TypeAdapter(WorkerMessage)

@@ -5,7 +5,20 @@ The same checks as card candidates (:mod:`modulelens.validation.card`), on the w
 loads (its source runs, and may compile C++); is built with the captured constructor arguments and
 takes the captured weights by name (``load_state_dict(strict=True)``); then, in eval mode without
 grad, outputs on the captured inputs and on fresh inputs (seeds x normal, uniform, heavy-tailed,
-special values) match the original module's, inputs are not mutated and outputs do not alias them.
+special values) match the original module's, inputs are not mutated and no output shares the
+inputs' memory (decided here from the arena: the checker inverts the input bytes and has the
+candidate copy its outputs out again; an output that changed shares them, however it was mapped).
+
+Fresh parameters: a pack shares the live model's weights, which training moves away from the
+captured ones, so beside the captured state every candidate is checked with parameters and
+floating buffers drawn afresh (one draw per seed, see :data:`~modulelens.validation.inputs.FRESH_STATE`),
+loaded into both the original and the candidate, on the captured inputs and on fresh ones. The
+report lists what was varied (``varied``) and a rejection names the draw that exposed it.
+
+Tolerance: eager in the captured dtype is not exact either. When an output misses the per-dtype
+tolerance, the original is run again in float64 (an oracle) and the candidate is accepted when its
+error against the oracle is at most :data:`~modulelens.validation.compare.ORACLE_MULTIPLE` times
+eager's own (both errors in the report's ``accuracy``): a candidate more accurate than eager passes.
 
 Training mode (only for a candidate that claims training support, and a capture made in
 training mode): dropout is checked **with the same RNG state**: the CPU/CUDA generators are set
@@ -17,6 +30,13 @@ input gradients for the captured output gradient must match the captured ones; w
 must match the original module's for a random output gradient. A candidate that does not claim
 training support is checked in eval mode only, and the verdict says so.
 
+Custom or wrapper: a candidate is a wrapper when its process ran computing aten operators
+(profiler, a claim), mapped a foreign numerical library or crossed into numpy, or a library it
+built imports vendor or past-the-dispatcher ATen symbols (``at::cpu::mul``, read with ``nm`` by the
+checker from the file its memory map shows). With none of these, it is run once more where the
+reference library is denied (:mod:`modulelens.validation.denial`): custom only when it stays
+correct there.
+
 Containment: like card candidates. The checker (this worker) holds the capture, the original
 module, the reference outputs, the clock and the verdict; it writes the original's state dict and
 the constructor's tensors into the candidate's scratch folder, and the candidate process
@@ -27,33 +47,61 @@ hold neither the repository nor the signing key (the constructor's argument clas
 there): the report's ``isolation`` says what was in force, including whether the signing key and
 the repository were out of reach.
 
-Timing: the original module timed here while the candidate process is stopped, the candidate by
-this process's clock around batches of calls in its own process, in the mode the candidate is
-packed for (training with grad for a training candidate, else eval without grad).
+Memory: comparisons stream over chunks and fresh inputs are drawn one case at a time; a capture too
+big for the memory limit even so ends in a clear error naming the sizes and ``--memory-limit-mb``.
+
+Timing: the original module runs in a reference process started and served exactly like the
+candidate's (the same harness loads the captured class by its class path, built with the same
+constructor arguments and the captured weights), and both are timed by this process's clock through
+the same request in interleaved rounds (:mod:`modulelens.validation.timed`), in the mode the
+candidate is packed for (training with grad for a training candidate, forward only, the same RNG
+state set before every call on both sides; else eval without grad). Both sides hold the captured
+state (the fresh-parameter checks load it back into the candidate before). The candidate's timed
+outputs are checked on a random sample of batches, judged like the checks (float64 oracle in eval).
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from modulelens.timing import thread_choice
 from modulelens.validation.candidate_messages import Loaded, LoadModuleRequest
 from modulelens.validation.checker import CandidateChecker, CandidateFailed, ModuleCall, start_candidate
-from modulelens.validation.compare import compare_output, same_bits
-from modulelens.validation.evidence import FOREIGN_EVIDENCE, NOT_SEEN, computing_ops
-from modulelens.validation.inputs import fresh_inputs, tensors
-from modulelens.validation.messages import ValidatedResult, ValidateModuleTask
+from modulelens.validation.compare import compare_output, float64_args, judged_by_oracle, same_bits
+from modulelens.validation.denial import DENIAL_EVIDENCE, check_by_denial, numpy_mode
+from modulelens.validation.denial import verdict as denial_verdict
+from modulelens.validation.evidence import FOREIGN_EVIDENCE, LIBRARY_EVIDENCE, NOT_SEEN, computing_ops
+from modulelens.validation.inputs import FRESH_STATE, fresh_inputs, fresh_state, tensors
+from modulelens.validation.messages import (
+    SandboxResult,
+    ValidatedResult,
+    ValidateModuleTask,
+    memory_refusal,
+    out_of_memory,
+)
 from modulelens.validation.report import ValidationReport
+from modulelens.validation.timed import (
+    ReferenceFailed,
+    TimedProcess,
+    TimingFeed,
+    load_reference,
+    time_against,
+    timing_plan,
+)
 
 EVAL_ONLY = "checked in eval mode only (dropout off, no gradients): not dispatched in training"
 SAME_RNG = ("training mode checked with the same RNG state before the original and the candidate "
             "(dropout masks agree when drawn like eager)")
 CONTAINED = "ran in its own contained candidate process (see isolation)"
+Oracle = Callable[[], list[torch.Tensor] | None]
 
 
 def readable_sys_path(sys_path: list[str], repo_root: Path) -> list[Path]:
@@ -100,36 +148,55 @@ class _ModuleValidator(CandidateChecker):
         conf = self.task.confinement  # the caller's list: it knows where the key and the home folder are
         folders = [Path(p) for p in conf.readable] if conf else readable_sys_path(manifest.sys_path, repo.root)
         read_only = [Path(self.task.build_dir), *folders]
+        self.threads = thread_choice()
         self.proc = start_candidate(self.task.memory_limit_mb, read_only=read_only)
+        self.reference_proc = None  # the original module's own process, started when checks begin
         try:
             return self._run(art, manifest, loaded, device)
         except CandidateFailed as e:
-            return self.reject(str(e))
+            reason = str(e)
+            data = getattr(self, "data_bytes", 0)
+            if "memory" in reason and data:
+                reason += (f"; the capture's inputs and outputs alone take {data / 2**20:.0f} MiB of the "
+                           f"{self.task.memory_limit_mb} MB limit: if the candidate needs no more than the original, "
+                           "raise it with --memory-limit-mb")
+            return self.reject(reason)
         finally:
             self.report.stdout_bytes = self.proc.stdout_bytes()
             self.proc.remove()
+            if self.reference_proc is not None:
+                self.reference_proc.remove()
 
-    def _load(self, art: Any, manifest: Any, reference: torch.nn.Module, device: str) -> Loaded:
-        """Write the weights and the constructor's tensors into the candidate's scratch folder and
-        have the candidate process load and build ``ModelNew`` from them."""
+    def _module_request(self, proc: Any, art: Any, manifest: Any, state: dict[str, torch.Tensor], device: str,
+                        source: str, class_name: str = "ModelNew",
+                        shared_build_dir: str | None = None) -> LoadModuleRequest:
+        """Write ``state`` and the constructor's tensors into ``proc``'s scratch folder; the request
+        that has that process build ``class_name`` of ``source`` from them."""
         from safetensors.torch import save_file
 
         from modulelens.capture.artifact import load_tensors
 
-        state = self.proc.scratch / "state.safetensors"
-        save_file({k: v.detach().cpu().contiguous().clone() for k, v in reference.state_dict().items()}, str(state))
+        path = proc.scratch / "state.safetensors"
+        save_file({k: v.detach().cpu().contiguous().clone() for k, v in state.items()}, str(path))
         init = None
         if art.has_file("init.safetensors"):
-            init = self.proc.scratch / "init.safetensors"
+            init = proc.scratch / "init.safetensors"
             save_file({k: v.contiguous() for k, v in load_tensors(art, "init.safetensors").items()}, str(init))
-        self.get_ready("module")
-        req = LoadModuleRequest(source=self.task.candidate.source, class_name=self.task.candidate.class_name,
-                                init_args=list(manifest.init.args or []), init_kwargs=dict(manifest.init.kwargs or {}),
-                                init_tensors=str(init) if init else None, state=str(state),
-                                sys_path=[str(p) for p in self.proc.read_only[1:]], device=device,
-                                shared_build_dir=self.task.build_dir)
-        loaded = self._request(req, timeout=self.task.build_timeout)
-        if loaded.ok:
+        return LoadModuleRequest(source=source, class_name=class_name, init_args=list(manifest.init.args or []),
+                                 init_kwargs=dict(manifest.init.kwargs or {}), init_tensors=str(init) if init else None,
+                                 state=str(path), sys_path=[str(p) for p in proc.read_only[1:]], device=device,
+                                 shared_build_dir=shared_build_dir)
+
+    def _load(self, checker: CandidateChecker, art: Any, manifest: Any, reference: torch.nn.Module,
+              device: str) -> Loaded:
+        """Write the weights and the constructor's tensors into ``checker``'s candidate's scratch
+        folder and have that candidate process load and build ``ModelNew`` from them."""
+        if checker is self:
+            self.get_ready("module")
+        req = self._module_request(checker.proc, art, manifest, reference.state_dict(), device,
+                                   self.task.candidate.source, self.task.candidate.class_name, self.task.build_dir)
+        loaded = checker._request(req, timeout=self.task.build_timeout)
+        if loaded.ok and checker is self:  # a denial run takes the builds this run verified and shared
             self.publish_extensions(loaded, self.task.candidate.source, Path(self.task.build_dir))
         return loaded
 
@@ -139,7 +206,7 @@ class _ModuleValidator(CandidateChecker):
             return self.reject(f"capture {art.ref} has no constructor arguments: ModelNew cannot be built like the module")
         reference = loaded.build("source")
         self.stage("compile")
-        result = self._load(art, manifest, reference, device)
+        result = self._load(self, art, manifest, reference, device)
         self.report.isolation = self._isolation(result, Path(self.task.repo))
         if not result.ok and result.failed_step == "load":
             self.report.errors = [result.error]
@@ -150,28 +217,30 @@ class _ModuleValidator(CandidateChecker):
         if not self.check("builds with the captured constructor arguments and weights", result.ok, result.error):
             return self.reject(f"cannot be built with the captured constructor arguments and weights: {result.error}")
 
+        if self.task.time:  # started now, so that its start overlaps the checks
+            self.reference_proc = start_candidate(self.task.memory_limit_mb, read_only=list(self.proc.read_only))
         args, kwargs = loaded.inputs()
         expected, _ = loaded.expected_outputs()
-        cases = [("captured inputs", args, kwargs)]
-        for seed in self.task.seeds:
-            for dist in self.task.distributions:
-                a, k = fresh_inputs(args, kwargs, seed, dist)
-                cases.append((f"{dist} inputs, seed {seed}", a, k))
+        self.data_bytes = sum(t.numel() * t.element_size() for t in tensors([args, kwargs, expected]))
+        self.captured_state = {k: v.detach().clone() for k, v in reference.state_dict().items()}
         claims = cand.claims_training and manifest.training
         self.stage("check")
-        for label, a, k in cases:
+        for label, a, k in self._cases(args, kwargs):
             problem = self.check_case(reference, a, k, f"eval, {label}", training=False, rng=None)
             if problem:
                 return self.reject(problem)
         note = EVAL_ONLY if not claims else SAME_RNG
         if claims:
-            problem = self.check_training(loaded, reference, cases, expected)
+            problem = self.check_training(loaded, reference, args, kwargs, expected)
             if problem:
                 return self.reject(problem)
+        problem = self.check_fresh_state(reference, args, kwargs)
+        if problem:
+            return self.reject(problem)
         self.report.ran, self.report.correct = True, True
         if self.task.time:
             self.stage("time")
-            self.time_it(reference, args, kwargs, claims, device)
+            self.time_it(reference, args, kwargs, claims, device, art, manifest)
             self.stage("recheck")
             a, k = fresh_inputs(args, kwargs, 9973, "normal")
             problem = self.check_case(reference, a, k, "fresh values in the timed buffers after timing",
@@ -181,27 +250,73 @@ class _ModuleValidator(CandidateChecker):
                 return self.reject(problem)
         self.report.stage = "done"
         self.report.timing_note = (self.report.timing_note + "; " if self.report.timing_note else "") + note
-        return self._decide(note)
+        return self._decide(note, lambda checker: self._load(checker, art, manifest, reference, device),
+                            reference, args, kwargs)
 
-    def _decide(self, note: str) -> ValidationReport:
+    def _cases(self, args: list, kwargs: dict) -> Iterator[tuple[str, list, dict]]:
+        """The captured inputs, then fresh inputs per seed and distribution, drawn one at a time."""
+        yield "captured inputs", args, kwargs
+        for seed in self.task.seeds:
+            for dist in self.task.distributions:
+                a, k = fresh_inputs(args, kwargs, seed, dist)
+                yield f"{dist} inputs, seed {seed}", a, k
+
+    # -- the verdict ------------------------------------------------------------------------------
+    def _decide(self, note: str, load: Callable[[CandidateChecker], Loaded], reference: torch.nn.Module,
+                args: list, kwargs: dict) -> ValidationReport:
         foreign = self.foreign_evidence()
-        self.report.backend_calls = sorted(self.ops) + foreign
+        symbols = self.built_symbols()
+        self.report.backend_calls = sorted(self.ops) + symbols + foreign
         self.report.wrapper_evidence = "; ".join([
             "aten ops recorded by the profiler in the candidate's process during its forward calls, all threads "
-            "(reported by that process)", FOREIGN_EVIDENCE, NOT_SEEN])
+            "(reported by that process)", LIBRARY_EVIDENCE, FOREIGN_EVIDENCE, DENIAL_EVIDENCE, NOT_SEEN])
         if foreign:
             self.report.verdict = "wrapper"
             self.report.reason = f"correct, but it computes with a foreign library: {'; '.join(foreign)}; {note}"
-        elif self.ops:
+            return self.report
+        if symbols:
+            self.report.verdict = "wrapper"
+            self.report.reason = ("correct, but a library it built calls into " + ", ".join(symbols[:5])
+                                  + f"; {note}; {CONTAINED}")
+            return self.report
+        if self.ops:
             calls = sorted(self.ops)
             self.report.verdict = "wrapper"
             self.report.reason = ("correct, and computes through " + ", ".join(calls[:5])
                                   + (" ..." if len(calls) > 5 else "") + f"; {note}; {CONTAINED}")
-        else:
-            self.report.verdict = "custom"
-            self.report.reason = f"correct on the captured and fresh inputs; computes the result itself; {note}; {CONTAINED}"
+            return self.report
+        self.stage("denial")
+        cases = [("captured inputs", args, kwargs)]
+        if self.task.seeds:
+            a, k = fresh_inputs(args, kwargs, self.task.seeds[0], "normal")
+            cases.append((f"normal inputs, seed {self.task.seeds[0]}", a, k))
+        calls = [(f"denial, {label}", a, k, tensors(self._reference(reference, a, k, False, None)), ModuleCall(False))
+                 for label, a, k in cases]
+        inputs = {label: (a, k) for label, a, k, _, _ in calls}
+
+        def compare(got: list[torch.Tensor], want: list[torch.Tensor], label: str) -> str | None:
+            a, k = inputs[label]
+            return self.values_problem(got, want, label, oracle=lambda: self._oracle(reference, a, k))
+
+        denial, more = check_by_denial(
+            backend="module", memory_limit_mb=self.task.memory_limit_mb, read_only=self.proc.read_only,
+            call_timeout=self.call_timeout, numpy=numpy_mode("module"), load=load,
+            cases=calls, compare=compare)
+        self.report.denial = denial
+        self.check("correct where the reference library is denied", denial.outcome == "computes itself",
+                   denial.detail)
+        if more:
+            self.report.backend_calls += more
+            self.report.verdict = "wrapper"
+            self.report.reason = ("correct, but a library it loaded where the reference library is denied calls into "
+                                  + ", ".join(more[:5]) + f"; {note}; {CONTAINED}")
+            return self.report
+        self.report.verdict, reason = denial_verdict(denial)
+        self.report.reason = f"{reason}; {note}; {CONTAINED}"
+        self.report.stage = "done"
         return self.report
 
+    # -- one call -----------------------------------------------------------------------------
     def _reference(self, reference: torch.nn.Module, args: list, kwargs: dict, training: bool,
                    rng: dict | None) -> Any:
         from modulelens.capture.tracer import set_rng_states
@@ -212,13 +327,45 @@ class _ModuleValidator(CandidateChecker):
         with torch.set_grad_enabled(training):
             return reference(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args], **dict(kwargs))
 
-    def compare(self, got: Any, want: Any, label: str, rtol: float | None = None) -> str | None:
+    def _oracle(self, reference: torch.nn.Module, args: list, kwargs: dict) -> list[torch.Tensor] | None:
+        """The original's eval outputs in float64 (a copy of it and of the inputs in float64), or
+        None when it cannot run so, returns no float64 output, or would not fit the memory limit."""
+        weights = sum(t.numel() * t.element_size() for t in reference.state_dict().values())
+        if 2 * weights > self.task.memory_limit_mb * 2**20 // 4:
+            return None
+        try:
+            oracle = copy.deepcopy(reference).to(torch.float64).eval()
+            with torch.no_grad():
+                out = tensors(oracle(*float64_args(list(args)),
+                                     **dict(zip(kwargs, float64_args(list(kwargs.values()))))))
+        except Exception:  # noqa: BLE001 - a module that cannot run in float64 has no oracle
+            return None
+        if any(o.is_floating_point() and o.dtype != torch.float64 for o in out):
+            return None
+        return out
+
+    def values_problem(self, got: list[torch.Tensor], want: list[torch.Tensor], label: str,
+                       rtol: float | None = None, oracle: Oracle | None = None, quiet: bool = False) -> str | None:
+        """Why ``got`` does not stand for ``want`` on ``label``, or None; checks recorded (``quiet``:
+        only a failure, for the checks of timed batches). An output outside the tolerance is judged
+        against the float64 ``oracle`` when there is one."""
         g, w = tensors(got), tensors(want)
-        if not self.check(f"output structure ({label})", len(g) == len(w), f"{len(g)} tensors, {len(w)} expected"):
+        if len(g) != len(w) or not quiet:
+            self.check(f"output structure ({label})", len(g) == len(w), f"{len(g)} tensors, {len(w)} expected")
+        if len(g) != len(w):
             return f"returns {len(g)} tensor(s) where the module returns {len(w)} ({label})"
+        reference64: list[torch.Tensor] | None = None
         for i, (x, y) in enumerate(zip(g, w)):
-            ok, detail = compare_output(x.detach().to(y.device), y.detach(), rtol if rtol is not None else self.rtol,
-                                        self.atol)
+            x = x.detach().to(y.device)
+            ok, detail = compare_output(x, y.detach(), rtol if rtol is not None else self.rtol, self.atol)
+            if not ok and oracle is not None and x.shape == y.shape and x.dtype == y.dtype and y.is_floating_point():
+                reference64 = reference64 if reference64 is not None else (oracle() or [])
+                if i < len(reference64) and reference64[i].shape == y.shape:
+                    ok, entry, detail = judged_by_oracle(x, y.detach(), reference64[i], label, i, detail)
+                    if not (quiet and ok):
+                        self.report.accuracy.append(entry)
+            if quiet and ok:
+                continue
             if not self.check(f"output {i} values ({label})", ok, detail):
                 return f"output {i} is wrong on {label}: {detail}"
         return None
@@ -228,30 +375,68 @@ class _ModuleValidator(CandidateChecker):
         want = tensors(self._reference(reference, args, kwargs, training, rng))
         result = self.call(args, kwargs, want, trace=True, label=label, module_call=ModuleCall(training, rng))
         self.ops.update(computing_ops(result.ops or []))
-        for i, j in enumerate(result.aliases):
-            if j is not None and j < len(result.inputs):
-                self.check(f"no aliasing ({label})", False, f"output {i} shares memory with input {j}")
-                return f"output {i} is (a view of) input {j} ({label})"
         for i, (slot, before) in enumerate(result.inputs):
             if not same_bits(self.proc.arena.read(slot), before):
                 self.check(f"inputs unchanged ({label})", False, f"input {i} modified")
                 return f"mutates input {i} ({label})"
-        return self.compare(result.outputs, want, label)
+        shared = self.outputs_sharing_inputs(result)
+        if shared:
+            self.check(f"no aliasing ({label})", False, f"output {shared[0]} changed when the checker rewrote the inputs")
+            return (f"output {shared[0]} shares memory with the inputs: it changed when the checker rewrote them "
+                    f"after the call ({label})")
+        oracle = None if training else (lambda: self._oracle(reference, args, kwargs))
+        return self.values_problem(result.outputs, want, label, oracle=oracle)
 
-    def check_training(self, loaded: Any, reference: torch.nn.Module, cases: list, expected: Any) -> str | None:
+    # -- fresh parameters -------------------------------------------------------------------------
+    def check_fresh_state(self, reference: torch.nn.Module, args: list, kwargs: dict) -> str | None:
+        """The eval checks again with parameters and floating buffers drawn afresh (one draw per
+        seed), loaded into both the original and the candidate, on the captured inputs and on
+        normal fresh ones; the captured state is loaded back into both afterwards."""
+        parameters = {n for n, _ in reference.named_parameters()}
+        with torch.no_grad():
+            base = [o.detach() for o in tensors(self._reference(reference, args, kwargs, False, None))]
+        for seed in self.task.seeds:
+            state, varied, kept = fresh_state(self.captured_state, parameters, 7919 + seed)
+            if not varied:
+                break
+            self.report.varied = sorted(set(self.report.varied) | set(varied))
+            self.report.varied_how = FRESH_STATE + (f"; kept: {', '.join(kept[:10])}" if kept else "")
+            draw = f"fresh parameters, seed {seed} ({', '.join(varied[:6])}{' ...' if len(varied) > 6 else ''} drawn afresh)"
+            reference.load_state_dict(state)
+            error = self.load_state(state)
+            if not self.check(f"takes other parameters ({draw})", not error, error):
+                return f"cannot take other parameters of the same shapes ({error})"
+            fresh_a, fresh_k = fresh_inputs(args, kwargs, seed, "normal")
+            for label, a, k in (("captured inputs", args, kwargs), (f"normal inputs, seed {seed}", fresh_a, fresh_k)):
+                with torch.no_grad():
+                    want = tensors(self._reference(reference, a, k, False, None))
+                if _newly_non_finite(want, base):
+                    self.check(f"eval, {draw}, {label}", True, "skipped: the original is not finite with these values")
+                    continue
+                problem = self.check_case(reference, a, k, f"eval, {draw}, {label}", training=False, rng=None)
+                if problem:
+                    return problem
+        reference.load_state_dict(self.captured_state)
+        error = self.load_state(self.captured_state)
+        if error:
+            return f"cannot take the captured parameters back ({error})"
+        return None
+
+    # -- training ---------------------------------------------------------------------------------
+    def check_training(self, loaded: Any, reference: torch.nn.Module, args: list, kwargs: dict,
+                       expected: Any) -> str | None:
         from modulelens.capture.tracer import rng_states
 
         captured_rng = loaded.rng()
-        for label, a, k in cases:
+        for label, a, k in self._cases(args, kwargs):
             rng = captured_rng if label == "captured inputs" else rng_states()
             problem = self.check_case(reference, a, k, f"training, same RNG state, {label}", training=True, rng=rng)
             if problem:
                 return problem
-        args, kwargs = cases[0][1], cases[0][2]
         want = tensors(expected)
         got = self.call(args, kwargs, want, trace=False, label="training, captured RNG state",
                         module_call=ModuleCall(True, captured_rng))
-        problem = self.compare(got.outputs, expected, "training, captured RNG state, against the captured output")
+        problem = self.values_problem(got.outputs, expected, "training, captured RNG state, against the captured output")
         if problem:
             return problem
         return self.check_gradients(loaded, reference, args, kwargs, captured_rng)
@@ -279,35 +464,84 @@ class _ModuleValidator(CandidateChecker):
             if name not in params:
                 self.check(f"{label}: {name}", False, "no gradient")
                 return f"parameter {name} gets no gradient ({label})"
-            problem = self.compare(params[name], w, f"{label}: {name}", rtol=self.rtol or 1e-4)
+            problem = self.values_problem([params[name]], [w], f"{label}: {name}", rtol=self.rtol or 1e-4)
             if problem:
                 return problem
         for i, w in want_inputs.items():
             if i < len(inputs) and inputs[i] is not None:
-                problem = self.compare(inputs[i], w, f"{label}: input {i}", rtol=self.rtol or 1e-4)
+                problem = self.values_problem([inputs[i]], [w], f"{label}: input {i}", rtol=self.rtol or 1e-4)
                 if problem:
                     return problem
         return None
 
-    def time_it(self, reference: torch.nn.Module, args: list, kwargs: dict, training: bool, device: str) -> None:
-        """The original timed here while the candidate process is stopped; the candidate by this
-        process's clock around batches of its calls (see :meth:`CandidateChecker.time_rounds`)."""
-        reference.train(training)
-        want = tensors(self._reference(reference, args, kwargs, training, None))
-        self.call(args, kwargs, want, trace=False, label="timing inputs", module_call=ModuleCall(training))
+    def time_it(self, reference: torch.nn.Module, args: list, kwargs: dict, training: bool, device: str,
+                art: Any, manifest: Any) -> None:
+        """The original module (in its own reference process) against the candidate, in the mode
+        the candidate is packed for (see the module docstring)."""
+        from modulelens.capture.tracer import rng_states
 
-        def eager() -> Any:
-            with torch.set_grad_enabled(training):
-                return reference(*args, **kwargs)
-
-        eager_t, cand_t = self.time_rounds(eager, device, self.task.min_run_time)
-        self.report.eager, self.report.candidate = eager_t, cand_t
-        self.report.speedup_vs_eager = eager_t.median_s / cand_t.median_s
+        rng = rng_states() if training else None  # set before every timed call, on both sides
+        module_call = ModuleCall(training, rng)
+        want = tensors(self._reference(reference, args, kwargs, training, rng))
+        self.call(args, kwargs, want, trace=False, label="timing inputs", module_call=module_call)
         mode = "training mode with grad (forward)" if training else "eval mode without grad"
-        self.report.timing_note = (f"module forward in {mode}; original: {eager_t.timer}; candidate: {cand_t.timer}; "
-                                   f"medians of the faster of two interleaved rounds each; {eager_t.threads} threads")
-        if self.report.speedup_vs_eager > 10:
+        what = f"module forward in {mode} (fresh values per round)"
+        feed = TimingFeed(args, kwargs)
+        cand = TimedProcess(self, self.proc, "candidate", device, feed, want, module_call,
+                            verify=self._verify_timed(reference, training, rng))
+        plan = timing_plan(self.task.min_run_time, self.task.timing_budget_s, self.task.target_width)
+        original = partial(self._original_side, art, manifest, device, feed, want, args, kwargs, module_call)
+        time_against(self, original, cand, plan, what, "original")
+        if self.report.speedup_vs_eager is not None and self.report.speedup_vs_eager > 10:
             self.report.flags.append(f"suspicious: {self.report.speedup_vs_eager:.1f}x faster than eager")
+
+    def _original_side(self, art: Any, manifest: Any, device: str, feed: TimingFeed, want: list, args: list,
+                       kwargs: dict, module_call: ModuleCall) -> TimedProcess:
+        """The reference process with the original module loaded (its captured class found as
+        replay finds it, built with the captured constructor arguments and the captured state, never
+        a fresh draw) and called once."""
+        proc = self.reference_proc
+        if proc is None:
+            raise ReferenceFailed("no reference process")
+        sources = {mod: (art.file(stored.file).read_text(), stored.original) for mod, stored in manifest.sources.items()}
+        load = self._module_request(proc, art, manifest, self.captured_state, device,
+                                    original_source(manifest.init.cls, sources, manifest.sys_path))
+        problem = load_reference(self, proc, "module", load, self.task.build_timeout)
+        if problem:
+            raise ReferenceFailed(f"the original module could not be loaded in its reference process: {problem}")
+        try:
+            request, _ = self.encode_call(args, kwargs, want, False, module_call, proc=proc)
+            self.read_reply(proc.request(request, self.call_timeout), "the original module", proc)
+        except Exception as e:  # noqa: BLE001 - a reference that cannot run leaves the speedup undetermined
+            raise ReferenceFailed(f"the original module failed in its reference process: {e}") from None
+        return TimedProcess(self, proc, "original module", device, feed, want, module_call, reference=True)
+
+    def _verify_timed(self, reference: torch.nn.Module, training: bool, rng: dict | None):
+        """The check of a timed batch's outputs: the original module on the inputs its last call saw,
+        judged like the checks (the float64 oracle in eval mode)."""
+        def verify(outputs: list, args: list, kwargs: dict, label: str) -> str | None:
+            want = tensors(self._reference(reference, args, kwargs, training, rng))
+            oracle = None if training else (lambda: self._oracle(reference, args, kwargs))
+            return self.values_problem(outputs, want, label, oracle=oracle, quiet=True)
+
+        return verify
+
+
+def original_source(class_path: str, sources: dict[str, tuple[str, str]], sys_path: list[str]) -> str:
+    """A module candidate's source whose ``ModelNew`` is the captured class itself, found as replay
+    finds it (script copies stored with the capture first, then ``sys_path``): the reference side
+    of a module timing, loaded by the harness like any candidate."""
+    return ("from modulelens.capture.sources import Resolver\n\n"
+            f"ModelNew = Resolver({sources!r}, {sys_path!r})({class_path!r})\n")
+
+
+def _newly_non_finite(outputs: list[torch.Tensor], base: list[torch.Tensor]) -> bool:
+    """Some floating output is not finite where the original with the captured state was."""
+    for o, b in zip(outputs, base):
+        if o.is_floating_point() and b.shape == o.shape and bool(torch.isfinite(b).all()) and not bool(
+                torch.isfinite(o).all()):
+            return True
+    return False
 
 
 def _reference_backward(module: torch.nn.Module, args: list, kwargs: dict, rng: dict) -> tuple[list, dict, list]:
@@ -331,17 +565,23 @@ def _index(key: str) -> int:
     return int(key.rsplit(".", 1)[1])
 
 
-def run_task(task: ValidateModuleTask, stage: Callable[[str], None]) -> ValidatedResult:
+def run_task(task: ValidateModuleTask, stage: Callable[[str], None]) -> SandboxResult:
     """The sandbox worker's entry for ``validate_module`` tasks (``validate.run_task``'s counterpart):
     the report of the module candidate (see the module docstring). The candidate's code ran in its
     own candidate process; the capture's module was imported and built in the checker the worker
-    forked for this task, never in the worker itself, which stays fit for reuse."""
+    forked for this task, never in the worker itself, which stays fit for reuse. Running out of
+    memory is a refusal naming the limit, not a verdict."""
     from modulelens.errors import ModuleLensError
 
     t0 = time.perf_counter()
+    validator = _ModuleValidator(task, stage)
     try:
-        report = _ModuleValidator(task, stage).run()
+        report = validator.run()
     except ModuleLensError as e:
         report = ValidationReport(verdict="rejected", correct=False, reason=str(e), stage="setup", backend="module")
+    except (MemoryError, RuntimeError, OSError) as e:
+        if not out_of_memory(e):
+            raise
+        return memory_refusal(task, f"a candidate of capture {task.capture}", getattr(validator, "data_bytes", None))
     report.seconds = time.perf_counter() - t0
     return ValidatedResult(report=report)

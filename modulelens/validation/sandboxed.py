@@ -27,6 +27,8 @@ from modulelens.validation.messages import (
     CrashedResult,
     InternalErrorResult,
     RefusedResult,
+    RemeasuredResult,
+    RemeasureTask,
     SandboxResult,
     SandboxTask,
     TimeCandidateTask,
@@ -38,7 +40,7 @@ from modulelens.validation.messages import (
 from modulelens.validation.report import ModuleValidationSettings, ValidationReport, ValidationSettings
 from modulelens.validation.stored_reports import save_report
 
-VALIDATION_STAGES = ("compile", "check", "time", "recheck", "done")
+VALIDATION_STAGES = ("compile", "check", "time", "recheck", "denial", "done")
 CHECKER_SLACK_S = 120.0  # seconds the checker may take beyond the candidate's own time limit
 DEFAULT_TIMEOUT_S = 900.0  # seconds a task may take (cold C++ builds take ~20-60 s)
 
@@ -49,8 +51,8 @@ class CandidateValidation(ValidationReport):
     candidate_id: str
     target: str = Field(description="The card validated against.")
     report: str = Field(description="Reference of the stored report.")
-    left_out: list[LeftOut] = Field(default_factory=list, description="Lists cut to `limit` items (the stored "
-                                    "report has them all).")
+    left_out: list[LeftOut] = Field(default_factory=list, description="Checks past `limit`, details of layers in "
+                                    "force: the stored report has them.")
 
 
 def pool() -> SandboxPool:
@@ -145,8 +147,11 @@ def interrupted_report(stage: str, backend: str) -> ValidationReport:
 
 def validation_report(result: SandboxResult, backend: str) -> ValidationReport:
     """The report a validation task's result amounts to: the worker's own report (rejected when the
-    candidate wrote to stdout), or a rejection when the worker died. An internal error is raised."""
+    candidate wrote to stdout), or a rejection when the worker died. A refusal (the validation
+    could not be done here: too little memory, ...) and an internal error are raised."""
     match result:
+        case RefusedResult():  # the validation could not be done here (not enough memory, ...): no verdict
+            raise ModuleLensError(result.message, result.hint)
         case ValidatedResult():
             # bytes the candidate process wrote (counted by the checker) plus any the checker's own worker wrote
             report = result.report.model_copy(update={"stdout_bytes": result.report.stdout_bytes + result.stdout_bytes})
@@ -186,6 +191,26 @@ def time_candidate(repo: Repository, candidate: Artifact, src: KernelSource, *, 
         case RefusedResult():
             raise ModuleLensError(result.message, result.hint)
     raise _unexpected(result, "timing")
+
+
+def remeasure_candidates(repo: Repository, card_id: str, sources: list[KernelSource], *, min_run_time: float,
+                         timing_budget_s: float, device: str | None = None,
+                         sandbox: SandboxPool | None = None) -> RemeasuredResult:
+    """Time validated candidates of ``card_id`` against eager together, interleaved, in a sandbox
+    worker (optimize's finalists; see :mod:`modulelens.validation.remeasure`)."""
+    card_artifact, card = open_card(repo, card_id)
+    task = RemeasureTask(repo=str(repo.root), card_id=card.card_id, candidates=sources,
+                         build_dir=str(default_build_dir()), device=device, min_run_time=min_run_time,
+                         timing_budget_s=timing_budget_s,
+                         confinement=confinement(repo, [card_artifact], "re-measure candidates on its cards"))
+    result = (sandbox or pool()).run(task, timeout=DEFAULT_TIMEOUT_S + CHECKER_SLACK_S)
+    match result:
+        case RemeasuredResult():
+            return result
+        case CrashedResult():
+            why = f"the sandbox worker {result.reason} while re-measuring the finalists"
+            return RemeasuredResult(measurements=[None] * len(sources), reasons=[why] * len(sources))
+    raise _unexpected(result, "a re-measurement")
 
 
 def _unexpected(result: SandboxResult, task: str) -> ModuleLensError:

@@ -19,7 +19,14 @@ from modulelens.repo import trust
 from modulelens.sandbox.containment import CHECKER, Layer, confine_checker
 from modulelens.sandbox.worker_messages import TaskRunner
 from modulelens.validation import card, checker
-from modulelens.validation.messages import TASKS, PingTask, SandboxResult, SandboxTask, ValidateModuleTask
+from modulelens.validation.messages import (
+    TASKS,
+    PingTask,
+    RemeasureTask,
+    SandboxResult,
+    SandboxTask,
+    ValidateModuleTask,
+)
 
 
 def confine(task: SandboxTask) -> list[Layer]:
@@ -49,14 +56,18 @@ def confine(task: SandboxTask) -> list[Layer]:
 
 
 def run_task(task: SandboxTask, stage: Callable[[str], None]) -> SandboxResult:
-    """Run one validation task in this (checker) process: a module validation, or a card task
-    (card validation, timing, ping), after :func:`confine`."""
+    """Run one validation task in this (checker) process: a module validation, finalists
+    re-measured together, or a card task (card validation, timing, ping), after :func:`confine`."""
     if not isinstance(task, PingTask):
         checker.CHECKER_LAYERS[:] = confine(task)
     if isinstance(task, ValidateModuleTask):
         from modulelens.validation import module  # only workers that validate modules need it
 
         return module.run_task(task, stage)
+    if isinstance(task, RemeasureTask):
+        from modulelens.validation.remeasure import remeasure
+
+        return remeasure(task)
     return card.run_task(task, stage)
 
 

@@ -1,0 +1,441 @@
+"""Interleaved paired timing: a base (eager, or the run without a pack) against one or more
+candidates, by one clock, in many short rounds, until the speedup's 95% interval is narrow
+enough or the time budget ends.
+
+A :class:`Side` is anything that runs ``calls`` calls when asked and says how long that took by
+the *caller's* clock: a contained process timed around a request (validation), or a callable in
+this process (``check_pack``, :class:`CallableSide`). :func:`measure_speedups` drives them:
+
+1. **Calibration**: every side runs the same number of calls per batch, chosen so that the slowest
+   side's batch lasts about ``batch_s``. A batch carries a fixed cost (a pipe round trip, the
+   outputs copied back, a synchronisation) that is the same on every side; with equal call counts
+   it adds the same time per call to each side, which can only pull a ratio towards 1, never
+   away from it: a speedup is understated by at most that cost over the faster side's batch,
+   and a slowdown is never turned into a speedup. (Equal batch *durations* would cancel the cost
+   exactly, but only if the durations match: calibrated on a busy machine they do not, and the
+   mismatch biased ratios either way by 30-60% in our measurements.) Calls are recalibrated
+   after the 2nd and 4th rounds from the median per-call times.
+2. **Rounds** in mirrored order (base, c1, .., ck, ck, .., c1, base, and the other way round in
+   the next round; ABBA for one candidate), so linear drift within a round hits every side alike.
+   While one side is timed the others are *held* (a process side is stopped with SIGSTOP), so a
+   candidate cannot slow the base down from a background thread.
+3. **Same CPUs, disturbance**: every side is pinned to the same CPUs (the quietest ones when the
+   measurement starts), so a side never gains from landing on a less busy CPU than the other.
+   Around every batch the run-queue wait and involuntary context switches of the measured
+   processes (and this one), and the hypervisor's steal time of the pinned CPUs, are read from
+   ``/proc`` (:func:`~modulelens.timing.noise.sched_counters`). A round's figure for a side is
+   the faster of its two batches, preferring undisturbed ones (a preempted batch is slower, never
+   faster); a round is *clean* for a candidate when both it and the base had an undisturbed
+   batch. When :data:`CLEAN_ENOUGH` clean rounds exist, only those count. Otherwise all rounds
+   count: with one thread per side, preemption hits both sides of a round alike and the median
+   of paired ratios stands up to it; with more threads, a descheduled worker stalls a whole
+   parallel region of whichever side is running, so a mostly preempted multi-threaded measurement
+   is undetermined (the retime below tries one with fewer threads first).
+4. **Estimate** (:mod:`~modulelens.timing.estimate`): the median of the per-round ratios with its
+   order-statistics 95% interval; rounds continue until it is narrower than ``target_width`` or
+   the budget ends.
+5. **Retime policy**: at half the budget, when a candidate is still undetermined and the rounds
+   were preempted (or batches lost scheduler ticks), the measurement starts over with half the
+   threads (both sides), a descheduled worker thread being what turns a call into a scheduler
+   tick, and runs rounds for the rest of the budget. The report says so.
+6. **Verdict**: ``ok`` with the point and interval, or ``undetermined`` (the speedup is null)
+   with the interval and the reason: too few rounds, too wide, straddling 1, two modes, or too
+   few undisturbed rounds on a preempted machine.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel, Field
+
+from modulelens.timing import noise
+from modulelens.timing.estimate import MIN_ROUNDS, decide, estimate_ratio, round_ratios
+from modulelens.timing.samples import Timing, percentile
+from modulelens.timing.threads import ThreadChoice, fewer_threads
+
+_perf_counter = time.perf_counter  # taken at import, before any candidate code could run here
+CLEAN_ENOUGH = 8  # undisturbed rounds that are enough to use them alone
+
+
+class Side(Protocol):
+    """One side of a comparison. ``prepare`` readies a batch (inputs written: not timed, not
+    watched), ``batch`` runs ``calls`` calls (round ``round_index``: sides given the same index see
+    the same input values) and returns their wall seconds by the caller's clock; ``pids`` are the
+    processes doing the work (their scheduler counters are read); ``hold``/``release`` stop and
+    resume it while another side is timed; ``set_threads`` sets its intra-op thread count;
+    ``timer`` says in words how it is timed."""
+
+    label: str
+    timer: str
+    device: str
+
+    def prepare(self, calls: int, round_index: int) -> None: ...
+
+    def batch(self, calls: int, round_index: int) -> float: ...
+
+    def pids(self) -> list[int]: ...
+
+    def hold(self) -> None: ...
+
+    def release(self) -> None: ...
+
+    def set_threads(self, threads: int) -> None: ...
+
+
+class TimingPlan(BaseModel):
+    """How long and how finely to measure."""
+
+    min_seconds: float = Field(0.3, gt=0, description="Rounds run at least this long.")
+    budget_s: float = Field(3.0, gt=0, description="Rounds stop at this many seconds, determined or not.")
+    target_width: float = Field(0.2, gt=0, description="Stop once (high - low) / point of the 95% interval is below this.")
+    batch_s: float = Field(0.01, gt=0, description="Seconds the slowest side's batch lasts (every side runs as many calls).")
+    warmup_batches: int = Field(2, ge=0)
+    max_calls: int = Field(20_000, ge=1, description="Most calls in one batch.")
+
+
+class MeasurementDetail(BaseModel):
+    """What a speedup's measurement saw: rounds, disturbance, threads, findings (a report keeps
+    this; the method and why those threads are in its one-line note)."""
+
+    rounds: int = Field(0, description="Rounds the estimate uses.")
+    clean_rounds: int = Field(0, description="Rounds in which neither side's process was preempted.")
+    batches: int = 0
+    disturbed_batches: int = 0
+    threads: int = Field(1, description="Intra-op threads of both sides.")
+    retimed: bool = Field(False, description="The first attempt was disturbed and the rounds were started over.")
+    findings: list[noise.Finding] = Field(default_factory=list)
+
+
+class SpeedupMeasurement(MeasurementDetail):
+    """A speedup ``base time / candidate time`` with its 95% interval, or ``undetermined``, and
+    how it was measured."""
+
+    threads_why: str = ""
+    method: str = Field("", description="How it was measured, in one line.")
+    status: Literal["ok", "undetermined"]
+    speedup: float | None = Field(None, description="The median of the per-round ratios; null when undetermined.")
+    interval: list[float] | None = Field(None, description="95% interval [low, high]; null without enough rounds.")
+    reason: str = Field(description="Why it is or is not determined, in one sentence.")
+    base: Timing | None = None
+    candidate: Timing | None = None
+    seconds: float = 0.0
+
+    @property
+    def lower(self) -> float | None:
+        """The interval's lower bound: what decisions use."""
+        return self.interval[0] if self.interval else None
+
+    def detail(self, findings: int = 4) -> MeasurementDetail:
+        """What it saw, without the figures (a report holds those in its own fields): at most
+        ``findings`` findings, blocking ones first."""
+        detail = MeasurementDetail.model_validate(self.model_dump(include=set(MeasurementDetail.model_fields)))
+        detail.findings = sorted(detail.findings, key=lambda f: not f.blocking)[:findings]
+        return detail
+
+    def note(self, what: str) -> str:
+        """One line: what was timed, how, with which threads, and why it is or is not determined."""
+        verdict = (f"{self.speedup:.3g}x" if self.status == "ok" and self.speedup is not None else "undetermined")
+        why = self.reason.split(" (", 1)[0]  # the findings are in the reason and the findings list
+        return f"{what}: {self.method}; {self.threads} thread(s) ({self.threads_why}); {verdict}: {why}"
+
+
+@dataclass
+class _Batch:
+    side: int
+    round: int
+    calls: int
+    seconds: float
+    disturbed: bool
+
+
+@dataclass
+class _Attempt:
+    threads: ThreadChoice
+    batch_s: float
+    calls: int = 1
+    batches: list[_Batch] = field(default_factory=list)
+    rounds: int = 0
+
+
+@dataclass
+class Probe:
+    """Where the driver touches the system: scheduler counters of processes (and steal time of
+    CPUs), the machine's load, the quietest CPUs, and pinning threads to CPUs (all replaced by
+    fakes in tests). ``watch``: processes whose counters count besides the measured side's."""
+
+    counters: Callable[[list[int], list[int]], noise.SchedCounters] = noise.sched_counters
+    load: Callable[[], tuple[float, int]] = noise.machine_load
+    quietest: Callable[[int], list[int]] = noise.quietest_cpus
+    pin: Callable[[list[int], list[int]], None] = noise.pin_threads
+    watch: list[int] = field(default_factory=list)
+    cpus: list[int] = field(default_factory=list)
+
+
+def _timed(side: Side, others: list[Side], calls: int, round_index: int, probe: Probe) -> tuple[float, bool]:
+    side.prepare(calls, round_index)
+    probe.pin(side.pids(), probe.cpus)
+    for o in others:
+        o.hold()
+    try:
+        pids = list(dict.fromkeys(side.pids() + probe.watch))
+        before = probe.counters(pids, probe.cpus)
+        seconds = side.batch(calls, round_index)
+        after = probe.counters(pids, probe.cpus)
+    finally:
+        for o in others:
+            o.release()
+    return seconds, noise.disturbed(after.since(before), seconds)
+
+
+def _calibrate(sides: list[Side], plan: TimingPlan, round_index: int, probe: Probe) -> int:
+    """Calls per batch for every side, so that the slowest side's batch lasts about
+    ``plan.batch_s``: per side the fastest of three single calls, then the fastest of three
+    batches of the size that suggests (a single call's time is mostly the round trip)."""
+    per_call = []
+    for i, side in enumerate(sides):
+        others = sides[:i] + sides[i + 1:]
+        for _ in range(plan.warmup_batches):
+            _timed(side, others, 1, round_index, probe)
+        one = min(_timed(side, others, 1, round_index, probe)[0] for _ in range(3))
+        n = max(1, min(plan.max_calls, int(plan.batch_s / max(one, 1e-9))))
+        t = min(_timed(side, others, n, round_index, probe)[0] for _ in range(3)) if n > 1 else one
+        per_call.append(t / n)
+    return _calls_for(max(per_call), plan)
+
+
+def _calls_for(per_call: float, plan: TimingPlan) -> int:
+    return max(1, min(plan.max_calls, int(round(plan.batch_s / max(per_call, 1e-9)))))
+
+
+def _recalibrated(attempt: _Attempt, plan: TimingPlan, sides: int) -> int:
+    """Calls per batch from the slowest side's median per-call time in the rounds so far."""
+    medians = [statistics.median(b.seconds / b.calls for b in attempt.batches if b.side == i)
+               for i in range(sides) if any(b.side == i for b in attempt.batches)]
+    return _calls_for(max(medians), plan) if medians else attempt.calls
+
+
+def _order(k: int, round_index: int) -> list[int]:
+    """Mirrored order of sides 0..k for one round (0 is the base)."""
+    forward = list(range(k + 1)) if round_index % 2 == 0 else [*range(1, k + 1), 0]
+    return forward + forward[::-1]
+
+
+def _per_round(attempt: _Attempt, side: int) -> dict[int, tuple[float, bool]]:
+    """round -> (per-call seconds, undisturbed): the faster undisturbed batch, else the faster."""
+    out: dict[int, tuple[float, bool]] = {}
+    for b in attempt.batches:
+        if b.side != side:
+            continue
+        value, clean = b.seconds / b.calls, not b.disturbed
+        have = out.get(b.round)
+        if have is None or (clean and not have[1]) or (clean == have[1] and value < have[0]):
+            out[b.round] = (value, clean)
+    return out
+
+
+@dataclass
+class _Pairs:
+    base: list[float]
+    cand: list[float]
+    clean: int
+    used_clean_only: bool
+
+
+def _pairs(attempt: _Attempt, j: int) -> _Pairs:
+    base, cand = _per_round(attempt, 0), _per_round(attempt, j)
+    rounds = sorted(set(base) & set(cand))
+    clean = [r for r in rounds if base[r][1] and cand[r][1]]
+    use = clean if len(clean) >= CLEAN_ENOUGH else rounds
+    return _Pairs([base[r][0] for r in use], [cand[r][0] for r in use], len(clean), use is clean)
+
+
+def _findings(attempt: _Attempt, j: int, pairs: _Pairs, ratios: list[float], probe: Probe) -> list[noise.Finding]:
+    found: list[noise.Finding] = []
+    for side, who in ((0, "base side: "), (j, "candidate side: ")):
+        mine = [b for b in attempt.batches if b.side == side]
+        f = noise.tick_quantised([b.seconds for b in mine], [b.calls for b in mine], who=who)
+        if f:
+            found.append(f)
+    mine = [b for b in attempt.batches if b.side in (0, j)]
+    f = noise.preempted([b.disturbed for b in mine])
+    if f:
+        if not pairs.used_clean_only and attempt.threads.threads > 1:
+            # a descheduled worker thread stalls a whole parallel region of whichever side runs
+            f.blocking = True
+            f.detail += f" with {attempt.threads.threads} threads a side, {pairs.clean} round(s) undisturbed"
+        found.append(f)
+    for f in (noise.bimodal(ratios), noise.rounds_disagree(ratios), noise.overloaded(*probe.load())):
+        if f:
+            found.append(f)
+    return found
+
+
+def _timing(values: list[float], calls: int, timer: str, device: str, threads: int, warmup: int) -> Timing:
+    return Timing(median_s=statistics.median(values), p20_s=percentile(values, 0.2), p80_s=percentile(values, 0.8),
+                  runs=calls, samples=len(values), warmup=warmup, timer=timer, device=device,
+                  threads=threads, cache="warm (caches are not flushed between calls)"
+                  if not device.startswith("cuda") else "cold L2 (flushed before every batch)")
+
+
+def _decided(est: Any, target_width: float, found: list[noise.Finding]) -> tuple[bool, str]:
+    """:func:`decide`, the findings added to the reason of an undetermined ratio (blocking first)."""
+    ok, reason = decide(est, target_width, [f.detail for f in found if f.blocking])
+    if not ok:  # the two findings that matter most (blocking first); all of them stay in ``findings``
+        context = [f.detail for f in sorted(found, key=lambda f: not f.blocking) if f.detail not in reason][:2]
+        if context:
+            reason += " (" + "; ".join(context) + ")"
+    return ok, reason
+
+
+def _measurement(attempt: _Attempt, sides: list[Side], j: int, plan: TimingPlan, retimed: bool,
+                 seconds: float, retime_why: str, probe: Probe) -> SpeedupMeasurement:
+    pairs = _pairs(attempt, j)
+    ratios = round_ratios(pairs.base, pairs.cand)
+    est = estimate_ratio(ratios)
+    found = _findings(attempt, j, pairs, ratios, probe)
+    ok, reason = _decided(est, plan.target_width, found)
+    mine = [b for b in attempt.batches if b.side in (0, j)]
+    calls = attempt.calls
+    what = (f"{len(ratios)} {'undisturbed ' if pairs.used_clean_only else ''}rounds of "
+            f"{'ABBA' if len(sides) == 2 else 'mirrored'} batches of {calls} call(s) each side, "
+            f"timed by {sides[0].timer}" + (f"; {retime_why}" if retimed else ""))
+    return SpeedupMeasurement(
+        status="ok" if ok else "undetermined", speedup=est.point if ok else None,
+        interval=[est.low, est.high] if est.low is not None and est.high is not None else None,
+        reason=reason, rounds=len(ratios), clean_rounds=pairs.clean, batches=len(mine),
+        disturbed_batches=sum(b.disturbed for b in mine), threads=attempt.threads.threads,
+        threads_why=attempt.threads.why, retimed=retimed, method=what, findings=found,
+        base=_timing(pairs.base, calls * len(pairs.base), sides[0].timer, sides[0].device, attempt.threads.threads,
+                     plan.warmup_batches) if pairs.base else None,
+        candidate=_timing(pairs.cand, calls * len(pairs.cand), sides[j].timer, sides[j].device,
+                          attempt.threads.threads, plan.warmup_batches) if pairs.cand else None,
+        seconds=seconds)
+
+
+def _settled(attempt: _Attempt, k: int, plan: TimingPlan, probe: Probe) -> bool:
+    """Every candidate's ratio is determined now (blocking findings included)."""
+    for j in range(1, k + 1):
+        pairs = _pairs(attempt, j)
+        ratios = round_ratios(pairs.base, pairs.cand)
+        blocking = [f.detail for f in _findings(attempt, j, pairs, ratios, probe) if f.blocking]
+        if not decide(estimate_ratio(ratios), plan.target_width, blocking)[0]:
+            return False
+    return True
+
+
+def _should_retime(attempt: _Attempt, k: int) -> str | None:
+    """Why the first attempt calls for a retime (None: it does not)."""
+    mine = attempt.batches
+    f = noise.preempted([b.disturbed for b in mine])
+    if f:
+        return f.detail
+    for side in range(k + 1):
+        b = [x for x in mine if x.side == side]
+        f = noise.tick_quantised([x.seconds for x in b], [x.calls for x in b])
+        if f:
+            return f.detail
+    return None
+
+
+def measure_speedups(base: Side, candidates: list[Side], plan: TimingPlan, threads: ThreadChoice, *,
+                     clock: Callable[[], float] = _perf_counter, probe: Probe | None = None,
+                     on_round: Callable[[int], Any] | None = None) -> list[SpeedupMeasurement]:
+    """The speedup of each candidate over ``base`` (see the module docstring), measured together
+    in mirrored rounds. ``probe.watch``: more processes whose preemption disturbs a batch (this
+    process, whose clock is used, is always watched). ``on_round`` is called after every round
+    (a validator checks the outputs of timed batches there)."""
+    import os
+
+    sides = [base, *candidates]
+    probe = probe or Probe()
+    probe = Probe(probe.counters, probe.load, probe.quietest, probe.pin, [os.getpid(), *probe.watch])
+    start = clock()
+    attempt = _Attempt(threads=threads, batch_s=plan.batch_s)
+    for s in sides:
+        s.set_threads(threads.threads)
+    probe.cpus = probe.quietest(threads.threads)
+    own = _affinity()
+    try:
+        return _rounds(sides, plan, probe, attempt, clock, start, on_round)
+    finally:
+        if own is not None:  # an in-process side pinned this process: give it its CPUs back
+            probe.pin([os.getpid()], own)
+
+
+def _affinity() -> list[int] | None:
+    import os
+
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+
+
+def _rounds(sides: list[Side], plan: TimingPlan, probe: Probe, attempt: _Attempt, clock: Callable[[], float],
+            start: float, on_round: Callable[[int], Any] | None) -> list[SpeedupMeasurement]:
+    candidates = sides[1:]
+    retimed, retime_why = False, ""
+    attempt.calls = _calibrate(sides, plan, 0, probe)
+    round_index = 0
+    while True:
+        for i in _order(len(candidates), round_index):
+            others = sides[:i] + sides[i + 1:]
+            seconds, dist = _timed(sides[i], others, attempt.calls, round_index, probe)
+            attempt.batches.append(_Batch(i, round_index, attempt.calls, seconds, dist))
+        attempt.rounds += 1
+        if attempt.rounds in (2, 4):
+            attempt.calls = _recalibrated(attempt, plan, len(sides))
+        if on_round is not None:
+            on_round(round_index)
+        round_index += 1
+        spent = clock() - start
+        if spent >= plan.budget_s:
+            break
+        if spent < plan.min_seconds or attempt.rounds < MIN_ROUNDS:
+            continue
+        if _settled(attempt, len(candidates), plan, probe):
+            break
+        if not retimed and spent >= plan.budget_s / 2:
+            why = _should_retime(attempt, len(candidates))
+            if why:
+                before = attempt.threads
+                fewer = fewer_threads(before, why) or before
+                attempt = _Attempt(threads=fewer, batch_s=plan.batch_s)
+                for s in sides:
+                    s.set_threads(fewer.threads)
+                probe.cpus = probe.quietest(fewer.threads)
+                attempt.calls = _calibrate(sides, plan, round_index, probe)
+                retimed = True
+                retime_why = (f"retimed with {fewer.threads} thread(s) because {why}" if fewer is not before
+                              else f"rounds started over because {why}")
+    seconds = clock() - start
+    return [_measurement(attempt, sides, j, plan, retimed, seconds, retime_why, probe) for j in range(1, len(sides))]
+
+
+def measure_speedup(base: Side, candidate: Side, plan: TimingPlan, threads: ThreadChoice,
+                    **kw: Any) -> SpeedupMeasurement:
+    """:func:`measure_speedups` for one candidate (ABBA rounds)."""
+    return measure_speedups(base, [candidate], plan, threads, **kw)[0]
+
+
+def measurement_from_rounds(base_s: list[float], candidate_s: list[float], *, target_width: float, method: str,
+                            threads: ThreadChoice, timer: str, device: str = "cpu") -> SpeedupMeasurement:
+    """A :class:`SpeedupMeasurement` from rounds the caller paired itself (``run --compare``
+    switches a pack on and off between a script's steps): per-round times of the base and the
+    candidate, the same estimator, detectors of the rounds and decision as :func:`measure_speedups`."""
+    ratios = round_ratios(base_s, candidate_s)
+    est = estimate_ratio(ratios)
+    found = [f for f in (noise.bimodal(ratios), noise.rounds_disagree(ratios), noise.overloaded(*noise.machine_load()))
+             if f]
+    ok, reason = _decided(est, target_width, found)
+    return SpeedupMeasurement(
+        status="ok" if ok else "undetermined", speedup=est.point if ok else None,
+        interval=[est.low, est.high] if est.low is not None and est.high is not None else None, reason=reason,
+        rounds=len(ratios), threads=threads.threads, threads_why=threads.why, method=method, findings=found,
+        base=_timing(base_s, len(base_s), timer, device, threads.threads, 0) if base_s else None,
+        candidate=_timing(candidate_s, len(candidate_s), timer, device, threads.threads, 0) if candidate_s else None)

@@ -1,0 +1,135 @@
+"""Wrapper detection by denial: a candidate that passed every check, with no other sign of calling
+back into a library, is run once more in a fresh contained candidate process where the reference
+library is unusable before any of its code loads (:mod:`modulelens.validation.poison`). Correct
+there, it computes by itself (``custom``); raising, dying or wrong there, it computed through what
+was denied (``wrapper``, the denied operator named when the error names it); not even buildable
+there, nothing is confirmed (``wrapper``, saying so).
+
+What decides is observed by the checker, not reported by the candidate: the bytes of its outputs
+in the arena, whether its process died, and ``/proc/PID/maps`` (written by the kernel) showing
+numpy's code still inaccessible after the calls. The libraries it loads there are scanned like
+those of its first run (a candidate that loads another library once denied is seen).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from modulelens.validation.candidate_messages import Denied, DenyRequest, Loaded
+from modulelens.validation.checker import CandidateChecker, CandidateFailed, ModuleCall, start_candidate
+from modulelens.validation.poison import executable_ranges, numerical_library_paths
+from modulelens.validation.report import Denial, ValidationReport
+
+DENIAL_EVIDENCE = ("a run in a fresh contained process where every computing operator of torch's dispatcher raises "
+                   "and numpy's code is unusable before any candidate code loads (decided by the checker from "
+                   "the outputs' bytes, the process's death and its memory map)")
+_DENIED_OP = re.compile(r"modulelens denial: (\S+) is denied here")
+
+Case = tuple[str, list, dict, list[torch.Tensor], ModuleCall | None]
+"""(label, args, kwargs, expected outputs, module call or None for a card call)."""
+
+
+class _DenialRun(CandidateChecker):
+    """The checker's handle on the denial process: its own scratch report (nothing it records
+    reaches the validation's report but the :class:`Denial`)."""
+
+    def __init__(self, call_timeout: float):
+        self.report = ValidationReport(verdict="rejected", correct=False, reason="", stage="denial", backend="denial")
+        self.stage_cb = lambda _: None
+        self.call_timeout = call_timeout
+        self.numpy_bridges: set[str] = set()
+
+
+def numpy_mode(backend: str) -> Literal["memory", "python"]:
+    """How numpy is denied: in memory, unless the candidate is a Triton kernel (the CPU interpreter
+    computes with numpy). A module candidate running Triton kernels through the CPU interpreter
+    therefore fails its denial run (not confirmed custom on a machine without a GPU)."""
+    return "python" if backend == "triton" else "memory"
+
+
+def check_by_denial(*, backend: str, memory_limit_mb: int, read_only: list[Path], call_timeout: float,
+                    numpy: Literal["memory", "python"], load: Callable[[CandidateChecker], Loaded],
+                    cases: list[Case], compare: Callable[[list[torch.Tensor], list[torch.Tensor], str], str | None],
+                    ) -> tuple[Denial, list[str]]:
+    """Run the candidate in a denial process (see the module docstring): ``load`` builds it there,
+    each case is called and its outputs checked with ``compare`` (a problem, or None). Returns the
+    :class:`Denial` and the vendor/ATen symbols of the libraries it built and loaded there (a
+    module candidate compiles its extensions again there: its first run's build folder is not
+    trusted, and the build tool would not reuse it from another folder anyway)."""
+    run = _DenialRun(call_timeout)
+    run.proc = start_candidate(memory_limit_mb, read_only=read_only)
+    found: list[str] = []
+    denied = "nothing (the denial could not be set up)"
+
+    def result(outcome: str, detail: str) -> tuple[Denial, list[str]]:
+        return Denial(outcome=outcome, detail=detail, denied=denied), found
+
+    try:
+        run.get_ready(backend)
+        reply = run._request(DenyRequest(numpy=numpy))
+        if not isinstance(reply, Denied) or reply.error:
+            return result("inconclusive", f"the denial could not be set up: {getattr(reply, 'error', reply.kind)}")
+        denied = _described(reply, numpy)
+        roots = numerical_library_paths()
+        if numpy == "memory" and executable_ranges(run.proc.maps(), roots):
+            return result("inconclusive", "numpy's code could not be made unusable in the denial process")
+        try:
+            loaded = load(run)
+        except CandidateFailed as e:
+            return result("inconclusive", f"it could not be built there: {e}")
+        if not loaded.ok:
+            return result("inconclusive", f"it could not be built there: {loaded.error}")
+        for label, args, kwargs, want, module_call in cases:
+            try:
+                got = run.call(args, kwargs, want, trace=False, label=label, module_call=module_call)
+            except CandidateFailed as e:
+                found = run.built_symbols()
+                return result("fails", _failure(str(e), run))
+            problem = compare(got.outputs, want, label)
+            if problem:
+                found = run.built_symbols()
+                return result("fails", f"wrong there: {problem}")
+        found = run.built_symbols()
+        if numpy == "memory":
+            again = executable_ranges(run.proc.maps(), roots)
+            if again:
+                return result("fails", f"it made numpy's code executable again ({os.path.basename(again[0][2])})")
+        return result("computes itself", f"correct on {len(cases)} call(s) where the reference library is denied")
+    except CandidateFailed as e:
+        return result("inconclusive", f"the denial process failed before the calls: {e}")
+    finally:
+        run.proc.remove()
+
+
+def _failure(error: str, run: _DenialRun) -> str:
+    """What a failed call in the denial process amounts to, naming the denied operator when the
+    error or the process's last words name one."""
+    m = _DENIED_OP.search(error) or _DENIED_OP.search(run.report.stderr_tail or "")
+    if m:
+        return f"it calls {m.group(1)}, which is denied there ({error[:200]})"
+    return error[:300]
+
+
+def _described(reply: Denied, numpy: str) -> str:
+    how = ("numpy and the other numerical libraries: " + reply.numpy
+           + ("; kernel-enforced: " + ", ".join(reply.layers) if reply.layers else ""))
+    if numpy == "memory":
+        how += "; checked by the checker in /proc/PID/maps before and after the calls"
+    return (f"{reply.operators} kernels of computing operators raise (every operator namespace; the CPU backends, and "
+            f"the CUDA ones on a GPU); {how}")
+
+
+def verdict(denial: Denial) -> tuple[Literal["custom", "wrapper"], str]:
+    """(verdict, reason) of a correct candidate with no other wrapper evidence, from its denial run."""
+    if denial.outcome == "computes itself":
+        return "custom", "correct, and still correct where the reference library is denied: computes the result itself"
+    if denial.outcome == "fails":
+        return "wrapper", f"correct, but not where the reference library is denied: {denial.detail}"
+    return "wrapper", f"correct, but computing by itself is not confirmed: {denial.detail}"
+

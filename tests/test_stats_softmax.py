@@ -138,8 +138,33 @@ def test_the_hooks_own_torch_calls_do_not_pass_through_the_observer(monkeypatch)
         return original(self, func, types, args, kwargs)
 
     monkeypatch.setattr(SM.SoftmaxObserver, "__torch_function__", counting)
-    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
+    model = nn.Sequential(nn.Linear(4, 4), Gate(4), nn.ReLU(), nn.Linear(4, 1))
     collector = StatsCollector(model, every=1, fx=False).start()
     model(torch.randn(3, 4)).sum().backward()
-    collector.finish()
-    assert seen and set(seen) <= {"linear", "relu"}  # the model's calls only, not the statistics'
+    run = collector.finish()
+    # The model's own calls only, not the statistics': those of Gate's forward (a module of ours,
+    # which could call a softmax); Linear and ReLU call none, and the observer stays off while they run.
+    assert set(seen) == {"softmax", "mul"}
+    assert run.records[0].modules["1"].softmax is not None
+
+
+class Gate(nn.Module):
+    """x * softmax(W x): a softmax between two quiet torch.nn calls."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.softmax(self.proj(x), -1)
+
+
+def test_a_softmax_inside_a_replaced_forward_of_a_quiet_class_is_seen():
+    """Linear, ReLU and the like call no softmax; one whose forward was replaced on the instance may."""
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    relu = model[1]
+    relu.forward = lambda x: torch.softmax(x, -1)
+    collector = StatsCollector(model, every=1, fx=False).start()
+    model(torch.randn(3, 4)).sum().backward()
+    run = collector.finish()
+    assert run.records[0].modules["1"].softmax is not None and run.records[0].modules["0"].softmax is None

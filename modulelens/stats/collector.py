@@ -66,7 +66,8 @@ from modulelens.stats.order import execution_order, merge_observed
 from modulelens.stats.records import StatsRun, StepRecord
 from modulelens.stats.schema import NanOrigin, StatsFinding
 from modulelens.stats.series import DEFAULT_EMA
-from modulelens.stats.softmax import ObserverSlot
+from modulelens.stats.softmax import ObserverSlot, quiet
+from modulelens.stats.updates import HostState
 from modulelens.stats.window import Call, Reduced, Window, floating_tensors, materialize, saturation_of
 from modulelens.wrappers import is_wrapper
 
@@ -145,6 +146,7 @@ class StatsCollector:
         self._class_paths: dict[str, str] = {}
         self._order: list[str] = []
         self._zero_rows: dict[str, torch.Tensor] = {}  # weight -> its rows with a zero gradient on the last sampled step
+        self._host_params = HostState()  # how the C helper reads each CPU parameter, and its copy buffer
         self._win: Window | None = None
         self._slot = ObserverSlot(self._record_softmax, self._note_once, enabled=softmax)
         self._module_hooks: list[Any] = []
@@ -371,6 +373,7 @@ class StatsCollector:
         name = win.innermost() if win is not None else None
         if name is not None:
             win.softmax.setdefault(name, []).append((source, vec))  # type: ignore[union-attr]
+            win.on_device = win.on_device or type(vec) is not list  # type: ignore[union-attr]
 
     # -- hooks: modules -----------------------------------------------------------------------
     def _pre(self, module: nn.Module, args: tuple, advance: bool = True) -> None:
@@ -409,10 +412,15 @@ class StatsCollector:
             if not record:
                 return
             push = self._slot.start() or push
+            if push and quiet(module):  # its operators need not pass through the observer
+                call.quiet = True
+                push = False
             win.calls.append(call)
             for t in floating_tensors(args):
                 reduced = _reduced(win, t)
-                call.in_norms.append(Reduced(reduced) if reduced is not None else S.l2(t))
+                norm = Reduced(reduced) if reduced is not None else S.l2(t)
+                call.in_norms.append(norm)
+                win.on_device = win.on_device or not isinstance(norm, (float, Reduced))
                 call.in_numel += t.numel()
         except StopRun:
             raise
@@ -434,16 +442,22 @@ class StatsCollector:
                     call = win.stack[i]
                     del win.stack[i:]
                     break
+            off = call is not None and call.quiet  # the observer was kept off during the call
             if not win.stack:  # the forward pass is over
-                self._slot.drop(push)
+                self._slot.drop(push or off)
                 push = False
+            elif off:
+                push = True  # the quiet call is over: the observer goes back
             if call is None or call.name is None or output is None:
                 return
             call.finish = win.finished
             win.finished += 1
             sat = saturation_of(module)
+            call.saturating = sat is not None
             for t in floating_tensors(output):
-                call.out.append(self._out_moments(win, t, sat))
+                vec = self._out_moments(win, t, sat)
+                call.out.append(vec)
+                win.on_device = win.on_device or type(vec) is not list
                 if self.gradients and t.requires_grad and torch.is_grad_enabled():
                     self._grad_hook(win, t, call.name)
         except Exception as e:  # noqa: BLE001
@@ -454,12 +468,12 @@ class StatsCollector:
 
     def _out_moments(self, win: Window, t: torch.Tensor, sat: tuple[float, float] | None) -> torch.Tensor | list[float]:
         # A container usually returns its last child's output: reduce each tensor version once.
-        key = (id(t), t._version, sat)
-        for ref, k, vec in win.memo:
-            if k == key and ref() is t:
-                return vec
+        seen = win.memo.get(id(t))
+        version = t._version
+        if seen is not None and seen[0]() is t and seen[1] == version and seen[2] == sat:
+            return seen[3]
         vec = S.moments(t, sat, self.sample)
-        win.memo.append((weakref.ref(t), key, vec))  # a weak reference: outputs are not kept alive
+        win.memo[id(t)] = (weakref.ref(t), version, sat, vec)  # a weak reference: outputs are not kept alive
         return vec
 
     def _grad_hook(self, win: Window, t: torch.Tensor, name: str) -> None:
@@ -471,8 +485,14 @@ class StatsCollector:
             return
         names = [name]
         win.grad_targets[key] = (weakref.ref(t), names)
+        node = t.grad_fn
+        index = t.output_nr if node is not None else 0
 
-        def hook(g: torch.Tensor, names=names, win=win) -> None:
+        # A pre-hook of the node that made t (half the cost of a tensor hook): it sees the gradient
+        # w.r.t. each output of the node; t is output ``index``. Like a tensor hook registered now,
+        # it sees the gradient w.r.t. this version of t, also when t is later modified in place.
+        def pre(grads: tuple, names=names, win=win, index=index) -> None:
+            g = grads[index] if index < len(grads) else None
             if not win.open or g is None:
                 return
             try:
@@ -481,10 +501,14 @@ class StatsCollector:
                 win.grad_seq += 1
                 for n in names:
                     win.grads.setdefault(n, []).append((seq, vec))
+                win.on_device = win.on_device or type(vec) is not list
             except Exception as e:  # noqa: BLE001
                 self._note_error("reducing a gradient", e)
 
-        win.tensor_hooks.append(t.register_hook(hook))
+        if node is None:  # a leaf: a hook on the tensor itself
+            win.tensor_hooks.append(t.register_hook(lambda g, pre=pre: pre((g,))))
+        else:
+            win.tensor_hooks.append(node.register_prehook(pre))
 
     # -- hooks: forward-mode steps -------------------------------------------------------------
     def _root_pre(self, module: nn.Module, args: tuple) -> None:
@@ -524,7 +548,8 @@ class StatsCollector:
                         continue
                     win.params_seen.add(id(p))
                     named.append((entry[0], p))
-            win.updates.before_step(named, self._zero_rows, {n for n, p in named if id(p) in self.names.tables})
+            win.updates.before_step(named, self._zero_rows, {n for n, p in named if id(p) in self.names.tables},
+                                    self._host_params)
         except Exception as e:  # noqa: BLE001
             self._note_error("reading parameters before optimizer.step()", e)
 
@@ -545,8 +570,8 @@ class StatsCollector:
 
 def _reduced(win: Window, t: torch.Tensor) -> torch.Tensor | list[float] | None:
     """The exact moment vector of this version of ``t`` if an earlier call of the step output it."""
-    for ref, key, vec in win.memo:
-        if key[0] == id(t) and key[1] == t._version and ref() is t:
-            exact = not isinstance(vec, list) or not vec[S.SAMPLED]
-            return vec if exact else None
-    return None
+    seen = win.memo.get(id(t))
+    if seen is None or seen[0]() is not t or seen[1] != t._version:
+        return None
+    vec = seen[3]
+    return vec if not isinstance(vec, list) or not vec[S.SAMPLED] else None

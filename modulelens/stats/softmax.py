@@ -23,8 +23,11 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
+
+from modulelens.stats import fused
 
 SOFTMAX_FIELDS = ("rows", "entropy", "max_prob", "onehot", "calls")
 ONEHOT_PROB = 0.99
@@ -91,6 +94,11 @@ def softmax_call(kind: str, args: tuple, kwargs: dict, out: torch.Tensor) -> Vec
     x = args[0] if args else kwargs["input"]
     dim = _softmax_dim(x, args, kwargs)
     with torch.no_grad():
+        if x.is_floating_point() and x.device.type == "cpu":
+            # From the logits: one C pass (the exponentials vectorised by PyTorch), no logarithms.
+            host = fused.softmax_rows_cpu(_rows(x.detach(), dim), ONEHOT_PROB)
+            if host is not None:
+                return [*host, 1.0]
         p = _rows(out.detach(), dim).float()
         if kind == "log_softmax":
             p = p.exp()
@@ -125,21 +133,24 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, attn_mask: torch.Tensor 
     :data:`MAX_ROWS` rows)."""
     if q.is_nested or k.is_nested:
         raise Unobservable("nested tensors")
+    if attn_mask is None and q.is_cpu and k.is_cpu and q.dim() == 4 and k.dim() == 4 \
+            and (not enable_gqa or k.shape[1] == q.shape[1]):
+        host = _attention_rows_host(q, k, is_causal, scale)
+        if host is not None:
+            return host
     with torch.no_grad():
         q, k = q.detach(), k.detach()
         if enable_gqa and q.dim() >= 3 and k.shape[-3] != q.shape[-3]:
             k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
         L, S, E = q.shape[-2], k.shape[-2], q.shape[-1]
         batch = max(math.prod(q.shape[:-2]), math.prod(k.shape[:-2]))
-        while q.dim() > 2 and batch * S > SDPA_BUDGET and q.shape[0] > 1:  # keep the first batch entries
-            keep = max(1, q.shape[0] * SDPA_BUDGET // (batch * S))
-            batch = batch * keep // q.shape[0]
+        first = q.shape[0] if q.dim() > 2 else 1
+        keep, step = _sample_rows(first, batch // max(first, 1), L, S)
+        if keep < first:  # keep the first batch entries
             q = q[:keep]
             k = k[:keep] if k.dim() == q.dim() and k.shape[0] > 1 else k
             if attn_mask is not None and attn_mask.dim() == q.dim() and attn_mask.shape[0] > 1:
                 attn_mask = attn_mask[:keep]
-        want = min(SDPA_BUDGET // max(batch * S, 1), max(1, MAX_ROWS // max(batch, 1)))
-        step = 1 if want >= L else -(-L // max(want, 1))
         logits = torch.matmul(q[..., ::step, :], k.transpose(-2, -1)).float()
         logits.mul_(scale if scale is not None else 1 / math.sqrt(E))
         count: torch.Tensor | float = float(S)
@@ -153,7 +164,40 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, attn_mask: torch.Tensor 
             else:
                 logits = logits + m.float()
             count = (logits != -math.inf).sum(-1, dtype=torch.float32)
+        if logits.device.type == "cpu":
+            host = fused.softmax_rows_cpu(logits.reshape(-1, logits.shape[-1]), ONEHOT_PROB)
+            if host is not None:
+                return [*host, 1.0]
         return row_stats(torch.softmax(logits, -1), count)
+
+
+def _sample_rows(first: int, rest: int, L: int, S: int) -> tuple[int, int]:
+    """(how many entries of the first batch dimension to keep, the step between sampled query rows)
+    for ``first`` x ``rest`` batch entries of ``L`` queries and ``S`` keys: about :data:`SDPA_BUDGET`
+    logits and at most :data:`MAX_ROWS` rows; past the budget the first entries are kept."""
+    if first > 1 and first * rest * S > SDPA_BUDGET:
+        first = max(1, SDPA_BUDGET // (rest * S))
+    batch = first * rest
+    want = min(SDPA_BUDGET // max(batch * S, 1), max(1, MAX_ROWS // max(batch, 1)))
+    return first, 1 if want >= L else -(-L // max(want, 1))
+
+
+def _attention_rows_host(q: torch.Tensor, k: torch.Tensor, is_causal: bool, scale: float | None) -> Vector | None:
+    """The C path of :func:`attention_weights` for 4-d CPU ``q`` and ``k`` (batch dimensions that
+    broadcast): read in place through their strides, no PyTorch operation (each costs microseconds
+    while the model's forward keeps the caches busy). None when the C helper is not available."""
+    (b0q, b1q, L, E), (b0k, b1k, S, _) = q.shape, k.shape
+    nb0, nb1 = max(b0q, b0k), max(b1q, b1k)
+    if q.dtype is not torch.float32 or k.dtype is not torch.float32:
+        q, k = q.detach().float(), k.detach().float()
+    qs, ks = list(q.stride()), list(k.stride())
+    for i, (a, b) in enumerate(((b0q, b0k), (b1q, b1k))):
+        qs[i] = 0 if a == 1 else qs[i]  # a broadcast dimension: the same entry for every index
+        ks[i] = 0 if b == 1 else ks[i]
+    nb0, step = _sample_rows(nb0, nb1, L, S)
+    host = fused.attention_rows_cpu(q.data_ptr(), qs, k.data_ptr(), ks, nb0, nb1, -(-L // step), step, E, S,
+                                    scale if scale is not None else 1 / math.sqrt(E), is_causal, ONEHOT_PROB)
+    return [*host, 1.0] if host is not None else None
 
 
 def _sdpa_call(args: tuple, kwargs: dict) -> Vector:
@@ -211,6 +255,23 @@ def _mha_call(args: tuple, kwargs: dict) -> Vector:
 
 
 SDPA_SOURCE = "scaled_dot_product_attention"
+
+# torch.nn classes whose forward calls no softmax and no attention: while one of them runs (an
+# instance of exactly that class, its forward not replaced), the observer is off the mode stack and
+# its operators do not pass through Python (a third of the operators of a small transformer).
+QUIET_MODULES = frozenset(getattr(nn, n) for n in (
+    "Linear", "Bilinear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
+    "Embedding", "EmbeddingBag", "LayerNorm", "GroupNorm", "RMSNorm", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d",
+    "InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d", "Dropout", "Dropout1d", "Dropout2d", "Dropout3d",
+    "AlphaDropout", "Identity", "ReLU", "ReLU6", "GELU", "SiLU", "Mish", "Tanh", "Sigmoid", "Hardtanh", "Hardsigmoid",
+    "Hardswish", "LeakyReLU", "PReLU", "ELU", "SELU", "CELU", "Softplus", "Softsign", "Flatten", "Unflatten",
+    "MaxPool1d", "MaxPool2d", "MaxPool3d", "AvgPool1d", "AvgPool2d", "AvgPool3d", "AdaptiveAvgPool1d",
+    "AdaptiveAvgPool2d", "AdaptiveAvgPool3d") if hasattr(nn, n))
+
+
+def quiet(module: nn.Module) -> bool:
+    """True for a module whose forward calls no softmax or attention (see :data:`QUIET_MODULES`)."""
+    return type(module) in QUIET_MODULES and "forward" not in module.__dict__
 
 
 class SoftmaxObserver(TorchFunctionMode):

@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from modulelens.stats.fused import moments_cpu
+from modulelens.stats.fused import moments_cpu, sum_squares_cpu
 
 # Layout of a moment vector.
 FIELDS = ("numel", "count", "mean", "m2", "m3", "m4", "zeros", "nan", "inf", "min", "max", "sat", "sampled")
@@ -133,6 +133,10 @@ def moments(t: torch.Tensor, saturation: tuple[float, float] | None = None,
     KL) are estimated from a fixed strided sample of about that many elements (:func:`strided`);
     the counts (zeros, NaN, Inf, saturated) and min/max always cover every element.
     """
+    if t.is_cpu and "cpu" in HOST_PATH_DEVICES:  # contiguous float32/float64/bfloat16: one pass in C
+        fused = moments_cpu(t, saturation, SAT_FRACTION)
+        if fused is not None:
+            return fused
     x = t.detach()
     if x.is_complex():
         x = torch.view_as_real(x)
@@ -156,16 +160,21 @@ def moments(t: torch.Tensor, saturation: tuple[float, float] | None = None,
     return _masked_moments(flat, n, saturation)
 
 
+def strided_step(n: int, k: int, cols: int = 1) -> int:
+    """The step of :func:`strided` for ``n`` elements: about ``n / k``, coprime with ``cols``."""
+    stride = max(1, n // k)
+    while math.gcd(stride, max(cols, 1)) != 1:
+        stride += 1
+    return stride
+
+
 def strided(flat: torch.Tensor, k: int, cols: int = 1) -> torch.Tensor:
     """A view of about ``k`` evenly spaced elements of a flat tensor. The stride is made coprime
     with ``cols`` (the last dimension) so the sample covers every column, not a few of them."""
     n = flat.numel()
     if n <= k:
         return flat
-    stride = max(1, n // k)
-    while math.gcd(stride, max(cols, 1)) != 1:
-        stride += 1
-    return flat[::stride]
+    return flat[::strided_step(n, k, cols)]
 
 
 def _saturated(flat: torch.Tensor, saturation: tuple[float, float]) -> torch.Tensor:
@@ -384,6 +393,10 @@ def l2(t: torch.Tensor) -> torch.Tensor | float:
     """Euclidean norm (inf or NaN when the tensor holds Inf/NaN). On the CPU a float, computed in
     the tensor's precision and redone in float64 only when that overflowed; on a GPU a float64
     scalar tensor on the device (no synchronisation)."""
+    if t.is_cpu and "cpu" in HOST_PATH_DEVICES:
+        sq = sum_squares_cpu(t)  # in double: exact, and no overflow for float32/bfloat16
+        if sq is not None:
+            return math.sqrt(sq)
     x = t.detach()
     if not x.is_floating_point():
         x = x.to(torch.float64)

@@ -9,7 +9,6 @@ calls of each module into a :class:`~modulelens.stats.records.StepRecord`.
 
 from __future__ import annotations
 
-import collections
 import math
 import weakref
 from dataclasses import dataclass, field
@@ -33,17 +32,21 @@ class Reduced:
     vec: Vector
 
 
-@dataclass
 class Call:
     """One module call of the step (``name`` None: not recorded: a wrapper, outside the roots, or
-    grad disabled)."""
+    grad disabled). A plain class with slots: one is made for every module call of a sampled step."""
 
-    module: nn.Module
-    name: str | None
-    finish: int = -1
-    in_norms: list[torch.Tensor | float | Reduced] = field(default_factory=list)
-    in_numel: int = 0
-    out: list[Vector] = field(default_factory=list)
+    __slots__ = ("module", "name", "finish", "in_norms", "in_numel", "out", "saturating", "quiet")
+
+    def __init__(self, module: nn.Module, name: str | None):
+        self.module = module
+        self.name = name
+        self.saturating = False  # a bounded activation (its outputs count saturated elements)
+        self.quiet = False  # the softmax observer was off the mode stack while it ran
+        self.finish = -1  # the order in which the calls of the step returned (-1: never returned)
+        self.in_norms: list[torch.Tensor | float | Reduced] = []
+        self.in_numel = 0
+        self.out: list[Vector] = []
 
 
 @dataclass
@@ -56,11 +59,13 @@ class Window:
     grad_seq: int = 0
     grad_targets: dict[tuple[int, int], tuple[weakref.ref, list[str]]] = field(default_factory=dict)
     tensor_hooks: list[Any] = field(default_factory=list)
-    memo: collections.deque = field(default_factory=lambda: collections.deque(maxlen=8))
+    # id(output) -> (weak reference, version, saturation, moment vector): outputs already reduced this step.
+    memo: dict[int, tuple[weakref.ref, int, Any, Vector]] = field(default_factory=dict)
     softmax: dict[str, list[tuple[str, Vector]]] = field(default_factory=dict)
     params_seen: set[int] = field(default_factory=set)
     updates: UpdateMeasurement = field(default_factory=UpdateMeasurement)
     open: bool = True
+    on_device: bool = False  # some value above is a device tensor (GPU): materialize moves them first
 
     def innermost(self) -> str | None:
         """The name of the innermost recorded call running now."""
@@ -69,6 +74,8 @@ class Window:
 
 def floating_tensors(value: Any, depth: int = 0) -> list[torch.Tensor]:
     """The non-empty floating (or complex) tensors in a module's inputs or outputs."""
+    if type(value) is tuple and len(value) == 1:  # the usual positional arguments: (x,)
+        value = value[0]
     if isinstance(value, torch.Tensor):
         return [value] if (value.is_floating_point() or value.is_complex()) and value.numel() else []
     if depth > 3:
@@ -101,83 +108,112 @@ def _softmax_to_host(vecs: list[Vector]) -> list[list[float]]:
     return out
 
 
+def _to_host(win: Window) -> None:
+    """Replace the device values of a window (GPU moment vectors, softmax vectors and scalars) by host
+    values, moved in one transfer per device and kind; on the CPU there are none and this only looks."""
+    vecs: list[tuple[Any, Any, torch.Tensor]] = []  # (container, key, value): where each one goes back
+    soft: list[tuple[Any, Any, torch.Tensor]] = []
+    scalars: list[tuple[Any, Any, torch.Tensor]] = []
+    for c in win.calls:
+        vecs += [(c.out, i, v) for i, v in enumerate(c.out) if type(v) is not list]
+        for i, n in enumerate(c.in_norms):
+            if type(n) is Reduced:
+                if type(n.vec) is not list:
+                    vecs.append((n, "vec", n.vec))  # type: ignore[arg-type]
+            elif type(n) is not float:
+                scalars.append((c.in_norms, i, n))  # type: ignore[arg-type]
+    for lst in win.grads.values():
+        vecs += [(lst, i, v) for i, (_, v) in enumerate(lst) if type(v) is not list]
+    for lst in win.softmax.values():
+        soft += [(lst, i, v) for i, (_, v) in enumerate(lst) if type(v) is not list]
+    for name, entry in win.updates.norms.items():
+        scalars += [(win.updates.norms, (name, j), v) for j, v in enumerate(entry[1:], 1) if v is not None and type(v) is not float]
+    for name, entry in win.updates.updates.items():
+        scalars += [(win.updates.updates, (name, j), v) for j, v in enumerate(entry) if type(v) is not float]
+    if not (vecs or soft or scalars):
+        return
+    for spots, values in ((vecs, S.to_host([v for _, _, v in vecs])), (soft, _softmax_to_host([v for _, _, v in soft])),
+                          (scalars, scalars_to_host([v for _, _, v in scalars]))):
+        for (where, key, _), value in zip(spots, values):
+            if isinstance(where, Reduced):
+                where.vec = value
+            elif isinstance(key, tuple):  # a field of a tuple in a dict: rebuild the tuple
+                name, j = key
+                entry = list(where[name])
+                entry[j] = value
+                where[name] = tuple(entry)
+            elif isinstance(where[key], tuple):  # (seq or source, value) in a list
+                where[key] = (where[key][0], value)
+            else:
+                where[key] = value
+
+
+_CLASSES: dict[type, tuple[str, str]] = {}
+
+
+def _module_step(module: nn.Module) -> ModuleStep:
+    cls = type(module)
+    names = _CLASSES.get(cls)
+    if names is None:
+        names = _CLASSES[cls] = (cls.__name__, f"{cls.__module__}:{cls.__qualname__}")
+    return ModuleStep(type=names[0], class_path=names[1])
+
+
+def _bad(v: list[float]) -> bool:
+    return v[S.NAN] + v[S.INF] > 0
+
+
 def materialize(win: Window, owners: dict[str, str]) -> StepRecord:
     """The host record of a finished window (``owners``: parameter name -> owning module).
     ``modules`` of the record are in the start order of their first calls."""
-    vecs: list[Vector] = []
-    scalars: list[torch.Tensor | float] = []
-
-    def vslot(v: Vector) -> int:
-        vecs.append(v)
-        return len(vecs) - 1
-
-    def sslot(v: torch.Tensor | float | None) -> int | None:
-        if v is None:
-            return None
-        scalars.append(v)
-        return len(scalars) - 1
-
-    def norm_slot(n: torch.Tensor | float | Reduced) -> tuple[bool, int]:
-        return (True, vslot(n.vec)) if isinstance(n, Reduced) else (False, sslot(n))  # type: ignore[return-value]
-
-    call_slots = [([vslot(v) for v in c.out], [norm_slot(n) for n in c.in_norms]) for c in win.calls]
-    grad_slots = {n: [(seq, vslot(v)) for seq, v in lst] for n, lst in win.grads.items()}
-    pnorm_slots = {n: (k, sslot(w), sslot(g), sslot(d)) for n, (k, w, g, d) in win.updates.norms.items()}
-    upd_slots = {n: (sslot(d), sslot(b)) for n, (d, b) in win.updates.updates.items()}
-    soft = [(name, src, v) for name, lst in win.softmax.items() for src, v in lst]
-    host_v = S.to_host(vecs)
-    host_s = scalars_to_host(scalars)
-    host_soft = _softmax_to_host([v for _, _, v in soft])
-
-    def norm(slot: tuple[bool, int]) -> float:
-        from_vec, i = slot
-        return S.l2_from_moments(host_v[i]) if from_vec else host_s[i]
-
-    def bad(j: int) -> bool:
-        return host_v[j][S.NAN] + host_v[j][S.INF] > 0
-
+    if win.on_device or win.updates.on_device:
+        _to_host(win)
     rec = StepRecord(step=win.step)
-    for c, (out_idx, in_idx) in zip(win.calls, call_slots):
+    modules = rec.modules
+    isfinite = math.isfinite
+    bad_calls: list[tuple[int, str, bool]] = []
+    for c in win.calls:
         if c.finish < 0:
             continue  # never returned (an exception inside it)
-        ms = rec.modules.get(c.name)  # type: ignore[arg-type]
+        ms = modules.get(c.name)  # type: ignore[arg-type]
         if ms is None:
-            cls = type(c.module)
-            ms = rec.modules[c.name] = ModuleStep(type=cls.__name__, class_path=f"{cls.__module__}:{cls.__qualname__}")  # type: ignore[index]
+            ms = modules[c.name] = _module_step(c.module)  # type: ignore[index]
         ms.calls += 1
-        ms.saturation = ms.saturation or saturation_of(c.module) is not None
-        out = S.merge_all(host_v[i] for i in out_idx)
-        if out is not None:
-            ms.act = out if ms.act is None else S.merge(ms.act, out)
-        norms = [norm(j) for j in in_idx]
-        ms.in_sq += sum(x * x for x in norms if math.isfinite(x))
+        ms.saturation = ms.saturation or c.saturating
+        outs: list[list[float]] = c.out  # type: ignore[assignment]
+        if outs:
+            out = list(outs[0]) if len(outs) == 1 else S.merge_all(outs)
+            ms.act = out if ms.act is None else S.merge(ms.act, out)  # type: ignore[arg-type]
+        norms = [S.l2_from_moments(n.vec) if type(n) is Reduced else n for n in c.in_norms]  # type: ignore[arg-type]
+        finite = [x for x in norms if isfinite(x)]  # type: ignore[arg-type]
+        ms.in_sq += sum(x * x for x in finite)
         ms.in_numel += c.in_numel
-        ms.in_nonfinite = ms.in_nonfinite or any(not math.isfinite(x) for x in norms)
-    for c, (out_idx, in_idx) in sorted(zip(win.calls, call_slots), key=lambda pair: pair[0].finish):
-        if c.finish >= 0 and any(bad(j) for j in out_idx):
-            rec.nonfinite.append((c.name, any(not math.isfinite(norm(j)) for j in in_idx)))  # type: ignore[arg-type]
-    grad_events: list[tuple[int, str, bool]] = []
-    for name, lst in grad_slots.items():
-        if name in rec.modules:
-            rec.modules[name].grad = S.merge_all(host_v[i] for _, i in lst)
-            grad_events += [(seq, name, bad(i)) for seq, i in lst]
-    for _, name, is_bad in sorted(grad_events):
-        if is_bad and name not in rec.nonfinite_grads:
-            rec.nonfinite_grads.append(name)
-    for (name, src, _), v in zip(soft, host_soft):
-        ms = rec.modules.get(name)
+        if len(finite) < len(norms):
+            ms.in_nonfinite = True
+        if any(_bad(v) for v in outs):
+            bad_calls.append((c.finish, c.name, len(finite) < len(norms)))  # type: ignore[arg-type]
+    rec.nonfinite = [(name, bad_in) for _, name, bad_in in sorted(bad_calls)]
+    bad_grads: list[tuple[int, str]] = []
+    for name, lst in win.grads.items():
+        ms = modules.get(name)
         if ms is not None:
-            ms.softmax = SM.merge(ms.softmax, v)
-            if src not in ms.softmax_sources:
-                ms.softmax_sources.append(src)
-
-    def scalar(i: int | None) -> float | None:
-        return host_s[i] if i is not None else None
-
-    for pname, (numel, wi, gi, di) in pnorm_slots.items():
-        ps = rec.params[pname] = ParamStep(module=owners.get(pname, ""), numel=numel, weight_norm=host_s[wi],  # type: ignore[index]
-                                           grad_norm=scalar(gi), dead_rows=scalar(di))
-        if pname in upd_slots:
-            dn, bn = (host_s[j] for j in upd_slots[pname])  # type: ignore[index]
-            ps.update_ratio = dn / bn if bn > 0 and math.isfinite(dn) and math.isfinite(bn) else None
+            ms.grad = list(lst[0][1]) if len(lst) == 1 else S.merge_all(v for _, v in lst)  # type: ignore[arg-type]
+            bad_grads += [(seq, name) for seq, v in lst if _bad(v)]  # type: ignore[arg-type]
+    for _, name in sorted(bad_grads):
+        if name not in rec.nonfinite_grads:
+            rec.nonfinite_grads.append(name)
+    for name, lst in win.softmax.items():
+        ms = modules.get(name)
+        if ms is not None:
+            for src, v in lst:
+                ms.softmax = SM.merge(ms.softmax, v)  # type: ignore[arg-type]
+                if src not in ms.softmax_sources:
+                    ms.softmax_sources.append(src)
+    updates = win.updates.updates
+    for pname, (numel, wn, gn, dead) in win.updates.norms.items():
+        ps = rec.params[pname] = ParamStep(module=owners.get(pname, ""), numel=numel, weight_norm=wn,  # type: ignore[arg-type]
+                                           grad_norm=gn, dead_rows=dead)  # type: ignore[arg-type]
+        if pname in updates:
+            dn, bn = updates[pname]
+            ps.update_ratio = dn / bn if bn > 0 and isfinite(dn) and isfinite(bn) else None  # type: ignore[operator]
     return rec

@@ -126,7 +126,7 @@ def test_tools_never_import_each_other():
 # validation may import kernels, sandbox, timing, ops, capture, repo; kernels does not import it.
 # profiling imports neither kernels nor validation (the profile tool times candidates).
 # jobs is the job runtime below the front ends: the MCP server and the UI import it, never the reverse.
-LEAVES = {"modulelens.errors"}
+LEAVES = {"modulelens.errors", "modulelens.device"}
 FORBIDDEN = {
     "jobs": {"mcp_server", "ui", "cli"},
     "sandbox": {"kernels", "validation"},

@@ -215,3 +215,22 @@ def test_cuda_events_on_a_real_gpu():
                         TimingPlan(budget_s=2.0), ThreadChoice(threads=1, why="gpu"))
     assert m.rounds >= 6 and "CUDA events" in m.base.timer
     assert CudaEvents("cuda").seconds(lambda: torch.softmax(x, -1), 3) > 0
+
+
+@needs_no_gpu
+def test_a_sandbox_checker_given_cuda_refuses_instead_of_judging(softmax_card, tmp_path):
+    """Where the device is checked again, in the worker (a Ray node without a GPU, a card recorded
+    on CUDA): a refusal that reaches the caller as the same error, not a rejected candidate."""
+    from modulelens.kernels.source import KernelSource
+    from modulelens.validation.card import run_task
+    from modulelens.validation.messages import RefusedResult, ValidateCardTask
+    from modulelens.validation.sandboxed import validation_report
+
+    repo, card = softmax_card
+    task = ValidateCardTask(repo=str(repo), candidate=KernelSource(backend="cpp", source="// not compiled\n"),
+                            build_dir=str(tmp_path), card_id=card, device="cuda", time=False)
+    result = run_task(task, lambda stage: None)
+    assert isinstance(result, RefusedResult) and result.healthy
+    with pytest.raises(ModuleLensError) as e:
+        validation_report(result, "cpp")
+    assert e.value.message == MESSAGE and "[--device cpu]" in e.value.hint

@@ -170,7 +170,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("errors", "callbacks", "listing", "numerics", "wrappers", "version"),
 ]
 # Placed ahead of the work that creates them (issue 27, items 2 and 3); drop a name once its package exists.
-PLANNED = {"device", "workers"}
+PLANNED = {"workers"}
 _MODULE_STRING = re.compile(r"^modulelens(\.\w+)+(:\w+)?$")
 
 

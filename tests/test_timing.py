@@ -1,6 +1,6 @@
 """The timing package on synthetic samples: the estimator and its interval, the decision, every
 noise detector, the thread policy, the interleaved driver (fake sides on a fake clock, fake
-scheduler counters) and the CUDA events path (a fake CUDA layer: compile-only here)."""
+scheduler counters). The CUDA events path is tested with the device helpers (tests/test_device.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import pytest
 
 from modulelens.timing import (
     CallableSide,
-    CudaLayer,
     Probe,
     ThreadChoice,
     TimingPlan,
@@ -24,7 +23,6 @@ from modulelens.timing import (
     median_interval,
 )
 from modulelens.timing import noise
-from modulelens.timing.callables import cuda_batch_seconds
 
 
 # -- estimator -------------------------------------------------------------------------------
@@ -305,7 +303,7 @@ def test_several_candidates_are_measured_together_in_mirrored_rounds():
                       ["f", "s", "b", "b", "s", "f", "b", "f", "s", "s", "f", "b"])
 
 
-# -- in-process sides, CUDA path with a fake CUDA layer -----------------------------------------
+# -- in-process sides -----------------------------------------------------------------------------
 
 def test_callable_sides_time_in_this_process():
     import torch
@@ -317,68 +315,6 @@ def test_callable_sides_time_in_this_process():
     assert m.rounds >= 1 and m.base.timer == "time.perf_counter around each batch in this process"
     if m.status == "ok":  # the same function on both sides: about 1 (no timed assertion beyond sanity)
         assert 0.3 < m.speedup < 3
-
-
-class FakeEvent:
-    def __init__(self, log, clock):
-        self.log, self.clock, self.t = log, clock, None
-
-    def record(self, stream=None):
-        self.log.append(("record", stream))
-        self.t = self.clock.now
-
-    def elapsed_time(self, other):
-        return (other.t - self.t) * 1e3  # milliseconds, as CUDA events report
-
-
-class FakeCuda:
-    def __init__(self, clock):
-        self.log: list = []
-        self.clock = clock
-
-    def Event(self, enable_timing=False):  # noqa: N802 - torch.cuda's name
-        assert enable_timing
-        return FakeEvent(self.log, self.clock)
-
-    def current_stream(self, device=None):
-        return "stream0"
-
-    def synchronize(self, device=None):
-        self.log.append(("sync", device))
-
-    def get_device_properties(self, device):
-        return type("P", (), {"L2_cache_size": 1 << 20})()
-
-
-def test_cuda_events_path_flushes_l2_records_on_the_current_stream_and_synchronises():
-    clock = FakeClock()
-    cuda = FakeCuda(clock)
-    layer = CudaLayer("cuda:0", cuda)
-    flushed = []
-    layer.flush_l2 = lambda: flushed.append(True)  # no device memory here
-
-    def kernel():
-        clock.now += 5e-6
-
-    seconds = cuda_batch_seconds(kernel, 10, layer)
-    assert seconds == pytest.approx(50e-6)
-    assert flushed == [True]
-    assert cuda.log == [("sync", "cuda:0"), ("record", "stream0"), ("record", "stream0"), ("sync", "cuda:0")]
-    side = CallableSide("k", kernel, "cuda:0", cuda=layer)
-    assert "CUDA events" in side.timer and side.batch(4, 0) == pytest.approx(20e-6)
-
-
-@pytest.mark.gpu
-def test_cuda_events_on_a_real_gpu():
-    import torch
-
-    if not torch.cuda.is_available():
-        pytest.skip("no GPU")
-    x = torch.randn(1024, 1024, device="cuda")
-    m = measure_speedup(CallableSide("a", lambda: torch.softmax(x, -1), "cuda"),
-                        CallableSide("b", lambda: torch.softmax(x, -1), "cuda"),
-                        TimingPlan(budget_s=2.0), ThreadChoice(threads=1, why="gpu"))
-    assert m.rounds >= 6 and "CUDA events" in m.base.timer
 
 
 # -- swaps between the calls of a timed batch, both sides alike ---------------------------------
@@ -521,6 +457,3 @@ def test_a_setup_runs_before_every_call_outside_the_clock():
     finally:
         callables._perf_counter = real
     assert seconds == pytest.approx(0.003) and log == ["setup", "call"] * 3
-    cuda = FakeCuda(clock)
-    layer = CudaLayer("cuda:0", cuda)
-    assert CallableSide("y", call, "cuda:0", cuda=layer, setup=setup).batch(2, 0) == pytest.approx(0.002)

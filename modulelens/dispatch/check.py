@@ -25,6 +25,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, Field
 
+from modulelens.device import require
 from modulelens.dispatch.runtime import DEFAULT_MECHANISM, EntryReport, Mechanism, PackRuntime
 from modulelens.dispatch.sources import CaptureReplay
 from modulelens.repo import Repository
@@ -80,7 +81,7 @@ def check_capture(repo: Repository, ref: str, make_runtime: Any, min_run_time: f
     from modulelens.timing import CallableSide, TimingPlan, measure_speedup, thread_choice
 
     cap = CaptureReplay(repo, ref)
-    device = cap.device if not cap.device.startswith("cuda") or torch.cuda.is_available() else "cpu"
+    device = require(cap.device, can_choose=False)
     cap.loaded.device = device
     inputs = [cap.loaded.inputs()]
     expected, _ = cap.loaded.expected_outputs()

@@ -16,6 +16,7 @@ from modulelens.capture.manifest import CaptureManifest, capture_manifest
 from modulelens.capture.replay import LoadedCapture
 from modulelens.capture.tracer import set_rng_states
 from modulelens.capture.values import Encoder, TensorSink, flatten
+from modulelens.device import is_cuda, require
 from modulelens.errors import ModuleLensError
 from modulelens.ops.model import KIND, SAMPLES_FILE, CardSample, ModuleTime, OpCard, OpSetManifest
 from modulelens.ops.recorder import OpRecorder, OpTimer, Variant
@@ -61,7 +62,7 @@ class _ModuleRunner:
         self.rng = loaded.rng()
         self.grad_mode = m.grad_enabled or backward
         self.has_grads = m.backward is not None
-        self.cuda = m.environment.device.startswith("cuda")
+        self.cuda = is_cuda(m.environment.device)
 
     def fresh(self) -> tuple[list, dict]:
         """The captured inputs rebuilt for one run (objects inside them too, such as a key/value
@@ -113,7 +114,7 @@ def record_opset(repo: Repository, capture_ref: str, options: RecordOptions) -> 
     art = repo.open("captures", capture_ref)
     m = capture_manifest(art)
     _check_inputs(art, m, options.allow_synthesized)
-    device = m.environment.device
+    device = require(m.environment.device, can_choose=False)
     loaded = LoadedCapture(art, device=device)
     runner = _ModuleRunner(loaded, m, options.backward)
 

@@ -18,6 +18,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
+from modulelens.device import is_cuda
+
 # Operators whose cost is dominated by arithmetic (vendor libraries usually serve them well).
 _COMPUTE_NAMES = {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "addmv", "mv", "dot", "einsum", "_addmm_activation"}
 _COMPUTE_PREFIXES = ("convolution", "_convolution", "conv", "cudnn_", "mkldnn_", "_scaled_dot_product",
@@ -160,7 +162,7 @@ class OpTimer(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         key, tensors, _ = variant_key(func, args, kwargs)
-        cuda = any(t["device"].startswith("cuda") for t in tensors)
+        cuda = any(is_cuda(t["device"]) for t in tensors)
         if cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from modulelens.device import is_cuda, runs_here
 from modulelens.timing import time_callable
 
 
@@ -20,7 +21,7 @@ def _cache_file() -> Path:
 
 
 def machine_key(device: str) -> str:
-    if device.startswith("cuda"):
+    if is_cuda(device):
         name = torch.cuda.get_device_name(torch.device(device))
     else:
         name = platform.processor() or platform.machine()
@@ -40,7 +41,7 @@ def copy_bandwidth(device: str = "cpu", nbytes: int | None = None, refresh: bool
             data = {}
     if key in data and not refresh:
         return {**data[key], "cached": True}
-    nbytes = nbytes or ((1 << 30) if device.startswith("cuda") else (256 << 20))
+    nbytes = nbytes or ((1 << 30) if is_cuda(device) else (256 << 20))
     src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
     t = time_callable(lambda: dst.copy_(src), device, min_run_time=0.5, warmup=2)
@@ -58,7 +59,7 @@ def copy_bandwidth(device: str = "cpu", nbytes: int | None = None, refresh: bool
 
 def copy_bytes_per_s(device: str) -> float | None:
     """:func:`copy_bandwidth` of ``device`` in bytes per second, or None when the device is not on
-    this machine (a CUDA opset read on a machine without a GPU)."""
-    if device.startswith("cuda") and not torch.cuda.is_available():
+    this machine (a CUDA opset read on a machine without a GPU: described, not measured)."""
+    if not runs_here(device):
         return None
     return copy_bandwidth(device)["bytes_per_s"]

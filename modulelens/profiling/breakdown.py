@@ -9,6 +9,8 @@ from typing import Any
 import torch
 from pydantic import BaseModel, Field
 
+from modulelens.device import is_cuda
+
 
 class OpTime(BaseModel):
     op: str
@@ -27,7 +29,7 @@ def profile_breakdown(fn: Callable[[], Any], device: str, runs: int = 5,
     how_peak_was_measured)."""
     from torch.profiler import ProfilerActivity, profile
 
-    cuda = device.startswith("cuda")
+    cuda = is_cuda(device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     attr = "self_device_time_total" if cuda else "self_cpu_time_total"
     prepare = setup or (lambda: None)

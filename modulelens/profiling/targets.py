@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field
 from modulelens.callbacks import ProgressFn
 from modulelens.capture.manifest import capture_manifest
 from modulelens.capture.replay import LoadedCapture
-from modulelens.errors import ModuleLensError
+from modulelens.device import require
 from modulelens.listing import LeftOut
 from modulelens.ops.cards import open_card, require_tensor_inputs, run_card, sample_call
 from modulelens.ops.model import OpCard, is_card_id
@@ -102,10 +102,7 @@ def profile_target(repo: Repository, target: str, options: ProfileOptions,
 
 
 def _on(device: str | None, default: str) -> str:
-    device = device or default
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ModuleLensError(f"device {device!r} is not available on this machine", "pass [--device cpu]")
-    return device
+    return require(device or default)
 
 
 def _synthesized_notes(synthesized: Any) -> list[str]:

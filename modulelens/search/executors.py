@@ -30,6 +30,7 @@ from typing import Protocol
 
 from pydantic import BaseModel, Field
 
+from modulelens.device import is_cuda
 from modulelens.errors import ModuleLensError
 from modulelens.kernels.candidates import load_candidate
 from modulelens.kernels.source import KernelSource
@@ -262,7 +263,7 @@ class RayExecutor:
             folder, files = opset_files(Repository(task.repo), task.settings.card_id)
             self._files[key] = (folder, self._ray.put(files))
         folder, files_ref = self._files[key]
-        gpu = task.device.startswith("cuda")
+        gpu = is_cuda(task.device)
         ref = self._remote.options(num_cpus=0 if gpu else 1, num_gpus=1 if gpu else 0).remote(
             task.model_dump_json(), folder, files_ref)
         out: concurrent.futures.Future[EvalResult] = concurrent.futures.Future()
@@ -279,7 +280,7 @@ class RayExecutor:
     def remeasure(self, request: RemeasureRequest) -> RemeasuredResult:
         """The finalists timed together as one Ray task (one node, one worker)."""
         folder, files = opset_files(Repository(request.repo), request.card_id)
-        gpu = request.device.startswith("cuda")
+        gpu = is_cuda(request.device)
         remote = self._ray.remote(remeasure_shipped).options(num_cpus=0 if gpu else 1, num_gpus=1 if gpu else 0)
         return RemeasuredResult.model_validate_json(self._ray.get(remote.remote(request.model_dump_json(), folder,
                                                                                 files)))

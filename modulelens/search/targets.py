@@ -22,14 +22,11 @@ CopyBandwidth = Callable[[str], float | None]
 
 
 def machine_copy_bandwidth(device: str) -> float | None:
-    """This machine's copy bandwidth on ``device`` (measured once, then cached), or None."""
-    import torch
+    """This machine's copy bandwidth on ``device`` (measured once, then cached), or None when the
+    device is not on this machine (:func:`~modulelens.profiling.bandwidth.copy_bytes_per_s`)."""
+    from modulelens.profiling.bandwidth import copy_bytes_per_s
 
-    from modulelens.profiling.bandwidth import copy_bandwidth
-
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        return None
-    return copy_bandwidth(device)["bytes_per_s"]
+    return copy_bytes_per_s(device)
 
 
 def _target(card: OpCard, index: int, bandwidth: float | None) -> SearchTarget:

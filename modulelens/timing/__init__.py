@@ -16,7 +16,7 @@ without pulling in anything else of modulelens.
 * :mod:`.noise` - the detectors; :mod:`.threads` - the thread policy (:func:`choose_threads`).
 """
 
-from modulelens.timing.callables import CallableSide, CudaLayer
+from modulelens.timing.callables import CallableSide
 from modulelens.timing.estimate import RatioEstimate, decide, estimate_ratio, median_interval, round_ratios
 from modulelens.timing.interleaved import (
     MeasurementDetail,
@@ -32,7 +32,7 @@ from modulelens.timing.noise import Finding
 from modulelens.timing.samples import Timing, percentile, time_callable
 from modulelens.timing.threads import ThreadChoice, choose_threads, fewer_threads, thread_choice, user_threads
 
-__all__ = ["CallableSide", "CudaLayer", "Finding", "MeasurementDetail", "Probe", "RatioEstimate", "Side", "SpeedupMeasurement", "ThreadChoice",
+__all__ = ["CallableSide", "Finding", "MeasurementDetail", "Probe", "RatioEstimate", "Side", "SpeedupMeasurement", "ThreadChoice",
            "Timing", "TimingPlan", "choose_threads", "decide", "estimate_ratio", "fewer_threads", "measure_speedup",
            "measure_speedups", "measurement_from_rounds", "median_interval", "percentile", "round_ratios", "thread_choice", "time_callable",
            "user_threads"]

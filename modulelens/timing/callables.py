@@ -5,7 +5,7 @@ stream around the calls, the device synchronised before (so earlier work is not 
 after, and the L2 cache flushed before every batch (a buffer twice its size overwritten), so that
 every batch starts from memory the way a training step does. With a ``setup`` (calls that change
 their inputs), it runs before every call outside the clock and the calls are timed one by one. The CUDA layer is injected
-(:class:`CudaLayer`, default ``torch.cuda``) so the path can be exercised without a GPU.
+(:class:`modulelens.device.CudaEvents`, default ``torch.cuda``) so the path can be exercised without a GPU.
 """
 
 from __future__ import annotations
@@ -15,55 +15,19 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from modulelens.device import CudaEvents, is_cuda
+
 _perf_counter = time.perf_counter
 
 
-class CudaLayer:
-    """What the CUDA path uses of ``torch.cuda``: events, the current stream, synchronisation,
-    and a buffer to flush L2 with."""
-
-    def __init__(self, device: str, cuda: Any = None):
-        import torch
-
-        self.cuda = cuda if cuda is not None else torch.cuda
-        self.device = device
-        self._flush_buffer: Any = None
-
-    def event(self) -> Any:
-        return self.cuda.Event(enable_timing=True)
-
-    def stream(self) -> Any:
-        return self.cuda.current_stream(self.device)
-
-    def synchronize(self) -> None:
-        self.cuda.synchronize(self.device)
-
-    def flush_l2(self) -> None:
-        if self._flush_buffer is None:
-            import torch
-
-            props = self.cuda.get_device_properties(self.device)
-            size = max(2 * int(getattr(props, "L2_cache_size", 0) or 0), 64 << 20)
-            self._flush_buffer = torch.empty(size, dtype=torch.uint8, device=self.device)
-        self._flush_buffer.zero_()
-
-
-def cuda_batch_seconds(fn: Callable[[], Any], calls: int, layer: CudaLayer) -> float:
+def cuda_batch_seconds(fn: Callable[[], Any], calls: int, layer: CudaEvents) -> float:
     """Seconds of ``calls`` calls of ``fn`` by CUDA events on the current stream (L2 flushed and
     the device synchronised first)."""
     layer.flush_l2()
-    layer.synchronize()
-    stream = layer.stream()
-    start, end = layer.event(), layer.event()
-    start.record(stream)
-    for _ in range(calls):
-        fn()
-    end.record(stream)
-    layer.synchronize()
-    return start.elapsed_time(end) / 1e3
+    return layer.seconds(fn, calls)
 
 
-def with_setup_seconds(fn: Callable[[], Any], calls: int, setup: Callable[[], Any], layer: CudaLayer | None) -> float:
+def with_setup_seconds(fn: Callable[[], Any], calls: int, setup: Callable[[], Any], layer: CudaEvents | None) -> float:
     """Seconds of ``calls`` calls of ``fn``, each after ``setup()`` (outside the clock): for calls
     that change what they are given (a key/value cache that grows). Each call is timed alone
     (CUDA events around it, the device synchronised after the setup) and the times are summed."""
@@ -71,14 +35,7 @@ def with_setup_seconds(fn: Callable[[], Any], calls: int, setup: Callable[[], An
     for _ in range(calls):
         setup()
         if layer is not None:
-            layer.synchronize()
-            stream = layer.stream()
-            start, end = layer.event(), layer.event()
-            start.record(stream)
-            fn()
-            end.record(stream)
-            layer.synchronize()
-            total += start.elapsed_time(end) / 1e3
+            total += layer.seconds(fn)
         else:
             t0 = _perf_counter()
             fn()
@@ -91,10 +48,10 @@ class CallableSide:
     every call, untimed. ``set_threads`` sets this process's torch thread count (shared by every
     in-process side)."""
 
-    def __init__(self, label: str, fn: Callable[[], Any], device: str = "cpu", *, cuda: CudaLayer | None = None,
+    def __init__(self, label: str, fn: Callable[[], Any], device: str = "cpu", *, cuda: CudaEvents | None = None,
                  before_batch: Callable[[int], Any] | None = None, setup: Callable[[], Any] | None = None):
         self.label, self.fn, self.device = label, fn, device
-        self.cuda = cuda if cuda is not None else (CudaLayer(device) if device.startswith("cuda") else None)
+        self.cuda = cuda if cuda is not None else (CudaEvents(device) if is_cuda(device) else None)
         self.before_batch = before_batch
         self.setup = setup
         self.timer = ("CUDA events on the current stream, L2 flushed before each batch" if self.cuda is not None

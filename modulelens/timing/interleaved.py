@@ -53,6 +53,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, Field
 
+from modulelens.device import is_cuda
 from modulelens.timing import noise
 from modulelens.timing.estimate import MIN_ROUNDS, decide, estimate_ratio, round_ratios
 from modulelens.timing.samples import Timing, percentile
@@ -279,7 +280,7 @@ def _timing(values: list[float], calls: int, timer: str, device: str, threads: i
     return Timing(median_s=statistics.median(values), p20_s=percentile(values, 0.2), p80_s=percentile(values, 0.8),
                   runs=calls, samples=len(values), warmup=warmup, timer=timer, device=device,
                   threads=threads, cache="warm (caches are not flushed between calls)"
-                  if not device.startswith("cuda") else "cold L2 (flushed before every batch)")
+                  if not is_cuda(device) else "cold L2 (flushed before every batch)")
 
 
 def _decided(est: Any, target_width: float, found: list[noise.Finding]) -> tuple[bool, str]:

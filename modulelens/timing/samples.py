@@ -13,11 +13,12 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from pydantic import BaseModel, Field
+
+from modulelens.device import CudaEvents, is_cuda
 
 
 class Timing(BaseModel):
@@ -43,15 +44,6 @@ def percentile(xs: list[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
-@dataclass
-class _L2Flush:
-    buffer: torch.Tensor | None
-
-    def __call__(self) -> None:
-        if self.buffer is not None:
-            self.buffer.zero_()
-
-
 def time_callable(fn: Callable[[], Any], device: str = "cpu", *, min_run_time: float = 0.5, warmup: int = 3,
                   max_samples: int = 200, setup: Callable[[], Any] | None = None) -> Timing:
     """Time ``fn`` (see the module docstring). ``setup``, when given, runs before every call,
@@ -61,7 +53,7 @@ def time_callable(fn: Callable[[], Any], device: str = "cpu", *, min_run_time: f
             setup()
         fn()
     threads = torch.get_num_threads()
-    if device.startswith("cuda"):
+    if is_cuda(device):
         return _time_cuda(fn, device, min_run_time, warmup, max_samples, threads, setup)
     if setup is not None:
         return _time_with_setup(fn, setup, device, min_run_time, warmup, max_samples, threads)
@@ -105,22 +97,14 @@ def _time_with_setup(fn, setup, device, min_run_time, warmup, max_samples, threa
 
 
 def _time_cuda(fn, device, min_run_time, warmup, max_samples, threads, setup=None) -> Timing:
-    dev = torch.device(device)
-    l2 = torch.cuda.get_device_properties(dev).L2_cache_size if hasattr(torch.cuda.get_device_properties(dev), "L2_cache_size") else 64 << 20
-    flush = _L2Flush(torch.empty(max(2 * l2, 64 << 20), dtype=torch.uint8, device=dev))
+    events = CudaEvents(device)
     times: list[float] = []
     total = 0.0
     while (total < min_run_time or len(times) < 10) and len(times) < max_samples:
         if setup is not None:
             setup()
-        flush()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize(dev)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize(dev)
-        t = start.elapsed_time(end) / 1e3
+        events.flush_l2()
+        t = events.seconds(fn)
         times.append(t)
         total += t
     return Timing(

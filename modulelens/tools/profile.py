@@ -9,6 +9,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from modulelens.callbacks import ProgressFn
+from modulelens.device import require
 from modulelens.errors import InvalidName
 from modulelens.kernels.candidates import CANDIDATES, candidate_manifest, load_candidate
 from modulelens.listing import MAX_ITEMS, keep_first
@@ -30,6 +31,8 @@ class ProfileRequest(ProfileOptions):
 @tool
 def profile(req: ProfileRequest, ctx: ToolContext) -> ProfileResult:
     """Time a capture, card or candidate (median, p20/p80; profiler breakdown)."""
+    if req.device is not None:
+        require(req.device)
     repo = Repository(ctx.repo_root)
     if not is_card_id(req.target) and _is_candidate(repo, req.target):
         result = profile_candidate(repo, req.target, req, ctx.progress)

@@ -15,6 +15,7 @@ from modulelens.capture.replay import LoadedCapture
 from modulelens.capture.spec import TensorSpec
 from modulelens.capture.tracer import autocast_regions, set_rng_states
 from modulelens.capture.values import flatten, keyed_tensors, keyed_values, parse_dtype
+from modulelens.device import require, synchronize
 from modulelens.errors import ModuleLensError, ReplayFailed, arg
 from modulelens.numerics import diff, short_repr, tolerances
 from modulelens.ops.replay import CardReplay, replay_card
@@ -84,11 +85,6 @@ class ReplayModuleResult(ToolReply):
     notes: list[str] = Field(default_factory=list)
 
 
-def _sync(device: str) -> None:
-    if device.startswith("cuda") and torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
 def compute_dtypes(manifest: CaptureManifest, cast: torch.dtype | None) -> tuple[torch.dtype, ...]:
     """The floating dtypes a replay computes in: ``cast`` when the replay casts (else the captured
     weights' and inputs'), and the captured autocast regions'. Every comparison takes the loosest
@@ -124,11 +120,11 @@ def _run(loaded: LoadedCapture, module: torch.nn.Module, backward: bool, device:
     if rng:
         set_rng_states(rng)
     grad = loaded.manifest.grad_enabled or backward
-    _sync(device)
+    synchronize(device)
     t0 = time.perf_counter()
     with torch.set_grad_enabled(grad), autocast_regions(loaded.manifest.autocast):
         out = module(*args, **kwargs)
-    _sync(device)
+    synchronize(device)
     return (args, kwargs), out, time.perf_counter() - t0
 
 
@@ -232,9 +228,7 @@ def replay_module(req: ReplayModuleRequest, ctx: ToolContext) -> ReplayModuleRes
                               "a capture replays its one captured call")
     art = repo.open(KIND, req.ref)
     dtype = parse_dtype(req.dtype) if req.dtype else None
-    device = req.device or capture_manifest(art).environment.device
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ModuleLensError(f"device {device!r} is not available on this machine", "pass [--device cpu]")
+    device = require(req.device or capture_manifest(art).environment.device)
     loaded = LoadedCapture(art, device=device, dtype=dtype)
 
     def run(module: torch.nn.Module):

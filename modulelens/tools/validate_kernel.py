@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field
 
 from modulelens.capture.manifest import KIND as CAPTURES
 from modulelens.capture.manifest import capture_manifest
+from modulelens.device import require
 from modulelens.errors import ModuleLensError
 from modulelens.kernels.candidates import CANDIDATES, candidate_manifest, load_candidate, save_agent_candidate
 from modulelens.kernels.module_candidates import (
@@ -157,6 +158,8 @@ def _brief(reply: R, limit: int, full: str) -> R:
 def validate_kernel(req: ValidateKernelRequest, ctx: ToolContext) -> ValidateKernelResult | ValidateModuleResult:
     """Validate a card's kernel or a capture's ModelNew in a sandbox, on real and adversarial inputs, timed vs
     eager."""
+    if req.device is not None:
+        require(req.device)  # before a candidate is stored or a worker started
     repo = Repository(ctx.repo_root)
     path, text = _source(req, ctx)
     if len([x for x in (req.candidate, req.source, req.source_text) if x]) == 1 and _is_module(req, repo):

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from modulelens.device import DeviceUnavailable, require
 from modulelens.errors import ModuleLensError
 from modulelens.kernels import build_cache
 from modulelens.kernels.backends import get_backend
@@ -113,9 +114,7 @@ class _Validator(CandidateChecker):
         cand = self.task.candidate
         status = get_backend(cand.backend).status()
         art, card = open_card(Repository(self.task.repo), self.task.card_id)
-        device = self.task.device or card.device
-        if device.startswith("cuda") and not torch.cuda.is_available():
-            device = "cpu"
+        device = require(self.task.device or card.device)
 
         self.stage("compile")
         self.get_ready(cand.backend)
@@ -423,7 +422,7 @@ def time_candidate(task: TimeCandidateTask) -> Timing:
         raise ModuleLensError(f"{cand.backend} candidates cannot be timed here: {status.why}",
                               "profile it on a machine with the right device")
     art, card = open_card(Repository(task.repo), task.card_id)
-    device = task.device or card.device
+    device = require(task.device or card.device)
     args, kwargs, _, _ = sample_call(art, card, 0, device=device)
     settings = ValidateCardTask(repo=task.repo, candidate=cand, build_dir=task.build_dir, card_id=task.card_id,
                                 device=device, time=False)
@@ -452,6 +451,8 @@ def validate_card(task: ValidateCardTask, stage: Callable[[str], None]) -> Valid
     t0 = time.perf_counter()
     try:
         report = _Validator(task, stage).run()
+    except DeviceUnavailable:
+        raise  # a refusal (nothing was validated), not a verdict on the candidate
     except ModuleLensError as e:
         report = ValidationReport(verdict="rejected", correct=False, reason=str(e), stage="setup",
                                   backend=task.candidate.backend)
@@ -469,6 +470,8 @@ def run_task(task: SandboxTask, stage: Callable[[str], None]) -> SandboxResult:
     if isinstance(task, ValidateCardTask):
         try:
             return ValidatedResult(report=validate_card(task, stage))
+        except DeviceUnavailable as e:
+            return RefusedResult(message=e.message, hint=e.hint, healthy=True)
         except (MemoryError, RuntimeError, OSError) as e:
             if not out_of_memory(e):
                 raise

@@ -72,6 +72,7 @@ from typing import Any
 
 import torch
 
+from modulelens.device import DeviceUnavailable, require
 from modulelens.timing import thread_choice
 from modulelens.validation.candidate_messages import Loaded, LoadModuleRequest
 from modulelens.validation.checker import CandidateChecker, CandidateFailed, ModuleCall, start_candidate
@@ -81,6 +82,7 @@ from modulelens.validation.denial import verdict as denial_verdict
 from modulelens.validation.evidence import FOREIGN_EVIDENCE, LIBRARY_EVIDENCE, NOT_SEEN, computing_ops
 from modulelens.validation.inputs import FRESH_STATE, fresh_inputs, fresh_state, tensors
 from modulelens.validation.messages import (
+    RefusedResult,
     SandboxResult,
     ValidatedResult,
     ValidateModuleTask,
@@ -143,7 +145,7 @@ class _ModuleValidator(CandidateChecker):
         repo = Repository(self.task.repo)
         art = repo.open("captures", self.task.capture)
         manifest = capture_manifest(art)
-        device = manifest.environment.device if torch.cuda.is_available() else "cpu"
+        device = require(manifest.environment.device, can_choose=False)
         loaded = LoadedCapture(art, device=device)
         conf = self.task.confinement  # the caller's list: it knows where the key and the home folder are
         folders = [Path(p) for p in conf.readable] if conf else readable_sys_path(manifest.sys_path, repo.root)
@@ -577,6 +579,8 @@ def run_task(task: ValidateModuleTask, stage: Callable[[str], None]) -> SandboxR
     validator = _ModuleValidator(task, stage)
     try:
         report = validator.run()
+    except DeviceUnavailable as e:  # a refusal (nothing was validated), not a verdict on the candidate
+        return RefusedResult(message=e.message, hint=e.hint, healthy=True)
     except ModuleLensError as e:
         report = ValidationReport(verdict="rejected", correct=False, reason=str(e), stage="setup", backend="module")
     except (MemoryError, RuntimeError, OSError) as e:

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
+from modulelens.device import require
 from modulelens.errors import ModuleLensError
 from modulelens.ops.cards import open_card, sample_call
 from modulelens.ops.recorder import resolve_op
@@ -45,9 +44,7 @@ def _load(checker: _Validator, shared: Path, args: list, kwargs: dict, want: lis
 def remeasure(task: RemeasureTask) -> RemeasuredResult:
     """The finalists' speedups over eager from one interleaved measurement (see the module docstring)."""
     art, card = open_card(Repository(task.repo), task.card_id)
-    device = task.device or card.device
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        device = "cpu"
+    device = require(task.device or card.device)
     args, kwargs, _, _ = sample_call(art, card, 0, device=device)
     op = resolve_op(card.op)
     inplace = op._schema.name.endswith("_") or any(a.alias_info is not None and a.alias_info.is_write

@@ -34,7 +34,7 @@ class ValidationSettings(CheckSettings):
     """One validation of a card candidate."""
 
     card_id: str = Field(description="The card validated against (<opset ref>/<index>).")
-    device: str | None = Field(None, description="Device to run on (default: the card's; CPU when there is no GPU).")
+    device: str | None = Field(None, description="Device to run on (default: the card's; refused where torch sees no such device).")
     compile_baseline: bool = Field(False, description="Also time torch.compile of the operator.")
 
 

@@ -11,6 +11,7 @@ from pydantic import Field
 
 from modulelens.callbacks import ProgressFn
 from modulelens.cancellation import CallCancelled
+from modulelens.device import require
 from modulelens.errors import ModuleLensError
 from modulelens.kernels.build_cache import default_build_dir
 from modulelens.kernels.candidates import candidate_manifest
@@ -93,6 +94,7 @@ def validate_candidate(repo: Repository, candidate: Artifact, src: KernelSource,
     A cancelled call stores an interrupted report (see :func:`interrupted_report`) before
     CallCancelled goes on up (:func:`validate_in_sandbox`)."""
     card_artifact, card = open_card(repo, settings.card_id)  # a clear error if the card is gone
+    require(settings.device or card.device)  # refused here, before a worker starts
     # decoding samples resolves class paths: trusted cards only, checked here where the key is
     confine = confinement(repo, [card_artifact], "validate against its cards")
     task = ValidateCardTask(repo=str(repo.root), candidate=src, build_dir=str(default_build_dir()),
@@ -178,6 +180,7 @@ def time_candidate(repo: Repository, candidate: Artifact, src: KernelSource, *, 
     """Time the stored ``candidate`` on its card's first sample, in a sandbox worker."""
     card_id = candidate_manifest(candidate).target.card_id
     card_artifact, card = open_card(repo, card_id)
+    require(device or card.device)
     task = TimeCandidateTask(repo=str(repo.root), candidate=src, build_dir=str(default_build_dir()), card_id=card.card_id,
                              device=device, min_run_time=min_run_time, warmup=warmup,
                              confinement=confinement(repo, [card_artifact], "time a candidate on its cards"))

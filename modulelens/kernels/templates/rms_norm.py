@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from modulelens.kernels.shape_rules import ShapeRule, VariableDim
 from modulelens.kernels.templates.call import (
     Call,
     NoMatch,
@@ -35,6 +34,7 @@ from modulelens.kernels.templates.cpp import (
     cpp_signature,
 )
 from modulelens.kernels.templates.cuda import CUDA_PRELUDE, CUDA_SCALAR
+from modulelens.kernels.templates.layer_norm import shape_rule  # noqa: F401 - the same rule: the rows vary
 from modulelens.kernels.templates.loops import next_pow2
 from modulelens.kernels.templates.triton import (
     TORCH_DTYPE,
@@ -70,16 +70,6 @@ def match(call: Call) -> dict[str, Any]:
             "stat_shape": list(rstd.shape), "dtype": x.dtype, "out_dtype": out.dtype, "stat_dtype": rstd.dtype,
             "has_weight": w is not None, "contiguous": [t.contiguous for t in (x, w) if t is not None],
             "x": call.param("input"), "w": call.param("weight"), "k": len(ns)}
-
-
-def shape_rule(call: Call, p: dict[str, Any], backend: str, v: dict[str, Any]) -> ShapeRule | None:
-    """Each leading dimension of a contiguous input varies on its own (rows are independent)."""
-    x = call.arg("input")
-    lead = x.ndim - p["k"]
-    if not x.contiguous or lead < 1:
-        return None
-    pos = call.schema_names.index("input")
-    return ShapeRule(dims=[VariableDim(at=[(pos, d)]) for d in range(lead)])
 
 
 def variants(backend: str, p: dict[str, Any]) -> list[dict[str, Any]]:

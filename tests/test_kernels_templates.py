@@ -161,6 +161,10 @@ def _rule_cases():
                         [(1,), (9,)]),
         "layer_norm": ("aten.native_layer_norm.default", [torch.randn(2, 16, 64), [64], w, b, 1e-5],
                        lambda s: [torch.randn(*s, 64), [64], w, b, 1e-5], [(1, 1), (3, 33), (5, 9)]),
+        "reduction": ("aten.mean.dim", [torch.randn(4, 8, 6), [1], True], lambda s: [torch.randn(*s, 8, 6), [1], True],
+                      [(1,), (9,)]),
+        "rms_norm": ("aten._fused_rms_norm.default", [torch.randn(2, 16, 64), [64], w, 1e-5],
+                     lambda s: [torch.randn(*s, 64), [64], w, 1e-5], [(1, 1), (3, 33)]),
         "softmax": ("aten._safe_softmax.default", [torch.randn(2, 2, 16, 16), -1],
                     lambda s: [torch.randn(*s), -1], [(1, 1, 1, 1), (3, 2, 33, 33), (1, 5, 9, 17)]),
         "softmax_backward": ("aten._softmax_backward_data.default",
@@ -174,7 +178,7 @@ def _rule_cases():
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_rule_kernels_declare_their_rule_and_take_other_sizes(backend):
     """The declared dimensions vary at run time (the same results as eager at sizes the card did
-    not have: the batch of an elementwise operator, the rows of a layer norm, every dimension of a
+    not have: the batch of an elementwise operator, the rows of a layer or RMS norm, the outer dimensions of a reduction, every dimension of a
     softmax); a dimension the rule fixes is still refused."""
     from modulelens.kernels.shape_rules import declared_rule
 

@@ -1,7 +1,7 @@
 """optimize on a capture searches the module level beside its top cards: transformers' GPT-2
 activation (NewGELUActivation, eight pointwise operators) gets a fused ModelNew from the module
-template, with its own backward; the winners of both levels are packed together and applied: the
-module entry serves forward and backward, and the card entry never fires inside it. About a minute
+template, with its own backward and a shape rule (every dimension variable); the winners of both levels are packed together and applied: the
+module entry serves forward and backward at the captured size and another, and the card entry never fires inside it. About a minute
 (a C++ card kernel and a ModelNew built and validated in the sandbox)."""
 
 from __future__ import annotations
@@ -54,17 +54,18 @@ def test_optimize_a_capture_searches_its_module_and_packs_both_levels(act_captur
     torch.manual_seed(1)
     mlp, eager = _mlp().train(), _mlp().train()
     eager.load_state_dict(mlp.state_dict())
-    x = torch.randn(4, 8, 16)
     applied = modulelens.apply_pack(mlp, packed.path)
-    try:
-        mlp(x).pow(2).sum().backward()
+    try:  # the captured size, and another one: the template declares every dimension variable
+        for x in (torch.randn(4, 8, 16), torch.randn(3, 5, 16)):
+            mlp(x).pow(2).sum().backward()
+            eager(x).pow(2).sum().backward()
     finally:
         applied.remove()
-    eager(x).pow(2).sum().backward()
     for p, q in zip(mlp.parameters(), eager.parameters()):
         assert torch.allclose(p.grad, q.grad, atol=1e-5)
     by_id = {e.candidate_id: e for e in applied.report().entries}
-    assert by_id[module.best_candidate].hits_by_phase == {"forward": 1, "backward": 1}
+    assert by_id[module.best_candidate].hits_by_phase == {"forward": 2, "backward": 2}
+    assert "admits 1..129" in by_id[module.best_candidate].shape_rule  # the hidden size 64 checked up to 129
     assert by_id[card_winner].hits == 0  # its operator runs inside the module entry only
 
 

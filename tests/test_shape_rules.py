@@ -4,6 +4,7 @@ candidates whose declaration is false or malformed (rejected, saying why)."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from modulelens.errors import ModuleLensError
 from modulelens.kernels.shape_rules import declared_rule, parse_rule, probe_sizes
@@ -54,3 +55,29 @@ def test_a_false_or_malformed_rule_is_rejected_for_its_reason(softmax_card, sour
                                               seeds=1), ToolContext(repo_root=repo))
     assert r.verdict == "rejected" and reason in r.reason, r.reason
     assert r.shape_rule is None
+
+
+
+class _SequenceMean(torch.nn.Module):
+    def forward(self, x):
+        return x.mean(dim=1, keepdim=True)
+
+
+@pytest.mark.slow
+def test_a_reduction_template_is_validated_at_its_rule_sizes(tmp_path):
+    """The triton template (interpreted) of the reduction family declares its rule (the dimension
+    before the reduced one) and passes validation at sizes not captured. (The rms_norm template's
+    operator decomposes on CPU, so no card of it is captured here: its rule is exercised by
+    tests/test_kernels_templates.py.)"""
+    import modulelens
+    from modulelens.tools.capture_ops import CaptureOpsRequest, capture_ops
+    from modulelens.tools.generate_kernel import GenerateKernelRequest, generate_kernel
+
+    ctx = ToolContext(repo_root=tmp_path)
+    with modulelens.capture("", name="mean", repo=tmp_path, export=False):
+        _SequenceMean()(torch.randn(4, 6, 16))
+    (card,) = [c.card_id for c in capture_ops(CaptureOpsRequest(ref="mean", repeats=3), ctx).cards if c.op == "aten.mean.dim"]
+    cand = generate_kernel(GenerateKernelRequest(card=card, backend="triton"), ctx).candidate_id
+    r = validate_kernel(ValidateKernelRequest(candidate=cand, time=False, seeds=1), ctx)
+    assert r.correct, r.reason
+    assert r.shape_rule.checked and [d.sizes for d in r.shape_rule.dims] == [[1, 3, 4, 9]], r.shape_rule

@@ -10,7 +10,9 @@ dtype with the operators eager would run, in eager's order.
 
 :func:`pointwise_chain` says why a module does not fit (``NotFusable``); :func:`render_pointwise`
 gives the source of one variant (:data:`VARIANTS`: the parallel grain). Everything is
-specialised for nothing: the kernels take any contiguous float32 or float64 tensor.
+specialised for nothing: the kernels take any contiguous float32 or float64 tensor, so the source
+declares every dimension of a contiguous captured input variable (``# modulelens-variable-dims:``,
+checked by validation at other sizes, :mod:`modulelens.kernels.shape_rules`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from modulelens.kernels.shape_rules import ShapeRule, VariableDim, declaration
 
 FAMILY = "pointwise_chain"
 VARIANTS = ({"grain": 32768}, {"grain": 8192}, {"grain": 1 << 40})
@@ -140,6 +144,7 @@ class PointwiseChain:
     forward: list[str]
     backward: list[str]
     ops: int
+    variable_dims: int = 0  # the captured input's dimensions, each declared variable (0: a strided input, none)
 
 
 def pointwise_chain(module: torch.nn.Module, args: list, kwargs: dict) -> PointwiseChain:
@@ -172,7 +177,8 @@ def pointwise_chain(module: torch.nn.Module, args: list, kwargs: dict) -> Pointw
     except Exception as e:  # noqa: BLE001
         raise NotFusable(f"its backward cannot be traced ({type(e).__name__})") from None
     backward, _ = _chain(bwd.graph, x.shape, x.dtype)
-    return PointwiseChain(forward=forward, backward=backward, ops=len(forward) - 1)
+    return PointwiseChain(forward=forward, backward=backward, ops=len(forward) - 1,
+                          variable_dims=x.dim() if x.is_contiguous() else 0)
 
 
 def _kernel(name: str, body: list[str], inputs: int, grain: int) -> str:
@@ -222,12 +228,13 @@ at::Tensor backward(const at::Tensor& x, const at::Tensor& g) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("forward", &forward); m.def("backward", &backward); }
 """)
     digest = hashlib.sha256(cpp_source.encode()).hexdigest()[:12]
+    rule = ShapeRule(dims=[VariableDim(at=[(0, d)]) for d in range(chain.variable_dims)])
     return f'''"""modulelens module template: family {FAMILY}, variant {variant} {VARIANTS[variant]}.
 
 The module's {chain.ops} pointwise operators fused into one C++ loop, forward and backward (its
 own autograd.Function); any contiguous float32/float64 input.
 """
-
+{declaration(rule, "#") if rule.dims else ""}
 import torch
 from torch import nn
 from torch.utils.cpp_extension import load_inline

@@ -20,6 +20,14 @@ tolerance, the original is run again in float64 (an oracle) and the candidate is
 error against the oracle is at most :data:`~modulelens.validation.compare.ORACLE_MULTIPLE` times
 eager's own (both errors in the report's ``accuracy``): a candidate more accurate than eager passes.
 
+Shape rule: a candidate may declare the dimensions of ``forward``'s inputs it takes at other sizes
+(``# modulelens-variable-dims: 0.0 0.1`` in its source, positions counting ``forward``'s arguments
+then its keyword arguments, see :mod:`modulelens.kernels.shape_rules`). After the checks above it
+is checked on fresh inputs at sizes that were not captured (:func:`~modulelens.validation.shape_rules.shape_rule_cases`),
+eval like the others and, for a candidate that claims training support, training forward and
+gradients against the original module's; the report's ``shape_rule`` records it as checked, and
+a pack entry admits calls by it.
+
 Training mode (only for a candidate that claims training support, and a capture made in
 training mode): dropout is checked **with the same RNG state**: the CPU/CUDA generators are set
 to the same state before the original and the candidate run, so a candidate that draws its
@@ -73,6 +81,7 @@ from typing import Any
 import torch
 
 from modulelens.device import DeviceUnavailable, require
+from modulelens.kernels.shape_rules import declared_rule
 from modulelens.timing import thread_choice
 from modulelens.validation.candidate_messages import Loaded, LoadModuleRequest
 from modulelens.validation.checker import CandidateChecker, CandidateFailed, ModuleCall, start_candidate
@@ -90,6 +99,7 @@ from modulelens.validation.messages import (
     out_of_memory,
 )
 from modulelens.validation.report import ValidationReport
+from modulelens.validation.shape_rules import checked_rule, rule_problem, shape_rule_cases
 from modulelens.validation.timed import (
     ReferenceFailed,
     TimedProcess,
@@ -237,6 +247,9 @@ class _ModuleValidator(CandidateChecker):
             if problem:
                 return self.reject(problem)
         problem = self.check_fresh_state(reference, args, kwargs)
+        if problem:
+            return self.reject(problem)
+        problem = self.check_shape_rule(reference, args, kwargs, claims)
         if problem:
             return self.reject(problem)
         self.report.ran, self.report.correct = True, True
@@ -389,6 +402,41 @@ class _ModuleValidator(CandidateChecker):
         oracle = None if training else (lambda: self._oracle(reference, args, kwargs))
         return self.values_problem(result.outputs, want, label, oracle=oracle)
 
+    # -- shape rule -------------------------------------------------------------------------------
+    def check_shape_rule(self, reference: torch.nn.Module, args: list, kwargs: dict, training: bool) -> str | None:
+        """The variable dimensions the candidate declares (:mod:`modulelens.kernels.shape_rules`,
+        positions counting ``forward``'s arguments then its keyword arguments), checked on fresh
+        inputs at sizes that were not captured: eval like the captured checks, and for a candidate
+        that claims training support also training forward (same RNG state) and its gradients
+        against the original module's. Sets the report's ``shape_rule`` once every case passed."""
+        rule = declared_rule(self.task.candidate.source)
+        if rule is None:
+            return None
+        problem = rule_problem(rule, args, kwargs)
+        if problem:
+            return f"its declared shape rule ({rule.text()}) does not fit the module's call: {problem}"
+        for label, a, k in shape_rule_cases(rule, args, kwargs):
+            problem = self.check_case(reference, a, k, f"eval, {label}", training=False, rng=None)
+            if problem is None and training:
+                problem = self.check_training_case(reference, a, k, label)
+            if problem:
+                return problem
+        self.report.shape_rule = checked_rule(rule, args, kwargs)
+        return None
+
+    def check_training_case(self, reference: torch.nn.Module, args: list, kwargs: dict, label: str) -> str | None:
+        """Training forward with the same RNG state on both sides, then the gradients for a random
+        output gradient against the original module's."""
+        from modulelens.capture.tracer import rng_states
+
+        rng = rng_states()
+        problem = self.check_case(reference, args, kwargs, f"training, same RNG state, {label}", training=True, rng=rng)
+        if problem:
+            return problem
+        ref_inputs, want_params, grad_out = _reference_backward(reference, args, kwargs, rng)
+        return self.compare_gradients(reference, args, kwargs, rng, f"gradients against the original module, {label}",
+                                      grad_out, want_params, {i: g for i, g in enumerate(ref_inputs) if g is not None})
+
     # -- fresh parameters -------------------------------------------------------------------------
     def check_fresh_state(self, reference: torch.nn.Module, args: list, kwargs: dict) -> str | None:
         """The eval checks again with parameters and floating buffers drawn afresh (one draw per
@@ -456,6 +504,12 @@ class _ModuleValidator(CandidateChecker):
             label = "gradients, against the original module (no captured gradients)"
             ref_inputs, want_params, grad_out = _reference_backward(reference, args, kwargs, rng)
             want_inputs = {i: g for i, g in enumerate(ref_inputs) if g is not None}
+        return self.compare_gradients(reference, args, kwargs, rng, label, grad_out, want_params, want_inputs)
+
+    def compare_gradients(self, reference: torch.nn.Module, args: list, kwargs: dict, rng: dict, label: str,
+                          grad_out: list[torch.Tensor], want_params: dict[str, torch.Tensor],
+                          want_inputs: dict[int, torch.Tensor]) -> str | None:
+        """The candidate's parameter and input gradients for ``grad_out`` against the wanted ones."""
         room = sum(p.numel() * p.element_size() + 64 for p in reference.parameters())
         room += sum(a.numel() * a.element_size() + 64 for a in args if isinstance(a, torch.Tensor))
         want = tensors(self._reference(reference, args, kwargs, True, rng))

@@ -7,6 +7,11 @@ The input (made contiguous when it is not) is viewed as ``[outer, R, inner]``. C
 each work item accumulates a strip of up to 512 inner positions over R. ``amax`` propagates NaN
 like eager. Triton: one program per (outer, strip of inner), tiles of ``[BLOCK_R, BLOCK_I]``.
 No CUDA template.
+
+The dimensions before the reduced ones of a contiguous input may vary, when the output is
+contiguous (the shape rule the kernels declare, see :mod:`modulelens.kernels.shape_rules`): the
+outer count and the output's leading sizes are read at run time; the reduced and inner dimensions
+stay as validated.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from modulelens.kernels.shape_rules import ShapeRule, VariableDim
 from modulelens.kernels.templates.call import Call, Const, NoMatch, TArg, contiguous_strides, dense, require_same_device
 from modulelens.kernels.templates.cpp import (
     ATEN_DTYPE,
@@ -70,7 +76,23 @@ def match(call: Call) -> dict[str, Any]:
     return {"op": call.op, "kind": KINDS[call.op], "dims": dims, "outer": outer, "R": r, "inner": inner,
             "shape": shape, "out_shape": list(out.shape), "out_stride": list(out.stride),
             "out_contiguous": tuple(out.stride) == contiguous_strides(out.shape), "dtype": x.dtype,
-            "input_contiguous": x.contiguous, "x": call.param("self")}
+            "input_contiguous": x.contiguous, "x": call.param("self"), "d0": d0 if dims else 0}
+
+
+def shape_rule(call: Call, p: dict[str, Any], backend: str, v: dict[str, Any]) -> ShapeRule | None:
+    """Each dimension before the reduced ones varies on its own (contiguous input and output)."""
+    if not (p["input_contiguous"] and p["out_contiguous"]) or p["d0"] < 1:
+        return None
+    pos = call.schema_names.index("self")
+    return ShapeRule(dims=[VariableDim(at=[(pos, d)]) for d in range(p["d0"])])
+
+
+def _out_shape_cpp(p: dict[str, Any], rule: ShapeRule | None) -> str:
+    """The C++ expression of the output's shape: the input's leading sizes at run time under a rule."""
+    if rule is None:
+        return ilist(p["out_shape"])
+    return (f"[&] {{ std::vector<int64_t> s(xc.sizes().begin(), xc.sizes().begin() + {p['d0']}); "
+            f"for (int64_t t : std::vector<int64_t>{ilist(p['out_shape'][p['d0']:])}) s.push_back(t); return s; }}()")
 
 
 def variants(backend: str, p: dict[str, Any]) -> list[dict[str, Any]]:
@@ -136,14 +158,19 @@ def render_cpp(call: Call, p: dict[str, Any], v: dict[str, Any], variant: int) -
       const int64_t n = INNER - i0 < STRIP ? INNER - i0 : STRIP;
 {strip}
   }}"""
-    return f"""{cpp_header(call, FAMILY, variant, v)}{CPP_PRELUDE}
+    rule = p.get("rule")
+    outer_decl = "" if rule else f"OUTER = {outer}, "
+    alloc = (f"ml_empty_contiguous({_out_shape_cpp(p, rule)}, {dt})" if rule else
+             f"ml_empty({ilist(p['out_shape'])}, {ilist(contiguous_strides(p['out_shape']))}, {dt})")
+    return f"""{cpp_header(call, FAMILY, variant, v, rule)}{CPP_PRELUDE}
 using T = {T};
-constexpr int64_t OUTER = {outer}, R = {r}, INNER = {inner}, STRIP = {STRIP};
+constexpr int64_t {outer_decl}R = {r}, INNER = {inner}, STRIP = {STRIP};
 
 {cpp_signature(call, "at::Tensor")} {{
-{cpp_checks(call)}
+{cpp_checks(call, rule)}
   const at::Tensor xc = {src};
-  at::Tensor out = ml_empty({ilist(p['out_shape'])}, {ilist(contiguous_strides(p['out_shape']))}, {dt});
+{'  const int64_t OUTER = xc.numel() / (R * INNER);' if rule else ''}
+  at::Tensor out = {alloc};
   const T* __restrict__ X = xc.data_ptr<T>();
   T* __restrict__ Y = out.data_ptr<T>();
   const int ml_threads = at::get_num_threads();
@@ -159,11 +186,14 @@ def render_triton(call: Call, p: dict[str, Any], v: dict[str, Any], variant: int
     block_i = min(next_pow2(inner), 64)
     block_r = min(int(v["BLOCK_R"]), max(1, next_pow2(r)))
     kind = {"sum": 0, "mean": 1, "amax": 2}[p["kind"]]
-    wide = outer * r * inner >= 2**31
+    rule = p.get("rule")
+    wide = rule is not None or outer * r * inner >= 2**31
     src = dense(p["x"], p["input_contiguous"])
     dt = TORCH_DTYPE[p["dtype"]]
     finish = py_return("out", p["out_contiguous"], p["out_shape"], p["out_stride"], p["dtype"])
-    return f"""{py_header(call, FAMILY, variant, v)}{TRITON_PRELUDE}
+    out_shape = f"tuple(x.shape[:{p['d0']}]) + {tuple(p['out_shape'][p['d0']:])}" if rule else str(p["out_shape"])
+    grid_outer = f"x.numel() // {r * inner}" if rule else str(outer)
+    return f"""{py_header(call, FAMILY, variant, v, rule)}{TRITON_PRELUDE}
 
 @triton.jit
 def _reduce(x_ptr, y_ptr, R: tl.constexpr, INNER: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr,
@@ -200,9 +230,9 @@ def _reduce(x_ptr, y_ptr, R: tl.constexpr, INNER: tl.constexpr, BLOCK_R: tl.cons
 
 
 {py_signature(call)}
-{py_checks(call)}
+{py_checks(call, rule=rule)}
     x = {src}
-    out = torch.empty({p['out_shape']}, dtype={dt}, device=x.device)
-    _reduce[({outer}, {(inner + block_i - 1) // block_i})](x, out, R={r}, INNER={inner}, BLOCK_R={block_r}, BLOCK_I={block_i},
+    out = torch.empty({out_shape}, dtype={dt}, device=x.device)
+    _reduce[({grid_outer}, {(inner + block_i - 1) // block_i})](x, out, R={r}, INNER={inner}, BLOCK_R={block_r}, BLOCK_I={block_i},
                                     KIND={kind}, num_warps={v['num_warps']})
 {finish}"""

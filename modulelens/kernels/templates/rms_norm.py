@@ -6,6 +6,10 @@ CPU eager decomposes it instead (``pow.Tensor_Scalar``, ``mean.dim``, ``add_.Sca
 ``mul.Tensor`` x2): those cards fall to the reduction and elementwise families.
 ``eps=None`` means ``torch.finfo(x.dtype).eps``. ``rstd = 1 / sqrt(mean(x^2) + eps)`` has shape
 ``x.shape[:-k] + [1] * k``; ``out = (x * rstd) * weight``.
+
+The leading dimensions of a contiguous input may vary (the shape rule the kernels declare, see
+:mod:`modulelens.kernels.shape_rules`): the row count and the output sizes are read at run time;
+the normalized dimensions, the weight, dtypes and eps stay as validated.
 """
 
 from __future__ import annotations
@@ -16,7 +20,6 @@ from modulelens.kernels.templates.call import (
     Call,
     NoMatch,
     TArg,
-    contiguous_strides,
     dense_operands,
     require_same_device,
     trailing_size,
@@ -29,9 +32,9 @@ from modulelens.kernels.templates.cpp import (
     cpp_header,
     cpp_literal,
     cpp_signature,
-    ilist,
 )
 from modulelens.kernels.templates.cuda import CUDA_PRELUDE, CUDA_SCALAR
+from modulelens.kernels.templates.layer_norm import shape_rule  # noqa: F401 - the same rule: the rows vary
 from modulelens.kernels.templates.loops import next_pow2
 from modulelens.kernels.templates.triton import (
     TORCH_DTYPE,
@@ -66,7 +69,7 @@ def match(call: Call) -> dict[str, Any]:
     return {"op": call.op, "rows": x.numel // c, "C": c, "eps": float(eps), "shape": list(x.shape),
             "stat_shape": list(rstd.shape), "dtype": x.dtype, "out_dtype": out.dtype, "stat_dtype": rstd.dtype,
             "has_weight": w is not None, "contiguous": [t.contiguous for t in (x, w) if t is not None],
-            "x": call.param("input"), "w": call.param("weight")}
+            "x": call.param("input"), "w": call.param("weight"), "k": len(ns)}
 
 
 def variants(backend: str, p: dict[str, Any]) -> list[dict[str, Any]]:
@@ -86,17 +89,19 @@ def render_cpp(call: Call, p: dict[str, Any], v: dict[str, Any], variant: int) -
     dt = ATEN_DTYPE[p["dtype"]]
     x, w, hw = p["x"], p["w"], p["has_weight"]
     xs, ws = dense_operands([x, w if hw else None], p["contiguous"])
-    return f"""{cpp_header(call, FAMILY, variant, v)}{CPP_PRELUDE}
+    rule = p.get("rule")
+    return f"""{cpp_header(call, FAMILY, variant, v, rule)}{CPP_PRELUDE}
 using T = {T};
-constexpr int64_t ROWS = {p['rows']}, C = {p['C']};
+constexpr int64_t C = {p['C']}, K = {p['k']};
 constexpr double EPS = {cpp_literal(p['eps'], 'double')};
 
 {cpp_signature(call, "std::tuple<at::Tensor, at::Tensor>")} {{
-{cpp_checks(call)}
+{cpp_checks(call, rule)}
   const at::Tensor xc = {xs};
 {f'  const at::Tensor wc = {ws};' if hw else ''}
-  at::Tensor out = ml_empty({ilist(p['shape'])}, {ilist(contiguous_strides(p['shape']))}, {dt});
-  at::Tensor rstd = ml_empty({ilist(p['stat_shape'])}, {ilist(contiguous_strides(p['stat_shape']))}, {dt});
+  const int64_t ROWS = xc.numel() / C;
+  at::Tensor out = ml_empty_contiguous(xc.sizes(), {dt});
+  at::Tensor rstd = ml_empty_contiguous(ml_stat_shape(xc, K), {dt});
   const T* __restrict__ X = xc.data_ptr<T>();
 {'  const T* __restrict__ W = wc.data_ptr<T>();' if hw else ''}
   T* __restrict__ Y = out.data_ptr<T>();
@@ -120,8 +125,8 @@ constexpr double EPS = {cpp_literal(p['eps'], 'double')};
 
 
 def render_triton(call: Call, p: dict[str, Any], v: dict[str, Any], variant: int) -> str:
-    rows, c = p["rows"], p["C"]
-    pid = "tl.program_id(0).to(tl.int64)" if rows * c >= 2**31 else "tl.program_id(0)"
+    c, rule = p["C"], p.get("rule")
+    pid = "tl.program_id(0).to(tl.int64)" if rule or p["rows"] * c >= 2**31 else "tl.program_id(0)"
     xs, ws = dense_operands([p["x"], p["w"] if p["has_weight"] else None], p["contiguous"])
     prep = f"    x = {xs}\n" + (f"    w = {ws}\n" if ws is not None else "")
     wa = "w" if p["has_weight"] else "x"
@@ -163,14 +168,15 @@ def _rms_norm(x_ptr, w_ptr, y_ptr, rstd_ptr, eps, C: tl.constexpr, BLOCK: tl.con
         tl.store(y_ptr + base + start + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
     tl.store(rstd_ptr + row, rstd.to(rstd_ptr.dtype.element_ty))
 """
-    return f"""{py_header(call, FAMILY, variant, v)}{TRITON_PRELUDE}
+    return f"""{py_header(call, FAMILY, variant, v, rule)}{TRITON_PRELUDE}
 {kernel}
 
 {py_signature(call)}
-{py_checks(call)}
-{prep}    out = torch.empty({p['shape']}, dtype={TORCH_DTYPE[p['out_dtype']]}, device=x.device)
-    rstd = torch.empty({p['stat_shape']}, dtype={TORCH_DTYPE[p['stat_dtype']]}, device=x.device)
-    _rms_norm[({rows},)](x, {wa}, out, rstd, {py_literal(p['eps'])}, C={c}, BLOCK={block}, HAS_W={p['has_weight']},
+{py_checks(call, rule=rule)}
+{prep}    rows = x.numel() // {c}
+    out = torch.empty(tuple(x.shape), dtype={TORCH_DTYPE[p['out_dtype']]}, device=x.device)
+    rstd = torch.empty(tuple(x.shape[:-{p['k']}]) + (1,) * {p['k']}, dtype={TORCH_DTYPE[p['stat_dtype']]}, device=x.device)
+    _rms_norm[(rows,)](x, {wa}, out, rstd, {py_literal(p['eps'])}, C={c}, BLOCK={block}, HAS_W={p['has_weight']},
                          num_warps={v['num_warps']})
     return out, rstd
 """
@@ -179,12 +185,12 @@ def _rms_norm(x_ptr, w_ptr, y_ptr, rstd_ptr, eps, C: tl.constexpr, BLOCK: tl.con
 def render_cuda(call: Call, p: dict[str, Any], v: dict[str, Any], variant: int) -> str:
     x, w, hw = p["x"], p["w"], p["has_weight"]
     xs, ws = dense_operands([x, w if hw else None], p["contiguous"])
-    st = p["stat_shape"]
-    return f"""{cpp_header(call, FAMILY, variant, v)}{CUDA_PRELUDE}
+    rule = p.get("rule")
+    return f"""{cpp_header(call, FAMILY, variant, v, rule)}{CUDA_PRELUDE}
 using scalar_t = {CUDA_SCALAR[p['dtype']]};
 using out_t = {CUDA_SCALAR[p['out_dtype']]};
 using stat_t = {CUDA_SCALAR[p['stat_dtype']]};
-constexpr int64_t ROWS = {p['rows']}, C = {p['C']};
+constexpr int64_t C = {p['C']}, K = {p['k']};
 
 __global__ void ml_rms_norm(const scalar_t* __restrict__ x, const scalar_t* __restrict__ w, out_t* __restrict__ y,
                             stat_t* __restrict__ rstd_out, float eps) {{
@@ -203,12 +209,15 @@ __global__ void ml_rms_norm(const scalar_t* __restrict__ x, const scalar_t* __re
 }}
 
 {cpp_signature(call, "std::tuple<at::Tensor, at::Tensor>", cuda=True)} {{
-{cpp_checks(call)}
+{cpp_checks(call, rule)}
   const c10::cuda::CUDAGuard guard({x}.device());
   const at::Tensor xc = {xs};
 {f'  const at::Tensor wc = {ws};' if hw else ''}
-  at::Tensor out = at::empty_strided({ilist(p['shape'])}, {ilist(contiguous_strides(p['shape']))}, {x}.options().dtype({ATEN_DTYPE[p['out_dtype']]}));
-  at::Tensor rstd = at::empty_strided({ilist(st)}, {ilist(contiguous_strides(st))}, {x}.options().dtype({ATEN_DTYPE[p['stat_dtype']]}));
+  const int64_t ROWS = xc.numel() / C;
+  const std::vector<int64_t> stat = ml_stat_shape(xc, K);
+  at::Tensor out = at::empty_strided(xc.sizes(), ml_contiguous_strides(xc.sizes()), {x}.options().dtype({ATEN_DTYPE[p['out_dtype']]}));
+  at::Tensor rstd = at::empty_strided(stat, ml_contiguous_strides(stat), {x}.options().dtype({ATEN_DTYPE[p['stat_dtype']]}));
+  if (ROWS == 0) return std::make_tuple(out, rstd);
   ml_rms_norm<<<(unsigned)ROWS, {int(v['threads'])}, 0, c10::cuda::getCurrentCUDAStream()>>>(
       xc.data_ptr<scalar_t>(), {'wc.data_ptr<scalar_t>()' if hw else 'nullptr'}, out.data_ptr<out_t>(),
       rstd.data_ptr<stat_t>(), {float(p['eps'])!r}f);

@@ -4,13 +4,12 @@ with findings and a report."""
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from modulelens.errors import CaptureFailed
 from modulelens.listing import MAX_ITEMS, LeftOut, keep_first
+from modulelens.paths import input_path
 from modulelens.registry import ToolContext, tool
 from modulelens.replies import ToolReply, call
 from modulelens.repo import Artifact, Repository, validate_name
@@ -103,6 +102,7 @@ class GatherStatsResult(ToolReply):
     path: str = Field("", description="Folder of this version in the repository.")
     notes: list[str] = Field(default_factory=list)
     script_output_tail: str = Field("", description="Last lines the script printed.")
+    script_file: str = Field("", description="The script that ran (resolved); empty for a capture.")
     wandb_run: str | None = Field(None, description="With [--wandb]: the W&B run's URL, or its local folder offline.")
     seconds: float = 0.0
     left_out: list[LeftOut] = Field(default_factory=list, description="Lists cut to `top` items.")
@@ -160,12 +160,10 @@ def gather_stats(req: GatherStatsRequest, ctx: ToolContext) -> GatherStatsResult
 
     from modulelens.stats.artifact import default_stats_name
 
-    script = Path(req.script or "").expanduser()
-    if not script.is_file():
-        raise CaptureFailed(f"script {req.script!r} does not exist", "give the path of a Python training script")
+    script = input_path(req.script or "", ctx.project, "script")
     name = validate_name(req.name) if req.name else default_stats_name(script)
     request = StatsWorkerRequest(
-        script=str(script.resolve()), script_args=req.script_args, name=name, repo=str(repo.root), every=req.every,
+        script=str(script), script_args=req.script_args, name=name, repo=str(repo.root), every=req.every,
         steps=req.steps, step_on=req.step_on, eager=req.eager, params=req.params, fx=req.fx, ema=req.ema,
         plots=req.plots, sample=req.sample, thresholds=req.thresholds, nproc=req.nproc, nan_rerun=req.nan_rerun,
         # Stop at a step boundary with time left to store the statistics before the hard limit.
@@ -176,6 +174,7 @@ def gather_stats(req: GatherStatsRequest, ctx: ToolContext) -> GatherStatsResult
     art = repo.open("stats", result.ref)
     ctx.progress(1, 1, f"stored {art.ref}")
     out = _result(art, "script", req.top, tail, time.perf_counter() - t0)
+    out.script_file = str(script)
     if req.wandb:
         from modulelens.stats.wandb_log import log_to_wandb
 

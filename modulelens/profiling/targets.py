@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel, Field
 
+from modulelens.capture.manifest import KIND as CAPTURES
 from modulelens.capture.manifest import capture_manifest
 from modulelens.capture.replay import LoadedCapture
 from modulelens.errors import ModuleLensError
@@ -128,7 +129,7 @@ def _card_call(repo: Repository, card_id: str, options: ProfileOptions) -> _Time
 
 
 def _capture_call(repo: Repository, ref: str, options: ProfileOptions) -> _Timed:
-    art = repo.open("captures", ref)
+    art = repo.open(CAPTURES, ref)
     m = capture_manifest(art)
     device = _on(options.device, m.environment.device)
     loaded = LoadedCapture(art, device=device)

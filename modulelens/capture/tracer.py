@@ -47,7 +47,7 @@ from modulelens.capture.leafcall import BUFFER_PREFIX, call_state, changed_state
 from modulelens.capture.manifest import ActivationStorage
 from modulelens.capture.sharded import gathered, read_inside_call, substituted
 from modulelens.capture.slicing import RowSlicer, preslice
-from modulelens.capture.spec import tensor_leaves
+from modulelens.capture.spec_walk import tensor_leaves
 from modulelens.capture.unrecorded import describe, watch_points, watching_reads
 from modulelens.capture.values import Encoder, TensorSink, Unrecorded, keyed_tensors
 from modulelens.errors import CaptureFailed

@@ -55,6 +55,14 @@ hold neither the repository nor the signing key (the constructor's argument clas
 there): the report's ``isolation`` says what was in force, including whether the signing key and
 the repository were out of reach.
 
+Device: the task's ``device`` (``--device``), or the captured one when it is None: the original
+module, its state and the inputs are loaded there in the checker, and the candidate and reference
+processes build their modules there too; a device this machine lacks is a refusal
+(:mod:`modulelens.device`), not a verdict. On another device than the captured one, what the
+capture recorded of random draws and rounding (the training output, its RNG state, its gradients)
+is no reference: training is checked against the original module on that device, with an RNG state
+drawn there. The timing note names the device.
+
 Memory: comparisons stream over chunks and fresh inputs are drawn one case at a time; a capture too
 big for the memory limit even so ends in a clear error naming the sizes and ``--memory-limit-mb``.
 
@@ -80,7 +88,7 @@ from typing import Any
 
 import torch
 
-from modulelens.device import DeviceUnavailable, require
+from modulelens.device import DeviceUnavailable, require, same_device
 from modulelens.kernels.shape_rules import declared_rule
 from modulelens.timing import thread_choice
 from modulelens.validation.candidate_messages import Loaded, LoadModuleRequest
@@ -155,8 +163,10 @@ class _ModuleValidator(CandidateChecker):
         repo = Repository(self.task.repo)
         art = repo.open("captures", self.task.capture)
         manifest = capture_manifest(art)
-        device = require(manifest.environment.device, can_choose=False)
-        loaded = LoadedCapture(art, device=device)
+        device = require(self.task.device or manifest.environment.device)
+        self.captured_device = manifest.environment.device
+        self.on_captured_device = same_device(device, self.captured_device)
+        loaded = LoadedCapture(art, device=device)  # the module, its state and inputs moved to ``device``
         conf = self.task.confinement  # the caller's list: it knows where the key and the home folder are
         folders = [Path(p) for p in conf.readable] if conf else readable_sys_path(manifest.sys_path, repo.root)
         read_only = [Path(self.task.build_dir), *folders]
@@ -263,10 +273,17 @@ class _ModuleValidator(CandidateChecker):
             if problem:
                 self.report.correct = False
                 return self.reject(problem)
+        else:
+            self.report.timing_note = f"ran {self._where(device)}"
         self.report.stage = "done"
         self.report.timing_note = (self.report.timing_note + "; " if self.report.timing_note else "") + note
         return self._decide(note, lambda checker: self._load(checker, art, manifest, reference, device),
                             reference, args, kwargs)
+
+    def _where(self, device: str) -> str:
+        """Where the module ran, for the timing note: the device, and whether it is the captured one."""
+        return f"on {device}" + (" (the captured device)" if self.on_captured_device
+                                 else f" (captured on {self.captured_device})")
 
     def _cases(self, args: list, kwargs: dict) -> Iterator[tuple[str, list, dict]]:
         """The captured inputs, then fresh inputs per seed and distribution, drawn one at a time."""
@@ -477,23 +494,30 @@ class _ModuleValidator(CandidateChecker):
                        expected: Any) -> str | None:
         from modulelens.capture.tracer import rng_states
 
-        captured_rng = loaded.rng()
+        # random draws (dropout) follow each device's own generator: on another device than the
+        # captured one, the captured RNG state, output and gradients are no reference
+        captured_rng = loaded.rng() if self.on_captured_device else rng_states()
         for label, a, k in self._cases(args, kwargs):
             rng = captured_rng if label == "captured inputs" else rng_states()
             problem = self.check_case(reference, a, k, f"training, same RNG state, {label}", training=True, rng=rng)
             if problem:
                 return problem
-        want = tensors(expected)
-        got = self.call(args, kwargs, want, trace=False, label="training, captured RNG state",
-                        module_call=ModuleCall(True, captured_rng))
-        problem = self.values_problem(got.outputs, expected, "training, captured RNG state, against the captured output")
-        if problem:
-            return problem
+        label = "training, captured RNG state, against the captured output"
+        if self.on_captured_device:
+            got = self.call(args, kwargs, tensors(expected), trace=False, label="training, captured RNG state",
+                            module_call=ModuleCall(True, captured_rng))
+            problem = self.values_problem(got.outputs, expected, label)
+            if problem:
+                return problem
+        else:
+            self.check(label, True, f"skipped: captured on {self.captured_device} (random draws and rounding differ "
+                       "by device); checked against the original module on this device instead")
         return self.check_gradients(loaded, reference, args, kwargs, captured_rng)
 
     def check_gradients(self, loaded: Any, reference: torch.nn.Module, args: list, kwargs: dict,
                         rng: dict) -> str | None:
-        grads = loaded.grads() if loaded.artifact.has_file("grads.safetensors") else {}
+        captured = self.on_captured_device and loaded.artifact.has_file("grads.safetensors")
+        grads = loaded.grads() if captured else {}
         captured_out = [grads[k] for k in sorted((k for k in grads if k.startswith("grad_output.")), key=_index)]
         if captured_out:
             label = "gradients, against the captured gradients"
@@ -501,7 +525,8 @@ class _ModuleValidator(CandidateChecker):
             want_params = {k.removeprefix("param."): v for k, v in grads.items() if k.startswith("param.")}
             want_inputs = {int(k.split(".")[1]): v for k, v in grads.items() if k.startswith("grad_input.")}
         else:
-            label = "gradients, against the original module (no captured gradients)"
+            why = "no captured gradients" if self.on_captured_device else f"captured on {self.captured_device}"
+            label = f"gradients, against the original module ({why})"
             ref_inputs, want_params, grad_out = _reference_backward(reference, args, kwargs, rng)
             want_inputs = {i: g for i, g in enumerate(ref_inputs) if g is not None}
         return self.compare_gradients(reference, args, kwargs, rng, label, grad_out, want_params, want_inputs)
@@ -541,7 +566,7 @@ class _ModuleValidator(CandidateChecker):
         want = tensors(self._reference(reference, args, kwargs, training, rng))
         self.call(args, kwargs, want, trace=False, label="timing inputs", module_call=module_call)
         mode = "training mode with grad (forward)" if training else "eval mode without grad"
-        what = f"module forward in {mode} (fresh values per round)"
+        what = f"module forward {self._where(device)}, in {mode} (fresh values per round)"
         feed = TimingFeed(args, kwargs)
         cand = TimedProcess(self, self.proc, "candidate", device, feed, want, module_call,
                             verify=self._verify_timed(reference, training, rng))

@@ -7,7 +7,7 @@ process took the record over) cancels the call: the tool runs inside
 them and the tool leaves the repository consistent, and the job ends ``cancelled``. A tool that has
 not stopped ``CANCEL_WAIT_S`` after the request is cut short: the job ends ``cancelled`` and the
 process kills its own process group (workers started in sessions of their own follow: they watch
-their caller, see :func:`~modulelens.capture.worker_process.watch_caller`).
+their caller, see :func:`~modulelens.workers.watch_caller`).
 """
 
 from __future__ import annotations

@@ -9,12 +9,14 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
+from modulelens.capture.manifest import KIND as CAPTURES
 from modulelens.errors import CaptureFailed
 from modulelens.listing import MAX_ITEMS, LeftOut, keep_first
 from modulelens.registry import ToolContext, tool
 from modulelens.replies import ToolReply, call
 from modulelens.repo import Artifact, Repository, validate_name
 from modulelens.stats.collector import DEFAULT_EVERY
+from modulelens.stats.manifest import KIND as STATS
 from modulelens.stats.manifest import TypeRow, stats_manifest
 from modulelens.stats.runs import TensorStatsRow, tensor_rows
 from modulelens.stats.schema import RunSeries, StatsFinding, read_findings, read_series
@@ -151,7 +153,7 @@ def gather_stats(req: GatherStatsRequest, ctx: ToolContext) -> GatherStatsResult
     if req.capture:
         from modulelens.stats.artifact import save_capture_stats
 
-        cap = repo.open("captures", req.capture)
+        cap = repo.open(CAPTURES, req.capture)
         name = validate_name(req.name) if req.name else cap.name
         ctx.progress(0, 1, f"statistics of capture {cap.ref}")
         art, _, _ = save_capture_stats(repo, name, cap, plots=req.plots, thresholds=req.thresholds)
@@ -173,7 +175,7 @@ def gather_stats(req: GatherStatsRequest, ctx: ToolContext) -> GatherStatsResult
     )
     ctx.progress(0, 1, f"running {script.name} with statistics every {req.every} step(s)")
     result, tail = gather_script_stats(request, timeout=req.timeout)
-    art = repo.open("stats", result.ref)
+    art = repo.open(STATS, result.ref)
     ctx.progress(1, 1, f"stored {art.ref}")
     out = _result(art, "script", req.top, tail, time.perf_counter() - t0)
     if req.wandb:

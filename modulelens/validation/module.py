@@ -133,12 +133,13 @@ class _ModuleValidator(ModuleChecks, CandidateChecker):
         self.numpy_bridges: set[str] = set()
 
     def run(self) -> ValidationReport:
+        from modulelens.capture.manifest import KIND as CAPTURES
         from modulelens.capture.manifest import capture_manifest
         from modulelens.capture.replay import LoadedCapture
         from modulelens.repo import Repository
 
         repo = Repository(self.task.repo)
-        art = repo.open("captures", self.task.capture)
+        art = repo.open(CAPTURES, self.task.capture)
         manifest = capture_manifest(art)
         device = require(self.task.device or manifest.environment.device)
         self.captured_device = manifest.environment.device

@@ -190,7 +190,7 @@ def _measure(params, steps: int, host: HostState | None) -> list[dict]:
     zero_rows: dict = {}
     out = []
     g = torch.Generator().manual_seed(6)
-    for step in range(steps):
+    for _step in range(steps):
         m = UpdateMeasurement()
         if host is None:
             m._before_step_torch(params, zero_rows, {"table"})
@@ -206,7 +206,7 @@ def _measure(params, steps: int, host: HostState | None) -> list[dict]:
             rec[name] = (numel, *scalars_to_host([wn, gn if gn is not None else -1.0, dead if dead is not None else -1.0]),
                          dn / bn)
         out.append(rec)
-        for name, p in params:
+        for _, p in params:
             if p.grad is not None:
                 p.grad = torch.randn(p.grad.shape, generator=g).to(p.dtype)
                 if p.dim() == 2:

@@ -25,8 +25,8 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, Field
 
-from modulelens.device import require
 from modulelens.capture.values import tensors_in
+from modulelens.device import require
 from modulelens.dispatch.runtime import DEFAULT_MECHANISM, EntryReport, Mechanism, PackRuntime
 from modulelens.dispatch.sources import CaptureReplay
 from modulelens.repo import Repository

@@ -46,7 +46,3 @@ def cancel_requested() -> bool:
     return event is not None and event.is_set()
 
 
-def raise_if_cancelled(what: str) -> None:
-    """Raise :class:`CallCancelled` (naming ``what``) when the current call has been cancelled."""
-    if cancel_requested():
-        raise CallCancelled(what)

@@ -27,7 +27,7 @@ import torch
 from modulelens.errors import ModuleLensError
 
 __all__ = ["CudaEvents", "DeviceUnavailable", "device_of", "is_cuda", "parse", "require", "runs_here",
-           "synchronize", "unavailable"]
+           "same_device", "synchronize", "unavailable"]
 
 
 class DeviceUnavailable(ModuleLensError):
@@ -53,6 +53,12 @@ def is_cuda(device: str | torch.device) -> bool:
     if isinstance(device, torch.device):
         return device.type == "cuda"
     return device.strip().split(":", 1)[0] == "cuda"
+
+
+def same_device(a: str | torch.device, b: str | torch.device) -> bool:
+    """``a`` and ``b`` name one device (``cuda`` is ``cuda:0``, what torch picks first)."""
+    x, y = parse(a), parse(b)
+    return x.type == y.type and (x.index or 0) == (y.index or 0)
 
 
 def _cuda_count() -> int:

@@ -12,6 +12,11 @@ exist yet; anything else is refused with one line before anything is written. :f
 writes a file atomically (a temporary file next to it, then a rename) and removes the temporary
 file on any failure, and an ``OSError`` becomes a one-line error naming the path and the cause.
 
+**Inputs** (:func:`input_path`): a file or folder a tool reads (a training script, a pack file),
+resolved by the same rule; it must exist and be of the kind asked for (a regular file, or a
+folder), else one line names the argument, the path as resolved and the fix. It may lie outside
+the project (scripts and packs often do); the reply names the resolved path.
+
 **Sources** (:func:`source_file`): resolved with symlinks followed; the file they lead to must be a
 regular file inside the project folder or the repository, unless the caller passes
 ``allow_outside`` (a symlink named ``k.cpp`` cannot smuggle ``/etc/shadow`` in). What it reads is
@@ -28,7 +33,7 @@ from pathlib import Path
 
 from modulelens.errors import ModuleLensError, arg
 
-__all__ = ["SYSTEM_FOLDERS", "is_inside", "output_file", "output_folder", "outside_warnings", "project_folder",
+__all__ = ["SYSTEM_FOLDERS", "input_path", "is_inside", "output_file", "output_folder", "outside_warnings", "project_folder",
            "resolve", "source_file", "write_text"]
 
 SYSTEM_FOLDERS = (Path("/proc"), Path("/sys"), Path("/dev"))
@@ -126,6 +131,26 @@ def _file_in_the_way(path: Path) -> Path | None:
         if parent.exists() and not parent.is_dir():
             return parent
     return None
+
+
+def input_path(given: str, base: Path, field: str, folder: bool = False) -> Path:
+    """The existing regular file (with ``folder``: the folder) that ``given`` (request field
+    ``field``) names, resolved against ``base`` (the project folder of the call) with symlinks
+    followed. Anything else is refused with one line naming ``field``, the resolved path and the fix."""
+    what = "folder" if folder else "file"
+    where = f"an absolute path, or one relative to the project folder {Path(base).absolute()}"
+    if not given or not given.strip() or "\x00" in given:
+        raise ModuleLensError(f"{field} is empty or not a plain path: it must name a {what} to read",
+                              f"give {where}")
+    path = resolve(given, base)
+    if not path.exists():
+        raise ModuleLensError(f"{field} {given!r} not found: {path} does not exist", f"give {where}")
+    if folder and not path.is_dir():
+        raise ModuleLensError(f"{field} {given!r} is not a folder: {path}", f"give the folder to read ({where})")
+    if not folder and not path.is_file():
+        kind = "a folder, not a file" if path.is_dir() else "not a regular file (a device, pipe or socket)"
+        raise ModuleLensError(f"{field} {given!r} is {kind}: {path}", f"give the file to read ({where})")
+    return path
 
 
 def source_file(given: str, base: Path, repo_root: Path, allow_outside: bool = False,

@@ -27,17 +27,15 @@ from modulelens.capture.spec import (
     InvalidSpec,
     ModuleSpec,
     SpecVisitor,
-    SpecWalker,
     SpecWriter,
     TensorSpec,
     UnknownValueKind,
     UnsupportedValueKind,
     ValueKind,
     mapping_items,
-    referenced_modules,
     sequence_items,
-    tensor_leaves,
 )
+from modulelens.capture.spec_walk import SpecWalker, referenced_modules, tensor_leaves
 from modulelens.capture.values import Decoder, Encoder, TensorSink, TensorSource
 from modulelens.errors import ModuleLensError, ReplayFailed
 

@@ -1,28 +1,32 @@
-"""The worker-process protocol (modulelens.capture.worker_process): typed request and result
-files, failures as one-line errors, output relayed to stderr only, and the timeout."""
+"""The worker-process protocol and launcher (modulelens.workers): typed request and result files,
+failures as one-line errors, a worker that dies without a result named with how it ended and its
+last output, output relayed to stderr only, and the timeout."""
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
 from pydantic import BaseModel
 
 from modulelens.capture.worker import CaptureWorkerRequest, CaptureWorkerResult
-from modulelens.capture.worker_process import (
+from modulelens.errors import CaptureFailed, ModuleLensError
+from modulelens.workers import (
+    WorkerDied,
     WorkerFailure,
     WorkerResult,
+    how_it_ended,
+    launch_worker,
     read_worker_result,
     run_worker_process,
 )
-from modulelens.errors import CaptureFailed, ModuleLensError
 
 _CHILD = """
+import os
+import signal
 import sys
-from pathlib import Path
 from pydantic import BaseModel
-from modulelens.capture.worker_process import WorkerResult, worker_main
+from modulelens.workers import WorkerResult, worker_main
 from modulelens.errors import ModuleLensError
 
 class Request(BaseModel):
@@ -37,10 +41,14 @@ def run(request):
     if request.n == 0:
         raise ZeroDivisionError("boom")
     print("working on", request.n)
+    if request.n == 13:
+        print("about to die", flush=True)
+        os.kill(os.getpid(), signal.SIGSEGV)
     return Result(doubled=2 * request.n)
 
-worker_main(run, Path(sys.argv[1]), Path(sys.argv[2]), "doubling", request_model=Request)
-print("never printed")
+if __name__ == "__main__":
+    worker_main(run, sys.argv[1:], "doubling", Request)
+    print("never printed")
 """
 
 
@@ -52,32 +60,47 @@ class Result(WorkerResult):
     doubled: int
 
 
-def _run_child(tmp_path: Path, n: int, relay: bool = False):
-    request_file, result_file = tmp_path / "request.json", tmp_path / "result.json"
-    request_file.write_text(Request(n=n).model_dump_json())
-    done = run_worker_process([sys.executable, "-c", _CHILD, str(request_file), str(result_file)],
-                              relay_to_stderr=relay, timeout=120, timeout_error=CaptureFailed("too slow"))
-    return done, result_file
+@pytest.fixture
+def child(tmp_path, monkeypatch) -> str:
+    """A worker module of its own (``python -m doubling_worker``), found through PYTHONPATH."""
+    (tmp_path / "doubling_worker.py").write_text(_CHILD)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    return "doubling_worker"
 
 
-def test_worker_result_round_trip(tmp_path, capfd):
-    done, result_file = _run_child(tmp_path, 21, relay=True)
-    assert done.code == 0 and done.output_tail == "working on 21"  # the worker left right after writing
-    assert read_worker_result(result_file, Result) == Result(doubled=42)
+def _launch(child: str, n: int):
+    return launch_worker(child, Request(n=n), Result, what="doubling", timeout=120,
+                         timeout_error=CaptureFailed("too slow"))
+
+
+def test_worker_result_round_trip(child, capfd):
+    run = _launch(child, 21)
+    assert run.exit_code == 0 and run.output_tail == "working on 21"  # the worker left right after writing
+    assert run.results == {0: Result(doubled=42)} and run.result() == Result(doubled=42)
     out, err = capfd.readouterr()
     assert "working on 21" in err and "working on" not in out  # relayed to stderr, never stdout
 
 
-def test_worker_failures_become_one_line_errors(tmp_path, capfd):
-    _, result_file = _run_child(tmp_path, -1)
+def test_worker_failures_become_one_line_errors(child, tmp_path):
     with pytest.raises(ModuleLensError, match="n is negative") as e:
-        read_worker_result(result_file, Result)
+        _launch(child, -1)
     assert e.value.hint == "give a positive n"
-    _, result_file = _run_child(tmp_path, 0)
-    failure = WorkerFailure.model_validate_json(result_file.read_text())
-    assert failure.type == "InternalError" and "ZeroDivisionError: boom" in failure.error and "Traceback" in (failure.hint or "")
-    assert capfd.readouterr().err == ""  # not relayed when not asked
+    with pytest.raises(ModuleLensError, match="internal error in the doubling worker: ZeroDivisionError: boom") as e:
+        _launch(child, 0)
+    assert "Traceback" in (e.value.hint or "")
     assert read_worker_result(tmp_path / "absent.json", Result) is None
+    bad = tmp_path / "bad.json"
+    bad.write_text(WorkerFailure(error="boom", hint="fix").model_dump_json())
+    with pytest.raises(ModuleLensError, match="boom"):
+        read_worker_result(bad, Result)
+
+
+def test_a_worker_that_dies_without_a_result_is_named_with_its_end_and_last_output(child):
+    with pytest.raises(WorkerDied) as e:
+        _launch(child, 13)
+    assert e.value.message == "the doubling worker crashed with SIGSEGV without a result"
+    assert (e.value.hint or "").endswith("working on 13\nabout to die")
+    assert how_it_ended(3) == "exited with code 3"
 
 
 def test_worker_timeout_raises_the_callers_error():

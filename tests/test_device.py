@@ -9,7 +9,16 @@ import pytest
 import torch
 
 import modulelens.device as device
-from modulelens.device import CudaEvents, DeviceUnavailable, device_of, is_cuda, parse, require, runs_here
+from modulelens.device import (
+    CudaEvents,
+    DeviceUnavailable,
+    device_of,
+    is_cuda,
+    parse,
+    require,
+    runs_here,
+    same_device,
+)
 from modulelens.errors import ModuleLensError
 from modulelens.timing import CallableSide, ThreadChoice, TimingPlan, measure_speedup
 from modulelens.timing.callables import cuda_batch_seconds
@@ -28,6 +37,11 @@ def test_parse_reads_what_torch_reads_and_names_a_malformed_device():
             parse(bad)
         assert e.value.message == f"device {bad!r} is not a device torch knows"
         assert "[--device cpu]" in e.value.hint and not isinstance(e.value, DeviceUnavailable)
+
+
+def test_same_device_reads_cuda_as_cuda_0():
+    assert same_device("cuda", "cuda:0") and same_device("cpu", torch.device("cpu"))
+    assert not same_device("cuda", "cuda:1") and not same_device("cpu", "cuda")
 
 
 def test_is_cuda_and_device_of():
@@ -87,6 +101,8 @@ def _calls(repo, card):
         (["profile", card], "profile", {"target": card}),
         (["validate-kernel", "--source-text", source, "--target", card, "--backend", "cpp"], "validate_kernel",
          {"source_text": source, "target": card, "backend": "cpp"}),
+        (["validate-kernel", "--source-text", source, "--target", "sm"], "validate_kernel",  # a ModelNew
+         {"source_text": source, "target": "sm"}),
     ]
 
 
@@ -234,3 +250,18 @@ def test_a_sandbox_checker_given_cuda_refuses_instead_of_judging(softmax_card, t
     with pytest.raises(ModuleLensError) as e:
         validation_report(result, "cpp")
     assert e.value.message == MESSAGE and "[--device cpu]" in e.value.hint
+
+
+@needs_no_gpu
+def test_a_module_checker_given_cuda_refuses_instead_of_running_on_the_captured_device(softmax_card, tmp_path):
+    """The module checker honours the task's device (it once ran on the captured one whatever was
+    asked): CUDA here is the same refusal, before anything is built."""
+    from modulelens.validation.messages import ModuleSource, RefusedResult, ValidateModuleTask
+    from modulelens.validation.module import run_task
+
+    repo, _ = softmax_card
+    task = ValidateModuleTask(repo=str(repo), capture="sm", build_dir=str(tmp_path), device="cuda", time=False,
+                              candidate=ModuleSource(source="raise SystemExit('never loaded')\n", class_name="ModelNew"))
+    result = run_task(task, lambda stage: None)
+    assert isinstance(result, RefusedResult) and result.healthy
+    assert result.message == MESSAGE and "[--device cpu]" in result.hint

@@ -121,3 +121,55 @@ def test_a_job_stopped_before_its_process_took_over_ends_cancelled(project):
     assert [r.job for r in table.jobs()] == [job]
     if pid_file.is_file() and pid_file.read_text():
         wait_until(lambda: not _alive(int(pid_file.read_text())), 15, "the script's process to end")
+
+
+def test_the_clis_long_calls_are_listed_as_jobs_with_their_end(app, tmp_path, monkeypatch):
+    """A long CLI call (export-repro, run) is a job of the repository while it runs and keeps its
+    ending (result or error); a quick one (list) is not; no repository is created for a job."""
+    import torch
+    from click.testing import CliRunner
+
+    import modulelens
+    from modulelens.jobs import JobTable
+
+    repo = tmp_path / ".modulelens"
+    with modulelens.capture("", name="blk", repo=repo, export=False):
+        torch.nn.Softmax(dim=-1)(torch.randn(2, 3))
+    monkeypatch.chdir(tmp_path)
+    runner = CliRunner()
+    assert runner.invoke(app, ["export-repro", "blk", "--no-verify", "--repo", str(repo)]).exit_code == 0
+    assert runner.invoke(app, ["run", "missing.py", "--pack", "k", "--repo", str(repo)]).exit_code == 2
+    assert runner.invoke(app, ["list", "captures", "--repo", str(repo)]).exit_code == 0
+    failed, done = JobTable(repo).jobs()
+    assert (done.tool, done.state, done.subject, done.owner) == ("export_repro", "done", "blk", ""), done
+    assert done.result and done.result["path"] == str(tmp_path / "repros" / "blk_v1.py")
+    assert (failed.tool, failed.state, failed.error_type) == ("run", "failed", "ModuleLensError"), failed
+    assert "script 'missing.py' not found" in failed.error and failed.subject == "missing.py"
+    assert runner.invoke(app, ["run", "x.py", "--pack", "k", "--repo", str(tmp_path / "typo")]).exit_code == 2
+    assert not (tmp_path / "typo").exists()
+
+
+@pytest.mark.slow
+def test_a_cli_call_is_stopped_from_the_ui_like_a_job(project):
+    import subprocess
+    import sys
+
+    folder, repo, pid_file = project
+    repo.mkdir()
+    cli = subprocess.Popen([sys.executable, "-m", "modulelens", "gather-stats", "loop.py", str(pid_file), "--every",
+                            "1", "--repo", str(repo)], cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    try:
+        pid = _script_pid(pid_file)
+        with _ui(folder, repo) as ui:
+            [listed] = ui.get("/api/jobs").json()["jobs"]
+            assert (listed["tool"], listed["state"], listed["subject"]) == ("gather_stats", "running", "loop.py")
+            assert _post(ui, f"/api/jobs/{listed['id']}/stop", {}).status_code == 200
+            out, err = cli.communicate(timeout=45)
+            assert cli.returncode == 2 and "cancelled" in err, (out, err)
+            assert ui.get(f"/api/jobs/{listed['id']}").json()["state"] == "stopped"
+        wait_until(lambda: not _alive(pid), 15, "the script's process to end")
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.wait()

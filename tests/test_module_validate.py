@@ -5,6 +5,7 @@ training claims is in tests/test_pack_tinyformer.py)."""
 
 from __future__ import annotations
 
+import importlib
 import textwrap
 from pathlib import Path
 
@@ -61,12 +62,22 @@ def _model(body: str) -> str:
     return MODEL.format(body=textwrap.indent(textwrap.dedent(body), " " * 8))
 
 
+def _stored_settings(repo: Path, report: str):
+    from modulelens.repo import Repository
+    from modulelens.validation.stored_reports import REPORTS, ReportManifest
+
+    return Repository(repo).open(REPORTS, report).manifest_as(ReportManifest).settings
+
+
 def test_a_torch_module_candidate_runs_contained_and_is_a_wrapper(scale_capture):
-    r = _validate(scale_capture, _model("return torch.tanh(x) * self.weight"), time=True)
+    r = _validate(scale_capture, _model("return torch.tanh(x) * self.weight"), time=True, device="cpu")
     assert r.correct and r.verdict == "wrapper", r.reason
     assert any("tanh" in c for c in r.backend_calls), r.backend_calls
     assert r.timing_status in ("ok", "undetermined") and r.speedup_interval and "checker" in r.candidate.timer
-    assert "module forward in eval mode" in r.timing_note and "thread(s)" in r.timing_note
+    assert "module forward on cpu (the captured device), in eval mode" in r.timing_note, r.timing_note
+    assert "thread(s)" in r.timing_note
+    assert r.eager.device == r.candidate.device == "cpu"  # the reference and the candidate process
+    assert _stored_settings(scale_capture, r.report).device == "cpu"
     layers = {x.name: x for x in r.isolation.layers}
     assert layers["process separation"].in_force
     if CONTAINED:
@@ -83,6 +94,73 @@ def test_a_numpy_module_candidate_is_a_wrapper_naming_numpy(scale_capture):
         """))
     assert r.correct and r.verdict == "wrapper", r.reason
     assert "numpy" in r.reason, r.reason
+    assert r.timing_note.startswith("ran on cpu (the captured device); checked in eval mode only"), r.timing_note
+    assert _stored_settings(scale_capture, r.report).device is None  # none asked for: the captured one
+
+
+class DropGate(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.linspace(0.5, 1.5, dim))
+
+    def forward(self, x):
+        return nn.functional.dropout(torch.tanh(x), 0.25, self.training) * self.weight
+
+
+DROP_GATE = _model("return nn.functional.dropout(torch.tanh(x), 0.25, self.training) * self.weight")
+
+
+def _capture_drop_gate(repo: Path, monkeypatch=None, device: str | None = None) -> None:
+    """``gate``: a DropGate captured in training with its gradients; ``device``: what the capture
+    says it was made on (its tensors stay on the CPU; a real CUDA capture cannot be made here)."""
+    artifact = importlib.import_module("modulelens.capture.artifact")  # modulelens.capture is a function too
+    if device is not None:
+        recorded = artifact._environment
+        monkeypatch.setattr(artifact, "_environment",
+                            lambda captured: recorded(captured).model_copy(update={"device": device}))
+    torch.manual_seed(0)
+    with modulelens.capture("1", name="gate", repo=repo, backward=True, export=False):
+        nn.Sequential(nn.Linear(8, 8), DropGate(8)).train()(torch.randn(4, 8)).sum().backward()
+
+
+def test_device_cpu_moves_a_cuda_capture_to_the_cpu(tmp_path, monkeypatch):
+    """Without a device, a capture made on CUDA is refused here (the one device error); with
+    ``device="cpu"`` it is validated on the CPU, in training too: the captured output, RNG state and
+    gradients (another device's draws) give way to the original module run on the CPU."""
+    from modulelens.device import DeviceUnavailable
+
+    _capture_drop_gate(tmp_path, monkeypatch, device="cuda:0")
+    with pytest.raises(DeviceUnavailable) as e:
+        _validate_gate(tmp_path)
+    assert "device 'cuda:0' was asked for" in e.value.message and "[--device cpu]" in e.value.hint
+    r = _validate_gate(tmp_path, device="cpu")
+    assert r.correct, r.reason
+    checks = {c.name: c for c in r.checks}
+    assert checks["training, captured RNG state, against the captured output"].detail.startswith(
+        "skipped: captured on cuda:0"), r.checks
+    assert "output 0 values (gradients, against the original module (captured on cuda:0): weight)" in checks
+    assert r.timing_note.startswith("ran on cpu (captured on cuda:0); training mode checked"), r.timing_note
+    assert _stored_settings(tmp_path, r.report).device == "cpu"
+
+
+def _validate_gate(repo: Path, **kw):
+    req = ValidateModuleRequest(source_text="import torch\nimport torch.nn as nn\n" + DROP_GATE, target="gate",
+                                seeds=1, time=False, claims_training=True, limit=100, **kw)
+    return validate_module(req, ToolContext(repo_root=repo))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_device_cuda_validates_a_cpu_capture_on_the_gpu(scale_capture, tmp_path):
+    r = _validate(scale_capture, _model("return torch.tanh(x) * self.weight"), time=True, device="cuda")
+    assert r.correct, r.reason
+    assert "module forward on cuda (captured on cpu), in eval mode" in r.timing_note, r.timing_note
+    assert r.eager.device == r.candidate.device == "cuda"
+    assert _stored_settings(scale_capture, r.report).device == "cuda"
+    _capture_drop_gate(tmp_path)  # dropout in training: the same RNG state on the GPU on both sides
+    r = _validate_gate(tmp_path, device="cuda")
+    assert r.correct, r.reason
+    assert r.timing_note.startswith("ran on cuda (captured on cpu)"), r.timing_note
 
 
 @pytest.mark.skipif(not CONTAINED, reason="needs namespaces and Landlock")

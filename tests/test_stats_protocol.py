@@ -10,7 +10,6 @@ import pytest
 import torch.nn as nn
 from pydantic import ValidationError
 
-from modulelens.capture.worker_process import read_worker_result
 from modulelens.errors import ModuleLensError
 from modulelens.stats.collector import StatsCollector
 from modulelens.stats.findings import evaluate
@@ -18,6 +17,7 @@ from modulelens.stats.manifest import StatsManifest
 from modulelens.stats.runs import tensor_rows
 from modulelens.stats.schema import CaptureSeries, RunSeries, StatsFinding
 from modulelens.stats.worker import StatsWorkerRequest, StatsWorkerResult
+from modulelens.workers import read_worker_result
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

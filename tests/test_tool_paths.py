@@ -192,3 +192,83 @@ def test_allow_outside_reads_it_and_the_reply_says_from_where(captured: Path, pr
     data = r.structured_content
     assert data["source_file"] == str((planted / "model_new.py").resolve())
     assert any("outside the project" in w and str(planted) in w and "allow_outside" in w for w in data["warnings"])
+
+
+# --------------------------------------------------------------------------------------------
+# Inputs: scripts and pack files a tool reads
+# --------------------------------------------------------------------------------------------
+
+
+TINY_SCRIPT = """import torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
+print(float(model(torch.randn(2, 4)).sum()))
+"""
+
+
+@pytest.fixture
+def scripted(project: Path) -> Path:
+    """The project with a tiny script, a folder named like a pack and a file that is not a pack;
+    the server's working directory (elsewhere) holds a decoy script of the same name."""
+    (project / "train.py").write_text(TINY_SCRIPT)
+    (project / "folder.pack").mkdir()
+    (project / "junk.pack").write_text("not a pack")
+    (Path.cwd() / "train.py").write_text("raise SystemExit('the decoy in the server cwd ran')\n")
+    return project
+
+
+def _error(r: Any) -> str:
+    text = r.content[0].text
+    assert r.is_error and "Traceback" not in text and "Error executing tool" not in text, text
+    assert len(text.splitlines()) <= 2, text  # the message, then the hint
+    return text
+
+
+MISSING_INPUTS = [  # (tool, arguments, the argument named, the path as resolved, relative to the project)
+    ("run", {"script": "missing.py", "pack": "k"}, "script 'missing.py' not found", "missing.py"),
+    ("run", {"script": "train.py", "pack": "gone/k.pack"}, "pack 'gone/k.pack' is neither a file", "gone/k.pack"),
+    ("run", {"script": "train.py", "pack": "folder.pack"}, "pack 'folder.pack' is a folder, not a file",
+     "folder.pack"),
+    ("check_pack", {"pack": "gone.pack"}, "pack 'gone.pack' is neither a file", "gone.pack"),
+    ("capture_module", {"script": "sub/missing.py"}, "script 'sub/missing.py' not found", "sub/missing.py"),
+    ("capture_ops", {"ref": "missing.py"}, "ref 'missing.py' not found", "missing.py"),
+    ("gather_stats", {"script": "missing.py"}, "script 'missing.py' not found", "missing.py"),
+    ("gather_stats", {"script": "folder.pack"}, "script 'folder.pack' is a folder", "folder.pack"),
+    ("push", {"ref": "folder.pack", "kind": "packs", "to": "wandb://team/proj"}, "ref 'folder.pack' is a folder",
+     "folder.pack"),
+]
+
+
+@pytest.mark.parametrize("tool,arguments,named,resolved", MISSING_INPUTS,
+                         ids=[f"{t}-{next(iter(a.values()))}" for t, a, _, _ in MISSING_INPUTS])
+def test_mcp_resolves_an_input_path_in_the_project_and_refuses_a_missing_one_in_one_line(
+        scripted: Path, tool: str, arguments: dict[str, Any], named: str, resolved: str):
+    before = _tree(scripted)
+    text = _error(_mcp(scripted / ".modulelens", tool, arguments))
+    first = text.splitlines()[0]
+    assert named in first and str(scripted / resolved) in first, text  # the argument, the path as resolved
+    assert str(scripted) in text.splitlines()[-1]  # the fix: relative paths are taken from the project folder
+    assert _tree(scripted) == before
+
+
+def test_a_relative_pack_file_is_read_from_the_project_not_the_server_cwd(scripted: Path):
+    (Path.cwd() / "junk.pack").write_text("{}")  # a decoy: read from here, the error would differ
+    for tool, arguments in (("check_pack", {"pack": "junk.pack"}),
+                            ("run", {"script": "train.py", "pack": "junk.pack"})):
+        text = _error(_mcp(scripted / ".modulelens", tool, arguments))
+        assert f"{scripted / 'junk.pack'} is not a modulelens pack (not JSON" in text, text
+
+
+def test_a_relative_script_runs_from_the_project_and_the_reply_names_it(scripted: Path):
+    r = _mcp(scripted / ".modulelens", "capture_module", {"script": "train.py", "module": "0", "export": False})
+    assert not r.is_error, r.content[0].text
+    assert r.structured_content["script_file"] == str(scripted / "train.py")
+    assert r.structured_content["module_path"] == "0"
+
+
+def test_the_cli_reads_a_relative_input_from_the_shell_folder(app, scripted: Path, monkeypatch):
+    shell = scripted / "existing"
+    monkeypatch.chdir(shell)
+    r = CliRunner().invoke(app, ["run", "train.py", "--pack", "k", "--repo", str(scripted / ".modulelens")])
+    assert r.exit_code == 2 and r.stdout == "", r.output
+    assert f"script 'train.py' not found: {shell / 'train.py'} does not exist" in r.stderr.splitlines()[0], r.stderr

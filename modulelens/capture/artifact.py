@@ -38,7 +38,8 @@ from modulelens.capture.manifest import (
     RunSource,
     StoredSource,
 )
-from modulelens.capture.spec import ModuleSpec, referenced_modules
+from modulelens.capture.spec import ModuleSpec
+from modulelens.capture.spec_walk import referenced_modules
 from modulelens.capture.tracer import CapturedCall
 from modulelens.capture.values import class_path
 from modulelens.repo import Artifact, Repository

@@ -23,7 +23,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from modulelens.capture.spec import TensorSpec, tensor_leaves
+from modulelens.capture.spec import TensorSpec
+from modulelens.capture.spec_walk import tensor_leaves
 from modulelens.capture.values import Decoder, TensorSource, keyed_tensors
 
 BUFFER_PREFIX = "module."

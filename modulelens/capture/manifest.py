@@ -16,7 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from modulelens.capture.spec import ModuleSpec, TensorSpec, ValueKind, tensor_leaves
+from modulelens.capture.spec import ModuleSpec, TensorSpec, ValueKind
+from modulelens.capture.spec_walk import tensor_leaves
 from modulelens.repo import Artifact, ManifestBase
 
 KIND = "captures"

@@ -30,7 +30,8 @@ from typing import Any
 
 from modulelens.capture.manifest import CaptureManifest, capture_manifest
 from modulelens.capture.sources import definitions_source
-from modulelens.capture.spec import ModuleSpec, SpecVisitor, TensorSpec, ValueKind, referenced_modules
+from modulelens.capture.spec import ModuleSpec, SpecVisitor, TensorSpec, ValueKind
+from modulelens.capture.spec_walk import referenced_modules
 from modulelens.errors import ModuleLensError
 from modulelens.repo import Artifact
 from modulelens.repo.trust import require_trusted

@@ -33,7 +33,7 @@ from modulelens.capture.leafcall import BUFFER_PREFIX, LeafSource, call_state, c
 from modulelens.capture.manifest import ActivationStorage
 from modulelens.capture.sharded import is_sharded, substituted
 from modulelens.capture.sources import Resolver
-from modulelens.capture.spec import tensor_leaves
+from modulelens.capture.spec_walk import tensor_leaves
 from modulelens.capture.values import Decoder, Encoder, TensorSink, Unrecorded, flatten, keyed_tensors
 from modulelens.numerics import diff, tolerances
 

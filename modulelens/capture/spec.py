@@ -13,11 +13,14 @@ This module is the one place that knows the fields of each kind:
   with that kind's fields (``enum(cls, member)``, ``sequence(kind, items, cls)``, ...); child specs
   are passed as they are stored, and a method visits them when it needs their values. This is the
   one traversal: the decoder (:class:`modulelens.capture.values.Decoder`), the repro renderer,
-  :func:`tensor_leaves`, :func:`referenced_modules`, the kernel templates' call decoder and the
+  the walkers of :mod:`modulelens.capture.spec_walk`, the kernel templates' call decoder and the
   prompt describer are visitors.
 * :class:`SpecWriter` writes specs: the same methods, returning the spec of those fields (the
   encoder uses it), so ``SpecWriter().visit(spec) == spec`` for every kind.
-* :class:`SpecWalker` visits every node of a spec, for visitors that collect something.
+* :class:`~modulelens.capture.spec_walk.SpecWalker` (in :mod:`modulelens.capture.spec_walk`, with
+  :func:`~modulelens.capture.spec_walk.tensor_leaves` and
+  :func:`~modulelens.capture.spec_walk.referenced_modules`) visits every node of a spec, for
+  visitors that collect something.
 
 Specs written by earlier versions have the same form; a kind this version does not know is an
 :class:`UnknownValueKind` error (a newer modulelens wrote it).
@@ -519,143 +522,6 @@ class SpecWriter(SpecVisitor[Any]):
             spec["at"] = at
         return spec
 
-
-class SpecWalker(SpecVisitor[None]):
-    """Visits every node of a spec depth-first, in stored order (dict keys before their values,
-    constructor arguments before keyword arguments). Override :meth:`tensor` or
-    :meth:`class_ref` to collect what a spec holds; the other methods only walk."""
-
-    def class_ref(self, path: str) -> None:
-        """Called for every ``module:qualname`` the spec refers to (classes and functions)."""
-
-    def scalar(self, value: Scalar) -> None:
-        pass
-
-    def tensor(self, spec: TensorSpec) -> None:
-        pass
-
-    def nonfinite_float(self, text: str) -> None:
-        pass
-
-    def dtype(self, name: str) -> None:
-        pass
-
-    def device(self, name: str) -> None:
-        pass
-
-    def torch_constant(self, name: str) -> None:
-        pass
-
-    def size(self, dims: list[int]) -> None:
-        pass
-
-    def enum(self, cls: str, member: str) -> None:
-        self.class_ref(cls)
-
-    def type_ref(self, cls: str) -> None:
-        self.class_ref(cls)
-
-    def callable_ref(self, path: str) -> None:
-        self.class_ref(path)
-
-    def complex_number(self, real: float, imag: float) -> None:
-        pass
-
-    def slice(self, start: Any, stop: Any, step: Any) -> None:
-        for part in (start, stop, step):
-            self.visit(part)
-
-    def ellipsis(self) -> None:
-        pass
-
-    def number(self, cls: str, value: int | float) -> None:
-        self.class_ref(cls)
-
-    def sequence(self, kind: ValueKind, items: list[Any], cls: str | None) -> None:
-        if cls is not None:
-            self.class_ref(cls)
-        for item in items:
-            self.visit(item)
-
-    def mapping(self, items: list[tuple[Any, Any]], cls: str | None) -> None:
-        if cls is not None:
-            self.class_ref(cls)
-        for key, value in items:
-            self.visit(key)
-            self.visit(value)
-
-    def default_mapping(self, items: list[tuple[Any, Any]], factory: Any, cls: str | None) -> None:
-        self.mapping(items, cls)
-        self.visit(factory)
-
-    def set_value(self, items: list[Any], frozen: bool, cls: str | None) -> None:
-        if cls is not None:
-            self.class_ref(cls)
-        for item in items:
-            self.visit(item)
-
-    def range_value(self, start: int, stop: int, step: int) -> None:
-        pass
-
-    def path(self, cls: str, text: str) -> None:
-        self.class_ref(cls)
-
-    def datetime_value(self, cls: str, iso: str) -> None:
-        self.class_ref(cls)
-
-    def timedelta_value(self, days: int, seconds: int, microseconds: int) -> None:
-        pass
-
-    def record(self, kind: ValueKind, cls: str, fields: dict[str, Any]) -> None:
-        self.class_ref(cls)
-        for value in fields.values():
-            self.visit(value)
-
-    def object_state(self, cls: str, state: dict[str, Any]) -> None:
-        self.class_ref(cls)
-        for value in state.values():
-            self.visit(value)
-
-    def module(self, spec: ModuleSpec) -> None:
-        self.class_ref(spec.cls)
-        for arg in spec.args:
-            self.visit(arg)
-        for value in spec.kwargs.values():
-            self.visit(value)
-
-    def unrecorded(self, type_path: str, text: str, why: str, at: str = "") -> None:
-        pass
-
-
-class _TensorCollector(SpecWalker):
-    def __init__(self) -> None:
-        self.found: list[TensorSpec] = []
-
-    def tensor(self, spec: TensorSpec) -> None:
-        self.found.append(spec)
-
-
-class _ClassModuleCollector(SpecWalker):
-    def __init__(self) -> None:
-        self.found: set[str] = set()
-
-    def class_ref(self, path: str) -> None:
-        if ":" in path:
-            self.found.add(path.split(":", 1)[0])
-
-
-def tensor_leaves(spec: Any) -> list[TensorSpec]:
-    """Every tensor inside a spec, in stored order."""
-    collector = _TensorCollector()
-    collector.visit(spec)
-    return collector.found
-
-
-def referenced_modules(spec: Any) -> set[str]:
-    """Names of the modules defining every class and function a spec refers to."""
-    collector = _ClassModuleCollector()
-    collector.visit(spec)
-    return collector.found
 
 
 class _SequenceItems(SpecVisitor[list[Any]]):

@@ -47,9 +47,9 @@ from modulelens.capture.leafcall import BUFFER_PREFIX, call_state, changed_state
 from modulelens.capture.manifest import ActivationStorage
 from modulelens.capture.sharded import gathered, read_inside_call, substituted
 from modulelens.capture.slicing import RowSlicer, preslice
-from modulelens.capture.spec import tensor_leaves
+from modulelens.capture.spec_walk import tensor_leaves
 from modulelens.capture.unrecorded import describe, watch_points, watching_reads
-from modulelens.capture.values import Encoder, TensorSink, Unrecorded, keyed_tensors
+from modulelens.capture.values import Encoder, TensorSink, Unrecorded, keyed_tensors, tensors_in
 from modulelens.errors import CaptureFailed
 from modulelens.wrappers import WRAPPER_CLASSES, strip_wrapper_prefix
 
@@ -293,7 +293,7 @@ class Tracer:
             self.busy = False
         self.captured = captured
         if opts.backward:
-            if not any(t.requires_grad for t in _tensors(out)):
+            if not any(t.requires_grad for t in tensors_in(out)):
                 captured.backward_notes.append(
                     "no output requires grad (eval/no_grad at the call): backward was not captured"
                 )
@@ -407,7 +407,7 @@ class Tracer:
         load_buffers(module, captured.weights)
         captured.gradients_by_rerun = True
         out = self._watched_forward(module, args, kwargs, init_found, captured)
-        outputs = _tensors(out)
+        outputs = tensors_in(out)
 
         def on_output(g: torch.Tensor, i: int) -> None:
             if captured.grad_output is None:
@@ -477,12 +477,6 @@ class Tracer:
             sample = [n for n in self.seen_names if n and n.count(".") <= 1][:30]
             hint = (f"did you mean {', '.join(close)}?" if close else "") + f" module names seen: {', '.join(sample)}"
         return CaptureFailed(f"no module matching {self.target.text!r} was called", hint.strip())
-
-
-def _tensors(value: Any) -> list[torch.Tensor]:
-    from modulelens.capture.values import flatten
-
-    return [x for x in flatten(value) if isinstance(x, torch.Tensor)]
 
 
 def _same(t: torch.Tensor) -> torch.Tensor:

@@ -407,6 +407,11 @@ def flatten(value: Any) -> list[Any]:
     return [value]
 
 
+def tensors_in(value: Any) -> list[torch.Tensor]:
+    """The tensors among the leaves of ``value`` (:func:`flatten`), in the same order."""
+    return [x for x in flatten(value) if isinstance(x, torch.Tensor)]
+
+
 def restore_dataclass(cls: type, state: dict[str, Any]) -> Any:
     """A dataclass instance with exactly ``state``: built from its init fields, then every recorded
     attribute set as recorded (what ``__post_init__`` derived, extras and private attributes).

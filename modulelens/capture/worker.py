@@ -1,8 +1,8 @@
 """The capture worker, both sides: ``python -m modulelens.capture.worker REQUEST.json OUT_DIR``.
 
 The user's script runs in this worker, never in the caller's process (see
-:mod:`modulelens.capture.worker_process`), and the process simply ends after the capture. Under
-``torchrun`` every rank runs the worker; each writes ``OUT_DIR/result-rank<R>.json``.
+:mod:`modulelens.workers`), and the process simply ends after the capture. Under ``torchrun``
+every rank runs the worker and writes its own result.
 
 Parent side: :func:`capture_script` turns :class:`ScriptCaptureOptions` (the ``capture_module``
 request) into a :class:`CaptureWorkerRequest`, and :func:`run_capture_worker` sends it and reads the
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -22,12 +21,9 @@ from pydantic import BaseModel, Field
 
 from modulelens.capture.budget import DEFAULT_CAPTURE_BYTES
 from modulelens.capture.runner import default_name, is_kernelbench_file
-from modulelens.capture.worker_process import WorkerResult, read_worker_result, run_worker_process, worker_main
 from modulelens.errors import CaptureFailed, ModuleLensError
 from modulelens.repo import Repository, validate_name
-
-REQUEST_FILE = "request.json"
-RESULT_GLOB = "result-rank*.json"
+from modulelens.workers import WorkerResult, WorkerRun, launch_worker, worker_main
 
 
 class ScriptCaptureOptions(BaseModel):
@@ -92,14 +88,6 @@ class CaptureWorkerResult(WorkerResult):
 
 
 @dataclass(frozen=True)
-class CaptureRun:
-    """The results of every rank (in rank-file order) and the last lines the run printed."""
-
-    results: list[CaptureWorkerResult]
-    output_tail: str
-
-
-@dataclass(frozen=True)
 class ScriptCapture:
     """What :func:`capture_script` wrote: ``refs`` (one per capturing rank, by rank), notes of the
     ranks that captured, and the last lines the run printed."""
@@ -116,40 +104,19 @@ class ScriptCapture:
 
 # -- parent side ------------------------------------------------------------------------------
 
-def _worker_command(nproc: int, request_file: Path, out_dir: Path) -> list[str]:
-    worker = [str(request_file), str(out_dir)]
-    if nproc > 1:
-        return [
-            sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc-per-node={nproc}", "-m", "modulelens.capture.worker", *worker,
-        ]
-    return [sys.executable, "-m", "modulelens.capture.worker", *worker]
-
-
-def run_capture_worker(request: CaptureWorkerRequest, *, nproc: int, timeout: float) -> CaptureRun:
-    """Run the capture in a worker process (under torchrun when ``nproc`` > 1; its output relayed to
-    stderr) and read what each
-    rank wrote. Raises the first failure a rank reported, or :class:`CaptureFailed` when the
-    worker timed out or ended without writing any result."""
+def run_capture_worker(
+    request: CaptureWorkerRequest, *, nproc: int, timeout: float
+) -> WorkerRun[CaptureWorkerResult]:
+    """Run the capture in a worker process (under torchrun when ``nproc`` > 1) and read what each
+    rank wrote (:func:`~modulelens.workers.launch_worker`). Raises the first failure a rank
+    reported, :class:`CaptureFailed` when the worker timed out, and
+    :class:`~modulelens.workers.WorkerDied` when it ended without writing any result."""
     timeout_error = CaptureFailed(
         f"the script did not reach the capture within {timeout:.0f} s and was stopped",
         "raise [--timeout], or check that the target module is called early in the run",
     )
-    with tempfile.TemporaryDirectory(prefix="modulelens-capture-") as tmp:
-        out_dir = Path(tmp)
-        request_file = out_dir / REQUEST_FILE
-        request_file.write_text(request.model_dump_json())
-        cmd = _worker_command(nproc, request_file, out_dir)
-        done = run_worker_process(cmd, relay_to_stderr=True, timeout=timeout, timeout_error=timeout_error)
-        files = sorted(out_dir.glob(RESULT_GLOB))
-        if not files:
-            raise CaptureFailed(
-                f"the capture worker ended (exit code {done.code}) without a result",
-                "the script may have crashed the interpreter (segfault, out of memory); last output:\n"
-                + done.output_tail[-1500:],
-            )
-        results = [read_worker_result(f, CaptureWorkerResult) for f in files]
-    return CaptureRun(results=[r for r in results if r is not None], output_tail=done.output_tail)
+    return launch_worker("modulelens.capture.worker", request, CaptureWorkerResult, what="capture",
+                         timeout=timeout, timeout_error=timeout_error, nproc=nproc)
 
 
 def capture_script(options: ScriptCaptureOptions, repo: Repository) -> ScriptCapture:
@@ -173,7 +140,7 @@ def capture_script(options: ScriptCaptureOptions, repo: Repository) -> ScriptCap
         run = run_capture_worker(request, nproc=options.nproc, timeout=options.timeout)
     finally:
         repo.remove_stale_tmp()  # a worker killed while it wrote (timeout, cancelled call) left its folder
-    written = sorted((r for r in run.results if r.ref), key=lambda r: r.rank)
+    written = sorted((r for r in run.results.values() if r.ref), key=lambda r: r.rank)
     if not written:
         raise CaptureFailed(f"no rank captured (ranks {options.ranks!r})", "choose ranks that exist in the run")
     return ScriptCapture(
@@ -246,9 +213,7 @@ def run(request: CaptureWorkerRequest) -> CaptureWorkerResult:
 
 
 def main(argv: list[str]) -> None:
-    rank = os.environ.get("RANK", "0")
-    worker_main(run, Path(argv[0]), Path(argv[1]) / f"result-rank{rank}.json", "capture",
-                request_model=CaptureWorkerRequest)
+    worker_main(run, argv, "capture", CaptureWorkerRequest)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ from modulelens.cli.formats import printable, printable_value
 from modulelens.cli.progress import ProgressReporter, progress_mode
 from modulelens.cli.views import generic_view, left_out_notes, view_for
 from modulelens.errors import CallWriter, ModuleLensError, render
+from modulelens.jobs.process import run_as_job
 from modulelens.registry import Tool, ToolContext, ToolRegistry
 from modulelens.replies import NextCall, rendered_reply
 from modulelens.repo import default_repo_root
@@ -113,7 +114,7 @@ def _run_tool(tool: Tool, data: dict[str, Any], specs: dict[str, FieldSpec], com
         with ProgressReporter(tool.cli_name, mode) as progress:  # gone before anything else is printed
             ctx = ToolContext(repo_root=common.repo if common.repo is not None else default_repo_root(),
                               progress=progress, workdir=Path.cwd())
-            result = tool.fn(request, ctx)
+            result = run_as_job(tool, request, ctx)  # a long call is listed as a job meanwhile (the UI shows it)
     except ModuleLensError as exc:
         _fail(exc.message, exc.hint, type(exc).__name__, common.as_json, tools)
     if common.as_json:

@@ -13,7 +13,8 @@ from pydantic import BaseModel
 
 from modulelens.cli.tables import ELLIPSIS, Cell
 
-__all__ = ["dtype_short", "dtypes_cell", "elided", "list_cell", "number", "percent", "seconds", "shape", "shapes_cell"]
+__all__ = ["dtype_short", "dtypes_cell", "elided", "list_cell", "number", "percent", "seconds", "shape", "shapes_cell",
+           "speedup"]
 
 _DTYPE_PREFIXES = (("bfloat", "bf"), ("float", "f"), ("uint", "u"), ("int", "i"), ("complex", "c"))
 
@@ -65,6 +66,11 @@ def seconds(s: float | None) -> str:
     if s < 1e-3:
         return f"{s * 1e6:.2f} us"
     return f"{s * 1e3:.3f} ms" if s < 1 else f"{s:.3f} s"
+
+
+def speedup(x: float | None) -> str:
+    """``1.25x``, or ``-`` when unknown."""
+    return f"{x:.2f}x" if x is not None else "-"
 
 
 def percent(x: float | None) -> str:

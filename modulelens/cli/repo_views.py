@@ -6,25 +6,20 @@ from __future__ import annotations
 from rich.console import Group, RenderableType
 from rich.text import Text
 
+from modulelens.cli.formats import speedup
+from modulelens.cli.styles import VERDICT_STYLE
 from modulelens.cli.tables import Cell, Column, FittedTable, kv_table
 from modulelens.tools.lists import ListPacksResult, ListReportsResult, ListSearchesResult
 from modulelens.tools.show import ShowPackResult, ShowReportResult
 
 __all__ = ["REPO_VIEWS"]
 
-_STYLE = {"custom": "green", "wrapper": "yellow", "rejected": "red"}
-
-
-def _speedup(x: float | None) -> str:
-    return f"{x:.2f}x" if x is not None else "-"
-
-
 def list_searches_view(r: ListSearchesResult, wide: bool) -> RenderableType:
     table = FittedTable([Column("search", "key", style="cyan"), Column("targets", "key"),
                          Column("best", "value"), Column("runs", "value", justify="right", drop=1),
                          Column("provider", "value", drop=0)], title=f"searches in {r.repo}", wide=wide)
     for s in r.searches:
-        best = ", ".join(f"{o.target}: {_speedup(o.speedup_vs_eager)}" for o in s.best if o.best_candidate) or "-"
+        best = ", ".join(f"{o.target}: {speedup(o.speedup_vs_eager)}" for o in s.best if o.best_candidate) or "-"
         table.add_row(s.search_id, ", ".join(s.targets), best, str(s.runs), f"{s.provider}/{s.backend}")
     return table
 
@@ -46,8 +41,8 @@ def list_reports_view(r: ListReportsResult, wide: bool) -> RenderableType:
                          Column("verdict", "value"), Column("speedup", "value", justify="right")],
                         title=f"validation reports in {r.repo}", wide=wide)
     for e in r.reports:
-        table.add_row(e.report, e.candidate, Cell((e.verdict,), style=_STYLE.get(e.verdict, "")),
-                      _speedup(e.speedup_vs_eager))
+        table.add_row(e.report, e.candidate, Cell((e.verdict,), style=VERDICT_STYLE.get(e.verdict, "")),
+                      speedup(e.speedup_vs_eager))
     return table
 
 
@@ -61,8 +56,8 @@ def show_pack_view(r: ShowPackResult, wide: bool) -> RenderableType:
                          Column("check hits", "value", justify="right", drop=0)], wide=wide)
     for e in r.entries:
         run = "-" if e.run_hits is None else " ".join(f"{k} {n}" for k, n in e.run_hits.items()) or "0"
-        table.add_row(e.candidate_id, e.target, e.phase, Cell((e.verdict,), style=_STYLE.get(e.verdict, "")),
-                      _speedup(e.speedup_vs_eager), e.shape_rule or "exact", "yes" if e.dispatched else "no", run,
+        table.add_row(e.candidate_id, e.target, e.phase, Cell((e.verdict,), style=VERDICT_STYLE.get(e.verdict, "")),
+                      speedup(e.speedup_vs_eager), e.shape_rule or "exact", "yes" if e.dispatched else "no", run,
                       "-" if e.check_hits is None else str(e.check_hits))
     uses = [Text(f"last {what}: {u.summary} ({u.subject})") for what, u in (("run", r.last_run), ("check", r.last_check))
             if u is not None]
@@ -70,8 +65,8 @@ def show_pack_view(r: ShowPackResult, wide: bool) -> RenderableType:
 
 
 def show_report_view(r: ShowReportResult, wide: bool) -> RenderableType:
-    rows: list[tuple[str, str | Cell]] = [("verdict", Cell((f"{r.verdict}: {r.reason}",), style=_STYLE[r.verdict])),
-                                          ("stage", r.stage), ("speedup", f"{_speedup(r.speedup_vs_eager)} vs eager")]
+    rows: list[tuple[str, str | Cell]] = [("verdict", Cell((f"{r.verdict}: {r.reason}",), style=VERDICT_STYLE[r.verdict])),
+                                          ("stage", r.stage), ("speedup", f"{speedup(r.speedup_vs_eager)} vs eager")]
     failed = [c for c in r.checks if not c.passed]
     parts: list[RenderableType] = [kv_table(rows, title=f"report {r.ref} ({r.backend})")]
     parts += [Text(f"failed: {c.name}: {c.detail}", style="red") for c in failed]

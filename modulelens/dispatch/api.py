@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from modulelens.capture.values import tensors_in
 from modulelens.dispatch.pack import read_pack
 from modulelens.dispatch.runtime import DEFAULT_MECHANISM, DispatchReport, Mechanism, PackRuntime
 
@@ -91,7 +92,7 @@ class AppliedPack:
     def _ended(self, model: torch.nn.Module, args: Any, output: Any) -> None:
         self.runtime.deactivate()
         if self.runtime.tables and torch.is_grad_enabled():
-            first = next((t for t in _tensors(output) if t.grad_fn is not None), None)
+            first = next((t for t in tensors_in(output) if t.grad_fn is not None), None)
             if first is not None:
                 first.grad_fn.register_prehook(self._backward_started)
 
@@ -108,12 +109,6 @@ class AppliedPack:
             h.remove()
         self._hooks = []
         self.runtime.uninstall()
-
-
-def _tensors(value: Any) -> list[torch.Tensor]:
-    from modulelens.capture.values import flatten
-
-    return [t for t in flatten(value) if isinstance(t, torch.Tensor)]
 
 
 def apply_pack(model: torch.nn.Module, path: str | os.PathLike[str], *, allow_env_mismatch: bool = False,

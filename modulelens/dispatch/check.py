@@ -26,6 +26,7 @@ import torch
 from pydantic import BaseModel, Field
 
 from modulelens.device import require
+from modulelens.capture.values import tensors_in
 from modulelens.dispatch.runtime import DEFAULT_MECHANISM, EntryReport, Mechanism, PackRuntime
 from modulelens.dispatch.sources import CaptureReplay
 from modulelens.repo import Repository
@@ -52,16 +53,10 @@ class CaptureCheck(BaseModel):
     detail: str = ""
 
 
-def _tensors(value: Any) -> list[torch.Tensor]:
-    from modulelens.capture.values import flatten
-
-    return [t for t in flatten(value) if isinstance(t, torch.Tensor)]
-
-
 def _agree(got: Any, want: Any) -> tuple[bool, float, str]:
     from modulelens.numerics import diff, tolerances
 
-    g, w = _tensors(got), _tensors(want)
+    g, w = tensors_in(got), tensors_in(want)
     if len(g) != len(w):
         return False, float("inf"), f"{len(g)} output tensors, {len(w)} expected"
     worst, ok, why = 0.0, True, ""
@@ -113,7 +108,7 @@ def check_capture(repo: Repository, ref: str, make_runtime: Any, min_run_time: f
             set_rng_states(rng)
         with torch.set_grad_enabled(True):
             out = module(*own, **kwargs)
-        pairs = [(o, g.to(o.device, o.dtype)) for o, g in zip(_tensors(out), grad_outputs) if g is not None
+        pairs = [(o, g.to(o.device, o.dtype)) for o, g in zip(tensors_in(out), grad_outputs) if g is not None
                  and o.requires_grad]
         if pairs:
             torch.autograd.backward([p[0] for p in pairs], [p[1] for p in pairs])

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from modulelens.capture.values import tensors_in
 from modulelens.dispatch.pack import PackEntry
 
 
@@ -63,12 +64,6 @@ def share_state(new: torch.nn.Module, live: torch.nn.Module) -> None:
             owner._parameters[leaf] = value
         else:
             owner._buffers[leaf] = value
-
-
-def _tensors(value: Any) -> list[torch.Tensor]:
-    from modulelens.capture.values import flatten
-
-    return [t for t in flatten(value) if isinstance(t, torch.Tensor)]
 
 
 def own_backward_node(node: Any, source_module: str) -> bool:
@@ -115,11 +110,11 @@ def guarded_forward(runtime: Any, module: torch.nn.Module, guarded: Any, repl: M
             finally:
                 runtime.leave_module()
             if torch.is_grad_enabled():
-                outs = [t for t in _tensors(out) if t.grad_fn is not None]
+                outs = [t for t in tensors_in(out) if t.grad_fn is not None]
                 if outs and own_backward_node(outs[0].grad_fn, source_module):
                     outs[0].grad_fn.register_prehook(lambda grads: live.count("backward"))
                 elif outs and runtime.has_backward_op_entries:
-                    mark_backward_region(outs, _tensors((args, kwargs)), runtime)
+                    mark_backward_region(outs, tensors_in((args, kwargs)), runtime)
             return out
         return go
 

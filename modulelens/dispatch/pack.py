@@ -178,10 +178,6 @@ def _canonical(content: Any) -> bytes:
     return json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def content_sha256(content: PackContent) -> str:
-    return hashlib.sha256(_canonical(content.model_dump(mode="json"))).hexdigest()
-
-
 def write_pack(path: Path, content: PackContent) -> str:
     """Write ``content`` to ``path``; returns its sha256."""
     data = content.model_dump(mode="json")

@@ -68,11 +68,6 @@ GRAD_OFF, GRAD_ON, INFERENCE = 0, 1, 2
 MODE_NAMES = {GRAD_OFF: "grad mode off", GRAD_ON: "grad mode on", INFERENCE: "inference mode"}
 
 
-def current_mode() -> int:
-    """The mode a call is made in: :data:`INFERENCE`, else :data:`GRAD_ON` or :data:`GRAD_OFF`."""
-    return INFERENCE if _is_inference() else int(_is_grad_enabled())
-
-
 def _value_key(value: Any) -> Any:
     if isinstance(value, _Tensor):
         return ("T", value.shape, value.stride(), value.dtype, value.device.type)

@@ -1,7 +1,7 @@
 """Run an unmodified script with a pack applied, in a worker process, and record its steps.
 
-The parent (:func:`run_script`) starts ``python -m modulelens.dispatch.worker REQUEST OUT`` with
-a :class:`ScriptRunRequest`; the worker runs the script as ``__main__`` (as capture does) inside
+The parent (:func:`run_script`) starts ``python -m modulelens.dispatch.worker REQUEST OUT_DIR`` with
+a :class:`ScriptRunRequest` (:func:`~modulelens.workers.launch_worker`); the worker runs the script as ``__main__`` (as capture does) inside
 :func:`~modulelens.dispatch.api.use_pack` when a pack is given, and writes a
 :class:`ScriptRunOutcome`: the exit code, the dispatch report, and what the script's steps did:
 
@@ -22,10 +22,7 @@ interval (:func:`step_ratio`).
 
 from __future__ import annotations
 
-import json
 import statistics
-import sys
-import tempfile
 import time
 import weakref
 from pathlib import Path
@@ -34,9 +31,9 @@ from typing import Any
 import torch
 from pydantic import BaseModel, Field
 
-from modulelens.capture.worker_process import run_worker_process
 from modulelens.dispatch.runtime import DEFAULT_MECHANISM, DispatchReport, Mechanism
 from modulelens.errors import ModuleLensError
+from modulelens.workers import WorkerResult, launch_worker
 
 
 class ScriptRunRequest(BaseModel):
@@ -49,10 +46,7 @@ class ScriptRunRequest(BaseModel):
     mechanism: Mechanism = DEFAULT_MECHANISM
 
 
-class ScriptRunOutcome(BaseModel):
-    ok: bool = True
-    error: str | None = None
-    hint: str | None = None
+class ScriptRunOutcome(WorkerResult):
     exit_code: int = 0
     script_error: str | None = Field(None, description="How the script ended, when not normally.")
     report: DispatchReport | None = None
@@ -238,22 +232,11 @@ def run_in_worker(request: ScriptRunRequest) -> ScriptRunOutcome:
 
 def run_script(request: ScriptRunRequest, timeout: float) -> tuple[ScriptRunOutcome, str]:
     """Run the script in a worker process (its output relayed to stderr); returns its outcome and the last lines it printed."""
-    with tempfile.TemporaryDirectory(prefix="modulelens-run-") as tmp:
-        req_file, out_file = Path(tmp) / "request.json", Path(tmp) / "result.json"
-        req_file.write_text(request.model_dump_json())
-        done = run_worker_process(
-            [sys.executable, "-m", "modulelens.dispatch.worker", str(req_file), str(out_file)],
-            relay_to_stderr=True, timeout=timeout,
-            timeout_error=ModuleLensError(f"the script did not finish within {timeout:.0f} s and was stopped",
-                                          "raise [--timeout] or run fewer steps"))
-        code, tail = done.code, done.output_tail
-        if not out_file.is_file():
-            raise ModuleLensError(f"the run worker ended (exit code {code}) without a result",
-                                  "the script may have crashed the interpreter; last output:\n" + tail[-1500:])
-        outcome = ScriptRunOutcome.model_validate(json.loads(out_file.read_text()))
-    if not outcome.ok:
-        raise ModuleLensError(outcome.error or "the run failed", outcome.hint)
-    return outcome, tail
+    run = launch_worker(
+        "modulelens.dispatch.worker", request, ScriptRunOutcome, what="run", timeout=timeout,
+        timeout_error=ModuleLensError(f"the script did not finish within {timeout:.0f} s and was stopped",
+                                      "raise [--timeout] or run fewer steps"))
+    return run.result(), run.output_tail
 
 
 def typical_step(seconds: list[float]) -> float | None:

@@ -43,13 +43,15 @@ class CandidateRecord(BaseModel):
 
 def candidate_record(repo: Repository, candidate_id: str) -> CandidateRecord:
     """The record of a stored card-level or module-level candidate (see the module docstring)."""
+    from modulelens.kernels.candidates import CANDIDATES
     from modulelens.kernels.module_candidates import is_module_candidate
 
-    art = repo.open("candidates", candidate_id)
+    art = repo.open(CANDIDATES, candidate_id)
     return _module_record(repo, candidate_id) if is_module_candidate(art) else _card_record(repo, candidate_id)
 
 
 def _card_record(repo: Repository, candidate_id: str) -> CandidateRecord:
+    from modulelens.capture.manifest import KIND as CAPTURES
     from modulelens.capture.manifest import capture_manifest
     from modulelens.kernels.candidates import candidate_manifest, load_candidate
     from modulelens.ops.cards import open_card, sample_call
@@ -60,7 +62,7 @@ def _card_record(repo: Repository, candidate_id: str) -> CandidateRecord:
     card_id = candidate_manifest(art).target.card_id
     opset_art, card = open_card(repo, card_id)
     opset = opset_art.manifest_as(OpSetManifest)
-    cap_art = repo.open("captures", opset.capture)
+    cap_art = repo.open(CAPTURES, opset.capture)
     capture = capture_manifest(cap_art)
     args, kwargs, _, synthesized = sample_call(opset_art, card, 0, device=card.device)
     if synthesized:
@@ -75,13 +77,14 @@ def _card_record(repo: Repository, candidate_id: str) -> CandidateRecord:
 def _module_record(repo: Repository, candidate_id: str) -> CandidateRecord:
     from safetensors.torch import save
 
+    from modulelens.capture.manifest import KIND as CAPTURES
     from modulelens.capture.manifest import capture_manifest
     from modulelens.capture.replay import LoadedCapture
     from modulelens.kernels.module_candidates import MODULE_BACKEND, load_module_candidate
     from modulelens.validation.stored_reports import latest_report
 
     art, cand, target = load_module_candidate(repo, candidate_id)
-    cap_art = repo.open("captures", target.capture)
+    cap_art = repo.open(CAPTURES, target.capture)
     cap = capture_manifest(cap_art)
     loaded = LoadedCapture(cap_art)
     args, kwargs = loaded.inputs()
@@ -110,10 +113,11 @@ class CaptureReplay:
     and RNG state, and the mode it ran in."""
 
     def __init__(self, repo: Repository, ref: str):
+        from modulelens.capture.manifest import KIND as CAPTURES
         from modulelens.capture.manifest import capture_manifest
         from modulelens.capture.replay import LoadedCapture
 
-        art = repo.open("captures", ref)
+        art = repo.open(CAPTURES, ref)
         manifest = capture_manifest(art)
         self.ref = art.ref
         self.training = manifest.training

@@ -12,7 +12,9 @@ anywhere on a repository is seen and can be stopped from everywhere:
 * cancelling asks the job process to cancel its call (see :mod:`modulelens.cancellation`: the
   code waiting on the tool's workers kills their process groups and the tool leaves the
   repository consistent), and kills it when the tool has not stopped within ``CANCEL_WAIT_S``;
-* a job's files are removed a week after it ended (by a later start).
+* a job's files are removed a week after it ended (by a later start);
+* a front end that runs a long call in its own process (the CLI) records it as a job it owns
+  (:func:`~modulelens.jobs.process.run_as_job`): listed, followed and stopped the same way.
 
 Sampling is not available inside a job (there is no request to carry it).
 """

@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 
 from modulelens.errors import ReferenceNotFound
 from modulelens.repo import default_repo_root
-from modulelens.repo.owners import owner_alive
+from modulelens.repo.owners import owner_alive, this_process
 
 JOBS_DIR = ".jobs"
 CANCEL_WAIT_S = 30.0  # how long a cancelled job's tool has to stop its workers before it is killed
@@ -27,6 +27,12 @@ KEEP_FINISHED_S = 7 * 24 * 3600.0  # a finished job's files are removed by a lat
 POLL_S = 0.25
 LOG_TAIL_BYTES = 16_384
 JOB_PROCESS = "modulelens.jobs.process"
+# The tools that may outlast a client's request timeout: MCP offers the job tools for these, and the
+# CLI shows its own calls of them as jobs (see :meth:`JobTable.attach`).
+LONG_TOOLS = ("capture_module", "gather_stats", "validate_kernel", "generate_kernel",
+              "optimize", "capture_ops", "profile", "export_repro", "replay_module", "run")
+# The request field that says what a job acts on, for the UI's job table (the first one given).
+SUBJECT_FIELDS = ("ref", "candidate", "capture", "script", "card", "search_id", "targets")
 _JOB_ID = re.compile(r"^[a-z0-9_]+-[0-9a-f]{8}$")
 
 JobState = Literal["running", "done", "failed", "cancelled"]
@@ -70,6 +76,15 @@ def write_record(path: Path, record: JobRecord) -> None:
     os.replace(tmp, path)
 
 
+def job_subject(arguments: dict[str, Any]) -> str:
+    """What a call with ``arguments`` acts on (the first of ``SUBJECT_FIELDS`` given), for people."""
+    for name in SUBJECT_FIELDS:
+        value = arguments.get(name)
+        if value:
+            return ", ".join(map(str, value)) if isinstance(value, list) else str(value)
+    return ""
+
+
 def cancel_marker(record_path: Path) -> Path:
     """The file whose presence asks the job of ``record_path`` to stop."""
     return record_path.with_suffix(".cancel")
@@ -91,19 +106,33 @@ class JobTable:
               action: str | None = None, cwd: Path | None = None) -> JobRecord:
         """Start ``tool`` on ``arguments`` (already validated against its request) in a detached job
         process (its own session, running in ``cwd``), and return its first record."""
-        folder = self.folder
-        folder.mkdir(parents=True, exist_ok=True)
-        self._forget_old(folder)
-        record = JobRecord(job=f"{tool}-{secrets.token_hex(4)}", tool=tool, arguments=arguments,
-                           label=label or tool, subject=subject, action=action, state="running",
-                           started_at=now_iso(), message="starting")
-        path = folder / f"{record.job}.json"
-        write_record(path, record)
+        path, record = self._new(tool, arguments, label=label, subject=subject, action=action)
         with open(path.with_suffix(".log"), "ab") as log:
             proc = subprocess.Popen([sys.executable, "-m", JOB_PROCESS, str(path)], stdin=subprocess.DEVNULL,
                                     stdout=log, stderr=log, cwd=cwd, env=job_environment(), start_new_session=True)
         threading.Thread(target=_reap, args=(proc, path), daemon=True).start()
         return record
+
+    def attach(self, tool: str, arguments: dict[str, Any]) -> Path:
+        """Record a call this process runs itself (the CLI's) as a running job that it owns, and
+        return the record's path: it is read, waited on and stopped like any job (a stop is a
+        SIGTERM to this process, see :func:`modulelens.jobs.process.attached_job`)."""
+        subject = job_subject(arguments)
+        path, _ = self._new(tool, arguments, label=f"{tool} {subject}".strip(), subject=subject, action=None,
+                            owner=this_process())
+        return path
+
+    def _new(self, tool: str, arguments: dict[str, Any], *, label: str, subject: str, action: str | None,
+             owner: str = "") -> tuple[Path, JobRecord]:
+        folder = self.folder
+        folder.mkdir(parents=True, exist_ok=True)
+        self._forget_old(folder)
+        record = JobRecord(job=f"{tool}-{secrets.token_hex(4)}", tool=tool, arguments=arguments,
+                           label=label or tool, subject=subject, action=action, state="running",
+                           started_at=now_iso(), message="starting", owner=owner)
+        path = folder / f"{record.job}.json"
+        write_record(path, record)
+        return path, record
 
     # -- reading ------------------------------------------------------------------------------
     def get(self, job_id: str) -> JobRecord:

@@ -22,6 +22,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from modulelens.errors import ModuleLensError
+from modulelens.kernels.candidates import CANDIDATES
 from modulelens.repo import Artifact, ManifestBase, Repository
 
 MODULE_BACKEND = "module"
@@ -68,7 +69,7 @@ def save_module_candidate(repo: Repository, target: ModuleTarget, capture: Artif
                                        provider=cand.provider, provenance=cand.provenance,
                                        source_sha256=cand.sha256)
 
-    return repo.create("candidates", module_candidate_name(capture), write)
+    return repo.create(CANDIDATES, module_candidate_name(capture), write)
 
 
 def is_module_candidate(art: Artifact) -> bool:
@@ -76,7 +77,7 @@ def is_module_candidate(art: Artifact) -> bool:
 
 
 def load_module_candidate(repo: Repository, candidate_id: str) -> tuple[Artifact, ModuleCandidate, ModuleTarget]:
-    art = repo.open("candidates", candidate_id)
+    art = repo.open(CANDIDATES, candidate_id)
     if not is_module_candidate(art):
         raise ModuleLensError(f"{art.ref} is not a module-level candidate", "give a <capture>.module:vN candidate id")
     m = art.manifest_as(ModuleCandidateManifest)

@@ -26,16 +26,12 @@ from pydantic import BaseModel, Field, ValidationError
 from modulelens.arguments import parse_json_text, unknown_names
 from modulelens.errors import ModuleLensError
 from modulelens.jobs import JobRecord, JobState, JobTable
+from modulelens.jobs.table import LONG_TOOLS, job_subject
 from modulelens.mcp_server.calls import error_text, validation_text
 from modulelens.registry import Tool, ToolContext, ToolRegistry, tool
 from modulelens.replies import NextCall, ToolReply, call
 
-# The tools that may outlast a client's request timeout: the job tools are offered for these.
-LONG_TOOLS = ("capture_module", "gather_stats", "validate_kernel", "generate_kernel",
-              "optimize", "capture_ops", "profile", "export_repro", "replay_module", "run")
 MAX_WAIT_S = 50.0  # below the common 60 s client request timeout
-# The request field that says what a job acts on, for the UI's job table (the first one given).
-SUBJECT_FIELDS = ("ref", "candidate", "capture", "script", "card", "search_id", "targets")
 
 
 class JobStatus(ToolReply):
@@ -69,14 +65,6 @@ def job_status_of(record: JobRecord) -> JobStatus:
     else:
         status.warnings = [f"the job {status.state}: {status.error or 'no reason recorded'}"]
     return status
-
-
-def _subject(arguments: dict[str, Any]) -> str:
-    for name in SUBJECT_FIELDS:
-        value = arguments.get(name)
-        if value:
-            return ", ".join(map(str, value)) if isinstance(value, list) else str(value)
-    return ""
 
 
 class StartJobRequest(BaseModel):
@@ -114,7 +102,7 @@ def job_tools(tools: ToolRegistry) -> list[Tool]:
         except ValidationError as exc:
             raise ModuleLensError(validation_text(exc), None) from None
         data = checked.model_dump(mode="json", exclude_unset=True)
-        subject = _subject(data)
+        subject = job_subject(data)
         record = JobTable(ctx.repo_root).start(chosen.name, data, label=f"{chosen.name} {subject}".strip(),
                                                subject=subject)
         return job_status_of(record)

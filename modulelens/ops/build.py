@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel, Field
 
+from modulelens.capture.manifest import KIND as CAPTURES
 from modulelens.capture.manifest import CaptureManifest, capture_manifest
 from modulelens.capture.replay import LoadedCapture
 from modulelens.capture.tracer import set_rng_states
@@ -111,7 +112,7 @@ class _ModuleRunner:
 def record_opset(repo: Repository, capture_ref: str, options: RecordOptions) -> Artifact:
     """Record the operators the capture ``capture_ref`` runs and store them as a new version of
     the opset named like the capture. Returns the stored opset."""
-    art = repo.open("captures", capture_ref)
+    art = repo.open(CAPTURES, capture_ref)
     m = capture_manifest(art)
     _check_inputs(art, m, options.allow_synthesized)
     device = require(m.environment.device, can_choose=False)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from modulelens.capture.manifest import KIND as CAPTURES
 from modulelens.ops.model import KIND, OpSetManifest
 from modulelens.repo import Repository
 
@@ -33,7 +34,7 @@ def opset_entries(repo: Repository, capture: str | None = None) -> list[OpsetEnt
     wanted = None
     names = repo.names(KIND)
     if capture:
-        cap_name, cap_version = repo.resolve("captures", capture)
+        cap_name, cap_version = repo.resolve(CAPTURES, capture)
         wanted = f"{cap_name}:v{cap_version}"
         names = [n for n in names if n == cap_name]
     out = []

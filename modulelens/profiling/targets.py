@@ -18,6 +18,7 @@ import torch
 from pydantic import BaseModel, Field
 
 from modulelens.callbacks import ProgressFn
+from modulelens.capture.manifest import KIND as CAPTURES
 from modulelens.capture.manifest import capture_manifest
 from modulelens.capture.replay import LoadedCapture
 from modulelens.device import require
@@ -125,7 +126,7 @@ def _card_call(repo: Repository, card_id: str, options: ProfileOptions) -> _Time
 
 
 def _capture_call(repo: Repository, ref: str, options: ProfileOptions) -> _Timed:
-    art = repo.open("captures", ref)
+    art = repo.open(CAPTURES, ref)
     m = capture_manifest(art)
     device = _on(options.device, m.environment.device)
     loaded = LoadedCapture(art, device=device)

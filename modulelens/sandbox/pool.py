@@ -25,7 +25,6 @@ import select
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -39,6 +38,7 @@ from modulelens.cancellation import CallCancelled, cancel_requested
 from modulelens.sandbox import protocol
 from modulelens.sandbox.forkserver import environment_key
 from modulelens.sandbox.worker_messages import CrashedResult, StageReport, WorkerKind, WorkerResult
+from modulelens.workers import how_it_ended, module_command
 
 _ALLOW = re.compile(
     r"^(PATH|LANG|LC_\w+|TZ|TERM|CUDA_\w+|NVIDIA_\w+|LD_LIBRARY_PATH|OMP_\w+|MKL_\w+|OPENBLAS_\w+|KMP_\w+|"
@@ -87,8 +87,7 @@ class SandboxWorker:
         self._result_r, result_w = os.pipe()
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "modulelens.sandbox.worker", runner, str(task_r), str(result_w),
-                 str(memory_limit_mb)],
+                module_command("modulelens.sandbox.worker", [runner, str(task_r), str(result_w), str(memory_limit_mb)]),
                 pass_fds=(task_r, result_w), stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                 cwd=self.scratch, env=template_environment(self.scratch), start_new_session=True,
             )
@@ -153,13 +152,7 @@ class SandboxWorker:
                 code = self.proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 return "stopped answering"
-        if code < 0:
-            try:
-                name = signal.Signals(-code).name
-            except ValueError:
-                name = f"signal {-code}"
-            return f"crashed with {name}"
-        return f"exited with code {code}"
+        return how_it_ended(code)
 
     def kill(self) -> None:
         if self.alive():

@@ -29,7 +29,6 @@ import os
 import platform
 import resource
 import select
-import signal
 import socket
 import struct
 import sys
@@ -115,13 +114,10 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def _exit_reason(status: int) -> str:
+    from modulelens.workers import how_it_ended
+
     code = os.waitstatus_to_exitcode(status)
-    if code < 0:
-        try:
-            return f"crashed with {signal.Signals(-code).name}"
-        except ValueError:
-            return f"crashed with signal {-code}"
-    return f"exited with code {code} without a result"
+    return how_it_ended(code) + (" without a result" if code >= 0 else "")
 
 
 def _one_task(runner: Any, task_fd: int, result_fd: int, service: Any) -> bool:

@@ -33,6 +33,7 @@ from modulelens.repo import Repository
 from modulelens.search.executors import EvalResult, EvalTask, Executor, LocalExecutor, RemeasureRequest, store_result
 from modulelens.search.expansion import Expander, Proposal
 from modulelens.search.model import (
+    SEARCHES,
     NodeRecord,
     SearchManifest,
     SearchResult,
@@ -305,7 +306,7 @@ def _versus_compile(run: _Run, target: _Target, candidate_id: str) -> float | No
 
 def _new_search_id(repo: Repository, targets: list[SearchTarget], key: str) -> str:
     stem = f"opt-{candidate_name(targets[0].card_id)}-{key[:6]}"
-    taken = set(repo.names("searches"))
+    taken = set(repo.names(SEARCHES))
     if stem not in taken:
         return stem
     return next(f"{stem}-{i}" for i in range(2, 10_000) if f"{stem}-{i}" not in taken)
@@ -318,7 +319,7 @@ def start_or_resume(repo: Repository, targets: list[SearchTarget], settings: Sea
     resumed search are the ones given now."""
     key = search_key(targets, settings)
     existing = None
-    if search_id is not None and repo.versions("searches", search_id):
+    if search_id is not None and repo.versions(SEARCHES, search_id):
         existing = open_search(repo, search_id)
     elif search_id is None and not new:
         existing = find_search(repo, key)

@@ -39,11 +39,12 @@ def _no_progress(done: float, total: float | None = None, message: str | None = 
 
 def _module_candidates(repo: Repository, capture: Artifact) -> list[tuple[Artifact, Any]]:
     """(candidate, its module candidate) of every module candidate stored for ``capture``."""
+    from modulelens.kernels.candidates import CANDIDATES
     from modulelens.kernels.module_candidates import load_module_candidate, module_candidate_name
 
     name = module_candidate_name(capture)
     out = []
-    for v in repo.versions("candidates", name):
+    for v in repo.versions(CANDIDATES, name):
         art, cand, target = load_module_candidate(repo, f"{name}:v{v}")
         if target.capture == capture.ref:
             out.append((art, cand))
@@ -175,12 +176,13 @@ def search_module(repo: Repository, capture_ref: str, settings: SearchSettings,
     ``provider`` overrides the provider named in the settings (tests drive fakes through it);
     ``search_id`` marks the LLM children (their spend counts to that search's ``max_cost``);
     ``spent_usd`` is what the rest of the search has spent."""
+    from modulelens.capture.manifest import KIND as CAPTURES
     from modulelens.capture.manifest import capture_manifest
     from modulelens.kernels.module_candidates import ModuleCandidate, ModuleTarget, save_module_candidate
     from modulelens.kernels.module_templates import FAMILY
     from modulelens.validation.module_runs import validate_stored_module
 
-    capture = repo.open("captures", capture_ref)
+    capture = repo.open(CAPTURES, capture_ref)
     manifest = capture_manifest(capture)
     target = ModuleTarget(capture=capture.ref, class_path=manifest.class_path, module_path=manifest.module_path)
     outcome = ModuleOutcome(capture=capture.ref, class_path=manifest.class_path)

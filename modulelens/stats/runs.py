@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from modulelens.capture.manifest import KIND as CAPTURES
 from modulelens.listing import LeftOut
 from modulelens.replies import ToolReply
 from modulelens.repo import Artifact, Repository
@@ -96,7 +97,7 @@ def tensor_rows(series: CaptureSeries | RunSeries) -> list[TensorStatsRow]:
 def capture_tensor_rows(repo: Repository, ref: str) -> tuple[Artifact, list[TensorStatsRow], list[str]]:
     """Statistics of every tensor a capture holds, computed now and stored nowhere: the capture,
     its rows and the notes (shape-only tensors)."""
-    art = repo.open("captures", ref)
+    art = repo.open(CAPTURES, ref)
     series = capture_series(art)
     return art, tensor_rows(series), list(series.notes)
 

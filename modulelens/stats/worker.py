@@ -1,9 +1,8 @@
 """Statistics over a script in a worker process: both sides of the protocol.
 
-Caller side (:func:`gather_script_stats`): write a :class:`StatsWorkerRequest` as JSON, run
-``python -m modulelens.stats.worker REQUEST.json OUT_DIR`` (under torchrun with ``nproc`` > 1) and
-read ``OUT_DIR/result.json`` (rank 0's ``result-rank0.json``) as a :class:`StatsWorkerResult`, with
-the shared protocol of :mod:`modulelens.capture.worker_process`.
+Caller side (:func:`gather_script_stats`): run ``python -m modulelens.stats.worker REQUEST.json
+OUT_DIR`` on a :class:`StatsWorkerRequest` (under torchrun with ``nproc`` > 1) and read rank 0's
+:class:`StatsWorkerResult`, with the shared launcher of :mod:`modulelens.workers`.
 
 Worker side (:func:`run`): the user's script runs here unmodified, as ``__main__``, with a
 :class:`~modulelens.stats.collector.StatsCollector` installed (root model found at its first
@@ -23,20 +22,19 @@ from __future__ import annotations
 import math
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from modulelens.capture.worker_process import WorkerResult, read_worker_result, run_worker_process, worker_main
 from modulelens.errors import CaptureFailed, ModuleLensError
 from modulelens.stats.collector import DEFAULT_EVERY
 from modulelens.stats.records import StepRecord
 from modulelens.stats.schema import NanOrigin
 from modulelens.stats.series import DEFAULT_EMA
 from modulelens.stats.stats import DEFAULT_SAMPLE
+from modulelens.workers import WorkerResult, distributed_rank, launch_worker, worker_main
 
 
 class StatsWorkerRequest(BaseModel):
@@ -58,7 +56,8 @@ class StatsWorkerRequest(BaseModel):
     thresholds: dict[str, float] = Field(default_factory=dict)
     stop_at: float | None = Field(None, description="time.time() at which to end the run at the next step boundary")
     nproc: int = Field(1, ge=1, description="processes under torchrun; rank 0 merges every rank's statistics")
-    out_dir: str = Field("", description="the worker's folder (result files; per-rank records under torchrun)")
+    out_dir: str = Field("", description="the worker's folder (per-rank records under torchrun); the worker sets it "
+                         "from its command line")
     nan_rerun: bool = Field(True, description="rerun the script to find where NaN/Inf is born when a sampled step "
                             "held them")
     mode: Literal["stats", "nan_origin"] = Field("stats", description="nan_origin: the rerun (checks every step up to "
@@ -83,26 +82,13 @@ def gather_script_stats(request: StatsWorkerRequest, *, timeout: float) -> tuple
     """Caller side: run the statistics worker on ``request`` (its output relayed to stderr, never
     to stdout, which may be the MCP wire); returns its result and the last lines the script printed. A failed run
     raises its ModuleLensError."""
-    with tempfile.TemporaryDirectory(prefix="modulelens-stats-") as tmp:
-        req_file = Path(tmp) / "request.json"
-        req_file.write_text(request.model_copy(update={"out_dir": tmp}).model_dump_json())
-        worker = ["-m", "modulelens.stats.worker", str(req_file), tmp]
-        if request.nproc > 1:
-            worker = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={request.nproc}", *worker]
-        cmd = [sys.executable, *worker]
-        timeout_error = CaptureFailed(
-            f"the script ran past [--timeout] ({timeout:.0f} s) without reaching an optimizer step, and was "
-            "stopped", "raise [--timeout], or check that the script trains (optimizer.step()) early",
-        )
-        done = run_worker_process(cmd, relay_to_stderr=True, timeout=timeout, timeout_error=timeout_error)
-        result = read_worker_result(Path(tmp) / result_name(0 if request.nproc > 1 else None), StatsWorkerResult)
-    if result is None:
-        raise CaptureFailed(
-            f"the statistics worker ended (exit code {done.code}) without a result",
-            "the script may have crashed the interpreter (segfault, out of memory); last output:\n"
-            + done.output_tail[-1500:],
-        )
-    return result, done.output_tail
+    timeout_error = CaptureFailed(
+        f"the script ran past [--timeout] ({timeout:.0f} s) without reaching an optimizer step, and was "
+        "stopped", "raise [--timeout], or check that the script trains (optimizer.step()) early",
+    )
+    run = launch_worker("modulelens.stats.worker", request, StatsWorkerResult, what="statistics", timeout=timeout,
+                        timeout_error=timeout_error, nproc=request.nproc)
+    return run.result(0), run.output_tail
 
 
 def first_nonfinite(records: list[StepRecord]) -> StepRecord | None:
@@ -140,16 +126,6 @@ def find_nan_origin(request: StatsWorkerRequest, stop_step: int, timeout: float)
 def _rerun_budget(request: StatsWorkerRequest, first_run_s: float) -> float:
     left = (request.stop_at - time.time()) if request.stop_at else RERUN_MAX_S
     return max(0.0, min(RERUN_MAX_S, 2 * first_run_s + RERUN_MIN_S, left - 30.0))
-
-
-def result_name(rank: int | None) -> str:
-    """The result file of a worker: ``result.json``, or ``result-rank{rank}.json`` under torchrun."""
-    return "result.json" if rank is None else f"result-rank{rank}.json"
-
-
-def _distributed_rank() -> int | None:
-    """This process's rank under torchrun (None outside a distributed launch)."""
-    return int(os.environ["RANK"]) if "RANK" in os.environ and "WORLD_SIZE" in os.environ else None
 
 
 def _count_compile_calls() -> list[int]:
@@ -248,7 +224,7 @@ def run(request: StatsWorkerRequest) -> StatsWorkerResult:
         notes.append(f"the script stopped early: {where}; statistics cover the steps before it")
     collector.notes.extend(notes)
     merged = None
-    rank = _distributed_rank()
+    rank = distributed_rank()
     if rank is not None and request.nproc > 1:
         from modulelens.stats.ranks import merge_ranks, read_ranks, write_rank
 
@@ -276,8 +252,10 @@ def run(request: StatsWorkerRequest) -> StatsWorkerResult:
 
 
 def main(argv: list[str]) -> None:
-    worker_main(run, Path(argv[0]), Path(argv[1]) / result_name(_distributed_rank()), "statistics",
-                request_model=StatsWorkerRequest)
+    def run_here(request: StatsWorkerRequest) -> StatsWorkerResult:
+        return run(request.model_copy(update={"out_dir": argv[1]}))
+
+    worker_main(run_here, argv, "statistics", StatsWorkerRequest)
 
 
 if __name__ == "__main__":

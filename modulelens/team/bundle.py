@@ -9,6 +9,7 @@ whoever pulls it sees how it validated.
 
 from __future__ import annotations
 
+from modulelens.capture.manifest import KIND as CAPTURES
 from modulelens.errors import ModuleLensError
 from modulelens.kernels.candidates import CANDIDATES, CandidateManifest
 from modulelens.kernels.module_candidates import ModuleCandidateManifest, is_module_candidate
@@ -21,8 +22,6 @@ from modulelens.stats.manifest import StatsManifest
 from modulelens.team.model import REMOTE_KINDS, LocalRef, PushItem, origin_alias
 from modulelens.team.packs import PACKS, PackManifest, open_pack
 from modulelens.validation.stored_reports import REPORTS, ReportManifest, report_name
-
-CAPTURES = "captures"
 
 
 def input_refs(art: Artifact) -> list[tuple[str, str]]:

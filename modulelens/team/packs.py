@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field
 from modulelens.dispatch.pack import STORED_PACK_FILE, PackEnvironment, pack_is_trusted, verify_pack_file
 from modulelens.dispatch.results import PackUse, latest_results, pack_use
 from modulelens.errors import InvalidName, ModuleLensError, tool_call
+from modulelens.paths import input_path, resolve
 from modulelens.repo import Artifact, ManifestBase, Repository, validate_name
 
 PACKS = "packs"
@@ -102,17 +103,27 @@ def usable_path(kind: str, folder: Path) -> Path:
     return folder / STORED_PACK_FILE if kind == PACKS else folder
 
 
-def pack_file(repo: Repository, ref: str) -> Path:
-    """The pack file ``ref`` names: a path to a pack file, or a stored pack's reference
-    (``NAME``, ``NAME:vN``, ``NAME@tag``)."""
-    path = Path(ref).expanduser()
-    if path.is_file():
-        return path.resolve()
+def given_pack_file(ref: str, base: Path, field: str = "pack") -> Path | None:
+    """The pack file a ``pack`` argument names when something exists at ``ref`` resolved against
+    ``base`` (the project folder of the call, see :mod:`modulelens.paths`): it must be a regular
+    file. None when nothing is there: ``ref`` is then a stored pack's reference."""
+    if ref.strip() and "\x00" not in ref and not (Path(base) / Path(ref).expanduser()).exists():
+        return None
+    return input_path(ref, base, field)
+
+
+def pack_file(repo: Repository, ref: str, base: Path) -> Path:
+    """The pack file ``ref`` names: a pack file (relative paths from ``base``, the project folder),
+    or a stored pack's reference (``NAME``, ``NAME:vN``, ``NAME@tag``)."""
+    given = given_pack_file(ref, base)
+    if given is not None:
+        return given
     try:
         return usable_path(PACKS, repo.open(PACKS, ref).path)
     except (ModuleLensError, InvalidName):
-        raise ModuleLensError(f"no pack file and no stored pack named {ref!r}",
-                              f"give a pack file, or a stored pack: {tool_call('list', kind='packs')}") from None
+        raise ModuleLensError(f"pack {ref!r} is neither a file ({resolve(ref, base)} does not exist) nor a stored pack",
+                              f"give a pack file (an absolute path, or one relative to the project folder "
+                              f"{Path(base).absolute()}) or a stored pack: {tool_call('list', kind='packs')}") from None
 
 
 def stored_pack_for(repo: Repository, sha256: str) -> Artifact | None:

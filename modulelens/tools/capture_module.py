@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 from pydantic import Field
 
 from modulelens.capture.manifest import KIND
 from modulelens.capture.summary import CaptureSummary, capture_warnings, summarize
 from modulelens.capture.worker import ScriptCaptureOptions, capture_script
+from modulelens.paths import input_path
 from modulelens.registry import ToolContext, tool
 from modulelens.replies import ToolReply, call
 from modulelens.repo import Repository
@@ -26,6 +26,7 @@ class CaptureModuleResult(CaptureSummary, ToolReply):
     script_output_tail: str = Field("", description="Last lines the script printed.")
     seconds: float = Field(0.0, description="Wall time of the whole capture run.")
     pushed: str | None = Field(None, description="Where --push sent the capture (wandb://ENTITY/PROJECT/NAME:ALIAS).")
+    script_file: str = Field("", description="The script or KernelBench file that ran (resolved).")
 
 
 @tool
@@ -35,9 +36,10 @@ def capture_module(req: CaptureModuleRequest, ctx: ToolContext) -> CaptureModule
     repo = Repository(ctx.repo_root)
     if req.push:
         check_push_target(req.push)  # before the run: a bad address or missing login fails fast
-    ctx.progress(0, 1, f"running {Path(req.script).name} until {req.module or 'the model'} is called")
+    script = input_path(req.script, ctx.project, "script")
+    ctx.progress(0, 1, f"running {script.name} until {req.module or 'the model'} is called")
     t0 = time.perf_counter()
-    done = capture_script(req, repo)
+    done = capture_script(req.model_copy(update={"script": str(script)}), repo)
     seconds = time.perf_counter() - t0
     summary = summarize(repo.open(KIND, done.ref))
     summary.notes = summary.notes + done.notes
@@ -46,5 +48,5 @@ def capture_module(req: CaptureModuleRequest, ctx: ToolContext) -> CaptureModule
     return CaptureModuleResult(
         warnings=capture_warnings(summary), next=[call("replay_module", ref=summary.ref), call("capture_ops", ref=summary.ref)],
         **summary.model_dump(), captures=done.refs, script_output_tail=done.output_tail[-4000:],
-        seconds=round(seconds, 3), pushed=pushed,
+        seconds=round(seconds, 3), pushed=pushed, script_file=str(script),
     )

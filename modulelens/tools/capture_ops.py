@@ -10,6 +10,7 @@ from modulelens.capture.worker import ScriptCaptureOptions, capture_script
 from modulelens.listing import MAX_ITEMS
 from modulelens.ops.build import RecordOptions, record_opset
 from modulelens.ops.summary import OpSetSummary, summarize_opset
+from modulelens.paths import input_path
 from modulelens.registry import ToolContext, tool
 from modulelens.replies import call
 from modulelens.repo import Repository
@@ -28,7 +29,8 @@ class CaptureOpsRequest(RecordOptions):
 
 def _capture_first(req: CaptureOpsRequest, ctx: ToolContext) -> str:
     """Capture the module from the script named by ``req.ref`` first; returns the capture's ref."""
-    options = ScriptCaptureOptions(script=req.ref, script_args=req.script_args, module=req.module,
+    script = input_path(req.ref, ctx.project, "ref")
+    options = ScriptCaptureOptions(script=str(script), script_args=req.script_args, module=req.module,
                                    max_tensor_bytes=req.max_tensor_bytes, backward=req.backward)
     return capture_script(options, Repository(ctx.repo_root)).ref
 
@@ -37,7 +39,8 @@ def _capture_first(req: CaptureOpsRequest, ctx: ToolContext) -> str:
 def capture_ops(req: CaptureOpsRequest, ctx: ToolContext) -> OpSetSummary:
     """Record a capture's aten operators as cards with samples, ranked by time share."""
     repo = Repository(ctx.repo_root)
-    ref = _capture_first(req, ctx) if Path(req.ref).suffix == ".py" or Path(req.ref).is_file() else req.ref
+    is_script = Path(req.ref).suffix == ".py" or (ctx.project / Path(req.ref).expanduser()).is_file()
+    ref = _capture_first(req, ctx) if is_script else req.ref
     opset = record_opset(repo, ref, req)
     summary = summarize_opset(repo, opset.ref, top=req.top)
     if summary.cards:

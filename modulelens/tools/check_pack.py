@@ -32,6 +32,7 @@ class CheckPackResult(ToolReply):
     checks: list[CaptureCheck]
     left_out: list[LeftOut] = Field(default_factory=list, description="Lists cut short: `limit` captures, and "
                                     "`limit` pack entries shared among them.")
+    pack_file: str = Field("", description="The pack file checked (resolved; a stored pack's pack.json).")
 
 
 @tool
@@ -42,7 +43,8 @@ def check_pack(req: CheckPackRequest, ctx: ToolContext) -> CheckPackResult:
     from modulelens.team.packs import pack_file
 
     repo = Repository(ctx.repo_root)
-    checks, runtime = check(repo, str(pack_file(repo, req.pack)), req.captures,
+    pack_path = pack_file(repo, req.pack, ctx.project)
+    checks, runtime = check(repo, str(pack_path), req.captures,
                             allow_env_mismatch=req.allow_env_mismatch, mechanism=req.mechanism,
                             min_run_time=req.min_run_time)
     not_hit, untested = entry_coverage(runtime, checks)
@@ -52,7 +54,8 @@ def check_pack(req: CheckPackRequest, ctx: ToolContext) -> CheckPackResult:
                f"{hits} hits; " + ("every testable entry hit and matched" if matched and not not_hit else
                                    f"{len(not_hit)} entries not hit" if matched else "a replay did not match"))
     result = CheckPackResult(summary=summary, ok=matched and hits > 0 and not not_hit, hits=hits, not_hit=not_hit,
-                             untested=untested, checks=checks)
+                             untested=untested, checks=checks,
+                             pack_file=str(pack_path))
     if hits == 0:
         result.warnings.append("no pack kernel ran in any replay (0 hits): the pack changes nothing here")
     result.warnings += [f"{c.capture}: with the pack, outputs differ from the captured ones ({c.detail})"

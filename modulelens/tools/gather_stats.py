@@ -4,17 +4,18 @@ with findings and a report."""
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from modulelens.errors import CaptureFailed
+from modulelens.capture.manifest import KIND as CAPTURES
 from modulelens.listing import MAX_ITEMS, LeftOut, keep_first
+from modulelens.paths import input_path
 from modulelens.registry import ToolContext, tool
 from modulelens.replies import ToolReply, call
 from modulelens.repo import Artifact, Repository, validate_name
 from modulelens.stats.collector import DEFAULT_EVERY
+from modulelens.stats.manifest import KIND as STATS
 from modulelens.stats.manifest import TypeRow, stats_manifest
 from modulelens.stats.runs import TensorStatsRow, tensor_rows
 from modulelens.stats.schema import RunSeries, StatsFinding, read_findings, read_series
@@ -103,6 +104,7 @@ class GatherStatsResult(ToolReply):
     path: str = Field("", description="Folder of this version in the repository.")
     notes: list[str] = Field(default_factory=list)
     script_output_tail: str = Field("", description="Last lines the script printed.")
+    script_file: str = Field("", description="The script that ran (resolved); empty for a capture.")
     wandb_run: str | None = Field(None, description="With [--wandb]: the W&B run's URL, or its local folder offline.")
     seconds: float = 0.0
     left_out: list[LeftOut] = Field(default_factory=list, description="Lists cut to `top` items.")
@@ -151,7 +153,7 @@ def gather_stats(req: GatherStatsRequest, ctx: ToolContext) -> GatherStatsResult
     if req.capture:
         from modulelens.stats.artifact import save_capture_stats
 
-        cap = repo.open("captures", req.capture)
+        cap = repo.open(CAPTURES, req.capture)
         name = validate_name(req.name) if req.name else cap.name
         ctx.progress(0, 1, f"statistics of capture {cap.ref}")
         art, _, _ = save_capture_stats(repo, name, cap, plots=req.plots, thresholds=req.thresholds)
@@ -160,12 +162,10 @@ def gather_stats(req: GatherStatsRequest, ctx: ToolContext) -> GatherStatsResult
 
     from modulelens.stats.artifact import default_stats_name
 
-    script = Path(req.script or "").expanduser()
-    if not script.is_file():
-        raise CaptureFailed(f"script {req.script!r} does not exist", "give the path of a Python training script")
+    script = input_path(req.script or "", ctx.project, "script")
     name = validate_name(req.name) if req.name else default_stats_name(script)
     request = StatsWorkerRequest(
-        script=str(script.resolve()), script_args=req.script_args, name=name, repo=str(repo.root), every=req.every,
+        script=str(script), script_args=req.script_args, name=name, repo=str(repo.root), every=req.every,
         steps=req.steps, step_on=req.step_on, eager=req.eager, params=req.params, fx=req.fx, ema=req.ema,
         plots=req.plots, sample=req.sample, thresholds=req.thresholds, nproc=req.nproc, nan_rerun=req.nan_rerun,
         # Stop at a step boundary with time left to store the statistics before the hard limit.
@@ -173,9 +173,10 @@ def gather_stats(req: GatherStatsRequest, ctx: ToolContext) -> GatherStatsResult
     )
     ctx.progress(0, 1, f"running {script.name} with statistics every {req.every} step(s)")
     result, tail = gather_script_stats(request, timeout=req.timeout)
-    art = repo.open("stats", result.ref)
+    art = repo.open(STATS, result.ref)
     ctx.progress(1, 1, f"stored {art.ref}")
     out = _result(art, "script", req.top, tail, time.perf_counter() - t0)
+    out.script_file = str(script)
     if req.wandb:
         from modulelens.stats.wandb_log import log_to_wandb
 

@@ -80,7 +80,3 @@ def keep_breakdown(result: ProfileResult, limit: int | None) -> ProfileResult:
     return keep_first(result, "breakdown", limit, "profile again with a larger [--limit N]")
 
 
-def _fmt_s(s: float | None) -> str:
-    if s is None:
-        return "-"
-    return f"{s * 1e6:.2f} us" if s < 1e-3 else f"{s * 1e3:.3f} ms" if s < 1 else f"{s:.3f} s"

@@ -10,6 +10,7 @@ from modulelens.replies import ToolReply
 from modulelens.repo import Repository
 from modulelens.team.handover import push as push_to_remote
 from modulelens.team.model import PushKind, PushOutcome
+from modulelens.team.packs import PACKS, given_pack_file
 
 
 class PushRequest(BaseModel):
@@ -25,7 +26,8 @@ class PushResult(PushOutcome, ToolReply):
 @tool
 def push(req: PushRequest, ctx: ToolContext) -> PushResult:
     """Push a stored version to W&B (files, checksums, tags, lineage); pull it elsewhere by its address."""
-    outcome = push_to_remote(Repository(ctx.repo_root), req.kind, req.ref, req.to)
+    given = given_pack_file(req.ref, ctx.project, "ref") if req.kind == PACKS else None  # a pack file, not a ref
+    outcome = push_to_remote(Repository(ctx.repo_root), req.kind, str(given) if given else req.ref, req.to)
     result = PushResult(**outcome.model_dump())
     if result.offline:
         result.warnings.append(f"logged offline: nothing was uploaded until the run folder is synced (wandb sync {result.run})")

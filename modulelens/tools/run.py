@@ -11,14 +11,13 @@ gives the outputs (losses) to compare with.
 from __future__ import annotations
 
 import statistics
-from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, Field
 
 from modulelens.dispatch.runtime import DEFAULT_MECHANISM, EntryReport, Mechanism
-from modulelens.errors import ModuleLensError
 from modulelens.listing import MAX_ITEMS, LeftOut, keep_first
+from modulelens.paths import input_path
 from modulelens.registry import ToolContext, tool
 from modulelens.replies import ToolReply, call
 
@@ -71,6 +70,8 @@ class RunResult(ToolReply):
     recorded: str | None = Field(None, description="Where this run was recorded (the stored pack's results).")
     script_output_tail: str = Field("", description="The last lines the script printed (at most 2000 characters).")
     left_out: list[LeftOut] = Field(default_factory=list, description="Lists cut to `limit` items.")
+    script_file: str = Field("", description="The script that ran (resolved).")
+    pack_file: str = Field("", description="The pack file used (resolved; a stored pack's pack.json).")
 
 
 def hits_summary(hits: int, by_phase: dict[str, int], fallbacks: int) -> str:
@@ -88,12 +89,10 @@ def run(req: RunRequest, ctx: ToolContext) -> RunResult:
     from modulelens.repo import Repository
     from modulelens.team.packs import pack_file
 
-    script = Path(req.script).expanduser()
-    if not script.is_file():
-        raise ModuleLensError(f"script {req.script!r} does not exist", "give the path of a Python file")
+    script = input_path(req.script, ctx.project, "script")
     repo = Repository(ctx.repo_root)
-    pack_path = pack_file(repo, req.pack)
-    base = ScriptRunRequest(script=str(script.resolve()), script_args=req.script_args, pack=None,
+    pack_path = pack_file(repo, req.pack, ctx.project)
+    base = ScriptRunRequest(script=str(script), script_args=req.script_args, pack=None,
                             allow_env_mismatch=req.allow_env_mismatch, expect_sha256=req.expect_sha256,
                             mechanism=req.mechanism)
     ctx.progress(0, 2 if req.compare else 1, f"running {script.name} with {req.pack}"
@@ -111,7 +110,8 @@ def run(req: RunRequest, ctx: ToolContext) -> RunResult:
                        entries=with_pack.report.entries, steps=len(with_pack.step_seconds),
                        step_kind=with_pack.step_kind, step_seconds_with=typical_step(with_pack.step_seconds),
                        output_kind=with_pack.output_kind, outputs_with=with_pack.outputs,
-                       environment_notes=with_pack.report.environment_notes, script_output_tail=tail[-OUTPUT_TAIL_CHARS:])
+                       environment_notes=with_pack.report.environment_notes, script_output_tail=tail[-OUTPUT_TAIL_CHARS:],
+                       script_file=str(script), pack_file=str(pack_path))
     if req.compare:
         compare_steps(result, with_pack.step_seconds, with_pack.step_pack_on)
         ctx.progress(1, 2, f"running {script.name} without the pack")

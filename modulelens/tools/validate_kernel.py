@@ -121,9 +121,9 @@ class ValidateModuleResult(ValidationReport, ToolReply):
 def _validate_module(req: ValidateKernelRequest, repo: Repository, ctx: ToolContext, path: Path | None,
                      text: str) -> ValidateModuleResult:
     art, cand, target = _module_candidate(req, repo, path, text)
-    report, rep = validate_stored_module(repo, art, cand, target, time=req.time, seeds=req.seeds, rtol=req.rtol,
-                                         atol=req.atol, timeout=req.timeout, memory_limit_mb=req.memory_limit_mb,
-                                         progress=ctx.progress)
+    report, rep = validate_stored_module(repo, art, cand, target, device=req.device, time=req.time, seeds=req.seeds,
+                                         rtol=req.rtol, atol=req.atol, timeout=req.timeout,
+                                         memory_limit_mb=req.memory_limit_mb, progress=ctx.progress)
     result = ValidateModuleResult(**dict(report), candidate_id=art.ref, target=target.capture, report=rep.ref,
                                   source_file=str(path) if path else None,
                                   warnings=outside_warnings(path, ctx.project, ctx.repo_root) + report_warnings(report))

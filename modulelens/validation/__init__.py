@@ -3,8 +3,8 @@ candidates) for correctness, wrapper use and speed, and storing the verdicts.
 
 The caller's side (:mod:`.sandboxed`) sends a task to a sandbox worker of kind
 :data:`.messages.VALIDATION_WORKER` and turns its answer into a stored report; inside the worker
-:data:`.tasks.RUNNER` hands each task to a checker (:mod:`.card`, :mod:`.module`, both built on
-:mod:`.checker`), which holds the reference, the clock and the verdict; the candidate runs in its
+:data:`.tasks.RUNNER` hands each task to a checker (:mod:`.card`, :mod:`.module` with its steps in
+:mod:`.module_checks`, both built on :mod:`.checker`), which holds the reference, the clock and the verdict; the candidate runs in its
 own contained process (started by :func:`.checker.start_candidate`) under :mod:`.harness`.
 
 Public face (import these from their modules; this ``__init__`` imports nothing, because the

@@ -296,10 +296,6 @@ class CandidateChecker(ReportKeeper):
             raise CandidateFailed(f"the candidate process answered a state request with {reply.kind}")
         return reply.error
 
-    def mapped_since_ready(self) -> set[str]:
-        """Files the candidate's process mapped since :meth:`get_ready` (its memory map, read here)."""
-        return self.proc.mapped_files() - getattr(self, "baseline_maps", set())
-
     def built_symbols(self) -> list[str]:
         """Vendor and past-the-dispatcher ATen symbols imported by the libraries the candidate built
         and loaded (shared objects under its scratch folder or the build cache in its memory map,

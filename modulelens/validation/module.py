@@ -8,35 +8,14 @@ grad, outputs on the captured inputs and on fresh inputs (seeds x normal, unifor
 special values) match the original module's, inputs are not mutated and no output shares the
 inputs' memory (decided here from the arena: the checker inverts the input bytes and has the
 candidate copy its outputs out again; an output that changed shares them, however it was mapped).
-
-Fresh parameters: a pack shares the live model's weights, which training moves away from the
-captured ones, so beside the captured state every candidate is checked with parameters and
-floating buffers drawn afresh (one draw per seed, see :data:`~modulelens.validation.inputs.FRESH_STATE`),
-loaded into both the original and the candidate, on the captured inputs and on fresh ones. The
-report lists what was varied (``varied``) and a rejection names the draw that exposed it.
+Then the steps of :mod:`modulelens.validation.module_checks`: the same with parameters drawn
+afresh, training mode (with the same RNG state, and gradients) for a candidate that claims
+training support, and the sizes of a shape rule the candidate declares.
 
 Tolerance: eager in the captured dtype is not exact either. When an output misses the per-dtype
 tolerance, the original is run again in float64 (an oracle) and the candidate is accepted when its
 error against the oracle is at most :data:`~modulelens.validation.compare.ORACLE_MULTIPLE` times
 eager's own (both errors in the report's ``accuracy``): a candidate more accurate than eager passes.
-
-Shape rule: a candidate may declare the dimensions of ``forward``'s inputs it takes at other sizes
-(``# modulelens-variable-dims: 0.0 0.1`` in its source, positions counting ``forward``'s arguments
-then its keyword arguments, see :mod:`modulelens.kernels.shape_rules`). After the checks above it
-is checked on fresh inputs at sizes that were not captured (:func:`~modulelens.validation.shape_rules.shape_rule_cases`),
-eval like the others and, for a candidate that claims training support, training forward and
-gradients against the original module's; the report's ``shape_rule`` records it as checked, and
-a pack entry admits calls by it.
-
-Training mode (only for a candidate that claims training support, and a capture made in
-training mode): dropout is checked **with the same RNG state**: the CPU/CUDA generators are set
-to the same state before the original and the candidate run, so a candidate that draws its
-dropout masks like eager (same operators, same order) gets the same masks. On the captured
-inputs the output must also match the captured output (the capture stored the RNG state before
-the call). Gradients: with captured gradients (``--backward``), the candidate's parameter and
-input gradients for the captured output gradient must match the captured ones; without, they
-must match the original module's for a random output gradient. A candidate that does not claim
-training support is checked in eval mode only, and the verdict says so.
 
 Custom or wrapper: a candidate is a wrapper when its process ran computing aten operators
 (profiler, a claim), mapped a foreign numerical library or crossed into numpy, or a library it
@@ -54,6 +33,13 @@ system and Python folders, its scratch, the build cache and the capture's ``sys_
 hold neither the repository nor the signing key (the constructor's argument classes import from
 there): the report's ``isolation`` says what was in force, including whether the signing key and
 the repository were out of reach.
+
+Device: the task's ``device`` (``--device``), or the captured one when it is None: the original
+module, its state and the inputs are loaded there in the checker, and the candidate and reference
+processes build their modules there too; a device this machine lacks is a refusal
+(:mod:`modulelens.device`), not a verdict. On another device than the captured one, training is
+checked against the original module there (see :mod:`~modulelens.validation.module_checks`).
+The timing note names the device.
 
 Memory: comparisons stream over chunks and fresh inputs are drawn one case at a time; a capture too
 big for the memory limit even so ends in a clear error naming the sizes and ``--memory-limit-mb``.
@@ -73,15 +59,14 @@ from __future__ import annotations
 import copy
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from modulelens.device import DeviceUnavailable, require
-from modulelens.kernels.shape_rules import declared_rule
+from modulelens.device import DeviceUnavailable, require, same_device
 from modulelens.timing import thread_choice
 from modulelens.validation.candidate_messages import Loaded, LoadModuleRequest
 from modulelens.validation.checker import CandidateChecker, CandidateFailed, ModuleCall, start_candidate
@@ -89,7 +74,7 @@ from modulelens.validation.compare import compare_output, float64_args, judged_b
 from modulelens.validation.denial import DENIAL_EVIDENCE, check_by_denial, numpy_mode
 from modulelens.validation.denial import verdict as denial_verdict
 from modulelens.validation.evidence import FOREIGN_EVIDENCE, LIBRARY_EVIDENCE, NOT_SEEN, computing_ops
-from modulelens.validation.inputs import FRESH_STATE, fresh_inputs, fresh_state, tensors
+from modulelens.validation.inputs import fresh_inputs, tensors
 from modulelens.validation.messages import (
     RefusedResult,
     SandboxResult,
@@ -98,8 +83,8 @@ from modulelens.validation.messages import (
     memory_refusal,
     out_of_memory,
 )
+from modulelens.validation.module_checks import ModuleChecks
 from modulelens.validation.report import ValidationReport
-from modulelens.validation.shape_rules import checked_rule, rule_problem, shape_rule_cases
 from modulelens.validation.timed import (
     ReferenceFailed,
     TimedProcess,
@@ -134,7 +119,7 @@ def readable_sys_path(sys_path: list[str], repo_root: Path) -> list[Path]:
     return out
 
 
-class _ModuleValidator(CandidateChecker):
+class _ModuleValidator(ModuleChecks, CandidateChecker):
     """The checker of one module candidate: the capture, the original module, the reference
     outputs, the clock and the verdict stay here; the candidate runs in a :class:`CandidateProcess`."""
 
@@ -148,15 +133,18 @@ class _ModuleValidator(CandidateChecker):
         self.numpy_bridges: set[str] = set()
 
     def run(self) -> ValidationReport:
+        from modulelens.capture.manifest import KIND as CAPTURES
         from modulelens.capture.manifest import capture_manifest
         from modulelens.capture.replay import LoadedCapture
         from modulelens.repo import Repository
 
         repo = Repository(self.task.repo)
-        art = repo.open("captures", self.task.capture)
+        art = repo.open(CAPTURES, self.task.capture)
         manifest = capture_manifest(art)
-        device = require(manifest.environment.device, can_choose=False)
-        loaded = LoadedCapture(art, device=device)
+        device = require(self.task.device or manifest.environment.device)
+        self.captured_device = manifest.environment.device
+        self.on_captured_device = same_device(device, self.captured_device)
+        loaded = LoadedCapture(art, device=device)  # the module, its state and inputs moved to ``device``
         conf = self.task.confinement  # the caller's list: it knows where the key and the home folder are
         folders = [Path(p) for p in conf.readable] if conf else readable_sys_path(manifest.sys_path, repo.root)
         read_only = [Path(self.task.build_dir), *folders]
@@ -237,7 +225,7 @@ class _ModuleValidator(CandidateChecker):
         self.captured_state = {k: v.detach().clone() for k, v in reference.state_dict().items()}
         claims = cand.claims_training and manifest.training
         self.stage("check")
-        for label, a, k in self._cases(args, kwargs):
+        for label, a, k in self.input_cases(args, kwargs):
             problem = self.check_case(reference, a, k, f"eval, {label}", training=False, rng=None)
             if problem:
                 return self.reject(problem)
@@ -263,18 +251,17 @@ class _ModuleValidator(CandidateChecker):
             if problem:
                 self.report.correct = False
                 return self.reject(problem)
+        else:
+            self.report.timing_note = f"ran {self._where(device)}"
         self.report.stage = "done"
         self.report.timing_note = (self.report.timing_note + "; " if self.report.timing_note else "") + note
         return self._decide(note, lambda checker: self._load(checker, art, manifest, reference, device),
                             reference, args, kwargs)
 
-    def _cases(self, args: list, kwargs: dict) -> Iterator[tuple[str, list, dict]]:
-        """The captured inputs, then fresh inputs per seed and distribution, drawn one at a time."""
-        yield "captured inputs", args, kwargs
-        for seed in self.task.seeds:
-            for dist in self.task.distributions:
-                a, k = fresh_inputs(args, kwargs, seed, dist)
-                yield f"{dist} inputs, seed {seed}", a, k
+    def _where(self, device: str) -> str:
+        """Where the module ran, for the timing note: the device, and whether it is the captured one."""
+        return f"on {device}" + (" (the captured device)" if self.on_captured_device
+                                 else f" (captured on {self.captured_device})")
 
     # -- the verdict ------------------------------------------------------------------------------
     def _decide(self, note: str, load: Callable[[CandidateChecker], Loaded], reference: torch.nn.Module,
@@ -305,7 +292,7 @@ class _ModuleValidator(CandidateChecker):
         if self.task.seeds:
             a, k = fresh_inputs(args, kwargs, self.task.seeds[0], "normal")
             cases.append((f"normal inputs, seed {self.task.seeds[0]}", a, k))
-        calls = [(f"denial, {label}", a, k, tensors(self._reference(reference, a, k, False, None)), ModuleCall(False))
+        calls = [(f"denial, {label}", a, k, tensors(self.run_original(reference, a, k, False, None)), ModuleCall(False))
                  for label, a, k in cases]
         inputs = {label: (a, k) for label, a, k, _, _ in calls}
 
@@ -332,8 +319,9 @@ class _ModuleValidator(CandidateChecker):
         return self.report
 
     # -- one call -----------------------------------------------------------------------------
-    def _reference(self, reference: torch.nn.Module, args: list, kwargs: dict, training: bool,
-                   rng: dict | None) -> Any:
+    def run_original(self, reference: torch.nn.Module, args: list, kwargs: dict, training: bool,
+                     rng: dict | None) -> Any:
+        """The original module's outputs on copies of ``args`` (``rng``: the RNG state set before)."""
         from modulelens.capture.tracer import set_rng_states
 
         reference.train(training)
@@ -387,7 +375,7 @@ class _ModuleValidator(CandidateChecker):
 
     def check_case(self, reference: torch.nn.Module, args: list, kwargs: dict, label: str, training: bool,
                    rng: dict | None) -> str | None:
-        want = tensors(self._reference(reference, args, kwargs, training, rng))
+        want = tensors(self.run_original(reference, args, kwargs, training, rng))
         result = self.call(args, kwargs, want, trace=True, label=label, module_call=ModuleCall(training, rng))
         self.ops.update(computing_ops(result.ops or []))
         for i, (slot, before) in enumerate(result.inputs):
@@ -402,134 +390,6 @@ class _ModuleValidator(CandidateChecker):
         oracle = None if training else (lambda: self._oracle(reference, args, kwargs))
         return self.values_problem(result.outputs, want, label, oracle=oracle)
 
-    # -- shape rule -------------------------------------------------------------------------------
-    def check_shape_rule(self, reference: torch.nn.Module, args: list, kwargs: dict, training: bool) -> str | None:
-        """The variable dimensions the candidate declares (:mod:`modulelens.kernels.shape_rules`,
-        positions counting ``forward``'s arguments then its keyword arguments), checked on fresh
-        inputs at sizes that were not captured: eval like the captured checks, and for a candidate
-        that claims training support also training forward (same RNG state) and its gradients
-        against the original module's. Sets the report's ``shape_rule`` once every case passed."""
-        rule = declared_rule(self.task.candidate.source)
-        if rule is None:
-            return None
-        problem = rule_problem(rule, args, kwargs)
-        if problem:
-            return f"its declared shape rule ({rule.text()}) does not fit the module's call: {problem}"
-        for label, a, k in shape_rule_cases(rule, args, kwargs):
-            problem = self.check_case(reference, a, k, f"eval, {label}", training=False, rng=None)
-            if problem is None and training:
-                problem = self.check_training_case(reference, a, k, label)
-            if problem:
-                return problem
-        self.report.shape_rule = checked_rule(rule, args, kwargs)
-        return None
-
-    def check_training_case(self, reference: torch.nn.Module, args: list, kwargs: dict, label: str) -> str | None:
-        """Training forward with the same RNG state on both sides, then the gradients for a random
-        output gradient against the original module's."""
-        from modulelens.capture.tracer import rng_states
-
-        rng = rng_states()
-        problem = self.check_case(reference, args, kwargs, f"training, same RNG state, {label}", training=True, rng=rng)
-        if problem:
-            return problem
-        ref_inputs, want_params, grad_out = _reference_backward(reference, args, kwargs, rng)
-        return self.compare_gradients(reference, args, kwargs, rng, f"gradients against the original module, {label}",
-                                      grad_out, want_params, {i: g for i, g in enumerate(ref_inputs) if g is not None})
-
-    # -- fresh parameters -------------------------------------------------------------------------
-    def check_fresh_state(self, reference: torch.nn.Module, args: list, kwargs: dict) -> str | None:
-        """The eval checks again with parameters and floating buffers drawn afresh (one draw per
-        seed), loaded into both the original and the candidate, on the captured inputs and on
-        normal fresh ones; the captured state is loaded back into both afterwards."""
-        parameters = {n for n, _ in reference.named_parameters()}
-        with torch.no_grad():
-            base = [o.detach() for o in tensors(self._reference(reference, args, kwargs, False, None))]
-        for seed in self.task.seeds:
-            state, varied, kept = fresh_state(self.captured_state, parameters, 7919 + seed)
-            if not varied:
-                break
-            self.report.varied = sorted(set(self.report.varied) | set(varied))
-            self.report.varied_how = FRESH_STATE + (f"; kept: {', '.join(kept[:10])}" if kept else "")
-            draw = f"fresh parameters, seed {seed} ({', '.join(varied[:6])}{' ...' if len(varied) > 6 else ''} drawn afresh)"
-            reference.load_state_dict(state)
-            error = self.load_state(state)
-            if not self.check(f"takes other parameters ({draw})", not error, error):
-                return f"cannot take other parameters of the same shapes ({error})"
-            fresh_a, fresh_k = fresh_inputs(args, kwargs, seed, "normal")
-            for label, a, k in (("captured inputs", args, kwargs), (f"normal inputs, seed {seed}", fresh_a, fresh_k)):
-                with torch.no_grad():
-                    want = tensors(self._reference(reference, a, k, False, None))
-                if _newly_non_finite(want, base):
-                    self.check(f"eval, {draw}, {label}", True, "skipped: the original is not finite with these values")
-                    continue
-                problem = self.check_case(reference, a, k, f"eval, {draw}, {label}", training=False, rng=None)
-                if problem:
-                    return problem
-        reference.load_state_dict(self.captured_state)
-        error = self.load_state(self.captured_state)
-        if error:
-            return f"cannot take the captured parameters back ({error})"
-        return None
-
-    # -- training ---------------------------------------------------------------------------------
-    def check_training(self, loaded: Any, reference: torch.nn.Module, args: list, kwargs: dict,
-                       expected: Any) -> str | None:
-        from modulelens.capture.tracer import rng_states
-
-        captured_rng = loaded.rng()
-        for label, a, k in self._cases(args, kwargs):
-            rng = captured_rng if label == "captured inputs" else rng_states()
-            problem = self.check_case(reference, a, k, f"training, same RNG state, {label}", training=True, rng=rng)
-            if problem:
-                return problem
-        want = tensors(expected)
-        got = self.call(args, kwargs, want, trace=False, label="training, captured RNG state",
-                        module_call=ModuleCall(True, captured_rng))
-        problem = self.values_problem(got.outputs, expected, "training, captured RNG state, against the captured output")
-        if problem:
-            return problem
-        return self.check_gradients(loaded, reference, args, kwargs, captured_rng)
-
-    def check_gradients(self, loaded: Any, reference: torch.nn.Module, args: list, kwargs: dict,
-                        rng: dict) -> str | None:
-        grads = loaded.grads() if loaded.artifact.has_file("grads.safetensors") else {}
-        captured_out = [grads[k] for k in sorted((k for k in grads if k.startswith("grad_output.")), key=_index)]
-        if captured_out:
-            label = "gradients, against the captured gradients"
-            grad_out = captured_out
-            want_params = {k.removeprefix("param."): v for k, v in grads.items() if k.startswith("param.")}
-            want_inputs = {int(k.split(".")[1]): v for k, v in grads.items() if k.startswith("grad_input.")}
-        else:
-            label = "gradients, against the original module (no captured gradients)"
-            ref_inputs, want_params, grad_out = _reference_backward(reference, args, kwargs, rng)
-            want_inputs = {i: g for i, g in enumerate(ref_inputs) if g is not None}
-        return self.compare_gradients(reference, args, kwargs, rng, label, grad_out, want_params, want_inputs)
-
-    def compare_gradients(self, reference: torch.nn.Module, args: list, kwargs: dict, rng: dict, label: str,
-                          grad_out: list[torch.Tensor], want_params: dict[str, torch.Tensor],
-                          want_inputs: dict[int, torch.Tensor]) -> str | None:
-        """The candidate's parameter and input gradients for ``grad_out`` against the wanted ones."""
-        room = sum(p.numel() * p.element_size() + 64 for p in reference.parameters())
-        room += sum(a.numel() * a.element_size() + 64 for a in args if isinstance(a, torch.Tensor))
-        want = tensors(self._reference(reference, args, kwargs, True, rng))
-        got = self.call(args, kwargs, want, trace=False, label=label,
-                        module_call=ModuleCall(True, rng, [g.detach() for g in grad_out], grad_room=room))
-        inputs, params = got.input_grads, got.param_grads
-        for name, w in want_params.items():
-            if name not in params:
-                self.check(f"{label}: {name}", False, "no gradient")
-                return f"parameter {name} gets no gradient ({label})"
-            problem = self.values_problem([params[name]], [w], f"{label}: {name}", rtol=self.rtol or 1e-4)
-            if problem:
-                return problem
-        for i, w in want_inputs.items():
-            if i < len(inputs) and inputs[i] is not None:
-                problem = self.values_problem([inputs[i]], [w], f"{label}: input {i}", rtol=self.rtol or 1e-4)
-                if problem:
-                    return problem
-        return None
-
     def time_it(self, reference: torch.nn.Module, args: list, kwargs: dict, training: bool, device: str,
                 art: Any, manifest: Any) -> None:
         """The original module (in its own reference process) against the candidate, in the mode
@@ -538,10 +398,10 @@ class _ModuleValidator(CandidateChecker):
 
         rng = rng_states() if training else None  # set before every timed call, on both sides
         module_call = ModuleCall(training, rng)
-        want = tensors(self._reference(reference, args, kwargs, training, rng))
+        want = tensors(self.run_original(reference, args, kwargs, training, rng))
         self.call(args, kwargs, want, trace=False, label="timing inputs", module_call=module_call)
         mode = "training mode with grad (forward)" if training else "eval mode without grad"
-        what = f"module forward in {mode} (fresh values per round)"
+        what = f"module forward {self._where(device)}, in {mode} (fresh values per round)"
         feed = TimingFeed(args, kwargs)
         cand = TimedProcess(self, self.proc, "candidate", device, feed, want, module_call,
                             verify=self._verify_timed(reference, training, rng))
@@ -576,7 +436,7 @@ class _ModuleValidator(CandidateChecker):
         """The check of a timed batch's outputs: the original module on the inputs its last call saw,
         judged like the checks (the float64 oracle in eval mode)."""
         def verify(outputs: list, args: list, kwargs: dict, label: str) -> str | None:
-            want = tensors(self._reference(reference, args, kwargs, training, rng))
+            want = tensors(self.run_original(reference, args, kwargs, training, rng))
             oracle = None if training else (lambda: self._oracle(reference, args, kwargs))
             return self.values_problem(outputs, want, label, oracle=oracle, quiet=True)
 
@@ -589,36 +449,6 @@ def original_source(class_path: str, sources: dict[str, tuple[str, str]], sys_pa
     of a module timing, loaded by the harness like any candidate."""
     return ("from modulelens.capture.sources import Resolver\n\n"
             f"ModelNew = Resolver({sources!r}, {sys_path!r})({class_path!r})\n")
-
-
-def _newly_non_finite(outputs: list[torch.Tensor], base: list[torch.Tensor]) -> bool:
-    """Some floating output is not finite where the original with the captured state was."""
-    for o, b in zip(outputs, base):
-        if o.is_floating_point() and b.shape == o.shape and bool(torch.isfinite(b).all()) and not bool(
-                torch.isfinite(o).all()):
-            return True
-    return False
-
-
-def _reference_backward(module: torch.nn.Module, args: list, kwargs: dict, rng: dict) -> tuple[list, dict, list]:
-    """The original module's input and parameter gradients for a random output gradient (also returned)."""
-    from modulelens.capture.tracer import set_rng_states
-
-    a = [x.detach().clone().requires_grad_(x.is_floating_point()) if isinstance(x, torch.Tensor) else x for x in args]
-    module.train(True)
-    module.zero_grad(set_to_none=True)
-    set_rng_states(rng)
-    with torch.enable_grad():
-        outs = [o for o in tensors(module(*a, **dict(kwargs))) if o.requires_grad]
-    gen = torch.Generator().manual_seed(0)
-    grad_out = [torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.dtype) for o in outs]
-    torch.autograd.backward(outs, [g.to(o.device, o.dtype) for g, o in zip(grad_out, outs)])
-    params = {n: p.grad for n, p in module.named_parameters() if p.grad is not None}
-    return [x.grad if isinstance(x, torch.Tensor) else None for x in a], params, grad_out
-
-
-def _index(key: str) -> int:
-    return int(key.rsplit(".", 1)[1])
 
 
 def run_task(task: ValidateModuleTask, stage: Callable[[str], None]) -> SandboxResult:

@@ -42,6 +42,8 @@ class ModuleValidationSettings(CheckSettings):
     """One validation of a module-level candidate (KernelBench ModelNew) against its capture."""
 
     capture: str = Field(description="The capture ref (name:vN) the candidate replaces.")
+    device: str | None = Field(None, description="Device to run on (default: the captured one; refused where torch "
+                               "sees no such device).")
     min_run_time: float = Field(0.6, gt=0, description="Seconds of timed rounds at least, original and candidate together.")
 
 

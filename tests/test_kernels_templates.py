@@ -225,8 +225,6 @@ def _triton_cases():
                              [torch.randn(2, 4, 16, 16), torch.softmax(torch.randn(2, 4, 16, 16), -1), -1, torch.float32],
                              {}),
         "layer_norm": ("aten.native_layer_norm.default", [torch.randn(8, 32, 64), [64], torch.randn(64), torch.randn(64), 1e-5], {}),
-        "pooling": ("aten._adaptive_avg_pool2d.default", [torch.randn(2, 3, 10, 7), [3, 5]],  # test_pooling_cpp's build
-                    lambda s: [torch.randn(*s, 10, 7), [3, 5]], [(1, 1), (5, 9)]),
         "rms_norm": ("aten._fused_rms_norm.default", [torch.randn(8, 32, 64), [64], None, None], {}),
         "group_norm": ("aten.native_group_norm.default", [torch.randn(2, 8, 5, 3), None, torch.randn(8), 2, 8, 15, 2, 1e-5], {}),
         "sum": ("aten.sum.dim_IntList", [torch.randn(8, 32, 64), [-1]], {}),

@@ -51,7 +51,13 @@ def optimize(req: OptimizeRequest, ctx: ToolContext) -> SearchResult:
         result = run_search(repo, search, executor, ctx=ctx, progress=ctx.progress, resumed=resumed)
     finally:
         executor.close()
-    result.modules = [search_module(repo, ref, settings, ctx.progress) for ref in req.targets if not is_card_id(ref)]
+    for ref in (r for r in req.targets if not is_card_id(r)):
+        module = search_module(repo, ref, settings, ctx.progress, ctx=ctx, search_id=result.search_id,
+                               spent_usd=result.cost_usd)
+        result.modules.append(module)
+        result.cost_usd += module.cost_usd
+        if module.best_candidate is None and module.stopped_because:
+            result.warnings.append(f"module level of {module.capture}: {module.stopped_because}")
     result.pack_candidates = [t.best_candidate for t in result.targets if t.best_candidate]
     result.pack_candidates += [m.best_candidate for m in result.modules if m.best_candidate]
     for t in result.targets:

@@ -192,7 +192,8 @@ class SearchResult(ToolReply):
     stopped_because: str
     resumed: bool = Field(False, description="This run continued an existing search.")
     modules: list[ModuleOutcome] = Field(default_factory=list, description="The module level of each capture target.")
-    pack_candidates: list[str] = Field(default_factory=list, description="The winners of both levels: pass them to "
-                                       "pack (a module entry and the card entries inside it never both fire).")
+    pack_candidates: list[str] = Field(default_factory=list, description="The winners of both levels surely faster "
+                                       "than eager: pass them to pack (a module entry and the card entries inside "
+                                       "it never both fire).")
     executor: ExecutorName = "local"
     seconds: float = 0.0

@@ -67,7 +67,7 @@ def _weight_child(args: argparse.Namespace, out: dict) -> None:
     budget = (args.weight_mib * 2 + 64) * 2**20 if args.child == "capture" else args.budget_mib * 2**20
     with modulelens.capture("", name=args.name, repo=args.repo, max_capture_bytes=budget) as cap, torch.no_grad():
         nn.Linear(cols, rows)(x)
-    from modulelens.capture.manifest import capture_manifest
+    from modulelens.capture import capture_manifest
 
     out["weights"] = capture_manifest(cap.artifact).weights_storage.mode
     out["kept_bytes"] = sum(f.stat().st_size for f in Path(cap.artifact.path).rglob("*") if f.is_file())
@@ -92,7 +92,7 @@ def _child(args: argparse.Namespace) -> None:
             with modulelens.capture("", name="big", repo=args.repo, max_capture_bytes=args.budget_mib * 2**20,
                                     export=False) as cap, torch.no_grad():
                 build()(x)
-            from modulelens.capture.manifest import capture_manifest
+            from modulelens.capture import capture_manifest
 
             out["activations"] = capture_manifest(cap.artifact).activations.model_dump()
     else:

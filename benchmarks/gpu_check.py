@@ -62,7 +62,7 @@ def cases(device: str) -> list[tuple[str, str, list, dict, tuple[str, ...]]]:
 
 def _build_cuda(source: str) -> str:
     """In a worker process: build (and cache) one CUDA extension; '' or a short error."""
-    from modulelens.kernels.backends.base import get_backend
+    from modulelens.kernels import get_backend
 
     try:
         get_backend("cuda").load(source, "forward", None)
@@ -96,9 +96,9 @@ def compare(got, want, exact) -> tuple[bool, float, str]:
 def run_gpu(all_variants: bool, only: set[str] | None) -> int:
     from report import publish
 
+    from modulelens.kernels import get_backend
     from modulelens.kernels import templates as T
-    from modulelens.kernels.backends.base import get_backend
-    from modulelens.ops.recorder import resolve_op
+    from modulelens.ops import resolve_op
     from modulelens.timing import CallableSide, ThreadChoice, TimingPlan, measure_speedup, time_callable
 
     torch.manual_seed(0)
@@ -186,8 +186,8 @@ def run_gpu(all_variants: bool, only: set[str] | None) -> int:
 
 
 def run_compile_only(only: set[str] | None) -> int:
+    from modulelens.kernels import CompileError, get_backend
     from modulelens.kernels import templates as T
-    from modulelens.kernels.backends.base import CompileError, get_backend
 
     cuda = get_backend("cuda")
     st = cuda.status()

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 from report import publish  # noqa: E402
 
-from modulelens.capture.replay import LoadedCapture  # noqa: E402
+from modulelens.capture import LoadedCapture  # noqa: E402
 from modulelens.ops.recorder import OpRecorder, OpTimer  # noqa: E402
 from modulelens.registry import ToolContext  # noqa: E402
 from modulelens.repo import Repository  # noqa: E402

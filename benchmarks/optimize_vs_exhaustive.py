@@ -41,9 +41,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from report import publish
 
-    from modulelens.kernels import templates
-    from modulelens.kernels.candidates import load_candidate, save_candidate
-    from modulelens.ops.cards import open_card, open_opset
+    from modulelens.kernels import load_candidate, save_candidate, templates
+    from modulelens.ops import open_card, open_opset
     from modulelens.registry import ToolContext
     from modulelens.repo import Repository
     from modulelens.search.executors import LocalExecutor

@@ -240,7 +240,7 @@ def checker_and_arena_costs(scratch: Path) -> dict[str, float]:
 def per_call(samples: int) -> dict[str, float]:
     import torch
 
-    from modulelens.kernels.source import KernelSource
+    from modulelens.kernels import KernelSource
     from modulelens.sandbox.shm import aligned, encode_value
     from modulelens.validation.candidate_messages import CallRequest, LoadRequest
     from modulelens.validation.checker import start_candidate, time_calls

@@ -46,7 +46,7 @@ def main() -> None:
     cap = capture_module(CaptureModuleRequest(script=str(ROOT / "examples" / "tinyformer" / "train.py"),
                                               module="blocks.1", export=False, script_args=["--steps", "2"]), ctx)
     ops = capture_ops(CaptureOpsRequest(ref=cap.ref, include_views=False), ctx)
-    from modulelens.ops.cards import open_card
+    from modulelens.ops import open_card
     from modulelens.repo import Repository
 
     rows = []

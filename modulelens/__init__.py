@@ -19,7 +19,7 @@ from modulelens.version import __version__  # noqa: F401 - the package's version
 
 maybe_prestart()
 
-from modulelens.capture.runner import capture, record_constructors  # noqa: E402
+from modulelens.capture import capture, record_constructors  # noqa: E402
 from modulelens.dispatch.api import apply_pack, use_pack  # noqa: E402
 from modulelens.errors import ModuleLensError  # noqa: E402
 

@@ -32,8 +32,7 @@ from modulelens.callbacks import ProgressFn, SampleFn
 from modulelens.errors import ModuleLensError
 from modulelens.paths import project_folder
 from modulelens.replies import ToolReply
-from modulelens.repo import default_repo_root
-from modulelens.repo.store import remove_stale_tmp
+from modulelens.repo import default_repo_root, remove_stale_tmp
 
 Req = TypeVar("Req", bound=BaseModel)
 Res = TypeVar("Res", bound=BaseModel)

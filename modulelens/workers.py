@@ -54,7 +54,7 @@ from pydantic import BaseModel
 
 from modulelens.cancellation import CallCancelled, cancel_requested
 from modulelens.errors import ModuleLensError
-from modulelens.repo.owners import owner_alive, this_process
+from modulelens.repo import owner_alive, this_process
 
 OUTPUT_TAIL_LINES = 40
 OUTPUT_TAIL_CHARS = 1500  # of the last output, in the error of a worker that died
@@ -313,7 +313,7 @@ def watch_caller() -> None:
     0.2 s by a daemon thread), kill this worker's process group (the worker, the script's own
     children, torchrun's ranks) and refuse to publish to the repository once it is gone (checked
     again just before the rename, see :func:`~modulelens.repo.store.set_publish_guard`)."""
-    from modulelens.repo.store import set_publish_guard
+    from modulelens.repo import set_publish_guard
 
     if not os.environ.get(CALLER_ENV):
         return

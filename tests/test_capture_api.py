@@ -10,9 +10,9 @@ import torch
 import torch.nn as nn
 
 import modulelens
-from modulelens.capture.manifest import capture_manifest
+from modulelens.capture import capture_manifest
 from modulelens.capture.tracer import Target
-from modulelens.capture.values import Decoder, Encoder, TensorSink, TensorSource
+from modulelens.capture import Decoder, Encoder, TensorSink, TensorSource
 from modulelens.capture.sources import Resolver, definitions_source
 
 

@@ -15,7 +15,7 @@ import torch
 
 import modulelens
 from conftest import EXAMPLES
-from modulelens.capture.manifest import capture_manifest
+from modulelens.capture import capture_manifest
 from modulelens.repo import Repository
 
 transformers = pytest.importorskip("transformers")

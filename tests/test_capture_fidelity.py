@@ -15,7 +15,7 @@ import torch.nn as nn
 import modulelens
 from conftest import run_cli_subprocess
 from modulelens.capture.custom_ops import import_op_modules
-from modulelens.capture.manifest import capture_manifest
+from modulelens.capture import capture_manifest
 from modulelens.errors import ReplayFailed
 from modulelens.repo import Repository
 

@@ -153,7 +153,7 @@ def test_a_repro_that_does_not_reproduce_is_an_error(kernelbench, tmp_path):
     assert run.returncode == 1 and "does not reproduce the capture" in run.stderr
     from pathlib import Path
 
-    from modulelens.capture.repro import check_repro
+    from modulelens.capture import check_repro
 
     check = check_repro(Path(written.path))  # what export_repro turns into its error
     assert not check.verified and abs(check.max_abs_error - 1.0) < 1e-6 and "does not reproduce" in check.reason

@@ -12,10 +12,10 @@ import torch
 import torch.nn as nn
 
 import modulelens
-from modulelens.capture.manifest import CaptureManifest, capture_manifest
-from modulelens.capture.sources import Resolver
+from modulelens.capture import CaptureManifest, capture_manifest
+from modulelens.capture import Resolver
 from modulelens.capture.spec import ModuleSpec
-from modulelens.capture.values import Decoder, TensorSource
+from modulelens.capture import Decoder, TensorSource
 from modulelens.errors import ChecksumMismatch
 from modulelens.registry import ToolContext
 from modulelens.repo import Repository

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from modulelens.capture.repro import _HEADER, NotStandalone, ReproRenderer
-from modulelens.capture.sources import Resolver
+from modulelens.capture import Resolver
 from modulelens.capture.spec import KIND, ModuleSpec
-from modulelens.capture.values import Decoder, TensorSource
+from modulelens.capture import Decoder, TensorSource
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -51,7 +51,7 @@ def test_container_kinds_added_later_render_to_what_the_decoder_gives(tmp_path):
     import datetime
     import pathlib
 
-    from modulelens.capture.values import Encoder, TensorSink
+    from modulelens.capture import Encoder, TensorSink
 
     value = {"set": {3, 1}, "frozen": frozenset({"a"}), "range": range(1, 9, 4), "path": pathlib.PurePosixPath("/x/y"),
              "when": datetime.datetime(2024, 3, 1, 8, 0, tzinfo=datetime.UTC), "day": datetime.date(2024, 3, 1),

@@ -21,7 +21,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from modulelens.capture.sources import Resolver
+from modulelens.capture import Resolver
 from modulelens.capture.spec import (
     KIND,
     InvalidSpec,
@@ -36,7 +36,7 @@ from modulelens.capture.spec import (
     sequence_items,
 )
 from modulelens.capture.spec_walk import SpecWalker, referenced_modules, tensor_leaves
-from modulelens.capture.values import Decoder, Encoder, TensorSink, TensorSource
+from modulelens.capture import Decoder, Encoder, TensorSink, TensorSource
 from modulelens.errors import ModuleLensError, ReplayFailed
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 
 import modulelens
-from modulelens.capture.manifest import capture_manifest
+from modulelens.capture import capture_manifest
 
 
 @dataclasses.dataclass

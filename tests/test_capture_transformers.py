@@ -127,7 +127,7 @@ def test_the_cached_decode_compares_the_cache_it_grew(captures):
 
 
 def test_a_config_attribute_outside_its_fields_is_recorded(captures):
-    from modulelens.capture.manifest import capture_manifest
+    from modulelens.capture import capture_manifest
     from modulelens.repo import Repository
 
     repo, refs = captures
@@ -204,7 +204,7 @@ def test_moe_and_phi_modules_replay_exactly_by_source_and_export(moe_captures, c
 
 
 def test_the_jittered_moe_block_changes_its_input_in_place_as_in_the_run(moe_captures):
-    from modulelens.capture.manifest import capture_manifest
+    from modulelens.capture import capture_manifest
     from modulelens.repo import Repository
 
     repo, refs = moe_captures

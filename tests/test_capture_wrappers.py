@@ -13,7 +13,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import modulelens
-from modulelens.capture.manifest import capture_manifest
+from modulelens.capture import capture_manifest
 
 
 class Block(nn.Module):

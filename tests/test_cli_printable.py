@@ -6,7 +6,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 from click.testing import CliRunner
 
-from modulelens.capture.summary import CaptureSummary
+from modulelens.capture import CaptureSummary
 from modulelens.cli.app import build_app
 from modulelens.cli.formats import printable
 from modulelens.errors import ModuleLensError

@@ -237,7 +237,7 @@ def test_cuda_events_on_a_real_gpu():
 def test_a_sandbox_checker_given_cuda_refuses_instead_of_judging(softmax_card, tmp_path):
     """Where the device is checked again, in the worker (a Ray node without a GPU, a card recorded
     on CUDA): a refusal that reaches the caller as the same error, not a rejected candidate."""
-    from modulelens.kernels.source import KernelSource
+    from modulelens.kernels import KernelSource
     from modulelens.validation.card import run_task
     from modulelens.validation.messages import RefusedResult, ValidateCardTask
     from modulelens.validation.sandboxed import validation_report

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import modulelens
-from modulelens.capture.values import class_path
+from modulelens.capture import class_path
 from modulelens.dispatch.pack import (
     ModuleInit,
     PackContent,

@@ -66,7 +66,7 @@ def test_out_of_range_template_variant_is_a_clear_error(cli, card):
     """A variant past the template's last one is refused with the valid range (it used to wrap
     around to variant 0 and store a duplicate candidate)."""
     from modulelens.kernels import templates
-    from modulelens.ops.cards import open_card
+    from modulelens.ops import open_card
     from modulelens.repo import Repository
 
     repo, card_id = card

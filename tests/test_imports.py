@@ -10,6 +10,8 @@ that names a modulelens module (``importlib.import_module("modulelens.x")``, an 
 from __future__ import annotations
 
 import ast
+import importlib
+import types
 import re
 from pathlib import Path
 
@@ -167,7 +169,7 @@ LAYERS: list[tuple[str, ...]] = [
     # Devices: parsing, the "CUDA asked for, none here" policy, synchronisation.
     ("device",),
     # Leaves that import nothing of modulelens.
-    ("errors", "callbacks", "listing", "numerics", "wrappers", "version"),
+    ("errors", "callbacks", "faces", "listing", "numerics", "wrappers", "version"),
 ]
 _MODULE_STRING = re.compile(r"^modulelens(\.\w+)+(:\w+)?$")
 
@@ -254,3 +256,46 @@ def test_the_layering_check_sees_lazy_and_string_imports():
         "modulelens.search.loop -> modulelens.dispatch.pack (search and dispatch are siblings in one layer)",
         "modulelens.timing.samples -> modulelens.repo.store (repo is above timing)",
     ]
+
+
+# -- the faces --------------------------------------------------------------------------------
+#
+# Packages whose ``__init__`` names, in ``__all__``, what other packages may use: a module outside
+# such a package imports the package itself, never one of its modules (lazy and string imports
+# included), so that the package may move things between its modules without breaking anyone.
+FACED = ("capture", "kernels", "ops", "repo")
+
+
+def deep_imports(graph: dict[str, set[str]]) -> list[str]:
+    """``importer -> imported`` for every import of a module inside a faced package (:data:`FACED`)
+    from outside it."""
+    found = []
+    for name, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            other = _package(target)
+            if other in FACED and other != _package(name) and target != f"modulelens.{other}":
+                found.append(f"{name} -> {target} (import it from modulelens.{other})")
+    return found
+
+
+def test_other_packages_import_only_the_face_of_a_faced_package():
+    assert deep_imports(package_imports()) == []
+
+
+def test_the_face_check_sees_deep_imports_only_from_outside():
+    graph = {"modulelens.tools.show": {"modulelens.capture", "modulelens.repo.trust"},
+             "modulelens.capture.replay": {"modulelens.capture.spec", "modulelens.repo"},
+             "modulelens": {"modulelens.capture.runner"}}
+    assert deep_imports(graph) == [
+        "modulelens -> modulelens.capture.runner (import it from modulelens.capture)",
+        "modulelens.tools.show -> modulelens.repo.trust (import it from modulelens.repo)",
+    ]
+
+
+def test_every_name_of_a_face_resolves():
+    for package in FACED:
+        face = importlib.import_module(f"modulelens.{package}")
+        names = face.__all__
+        assert face.__doc__ and len(names) == len(set(names)), package
+        assert [n for n in names if not hasattr(face, n)] == [], package
+        assert not [n for n in names if isinstance(getattr(face, n), types.ModuleType)], f"{package}: a module is no face"

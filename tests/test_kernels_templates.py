@@ -17,8 +17,8 @@ import torch
 
 from modulelens.errors import ModuleLensError
 from modulelens.kernels import templates as T
-from modulelens.kernels.backends.base import CompileError, default_build_dir, get_backend
-from modulelens.ops.recorder import resolve_op
+from modulelens.kernels import CompileError, default_build_dir, get_backend
+from modulelens.ops import resolve_op
 
 HAS_CUDA = torch.cuda.is_available()
 HAS_NVCC = shutil.which("nvcc") is not None
@@ -182,7 +182,7 @@ def test_rule_kernels_declare_their_rule_and_take_other_sizes(backend):
     """The declared dimensions vary at run time (the same results as eager at sizes the card did
     not have: the batch of an elementwise operator, the rows of a layer or RMS norm, the outer dimensions of a reduction, every dimension of a
     softmax, the batch and channels of a pooling); a dimension the rule fixes is still refused."""
-    from modulelens.kernels.shape_rules import declared_rule
+    from modulelens.kernels import declared_rule
 
     for name, (op, sample, make, shapes) in _rule_cases().items():
         ks = T.render(T.synthetic_card(op, sample), backend, 0)

@@ -21,7 +21,7 @@ from modulelens.kernels.templates.call import (
 from modulelens.kernels.templates.cpp import cpp_checks, cpp_header, cpp_literal, cpp_type
 from modulelens.kernels.templates.loops import broadcast_strides, loop_nest, next_pow2, offset_terms
 from modulelens.kernels.templates.triton import py_checks, py_header, py_literal
-from modulelens.ops.model import as_card
+from modulelens.ops import as_card
 
 
 def _tensor_spec(shape, stride=None, **extra):

@@ -150,7 +150,7 @@ class CancelledSandbox:
 
 def test_a_cancelled_validation_leaves_an_interrupted_report(softmax_card):
     """A validation cancelled in the sandbox still gets a report, saying it was interrupted."""
-    from modulelens.kernels.candidates import load_candidate
+    from modulelens.kernels import load_candidate
     from modulelens.validation.stored_reports import latest_report
     from modulelens.validation.report import ValidationSettings
     from modulelens.validation.sandboxed import validate_candidate
@@ -281,7 +281,7 @@ def test_start_job_then_poll_and_cancel(tmp_path, marker):
 def test_validate_kernel_through_start_job_then_poll(softmax_card):
     """The long-running path a client with a short request timeout takes: start_job, then
     job_status until the job is done; the verdict comes back and the report is stored."""
-    from modulelens.kernels.candidates import load_candidate
+    from modulelens.kernels import load_candidate
     from modulelens.validation.stored_reports import REPORTS, latest_report, report_name
 
     repo, card = softmax_card

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from modulelens.errors import ModuleLensError, ReferenceNotFound
-from modulelens.ops.cards import open_card, open_opset
+from modulelens.ops import open_card, open_opset
 from modulelens.ops.model import (
     CardSample,
     OpCard,
@@ -24,7 +24,7 @@ from modulelens.ops.model import (
     is_card_id,
     parse_card_id,
 )
-from modulelens.ops.summary import describe_card, summarize_opset
+from modulelens.ops import describe_card, summarize_opset
 from modulelens.repo import Repository
 
 FIXTURE = Path(__file__).parent / "fixtures" / "opset_manifest_v1.json"

@@ -88,7 +88,7 @@ def test_optimize_with_anthropic_validates_a_modelnew_it_wrote(scale_repo, anthr
     assert "shape [8, 16], float32" in prompt and "weight: shape [16], float32" in prompt and "int = 16" in prompt
     assert module.cost_usd == pytest.approx((1000 * 3 + 500 * 15) / 1e6)
     assert result.cost_usd >= module.cost_usd  # the search's spend includes the module level's
-    from modulelens.kernels.module_candidates import load_module_candidate
+    from modulelens.kernels import load_module_candidate
     from modulelens.validation.stored_reports import latest_report
 
     art, cand, _ = load_module_candidate(Repository(scale_repo), node.candidate)

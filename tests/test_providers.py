@@ -13,7 +13,7 @@ import torch
 from mcp.server.mcpserver import Context, MCPServer  # module level: tool annotations are resolved by name
 
 from modulelens.errors import ModuleLensError
-from modulelens.kernels.source import KernelSource
+from modulelens.kernels import KernelSource
 from modulelens.providers.base import GenerationRequest, build_messages, extract_code, get_provider
 
 CPP_REPLY = """Here is a fused kernel.
@@ -31,7 +31,7 @@ It reads each row once."""
 
 def _card(op: str = "aten.native_layer_norm.default") -> dict:
     """A card as capture_ops stores it, with a sample encoded by the real Encoder."""
-    from modulelens.capture.values import Encoder, TensorSink
+    from modulelens.capture import Encoder, TensorSink
 
     x, w, b = torch.randn(8, 32, 64), torch.randn(64), torch.randn(64)
     args = [x, [64], w, b, 1e-5]
@@ -59,7 +59,7 @@ def test_a_generation_request_holds_the_card_itself(card):
     card fails there, not inside a provider), and a card read from its opset is kept as it is."""
     from pydantic import ValidationError
 
-    from modulelens.ops.model import OpCard
+    from modulelens.ops import OpCard
 
     req = GenerationRequest(card=card, backend="cpp")
     assert isinstance(req.card, OpCard) and (req.card.op, req.card.shapes) == (card["op"], card["shapes"])
@@ -134,7 +134,7 @@ def test_triton_prompt_uses_python_types(card):
 
 
 def test_none_argument_takes_its_optional_type_from_the_schema(card):
-    from modulelens.capture.values import Encoder, TensorSink
+    from modulelens.capture import Encoder, TensorSink
 
     card["samples"][0]["args"] = Encoder(TensorSink()).encode([torch.randn(8, 32, 64), [64], None, None, 1e-5], "a")
     _, user = build_messages(GenerationRequest(card=card, backend="cuda"))
@@ -142,7 +142,7 @@ def test_none_argument_takes_its_optional_type_from_the_schema(card):
 
 
 def test_arguments_of_lists_of_tensors_and_keyword_values():
-    from modulelens.capture.values import Encoder, TensorSink
+    from modulelens.capture import Encoder, TensorSink
     from modulelens.providers.base import describe_arguments
 
     enc = Encoder(TensorSink())

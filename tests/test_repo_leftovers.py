@@ -13,7 +13,7 @@ import anyio
 import mcp
 import pytest
 
-from modulelens.repo.owners import this_process
+from modulelens.repo import this_process
 from modulelens.sandbox.containment import namespace_prefix
 from modulelens.tools import all_tools
 from tests.conftest import ROOT

@@ -7,7 +7,7 @@ import anyio
 import mcp
 import pytest
 
-from modulelens.kernels.source import read_source_file
+from modulelens.kernels import read_source_file
 
 
 def _one_line_error(code: int, result) -> str:

@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 
 import modulelens
-from modulelens.kernels.build_cache import default_build_dir
+from modulelens.kernels import default_build_dir
 from modulelens.registry import ToolContext
 from modulelens.sandbox.containment import namespace_prefix
 from modulelens.tools.capture_ops import CaptureOpsRequest, capture_ops

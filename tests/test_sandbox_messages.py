@@ -12,7 +12,7 @@ import pytest
 from pydantic import TypeAdapter
 
 from modulelens.validation.report import ValidationReport, ValidationSettings
-from modulelens.kernels.source import KernelSource
+from modulelens.kernels import KernelSource
 from modulelens.timing import Timing
 from modulelens.sandbox import protocol
 from modulelens.validation.messages import (

@@ -95,8 +95,8 @@ def test_a_tree_with_nothing_to_expand_cannot_grow():
 
 def test_template_children_vary_a_parameter_not_yet_tried(monkeypatch):
     from modulelens.kernels import templates
-    from modulelens.kernels.source import KernelSource
-    from modulelens.ops.model import OpCard
+    from modulelens.kernels import KernelSource
+    from modulelens.ops import OpCard
     from modulelens.search.expansion import Expander
     from modulelens.search.model import SearchTarget
 
@@ -213,7 +213,7 @@ def test_template_search_finds_a_custom_kernel_and_reports_it(gelu_card, templat
 @pytest.mark.slow
 def test_an_agent_adds_a_child_to_a_node(gelu_card, template_search, cli):
     from modulelens.kernels import templates
-    from modulelens.ops.cards import open_card
+    from modulelens.ops import open_card
     from modulelens.repo import Repository
 
     repo, card = gelu_card
@@ -302,7 +302,7 @@ BROKEN = "```cpp\n#include <torch/extension.h>\ntorch::Tensor forward(torch::Ten
 
 def _fixed_reply(repo, card):
     from modulelens.kernels import templates
-    from modulelens.ops.cards import open_card
+    from modulelens.ops import open_card
     from modulelens.repo import Repository
 
     return "Fixed:\n```cpp\n" + templates.render(open_card(Repository(repo), card)[1], "cpp", 0).source + "```\n"

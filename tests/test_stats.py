@@ -508,7 +508,7 @@ def test_python_api_saves_when_the_loop_fails(tmp_path, monkeypatch):
 
 def test_gather_stats_over_a_capture(cli, tmp_path):
     import modulelens
-    from modulelens.capture.artifact import load_tensors
+    from modulelens.capture import load_tensors
     from modulelens.repo import Repository
 
     torch.manual_seed(0)

@@ -401,7 +401,7 @@ def _serve(pushed_pack, monkeypatch) -> None:
 def test_a_pulled_pack_is_refused_until_trusted_then_check_pack_uses_it(cli, pushed_pack, softmax_card, tmp_path,
                                                                         monkeypatch):
     import modulelens
-    from modulelens.repo.trust import UntrustedArtifact
+    from modulelens.repo import UntrustedArtifact
 
     _serve(pushed_pack, monkeypatch)
     laptop, captures = tmp_path / "laptop", softmax_card[0]
@@ -426,7 +426,7 @@ def test_a_pulled_pack_is_refused_until_trusted_then_check_pack_uses_it(cli, pus
 def test_a_copied_pack_file_is_refused_and_pull_keeps_a_local_tag_that_points_elsewhere(cli, pushed_pack, tmp_path,
                                                                                          monkeypatch):
     from modulelens.dispatch.pack import read_pack
-    from modulelens.repo.trust import UntrustedArtifact
+    from modulelens.repo import UntrustedArtifact
     from modulelens.team.packs import store_pack
 
     (tmp_path / "copy").mkdir()

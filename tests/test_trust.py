@@ -15,7 +15,7 @@ import torch.nn as nn
 import modulelens
 from modulelens.errors import ChecksumMismatch
 from modulelens.repo import Repository
-from modulelens.repo.trust import UntrustedArtifact, config_dir, is_trusted, require_trusted
+from modulelens.repo import UntrustedArtifact, config_dir, is_trusted, require_trusted
 
 
 class Tiny(nn.Module):
@@ -97,7 +97,7 @@ def test_paths_outside_the_artifact_are_never_followed(signed_repo, tmp_path):
     (tmp_path / "x.py").write_text("raise SystemExit('ran')\n")
     manifest = repo / "captures" / "tiny" / "v1" / "manifest.json"
     data = json.loads(manifest.read_text())
-    from modulelens.repo.store import sha256_file
+    from modulelens.repo import sha256_file
 
     data["files"]["../../../../x.py"] = sha256_file(tmp_path / "x.py")
     manifest.write_text(json.dumps(data))
@@ -105,7 +105,7 @@ def test_paths_outside_the_artifact_are_never_followed(signed_repo, tmp_path):
     with pytest.raises(ChecksumMismatch, match="outside the artifact"):
         art.file("../../../../x.py")
     from modulelens.errors import ModuleLensError
-    from modulelens.repo.trust import trust
+    from modulelens.repo import trust_artifact as trust
 
     with pytest.raises(ModuleLensError, match="cannot be trusted"):
         trust(art)
@@ -140,7 +140,7 @@ def crafted_repo(repo_with_cards, tmp_path, monkeypatch):
     naming ``os:system`` and that module, a stored source outside the artifact, a pickled module."""
     import pickle
 
-    from modulelens.repo.store import sha256_file
+    from modulelens.repo import sha256_file
 
     monkeypatch.setenv("MODULELENS_CONFIG_DIR", str(tmp_path / "other-machine"))
     marker = tmp_path / "ran-code"

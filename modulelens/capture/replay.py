@@ -25,8 +25,7 @@ from modulelens.capture.sources import Resolver
 from modulelens.capture.spec import ModuleSpec, TensorSpec
 from modulelens.capture.values import Decoder, TensorSource, keyed_values
 from modulelens.errors import ModuleLensError, ReplayFailed
-from modulelens.repo import Artifact
-from modulelens.repo.trust import require_trusted
+from modulelens.repo import Artifact, require_trusted
 
 STRATEGIES = ("source", "export", "pickle")
 

@@ -33,8 +33,7 @@ from modulelens.capture.sources import definitions_source
 from modulelens.capture.spec import ModuleSpec, SpecVisitor, TensorSpec, ValueKind
 from modulelens.capture.spec_walk import referenced_modules
 from modulelens.errors import ModuleLensError
-from modulelens.repo import Artifact
-from modulelens.repo.trust import require_trusted
+from modulelens.repo import Artifact, require_trusted
 
 FLAVORS = ("source", "export")
 DATA_FILES = ("inputs.safetensors", "init.safetensors", "outputs.safetensors", "state.safetensors",

@@ -34,7 +34,7 @@ from typing import Any, Generic, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer
 
 from modulelens.errors import ModuleLensError
-from modulelens.repo.store import validation_problem
+from modulelens.repo import validation_problem
 
 KIND = "$"
 """The field of a spec object that names its kind."""

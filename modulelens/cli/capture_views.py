@@ -8,13 +8,12 @@ import re
 from rich.console import Group, RenderableType
 from rich.text import Text
 
-from modulelens.capture.summary import CaptureSummary, TensorInfo
+from modulelens.capture import CaptureSummary, TensorInfo
 from modulelens.cli.formats import dtypes_cell, list_cell, number, percent, seconds, shape, shapes_cell
 from modulelens.cli.stats_views import tensors_table
 from modulelens.cli.styles import BAD, GOOD, WARN, notes, yes_no
 from modulelens.cli.tables import Cell, Column, FittedTable, kv_table
-from modulelens.ops.replay import CardReplay
-from modulelens.ops.summary import CardDetail, OpSetSummary
+from modulelens.ops import CardDetail, CardReplay, OpSetSummary
 from modulelens.profiling.targets import ProfileResult
 from modulelens.tools.capture_module import CaptureModuleResult
 from modulelens.tools.export_repro import ExportReproResult

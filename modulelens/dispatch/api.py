@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from modulelens.capture.values import tensors_in
+from modulelens.capture import tensors_in
 from modulelens.dispatch.pack import read_pack
 from modulelens.dispatch.runtime import DEFAULT_MECHANISM, DispatchReport, Mechanism, PackRuntime
 

@@ -15,7 +15,7 @@ def build_recipe(backend: str) -> dict:
     """How an entry's source is built where the pack is loaded."""
     if backend == "module":
         return {"builder": "the ModelNew source is executed; it builds its own extensions (load_inline)"}
-    from modulelens.kernels.backends import get_backend
+    from modulelens.kernels import get_backend
 
     return get_backend(backend).describe()
 

@@ -25,7 +25,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, Field
 
-from modulelens.capture.values import tensors_in
+from modulelens.capture import tensors_in
 from modulelens.device import require
 from modulelens.dispatch.runtime import DEFAULT_MECHANISM, EntryReport, Mechanism, PackRuntime
 from modulelens.dispatch.sources import CaptureReplay
@@ -71,7 +71,7 @@ def _agree(got: Any, want: Any) -> tuple[bool, float, str]:
 
 def check_capture(repo: Repository, ref: str, make_runtime: Any, min_run_time: float) -> CaptureCheck:
     """Replay capture ``ref`` with a fresh runtime from ``make_runtime()`` applied (see module doc)."""
-    from modulelens.capture.tracer import set_rng_states
+    from modulelens.capture import set_rng_states
     from modulelens.dispatch.api import AppliedPack
     from modulelens.timing import CallableSide, TimingPlan, measure_speedup, thread_choice
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from modulelens.capture.values import tensors_in
+from modulelens.capture import tensors_in
 from modulelens.dispatch.pack import PackEntry
 
 
@@ -35,8 +35,8 @@ class ModuleReplacement:
         """Construct ``ModelNew`` and give it ``live``'s parameters. The RNG state is restored
         afterwards: initialising the new module's (discarded) weights must not shift the
         random numbers the user's run draws next (dropout masks, data)."""
-        from modulelens.capture.tracer import rng_states, set_rng_states
-        from modulelens.kernels.module_candidates import construct
+        from modulelens.capture import rng_states, set_rng_states
+        from modulelens.kernels import construct
 
         init = self.entry.init
         assert init is not None

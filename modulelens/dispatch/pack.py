@@ -37,10 +37,9 @@ from pydantic import BaseModel, Field, ValidationError
 
 from modulelens.dispatch.patterns import CallPattern
 from modulelens.errors import ModuleLensError, tool_call
-from modulelens.kernels.shape_rules import ShapeRule
+from modulelens.kernels import ShapeRule
 from modulelens.paths import write_text
-from modulelens.repo.store import MANIFEST, sha256_file
-from modulelens.repo.trust import UntrustedArtifact, is_trusted, signature_of
+from modulelens.repo import MANIFEST, UntrustedArtifact, is_trusted, sha256_file, signature_of
 from modulelens.validation.report import ValidationReport
 
 PACK_FORMAT = "modulelens-pack"
@@ -146,7 +145,7 @@ def current_environment(backends: set[str]) -> PackEnvironment:
 
     import torch
 
-    from modulelens.kernels.backends.cpp import compiler_version, machine_tag
+    from modulelens.kernels import compiler_version, machine_tag
 
     if backends & {"cuda", "triton"} and torch.cuda.is_available():
         device = torch.cuda.get_device_name()

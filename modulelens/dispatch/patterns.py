@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel, Field
 
-from modulelens.capture.values import dtype_name, parse_dtype
+from modulelens.capture import dtype_name, parse_dtype
 
 _PRIMITIVES = frozenset({bool, int, float, str, type(None)})
 

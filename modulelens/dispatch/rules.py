@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from modulelens.capture.values import dtype_name
+from modulelens.capture import dtype_name
 from modulelens.dispatch.patterns import GRAD_OFF, INFERENCE, difference, value_difference
-from modulelens.kernels.shape_rules import ShapeRule
+from modulelens.kernels import ShapeRule
 
 
 def _is_contiguous(shape: Any, stride: Any) -> bool:

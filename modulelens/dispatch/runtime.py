@@ -219,7 +219,7 @@ class PackRuntime:
         self._bridges: list[Any] = []  # per activation: the inference bridge it entered, or None
 
     def _add_module_entry(self, entry: PackEntry) -> None:
-        from modulelens.kernels.module_candidates import load_class
+        from modulelens.kernels import load_class
 
         cls = load_class(entry.source, entry.entry)
         tensors: dict[str, torch.Tensor] = {}
@@ -320,7 +320,7 @@ class PackRuntime:
         the model the entries name, e.g. a replayed capture). Returns how many were patched."""
         if not self.modules:
             return 0
-        from modulelens.capture.values import class_path
+        from modulelens.capture import class_path
 
         n = 0
         for name, module in model.named_modules():
@@ -361,14 +361,13 @@ class PackRuntime:
 
 
 def _resolve(op_name: str) -> torch._ops.OpOverload:
-    from modulelens.ops.recorder import resolve_op
+    from modulelens.ops import resolve_op
 
     return resolve_op(op_name)
 
 
 def _build_kernel(entry: PackEntry) -> Callable[..., Any]:
-    from modulelens.kernels.backends import get_backend
-    from modulelens.kernels.backends.base import default_build_dir
+    from modulelens.kernels import default_build_dir, get_backend
 
     backend = get_backend(entry.backend)
     status = backend.status()

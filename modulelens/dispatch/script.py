@@ -200,7 +200,7 @@ class _NeverRaised(BaseException):
 
 def run_in_worker(request: ScriptRunRequest) -> ScriptRunOutcome:
     """The worker's body: run the script (with the pack when given) and record it."""
-    from modulelens.capture.runner import run_user_file
+    from modulelens.capture import run_user_file
     from modulelens.dispatch.api import use_pack
 
     outcome = ScriptRunOutcome()

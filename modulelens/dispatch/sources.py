@@ -43,19 +43,17 @@ class CandidateRecord(BaseModel):
 
 def candidate_record(repo: Repository, candidate_id: str) -> CandidateRecord:
     """The record of a stored card-level or module-level candidate (see the module docstring)."""
-    from modulelens.kernels.candidates import CANDIDATES
-    from modulelens.kernels.module_candidates import is_module_candidate
+    from modulelens.kernels import CANDIDATES, is_module_candidate
 
     art = repo.open(CANDIDATES, candidate_id)
     return _module_record(repo, candidate_id) if is_module_candidate(art) else _card_record(repo, candidate_id)
 
 
 def _card_record(repo: Repository, candidate_id: str) -> CandidateRecord:
-    from modulelens.capture.manifest import KIND as CAPTURES
-    from modulelens.capture.manifest import capture_manifest
-    from modulelens.kernels.candidates import candidate_manifest, load_candidate
-    from modulelens.ops.cards import open_card, sample_call
-    from modulelens.ops.model import OpSetManifest
+    from modulelens.capture import KIND as CAPTURES
+    from modulelens.capture import capture_manifest
+    from modulelens.kernels import candidate_manifest, load_candidate
+    from modulelens.ops import OpSetManifest, open_card, sample_call
     from modulelens.validation.stored_reports import latest_report
 
     art, src = load_candidate(repo, candidate_id)
@@ -77,10 +75,9 @@ def _card_record(repo: Repository, candidate_id: str) -> CandidateRecord:
 def _module_record(repo: Repository, candidate_id: str) -> CandidateRecord:
     from safetensors.torch import save
 
-    from modulelens.capture.manifest import KIND as CAPTURES
-    from modulelens.capture.manifest import capture_manifest
-    from modulelens.capture.replay import LoadedCapture
-    from modulelens.kernels.module_candidates import MODULE_BACKEND, load_module_candidate
+    from modulelens.capture import KIND as CAPTURES
+    from modulelens.capture import LoadedCapture, capture_manifest
+    from modulelens.kernels import MODULE_BACKEND, load_module_candidate
     from modulelens.validation.stored_reports import latest_report
 
     art, cand, target = load_module_candidate(repo, candidate_id)
@@ -94,7 +91,7 @@ def _module_record(repo: Repository, candidate_id: str) -> CandidateRecord:
                               "with the module built while recording")
     tensors = {}
     if cap_art.has_file("init.safetensors"):
-        from modulelens.capture.artifact import load_tensors
+        from modulelens.capture import load_tensors
 
         tensors = load_tensors(cap_art, "init.safetensors")
     init = ModuleInit(args=cap.init.args, kwargs=cap.init.kwargs,
@@ -113,9 +110,8 @@ class CaptureReplay:
     and RNG state, and the mode it ran in."""
 
     def __init__(self, repo: Repository, ref: str):
-        from modulelens.capture.manifest import KIND as CAPTURES
-        from modulelens.capture.manifest import capture_manifest
-        from modulelens.capture.replay import LoadedCapture
+        from modulelens.capture import KIND as CAPTURES
+        from modulelens.capture import LoadedCapture, capture_manifest
 
         art = repo.open(CAPTURES, ref)
         manifest = capture_manifest(art)

@@ -32,7 +32,7 @@ from modulelens.errors import ModuleLensError
 from modulelens.jobs.table import CANCEL_WAIT_S, LONG_TOOLS, JobRecord, JobTable, cancel_marker, now_iso, write_record
 from modulelens.registry import Tool, ToolContext
 from modulelens.replies import rendered_reply
-from modulelens.repo.owners import this_process
+from modulelens.repo import this_process
 
 
 class _Job:

@@ -18,8 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from modulelens.errors import ReferenceNotFound
-from modulelens.repo import default_repo_root
-from modulelens.repo.owners import owner_alive, this_process
+from modulelens.repo import default_repo_root, owner_alive, this_process
 
 JOBS_DIR = ".jobs"
 CANCEL_WAIT_S = 30.0  # how long a cancelled job's tool has to stop its workers before it is killed

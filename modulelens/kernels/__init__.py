@@ -1,1 +1,43 @@
-"""Kernel backends (cpp, cuda, triton), the candidate contract and the template library."""
+"""Kernel backends (cpp, cuda, triton), the candidate contract and the template library.
+
+Other packages import only the names below, from ``modulelens.kernels``; each is imported from
+its module on first use, so that importing one module (a backend table, a sandboxed candidate's
+runtime) does not import the backends' implementations or torch.
+"""
+
+from modulelens.faces import lazy_face
+
+# The modules a candidate process imports (a sandbox worker preloads them before it forks).
+CANDIDATE_RUNTIME = ("modulelens.kernels.backends", "modulelens.kernels.module_candidates",
+                     "modulelens.kernels.build_cache", "modulelens.kernels.module_builds")
+
+_FACE = {
+    # Kernel sources and the candidate contract (the docstring of each module states it).
+    "BackendName": "source", "CPP_KEYWORDS": "source", "KernelSource": "source", "read_source_file": "source",
+    "CANDIDATE_CONTRACT": "source:__doc__", "MODULE_CANDIDATE_CONTRACT": "module_candidates:__doc__",
+    # Backends and their builds.
+    "CompileError": "backends", "get_backend": "backends", "LIB_SUFFIX": "backends.compiler",
+    "summarize_errors": "backends.compiler", "compiler_version": "backends.cpp", "machine_tag": "backends.cpp",
+    "default_build_dir": "build_cache", "publish_dir": "build_cache", "published_build": "build_cache",
+    "read_build": "build_cache", "publish_build": "build_cache", "use_shared_builds": "build_cache",
+    "builds_in_process": "build_cache", "module_build_address": "module_builds", "route_load_inline": "module_builds",
+    # Stored candidates: op kernels and whole modules (ModelNew).
+    "CANDIDATES": "candidates", "CandidateManifest": "candidates", "candidate_manifest": "candidates",
+    "candidate_name": "candidates", "load_candidate": "candidates", "save_agent_candidate": "candidates",
+    "save_candidate": "candidates",
+    "MODULE_BACKEND": "module_candidates", "ModuleCandidate": "module_candidates",
+    "ModuleCandidateManifest": "module_candidates", "ModuleTarget": "module_candidates",
+    "construct": "module_candidates", "is_module_candidate": "module_candidates", "load_class": "module_candidates",
+    "load_module_candidate": "module_candidates", "module_candidate_name": "module_candidates",
+    "save_module_candidate": "module_candidates",
+    # Shape rules a kernel declares.
+    "ShapeRule": "shape_rules", "VariableDim": "shape_rules", "declared_rule": "shape_rules",
+    "probe_sizes": "shape_rules",
+    # Templates: per operator card, and the pointwise-chain family for whole modules.
+    "render_template": "templates:render", "template_variants": "templates:variants",
+    "template_params": "templates:variant_params",
+    "MODULE_TEMPLATE_FAMILY": "module_templates:FAMILY", "MODULE_TEMPLATE_VARIANTS": "module_templates:VARIANTS",
+    "NotFusable": "module_templates", "pointwise_chain": "module_templates", "render_pointwise": "module_templates",
+}
+__all__ = ["CANDIDATE_RUNTIME", *_FACE]
+__getattr__, __dir__ = lazy_face(__name__, _FACE)

@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from modulelens.kernels.source import BackendName, KernelSource
-from modulelens.ops.model import OpCard, parse_card_id
+from modulelens.ops import OpCard, parse_card_id
 from modulelens.repo import Artifact, ManifestBase, Repository, parse_ref
 
 CANDIDATES = "candidates"
@@ -84,7 +84,7 @@ def load_candidate(repo: Repository, candidate_id: str) -> tuple[Artifact, Kerne
 def save_agent_candidate(repo: Repository, card_id: str, src: KernelSource) -> Artifact:
     """Store source the agent (or user) wrote for ``card_id`` as a new candidate; a clear error
     when the card does not exist."""
-    from modulelens.ops.cards import open_card
+    from modulelens.ops import open_card
 
     _, card = open_card(repo, card_id)
     return save_candidate(repo, card, src)

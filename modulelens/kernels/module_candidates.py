@@ -113,8 +113,7 @@ def construct(cls: type, args_spec: Any, kwargs_spec: Any, tensors: dict[str, An
     """``cls(*args, **kwargs)`` with the captured constructor arguments: ``args_spec`` a list and
     ``kwargs_spec`` a dict of value specs (a capture's ``init`` module spec holds them), decoded by
     :mod:`modulelens.capture.values`; ``tensors`` holds the tensors they refer to."""
-    from modulelens.capture.sources import Resolver
-    from modulelens.capture.values import Decoder, TensorSource
+    from modulelens.capture import Decoder, Resolver, TensorSource
 
     resolver = Resolver(sys_path=sys_path)
     decoder = Decoder(TensorSource(tensors), resolver, lambda spec: construct(

@@ -12,11 +12,16 @@ from typing import Any
 import torch
 from pydantic import BaseModel, Field
 
-from modulelens.capture.manifest import KIND as CAPTURES
-from modulelens.capture.manifest import CaptureManifest, capture_manifest
-from modulelens.capture.replay import LoadedCapture
-from modulelens.capture.tracer import set_rng_states
-from modulelens.capture.values import Encoder, TensorSink, flatten
+from modulelens.capture import KIND as CAPTURES
+from modulelens.capture import (
+    CaptureManifest,
+    Encoder,
+    LoadedCapture,
+    TensorSink,
+    capture_manifest,
+    flatten,
+    set_rng_states,
+)
 from modulelens.device import is_cuda, require
 from modulelens.errors import ModuleLensError
 from modulelens.ops.model import KIND, SAMPLES_FILE, CardSample, ModuleTime, OpCard, OpSetManifest

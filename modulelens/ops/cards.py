@@ -9,14 +9,11 @@ from typing import Any
 
 import torch
 
-from modulelens.capture.artifact import load_tensors
-from modulelens.capture.sources import Resolver
-from modulelens.capture.values import Decoder, TensorSource, flatten
+from modulelens.capture import Decoder, Resolver, TensorSource, flatten, load_tensors
 from modulelens.errors import ModuleLensError, ReferenceNotFound
 from modulelens.ops.model import KIND, SAMPLES_FILE, OpCard, OpSetManifest, format_card_id, parse_card_id
 from modulelens.ops.recorder import resolve_op
-from modulelens.repo import Artifact, Repository
-from modulelens.repo.trust import require_trusted
+from modulelens.repo import Artifact, Repository, require_trusted
 
 
 def open_opset(repo: Repository, ref: str) -> tuple[Artifact, OpSetManifest]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from modulelens.capture.manifest import KIND as CAPTURES
+from modulelens.capture import KIND as CAPTURES
 from modulelens.ops.model import KIND, OpSetManifest
 from modulelens.repo import Repository
 

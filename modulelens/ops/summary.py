@@ -11,8 +11,7 @@ from modulelens.listing import LeftOut, keep_first
 from modulelens.ops.cards import open_card, open_opset
 from modulelens.ops.model import CardSample, OpCard, OpKind, OpSetManifest, Phase
 from modulelens.replies import ToolReply
-from modulelens.repo import Repository
-from modulelens.repo.store import MANIFEST
+from modulelens.repo import MANIFEST, Repository
 
 
 class CardSummary(BaseModel):

@@ -18,13 +18,11 @@ import torch
 from pydantic import BaseModel, Field
 
 from modulelens.callbacks import ProgressFn
-from modulelens.capture.manifest import KIND as CAPTURES
-from modulelens.capture.manifest import capture_manifest
-from modulelens.capture.replay import LoadedCapture
+from modulelens.capture import KIND as CAPTURES
+from modulelens.capture import LoadedCapture, capture_manifest
 from modulelens.device import require
 from modulelens.listing import LeftOut
-from modulelens.ops.cards import open_card, require_tensor_inputs, run_card, sample_call
-from modulelens.ops.model import OpCard, is_card_id
+from modulelens.ops import OpCard, is_card_id, open_card, require_tensor_inputs, run_card, sample_call
 from modulelens.profiling.bandwidth import copy_bandwidth
 from modulelens.profiling.breakdown import OpTime, profile_breakdown
 from modulelens.replies import ToolReply

@@ -29,8 +29,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from modulelens.errors import ModuleLensError
-from modulelens.kernels.module_candidates import ModuleCandidate
-from modulelens.kernels.source import KernelSource
+from modulelens.kernels import KernelSource, ModuleCandidate
 from modulelens.providers.module_prompting import MODULE_LANGUAGE, build_module_messages
 from modulelens.providers.module_request import ModuleRequest, module_lineage
 from modulelens.providers.prompting import build_messages, extract_code, prompt_sha256

@@ -20,8 +20,7 @@ import importlib
 from typing import Any, Protocol, runtime_checkable
 
 from modulelens.errors import ModuleLensError, tool_call
-from modulelens.kernels.module_candidates import ModuleCandidate
-from modulelens.kernels.source import KernelSource
+from modulelens.kernels import KernelSource, ModuleCandidate
 from modulelens.providers.module_request import ModuleRequest
 from modulelens.providers.prompting import build_messages, describe_arguments, extract_code, prompt_sha256
 from modulelens.providers.request import GenerationRequest, lineage

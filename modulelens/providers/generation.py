@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from modulelens.callbacks import ProgressFn
-from modulelens.kernels.candidates import load_candidate, save_candidate
-from modulelens.kernels.source import BackendName, KernelSource
-from modulelens.ops.cards import open_card
+from modulelens.kernels import BackendName, KernelSource, load_candidate, save_candidate
+from modulelens.ops import open_card
 from modulelens.providers.base import get_provider
 from modulelens.providers.request import GenerationRequest
 from modulelens.repo import Artifact, Repository

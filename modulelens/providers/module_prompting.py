@@ -14,9 +14,9 @@ MODULE_LANGUAGE = "triton"  # a Python source: extract_code prefers ```python bl
 
 def module_contract_text() -> str:
     """The module candidate contract, as :mod:`modulelens.kernels.module_candidates` states it."""
-    import modulelens.kernels.module_candidates as mc
+    from modulelens.kernels import MODULE_CANDIDATE_CONTRACT
 
-    doc = (mc.__doc__ or "").split("\n\n")[1]
+    doc = (MODULE_CANDIDATE_CONTRACT or "").split("\n\n")[1]
     return " ".join(doc.split()).replace("``", "`")
 
 

@@ -16,9 +16,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from modulelens.capture.manifest import CaptureManifest, capture_manifest
-from modulelens.capture.spec import mapping_items, sequence_items
-from modulelens.kernels.module_candidates import ModuleCandidate
+from modulelens.capture import CaptureManifest, capture_manifest, mapping_items, sequence_items
+from modulelens.kernels import ModuleCandidate
 from modulelens.providers.values import describe_value
 from modulelens.repo import Artifact
 
@@ -67,7 +66,7 @@ def _source(obj: Any) -> str | None:
 
 def _class_fields(capture: Artifact, manifest: CaptureManifest) -> dict[str, Any]:
     """class_source, forward_source and signature of the captured class, as far as readable."""
-    from modulelens.capture.replay import LoadedCapture
+    from modulelens.capture import LoadedCapture
 
     try:
         cls = LoadedCapture(capture).resolver(manifest.class_path)

@@ -13,10 +13,10 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from modulelens.capture.spec import SpecVisitor, TensorSpec, ValueKind, mapping_items, sequence_items
+from modulelens.capture import SpecVisitor, TensorSpec, ValueKind, mapping_items, sequence_items
 from modulelens.errors import ModuleLensError
-from modulelens.kernels.source import CPP_KEYWORDS
-from modulelens.ops.model import OpCard, as_card
+from modulelens.kernels import CPP_KEYWORDS
+from modulelens.ops import OpCard, as_card
 from modulelens.providers.request import GenerationRequest
 from modulelens.providers.values import describe_value, spec_tensor_text, tensor_text, value_kind
 
@@ -89,9 +89,9 @@ _BACKEND_NOTES = {
 
 def contract_text() -> str:
     """The candidate contract, as stated in :mod:`modulelens.kernels.source` (its bullet list)."""
-    import modulelens.kernels.source as source
+    from modulelens.kernels import CANDIDATE_CONTRACT
 
-    doc = (source.__doc__ or "").split("For a whole captured module")[0]
+    doc = (CANDIDATE_CONTRACT or "").split("For a whole captured module")[0]
     bullets: list[str] = []
     for line in doc.splitlines():
         s = line.strip()
@@ -105,7 +105,7 @@ def contract_text() -> str:
 def _schema_arguments(op: str) -> tuple[list[Any], list[str]]:
     """(arguments, return type strings) of the aten schema, or empty lists when torch cannot say."""
     try:
-        from modulelens.ops.recorder import resolve_op
+        from modulelens.ops import resolve_op
 
         schema = resolve_op(op)._schema
         return list(schema.arguments), [str(r.type) for r in schema.returns]

@@ -6,8 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from modulelens.kernels.source import KernelSource
-from modulelens.ops.model import OpCard
+from modulelens.kernels import KernelSource
+from modulelens.ops import OpCard
 
 
 class GenerationRequest(BaseModel):

@@ -11,8 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from modulelens.errors import ModuleLensError
-from modulelens.kernels import templates
-from modulelens.kernels.source import KernelSource
+from modulelens.kernels import KernelSource, render_template, template_variants
 from modulelens.providers.request import GenerationRequest, lineage
 
 
@@ -21,7 +20,7 @@ class TemplateProvider:
 
     def generate(self, req: GenerationRequest, ctx: Any = None) -> KernelSource:
         op = req.card.op
-        count = int(templates.variants(req.card, req.backend))
+        count = int(template_variants(req.card, req.backend))
         if count <= 0:
             raise ModuleLensError(
                 f"no built-in template covers {op} for the {req.backend} backend",
@@ -36,7 +35,7 @@ class TemplateProvider:
                 f"variant {req.variant} does not exist for the {req.backend} template of {op}",
                 f"its variants are 0 to {count - 1}; leave variant out for the default (0)",
             )
-        ks = templates.render(req.card, req.backend, variant)
+        ks = render_template(req.card, req.backend, variant)
         provenance = {
             **ks.provenance,
             "provider": self.name,

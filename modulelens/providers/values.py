@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from modulelens.capture.spec import SpecVisitor, TensorSpec, ValueKind
+from modulelens.capture import SpecVisitor, TensorSpec, ValueKind
 
 
 def tensor_text(shape: Any, dtype: Any, stride: Any, contiguous: bool) -> str:

@@ -38,7 +38,7 @@ from typing import Any
 
 from pydantic import BaseModel, TypeAdapter
 
-from modulelens.repo.owners import owner_alive, this_process
+from modulelens.repo import owner_alive, this_process
 from modulelens.sandbox import forkserver, protocol
 from modulelens.sandbox.cleanup import remove_tree
 from modulelens.sandbox.containment import Layer, namespace_prefix

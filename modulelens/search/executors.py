@@ -32,8 +32,7 @@ from pydantic import BaseModel, Field
 
 from modulelens.device import is_cuda
 from modulelens.errors import ModuleLensError
-from modulelens.kernels.candidates import load_candidate
-from modulelens.kernels.source import KernelSource
+from modulelens.kernels import KernelSource, load_candidate
 from modulelens.repo import Repository
 from modulelens.sandbox.pool import SandboxPool
 from modulelens.validation.messages import RemeasuredResult
@@ -157,8 +156,8 @@ class LocalExecutor:
 def opset_files(repo: Repository, card_id: str) -> tuple[str, dict[str, bytes]]:
     """The relative folder of the opset holding ``card_id`` and its files (manifest included).
     Only a trusted opset is shipped: the node trusts what it receives (see :func:`evaluate_shipped`)."""
-    from modulelens.ops.cards import open_card
-    from modulelens.repo.trust import require_trusted
+    from modulelens.ops import open_card
+    from modulelens.repo import require_trusted
 
     art, _ = open_card(repo, card_id)
     require_trusted(art, "send its cards to Ray workers")
@@ -173,7 +172,7 @@ def _scratch_repository(opset_dir: str, files: dict[str, bytes]) -> Path:
     this node's key here, in a scratch repository nobody else reads. The caller removes it."""
     import tempfile
 
-    from modulelens.repo.trust import sign_folder
+    from modulelens.repo import sign_folder
 
     scratch = Path(tempfile.mkdtemp(prefix="modulelens-ray-"))
     target = scratch / opset_dir
@@ -189,8 +188,8 @@ def evaluate_shipped(task_json: str, opset_dir: str, files: dict[str, bytes]) ->
     this node, validate there (a sandbox worker of this node), and return the result as JSON."""
     import shutil
 
-    from modulelens.kernels.candidates import save_candidate
-    from modulelens.ops.cards import open_card
+    from modulelens.kernels import save_candidate
+    from modulelens.ops import open_card
 
     task = EvalTask.model_validate_json(task_json)
     scratch = _scratch_repository(opset_dir, files)

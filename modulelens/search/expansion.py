@@ -18,9 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from modulelens.kernels.candidates import load_candidate
-from modulelens.kernels.source import KernelSource
-from modulelens.ops.model import OpCard
+from modulelens.kernels import KernelSource, load_candidate
+from modulelens.ops import OpCard
 from modulelens.providers.base import Provider, get_provider
 from modulelens.providers.request import GenerationRequest
 from modulelens.search.model import NodeRecord, SearchSettings, SearchTarget
@@ -70,9 +69,9 @@ class Expander:
 
     def space(self) -> list[dict[str, Any]]:
         if self._space is None:
-            from modulelens.kernels import templates
+            from modulelens.kernels import template_params
 
-            self._space = templates.variant_params(self.card, self.settings.backend)
+            self._space = template_params(self.card, self.settings.backend)
         return self._space
 
     def _untried(self, tree: SearchTree) -> list[int]:
@@ -100,7 +99,7 @@ class Expander:
         return proposal_from(provider.generate(request, self.ctx))
 
     def _template_child(self, tree: SearchTree, node: NodeRecord) -> Proposal:
-        from modulelens.kernels import templates
+        from modulelens.kernels import render_template
 
         untried, space = self._untried(tree), self.space()
         base = node.variant if node.node != ROOT and node.variant is not None else 0  # the root varies the default
@@ -112,7 +111,7 @@ class Expander:
                           if n.provider == "template" and n.variant is not None]
             variant = min(untried, key=lambda i: (len(_changed(here, space[i])),
                                                   tried_axes.count(_changed(here, space[i])), i))
-        src = templates.render(self.card, self.settings.backend, variant)
+        src = render_template(self.card, self.settings.backend, variant)
         src = src.model_copy(update={"provenance": {**src.provenance, "provider": "template", "variants": len(self.space())}})
         return proposal_from(src, variant)
 

@@ -24,10 +24,8 @@ from typing import Any
 from modulelens.callbacks import ProgressFn
 from modulelens.cancellation import CallCancelled
 from modulelens.errors import ModuleLensError
-from modulelens.kernels.candidates import candidate_name, load_candidate, save_candidate
-from modulelens.kernels.source import KernelSource
-from modulelens.ops.cards import open_card
-from modulelens.ops.model import OpCard
+from modulelens.kernels import KernelSource, candidate_name, load_candidate, save_candidate
+from modulelens.ops import OpCard, open_card
 from modulelens.providers.base import Provider
 from modulelens.repo import Repository
 from modulelens.search.executors import EvalResult, EvalTask, Executor, LocalExecutor, RemeasureRequest, store_result

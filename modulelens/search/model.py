@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from modulelens.kernels.source import BackendName
+from modulelens.kernels import BackendName
 from modulelens.replies import ToolReply
 from modulelens.repo import ManifestBase
 

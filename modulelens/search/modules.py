@@ -39,8 +39,7 @@ def _no_progress(done: float, total: float | None = None, message: str | None = 
 
 def _module_candidates(repo: Repository, capture: Artifact) -> list[tuple[Artifact, Any]]:
     """(candidate, its module candidate) of every module candidate stored for ``capture``."""
-    from modulelens.kernels.candidates import CANDIDATES
-    from modulelens.kernels.module_candidates import load_module_candidate, module_candidate_name
+    from modulelens.kernels import CANDIDATES, load_module_candidate, module_candidate_name
 
     name = module_candidate_name(capture)
     out = []
@@ -53,8 +52,9 @@ def _module_candidates(repo: Repository, capture: Artifact) -> list[tuple[Artifa
 
 def _template_sources(capture: Artifact) -> tuple[list[str], str | None]:
     """The module template sources for the captured module (one per variant), or why none fits."""
-    from modulelens.capture.replay import LoadedCapture
-    from modulelens.kernels.module_templates import VARIANTS, NotFusable, pointwise_chain, render_pointwise
+    from modulelens.capture import LoadedCapture
+    from modulelens.kernels import MODULE_TEMPLATE_VARIANTS as VARIANTS
+    from modulelens.kernels import NotFusable, pointwise_chain, render_pointwise
 
     loaded = LoadedCapture(capture)
     args, kwargs = loaded.inputs()
@@ -120,7 +120,7 @@ def _llm_children(repo: Repository, capture: Artifact, target: Any, settings: Se
                   stored: list[tuple[Artifact, Any]], outcome: ModuleOutcome, *, ctx: Any, provider: Any,
                   search_id: str | None, spent_usd: float, progress: ProgressFn) -> None:
     """Ask the LLM provider for ModelNew children and validate each (see the module docstring)."""
-    from modulelens.kernels.module_candidates import save_module_candidate
+    from modulelens.kernels import save_module_candidate
     from modulelens.providers.base import ModuleProvider, get_provider
     from modulelens.providers.module_request import describe_capture
     from modulelens.validation.module_runs import validate_stored_module
@@ -176,10 +176,10 @@ def search_module(repo: Repository, capture_ref: str, settings: SearchSettings,
     ``provider`` overrides the provider named in the settings (tests drive fakes through it);
     ``search_id`` marks the LLM children (their spend counts to that search's ``max_cost``);
     ``spent_usd`` is what the rest of the search has spent."""
-    from modulelens.capture.manifest import KIND as CAPTURES
-    from modulelens.capture.manifest import capture_manifest
-    from modulelens.kernels.module_candidates import ModuleCandidate, ModuleTarget, save_module_candidate
-    from modulelens.kernels.module_templates import FAMILY
+    from modulelens.capture import KIND as CAPTURES
+    from modulelens.capture import capture_manifest
+    from modulelens.kernels import MODULE_TEMPLATE_FAMILY as FAMILY
+    from modulelens.kernels import ModuleCandidate, ModuleTarget, save_module_candidate
     from modulelens.validation.module_runs import validate_stored_module
 
     capture = repo.open(CAPTURES, capture_ref)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from modulelens.listing import LeftOut, keep_first_each
-from modulelens.ops.cards import resolved_card_id
+from modulelens.ops import resolved_card_id
 from modulelens.replies import ToolReply
 from modulelens.repo import Repository
 from modulelens.search.model import NODES, SEARCHES, NodeRecord, SearchSettings, TargetOutcome

@@ -13,8 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from modulelens.errors import ModuleLensError
-from modulelens.ops.cards import open_card, open_opset
-from modulelens.ops.model import OpCard, is_card_id
+from modulelens.ops import OpCard, is_card_id, open_card, open_opset
 from modulelens.repo import Repository
 from modulelens.search.model import SearchSettings, SearchTarget
 
@@ -41,9 +40,9 @@ def _fits(card: OpCard, settings: SearchSettings) -> bool:
         return False
     if settings.provider != "template":
         return True
-    from modulelens.kernels import templates
+    from modulelens.kernels import template_variants
 
-    return templates.variants(card, settings.backend) > 0
+    return template_variants(card, settings.backend) > 0
 
 
 def _headroom(t: SearchTarget) -> float:

@@ -86,9 +86,7 @@ def capture_series(capture: Artifact) -> CaptureSeries:
     """Statistics of every tensor a capture holds: inputs, outputs, weights (and gradients when
     captured). Shape-only tensors get the summary kept in the manifest (mean, std, min, max, zero
     fraction): their other statistics are None and ``stored`` is False."""
-    from modulelens.capture.artifact import load_tensors
-    from modulelens.capture.manifest import capture_manifest
-    from modulelens.capture.spec import TensorSpec
+    from modulelens.capture import TensorSpec, capture_manifest, load_tensors
 
     m = capture_manifest(capture)
     tensors: dict[str, TensorEntry] = {}

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from modulelens.capture.manifest import KIND as CAPTURES
+from modulelens.capture import KIND as CAPTURES
 from modulelens.listing import LeftOut
 from modulelens.replies import ToolReply
 from modulelens.repo import Artifact, Repository

@@ -157,7 +157,7 @@ def _disable_dynamo() -> None:
 
 def run_sentinel(request: StatsWorkerRequest) -> StatsWorkerResult:
     """Worker side of the NaN/Inf rerun: run the script with a sentinel (nothing is stored)."""
-    from modulelens.capture.runner import run_user_file
+    from modulelens.capture import run_user_file
     from modulelens.stats.collector import StopRun
     from modulelens.stats.sentinel import NonfiniteSentinel
 
@@ -175,7 +175,7 @@ def run_sentinel(request: StatsWorkerRequest) -> StatsWorkerResult:
 
 def run(request: StatsWorkerRequest) -> StatsWorkerResult:
     """Worker side: run the script with a collector and store the statistics."""
-    from modulelens.capture.runner import run_user_file, script_error
+    from modulelens.capture import run_user_file, script_error
     from modulelens.stats.collector import StatsCollector, StopRun
 
     if request.mode == "nan_origin":

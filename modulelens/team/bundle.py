@@ -9,14 +9,12 @@ whoever pulls it sees how it validated.
 
 from __future__ import annotations
 
-from modulelens.capture.manifest import KIND as CAPTURES
+from modulelens.capture import KIND as CAPTURES
 from modulelens.errors import ModuleLensError
-from modulelens.kernels.candidates import CANDIDATES, CandidateManifest
-from modulelens.kernels.module_candidates import ModuleCandidateManifest, is_module_candidate
-from modulelens.ops.model import KIND as OPSETS
-from modulelens.ops.model import OpSetManifest, parse_card_id
-from modulelens.repo import Artifact, Repository
-from modulelens.repo.store import MANIFEST, sha256_file
+from modulelens.kernels import CANDIDATES, CandidateManifest, ModuleCandidateManifest, is_module_candidate
+from modulelens.ops import KIND as OPSETS
+from modulelens.ops import OpSetManifest, parse_card_id
+from modulelens.repo import MANIFEST, Artifact, Repository, sha256_file
 from modulelens.stats.manifest import KIND as STATS
 from modulelens.stats.manifest import StatsManifest
 from modulelens.team.model import REMOTE_KINDS, LocalRef, PushItem, origin_alias

@@ -28,9 +28,16 @@ from typing import Any
 from pydantic import ValidationError
 
 from modulelens.errors import ChecksumMismatch, ModuleLensError
-from modulelens.repo import ManifestBase, Repository, validate_name
-from modulelens.repo.store import MANIFEST, sha256_file, validation_problem
-from modulelens.repo.trust import is_confined, is_trusted
+from modulelens.repo import (
+    MANIFEST,
+    ManifestBase,
+    Repository,
+    is_confined,
+    is_trusted,
+    sha256_file,
+    validate_name,
+    validation_problem,
+)
 from modulelens.team.model import PulledArtifact, is_local_tag
 from modulelens.team.packs import PACKS, usable_path
 

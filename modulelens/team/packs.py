@@ -178,7 +178,7 @@ def pack_entries(repo: Repository, name: str | None = None) -> list[PackListEntr
     """Every stored pack version (made by ``pack``, pushed or pulled), by name then version; only the
     versions of ``name`` when given (an unknown name is a clear error); each with its last run and
     check (:mod:`modulelens.dispatch.results`)."""
-    from modulelens.repo.trust import is_trusted
+    from modulelens.repo import is_trusted
 
     if name:
         repo.resolve(PACKS, name)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from modulelens.errors import ModuleLensError
-from modulelens.kernels.source import KernelSource, read_source_file
+from modulelens.kernels import KernelSource, read_source_file
 from modulelens.paths import outside_warnings, source_file
 from modulelens.registry import ToolContext, tool
 from modulelens.replies import ToolReply, call

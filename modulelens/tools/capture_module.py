@@ -6,9 +6,7 @@ import time
 
 from pydantic import Field
 
-from modulelens.capture.manifest import KIND
-from modulelens.capture.summary import CaptureSummary, capture_warnings, summarize
-from modulelens.capture.worker import ScriptCaptureOptions, capture_script
+from modulelens.capture import KIND, CaptureSummary, ScriptCaptureOptions, capture_script, capture_warnings, summarize
 from modulelens.paths import input_path
 from modulelens.registry import ToolContext, tool
 from modulelens.replies import ToolReply, call

@@ -6,10 +6,9 @@ from pathlib import Path
 
 from pydantic import Field
 
-from modulelens.capture.worker import ScriptCaptureOptions, capture_script
+from modulelens.capture import ScriptCaptureOptions, capture_script
 from modulelens.listing import MAX_ITEMS
-from modulelens.ops.build import RecordOptions, record_opset
-from modulelens.ops.summary import OpSetSummary, summarize_opset
+from modulelens.ops import OpSetSummary, RecordOptions, record_opset, summarize_opset
 from modulelens.paths import input_path
 from modulelens.registry import ToolContext, tool
 from modulelens.replies import call

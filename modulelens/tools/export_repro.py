@@ -14,8 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from modulelens.capture.manifest import KIND
-from modulelens.capture.repro import ReproFile, check_repro, write_repro
+from modulelens.capture import KIND, ReproFile, check_repro, write_repro
 from modulelens.errors import ModuleLensError, arg
 from modulelens.paths import output_folder
 from modulelens.registry import ToolContext, tool

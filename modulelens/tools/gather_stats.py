@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from modulelens.capture.manifest import KIND as CAPTURES
+from modulelens.capture import KIND as CAPTURES
 from modulelens.listing import MAX_ITEMS, LeftOut, keep_first
 from modulelens.paths import input_path
 from modulelens.registry import ToolContext, tool

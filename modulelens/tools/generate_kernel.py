@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from modulelens.kernels.candidates import candidate_manifest, load_candidate
-from modulelens.kernels.source import BackendName
+from modulelens.kernels import BackendName, candidate_manifest, load_candidate
 from modulelens.providers.generation import generate_candidate
 from modulelens.registry import ToolContext, tool
 from modulelens.replies import ToolReply, call

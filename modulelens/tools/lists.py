@@ -12,11 +12,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from modulelens.capture.summary import CaptureEntry, capture_entries
+from modulelens.capture import CaptureEntry, capture_entries
 from modulelens.errors import tool_call
 from modulelens.listing import MAX_ITEMS, LeftOut, keep_first
-from modulelens.ops.opsets import OpsetEntry, opset_entries
-from modulelens.ops.summary import OpSetSummary, summarize_opset
+from modulelens.ops import OpsetEntry, OpSetSummary, opset_entries, summarize_opset
 from modulelens.profiling.bandwidth import copy_bytes_per_s
 from modulelens.registry import ToolContext, tool
 from modulelens.replies import ToolReply, call

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from modulelens.kernels.source import BackendName
+from modulelens.kernels import BackendName
 from modulelens.registry import ToolContext, tool
 from modulelens.replies import call
 from modulelens.repo import Repository
@@ -35,7 +35,7 @@ class OptimizeRequest(BaseModel):
 @tool
 def optimize(req: OptimizeRequest, ctx: ToolContext) -> SearchResult:
     """Tree-search kernels for cards, or a capture's top cards and the module itself (resumable)."""
-    from modulelens.ops.model import is_card_id
+    from modulelens.ops import is_card_id
     from modulelens.search.modules import search_module
 
     repo = Repository(ctx.repo_root)

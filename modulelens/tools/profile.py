@@ -11,10 +11,9 @@ from pydantic import Field
 from modulelens.callbacks import ProgressFn
 from modulelens.device import require
 from modulelens.errors import InvalidName
-from modulelens.kernels.candidates import CANDIDATES, candidate_manifest, load_candidate
+from modulelens.kernels import CANDIDATES, candidate_manifest, load_candidate
 from modulelens.listing import MAX_ITEMS, keep_first
-from modulelens.ops.cards import open_card
-from modulelens.ops.model import is_card_id
+from modulelens.ops import is_card_id, open_card
 from modulelens.profiling.targets import ProfileOptions, ProfileResult, add_roofline, profile_target
 from modulelens.registry import ToolContext, tool
 from modulelens.replies import call

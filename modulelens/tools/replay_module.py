@@ -9,16 +9,25 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, Field
 
-from modulelens.capture.leafcall import BUFFER_PREFIX, replayed_state
-from modulelens.capture.manifest import KIND, CaptureManifest, capture_manifest
-from modulelens.capture.replay import LoadedCapture
-from modulelens.capture.spec import TensorSpec
-from modulelens.capture.tracer import autocast_regions, set_rng_states
-from modulelens.capture.values import flatten, keyed_tensors, keyed_values, parse_dtype
+from modulelens.capture import (
+    BUFFER_PREFIX,
+    KIND,
+    CaptureManifest,
+    LoadedCapture,
+    TensorSpec,
+    autocast_regions,
+    capture_manifest,
+    flatten,
+    keyed_tensors,
+    keyed_values,
+    parse_dtype,
+    replayed_state,
+    set_rng_states,
+)
 from modulelens.device import require, synchronize
 from modulelens.errors import ModuleLensError, ReplayFailed, arg
 from modulelens.numerics import diff, short_repr, tolerances
-from modulelens.ops.replay import CardReplay, replay_card
+from modulelens.ops import CardReplay, replay_card
 from modulelens.registry import ToolContext, tool
 from modulelens.replies import ToolReply, call
 from modulelens.repo import Repository

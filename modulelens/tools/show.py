@@ -12,18 +12,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from modulelens.capture.manifest import KIND as CAPTURES
-from modulelens.capture.manifest import capture_manifest
-from modulelens.capture.summary import CaptureSummary, capture_warnings, summarize
+from modulelens.capture import KIND as CAPTURES
+from modulelens.capture import CaptureSummary, capture_manifest, capture_warnings, summarize
 from modulelens.dispatch.pack import STORED_PACK_FILE, PackEnvironment
 from modulelens.dispatch.results import PackUse
 from modulelens.errors import tool_call
 from modulelens.listing import MAX_ITEMS, LeftOut, keep_first
-from modulelens.ops.summary import CardDetail, describe_card
+from modulelens.ops import CardDetail, describe_card
 from modulelens.registry import ToolContext, tool
 from modulelens.replies import ToolReply, call
-from modulelens.repo import Repository
-from modulelens.repo.trust import is_trusted
+from modulelens.repo import Repository, is_trusted
 from modulelens.search.summary import SearchSummary, search_summary
 from modulelens.stats.runs import StatsRunView, TensorStatsRow, capture_tensor_rows, stats_view, thin_steps
 from modulelens.team.packs import PACKS, PackedEntryView, PackManifest, entry_views

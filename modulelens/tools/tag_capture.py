@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from modulelens.capture.manifest import KIND
+from modulelens.capture import KIND
 from modulelens.registry import ToolContext, tool
 from modulelens.replies import ToolReply
 from modulelens.repo import Repository

@@ -8,9 +8,9 @@ from pydantic import BaseModel, Field
 
 from modulelens.registry import ToolContext, tool
 from modulelens.replies import ToolReply, call
-from modulelens.repo import Repository
-from modulelens.repo.trust import TrustReview, review
-from modulelens.repo.trust import trust as sign
+from modulelens.repo import Repository, TrustReview
+from modulelens.repo import review_trust as review
+from modulelens.repo import trust_artifact as sign
 
 
 class TrustRequest(BaseModel):

@@ -12,19 +12,24 @@ from typing import TypeVar
 
 from pydantic import BaseModel, Field
 
-from modulelens.capture.manifest import KIND as CAPTURES
-from modulelens.capture.manifest import capture_manifest
+from modulelens.capture import KIND as CAPTURES
+from modulelens.capture import capture_manifest
 from modulelens.device import require
 from modulelens.errors import ModuleLensError
-from modulelens.kernels.candidates import CANDIDATES, candidate_manifest, load_candidate, save_agent_candidate
-from modulelens.kernels.module_candidates import (
+from modulelens.kernels import (
+    CANDIDATES,
+    BackendName,
+    KernelSource,
     ModuleCandidate,
     ModuleTarget,
+    candidate_manifest,
     is_module_candidate,
+    load_candidate,
     load_module_candidate,
+    read_source_file,
+    save_agent_candidate,
     save_module_candidate,
 )
-from modulelens.kernels.source import BackendName, KernelSource, read_source_file
 from modulelens.listing import MAX_ITEMS, LeftOut, keep_first
 from modulelens.paths import outside_warnings, source_file
 from modulelens.registry import ToolContext, tool

@@ -25,7 +25,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from modulelens.kernels.source import KernelSource
+from modulelens.kernels import KernelSource
 from modulelens.sandbox.containment import Isolation
 from modulelens.sandbox.shm import TensorSlot
 

@@ -27,13 +27,8 @@ import torch
 
 from modulelens.device import DeviceUnavailable, require
 from modulelens.errors import ModuleLensError
-from modulelens.kernels import build_cache
-from modulelens.kernels.backends import get_backend
-from modulelens.kernels.backends.compiler import LIB_SUFFIX
-from modulelens.kernels.shape_rules import declared_rule
-from modulelens.ops.cards import open_card, sample_call
-from modulelens.ops.model import OpCard
-from modulelens.ops.recorder import resolve_op
+from modulelens.kernels import LIB_SUFFIX, declared_rule, get_backend, publish_build, published_build, read_build
+from modulelens.ops import OpCard, open_card, resolve_op, sample_call
 from modulelens.repo import Repository
 from modulelens.timing import Timing, measure_speedup, thread_choice
 from modulelens.validation.candidate_messages import Loaded, LoadOpRequest, LoadRequest
@@ -247,18 +242,18 @@ class _Validator(CandidateChecker):
         if address is None:
             return None
         filename = f"{address}{LIB_SUFFIX}"
-        found = build_cache.published_build(address, filename, shared)
+        found = published_build(address, filename, shared)
         if found is not None and not loaded.fresh_build:
             return found
         self.proc.pause()
         try:
-            data = build_cache.read_build(self.proc.scratch, ["build", address, filename])
+            data = read_build(self.proc.scratch, ["build", address, filename])
         except ValueError as e:
             self.check("build verified", False, str(e))
             raise CandidateFailed(f"its build cannot be verified: {e}") from None
         finally:
             self.proc.resume()
-        return found or build_cache.publish_build(shared, address, data, filename)
+        return found or publish_build(shared, address, data, filename)
 
     def _evidence(self, scanned: bool) -> str:
         parts = ["aten ops recorded by the profiler in the candidate's process, all threads (reported by that "

@@ -9,9 +9,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from modulelens.kernels.candidates import CANDIDATES, candidate_manifest, load_candidate
+from modulelens.kernels import CANDIDATES, candidate_manifest, load_candidate
 from modulelens.listing import LeftOut
-from modulelens.ops.cards import resolved_card_id
+from modulelens.ops import resolved_card_id
 from modulelens.replies import ToolReply
 from modulelens.repo import Artifact, Repository
 from modulelens.validation.report import ValidationReport

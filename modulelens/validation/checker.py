@@ -14,10 +14,7 @@ from typing import Any
 import torch
 
 from modulelens.errors import ModuleLensError
-from modulelens.kernels import build_cache
-from modulelens.kernels.backends.compiler import LIB_SUFFIX
-from modulelens.kernels.build_cache import default_build_dir
-from modulelens.kernels.module_builds import module_build_address
+from modulelens.kernels import LIB_SUFFIX, default_build_dir, module_build_address, publish_build, read_build
 from modulelens.sandbox.candidate_process import CandidateDied, CandidateProcess, scratch_parent
 from modulelens.sandbox.containment import Isolation, Layer, foreign_in, secrets_layer
 from modulelens.sandbox.shm import TensorSlot, aligned, encode_value, span_bytes
@@ -141,7 +138,7 @@ class CandidateChecker(ReportKeeper):
     def publish_extensions(self, loaded: Loaded, source: str, shared: Path) -> None:
         """Publish the ``load_inline`` extensions a module candidate built (names it claims), each
         found at the address this checker computes from ``source`` and the name, read while the
-        candidate is stopped without following links (see :func:`build_cache.read_build`); what
+        candidate is stopped without following links (see :func:`~modulelens.kernels.build_cache.read_build`); what
         cannot be verified is simply not shared. Each extension gets a line in the checks."""
         for name in loaded.shared_extensions:
             self.check(f"extension {name}", True, "taken from the shared build cache")
@@ -152,11 +149,11 @@ class CandidateChecker(ReportKeeper):
                     continue
                 address, filename = module_build_address(source, name), f"{name}{LIB_SUFFIX}"
                 try:
-                    data = build_cache.read_build(self.proc.scratch, ["build", address, filename])
+                    data = read_build(self.proc.scratch, ["build", address, filename])
                 except ValueError as e:
                     self.check(f"extension {name}", True, f"built, not shared: {e}")
                     continue
-                shared_as = build_cache.publish_build(shared, address, data, filename)
+                shared_as = publish_build(shared, address, data, filename)
                 self.check(f"extension {name}", True, f"built, verified and shared as {address}" if shared_as
                            else "built, not shared: the build cache could not be written")
         finally:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from modulelens.ops.recorder import classify
+from modulelens.ops import classify
 
 # Operators a custom kernel may call: allocation, copies, views and metadata.
 ALLOWED_OPS = frozenset({

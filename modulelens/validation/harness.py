@@ -29,11 +29,12 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from modulelens.kernels import CANDIDATE_RUNTIME
+
 # What a template imports before forking candidate processes (modulelens.sandbox.forkserver): the
 # runtime every candidate process imports anyway, so a fork finds it imported.
 PRELOAD = ("modulelens.validation.candidate_messages", "modulelens.sandbox.containment", "modulelens.sandbox.mounts",
-           "modulelens.sandbox.seccomp", "modulelens.kernels.backends", "modulelens.kernels.module_candidates",
-           "modulelens.kernels.build_cache", "modulelens.kernels.module_builds", "torch.utils.cpp_extension",
+           "modulelens.sandbox.seccomp", *CANDIDATE_RUNTIME, "torch.utils.cpp_extension",
            "safetensors.torch", "triton.language", "triton.runtime.interpreter")
 
 
@@ -99,9 +100,9 @@ class _Harness:
         if req.backend == "module":
             import safetensors.torch  # noqa: F401
 
-            from modulelens.kernels import module_candidates  # noqa: F401
+            from modulelens.kernels import ModuleCandidate  # noqa: F401 - the module candidates' runtime
         else:
-            from modulelens.kernels.backends import get_backend
+            from modulelens.kernels import get_backend
 
             get_backend(req.backend)
             if req.backend == "triton":
@@ -114,12 +115,11 @@ class _Harness:
         return Ready(pid=os.getpid())
 
     def load(self, req) -> Any:
-        from modulelens.kernels import build_cache
-        from modulelens.kernels.backends import CompileError, get_backend
+        from modulelens.kernels import CompileError, builds_in_process, get_backend, use_shared_builds
         from modulelens.validation.candidate_messages import Loaded
 
         if req.shared_build_dir:
-            build_cache.use_shared_builds(Path(req.shared_build_dir))
+            use_shared_builds(Path(req.shared_build_dir))
         backend = get_backend(req.candidate.backend)
         try:
             if req.compile_only:
@@ -128,7 +128,7 @@ class _Harness:
             self.entry = backend.load(req.candidate.source, req.candidate.entry, Path(req.build_dir))
         except CompileError as e:
             return Loaded(isolation=self.isolation, ok=False, error=e.message)
-        builds = build_cache.builds_in_process()
+        builds = builds_in_process()
         if not builds:
             return Loaded(isolation=self.isolation, ok=True)
         name, library, fresh = builds[-1]
@@ -136,7 +136,7 @@ class _Harness:
 
     def load_op(self, req) -> Any:
         """The reference operator as the entry (plain, or through torch.compile)."""
-        from modulelens.ops.recorder import resolve_op
+        from modulelens.ops import resolve_op
         from modulelens.validation.candidate_messages import Loaded
 
         try:
@@ -161,13 +161,11 @@ class _Harness:
         captured weights by name (strict)."""
         from safetensors.torch import load_file
 
-        from modulelens.kernels import build_cache
-        from modulelens.kernels.module_builds import route_load_inline
-        from modulelens.kernels.module_candidates import construct, load_class
+        from modulelens.kernels import builds_in_process, construct, load_class, route_load_inline, use_shared_builds
         from modulelens.validation.candidate_messages import Loaded
 
         if req.shared_build_dir:
-            build_cache.use_shared_builds(Path(req.shared_build_dir))
+            use_shared_builds(Path(req.shared_build_dir))
         route_load_inline(req.source, self.scratch / "build")
         try:
             cls = load_class(req.source, req.class_name)
@@ -182,7 +180,7 @@ class _Harness:
             return Loaded(isolation=self.isolation, ok=False, failed_step="build",
                           error=text[0][:300] if text else type(e).__name__)
         self.entry = module
-        builds = build_cache.builds_in_process()
+        builds = builds_in_process()
         return Loaded(isolation=self.isolation, ok=True, fresh_extensions=[n for n, _, built in builds if built],
                       shared_extensions=[n for n, _, built in builds if not built])
 
@@ -338,7 +336,7 @@ class _Harness:
         entry = self.entry
         if training is None:
             return lambda: entry(*args, **kwargs)
-        from modulelens.capture.tracer import set_rng_states
+        from modulelens.capture import set_rng_states
 
         entry.train(training)
         if grad:
@@ -381,7 +379,7 @@ class _Harness:
 def _load_error(e: BaseException) -> str:
     """Short text of a load failure: the first compiler errors of a failed C++ build, else the
     exception's first line."""
-    from modulelens.kernels.backends.compiler import summarize_errors
+    from modulelens.kernels import summarize_errors
 
     text = str(e)
     if "error:" in text:

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from modulelens.capture.values import flatten
+from modulelens.capture import flatten
 from modulelens.numerics import CHUNK_ELEMENTS
 
 

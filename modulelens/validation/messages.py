@@ -24,7 +24,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, TypeAdapter
 
-from modulelens.kernels.source import KernelSource
+from modulelens.kernels import KernelSource
 from modulelens.sandbox.worker_messages import (
     CrashedResult,
     InternalErrorResult,

@@ -105,7 +105,7 @@ def readable_sys_path(sys_path: list[str], repo_root: Path) -> list[Path]:
     """The capture's ``sys_path`` folders a module candidate may read (its constructor's argument
     classes import from them): existing folders that are not the repository, the signing key's
     folder or the home folder, nor hold any of them."""
-    from modulelens.repo.trust import config_dir
+    from modulelens.repo import config_dir
 
     secret = [Path(os.path.realpath(p)) for p in (repo_root, config_dir(), Path.home())]
     out = []
@@ -133,9 +133,8 @@ class _ModuleValidator(ModuleChecks, CandidateChecker):
         self.numpy_bridges: set[str] = set()
 
     def run(self) -> ValidationReport:
-        from modulelens.capture.manifest import KIND as CAPTURES
-        from modulelens.capture.manifest import capture_manifest
-        from modulelens.capture.replay import LoadedCapture
+        from modulelens.capture import KIND as CAPTURES
+        from modulelens.capture import LoadedCapture, capture_manifest
         from modulelens.repo import Repository
 
         repo = Repository(self.task.repo)
@@ -174,7 +173,7 @@ class _ModuleValidator(ModuleChecks, CandidateChecker):
         that has that process build ``class_name`` of ``source`` from them."""
         from safetensors.torch import save_file
 
-        from modulelens.capture.artifact import load_tensors
+        from modulelens.capture import load_tensors
 
         path = proc.scratch / "state.safetensors"
         save_file({k: v.detach().cpu().contiguous().clone() for k, v in state.items()}, str(path))
@@ -322,7 +321,7 @@ class _ModuleValidator(ModuleChecks, CandidateChecker):
     def run_original(self, reference: torch.nn.Module, args: list, kwargs: dict, training: bool,
                      rng: dict | None) -> Any:
         """The original module's outputs on copies of ``args`` (``rng``: the RNG state set before)."""
-        from modulelens.capture.tracer import set_rng_states
+        from modulelens.capture import set_rng_states
 
         reference.train(training)
         if rng is not None:
@@ -394,7 +393,7 @@ class _ModuleValidator(ModuleChecks, CandidateChecker):
                 art: Any, manifest: Any) -> None:
         """The original module (in its own reference process) against the candidate, in the mode
         the candidate is packed for (see the module docstring)."""
-        from modulelens.capture.tracer import rng_states
+        from modulelens.capture import rng_states
 
         rng = rng_states() if training else None  # set before every timed call, on both sides
         module_call = ModuleCall(training, rng)

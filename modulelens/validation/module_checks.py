@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from modulelens.kernels.shape_rules import declared_rule
+from modulelens.kernels import declared_rule
 from modulelens.validation.checker import ModuleCall
 from modulelens.validation.inputs import FRESH_STATE, fresh_inputs, fresh_state, tensors
 from modulelens.validation.messages import ValidateModuleTask
@@ -98,7 +98,7 @@ class ModuleChecks:
     def check_training_case(self, reference: torch.nn.Module, args: list, kwargs: dict, label: str) -> str | None:
         """Training forward with the same RNG state on both sides, then the gradients for a random
         output gradient against the original module's."""
-        from modulelens.capture.tracer import rng_states
+        from modulelens.capture import rng_states
 
         rng = rng_states()
         problem = self.check_case(reference, args, kwargs, f"training, same RNG state, {label}", training=True, rng=rng)
@@ -146,7 +146,7 @@ class ModuleChecks:
     # -- training ---------------------------------------------------------------------------------
     def check_training(self, loaded: Any, reference: torch.nn.Module, args: list, kwargs: dict,
                        expected: Any) -> str | None:
-        from modulelens.capture.tracer import rng_states
+        from modulelens.capture import rng_states
 
         # random draws (dropout) follow each device's own generator: on another device than the
         # captured one, the captured RNG state, output and gradients are no reference
@@ -221,7 +221,7 @@ def _newly_non_finite(outputs: list[torch.Tensor], base: list[torch.Tensor]) -> 
 
 def _reference_backward(module: torch.nn.Module, args: list, kwargs: dict, rng: dict) -> tuple[list, dict, list]:
     """The original module's input and parameter gradients for a random output gradient (also returned)."""
-    from modulelens.capture.tracer import set_rng_states
+    from modulelens.capture import set_rng_states
 
     a = [x.detach().clone().requires_grad_(x.is_floating_point()) if isinstance(x, torch.Tensor) else x for x in args]
     module.train(True)

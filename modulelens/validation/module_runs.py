@@ -4,11 +4,10 @@ ModelNew) and the module level of ``optimize`` both run."""
 from __future__ import annotations
 
 from modulelens.callbacks import ProgressFn
-from modulelens.capture.manifest import KIND as CAPTURES
-from modulelens.capture.manifest import capture_manifest
+from modulelens.capture import KIND as CAPTURES
+from modulelens.capture import capture_manifest
 from modulelens.device import require
-from modulelens.kernels.backends.base import default_build_dir
-from modulelens.kernels.module_candidates import ModuleCandidate, ModuleTarget
+from modulelens.kernels import ModuleCandidate, ModuleTarget, default_build_dir
 from modulelens.repo import Artifact, Repository
 from modulelens.sandbox.pool import DEFAULT_MEMORY_LIMIT_MB
 from modulelens.validation.messages import ModuleSource, ValidateModuleTask

@@ -14,8 +14,7 @@ from pathlib import Path
 
 from modulelens.device import require
 from modulelens.errors import ModuleLensError
-from modulelens.ops.cards import open_card, sample_call
-from modulelens.ops.recorder import resolve_op
+from modulelens.ops import open_card, resolve_op, sample_call
 from modulelens.repo import Repository
 from modulelens.timing import SpeedupMeasurement, measure_speedups, thread_choice
 from modulelens.validation.candidate_messages import LoadOpRequest, LoadRequest

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from modulelens.kernels.shape_rules import ShapeRule
+from modulelens.kernels import ShapeRule
 from modulelens.sandbox.containment import Isolation
 from modulelens.timing import MeasurementDetail, Timing
 

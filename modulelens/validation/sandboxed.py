@@ -13,13 +13,10 @@ from modulelens.callbacks import ProgressFn
 from modulelens.cancellation import CallCancelled
 from modulelens.device import require
 from modulelens.errors import ModuleLensError
-from modulelens.kernels.build_cache import default_build_dir
-from modulelens.kernels.candidates import candidate_manifest
-from modulelens.kernels.source import KernelSource
+from modulelens.kernels import KernelSource, candidate_manifest, default_build_dir
 from modulelens.listing import LeftOut
-from modulelens.ops.cards import open_card
-from modulelens.repo import Artifact, Repository
-from modulelens.repo.trust import KEY_FILE, config_dir, require_trusted, verified_digest
+from modulelens.ops import open_card
+from modulelens.repo import KEY_FILE, Artifact, Repository, config_dir, require_trusted, verified_digest
 from modulelens.sandbox.pool import DEFAULT_MEMORY_LIMIT_MB, SandboxPool, shared_pool
 from modulelens.timing import Timing
 from modulelens.validation.messages import (

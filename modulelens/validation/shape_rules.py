@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from modulelens.kernels.shape_rules import ShapeRule, VariableDim, probe_sizes
+from modulelens.kernels import ShapeRule, VariableDim, probe_sizes
 
 SEED = 7919
 

@@ -14,8 +14,9 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from modulelens.kernels.build_cache import publish_dir
-from modulelens.repo import trust
+from modulelens.capture import REPLAY_RUNTIME
+from modulelens.kernels import publish_dir
+from modulelens.repo import accept_verified, forbid_key
 from modulelens.sandbox.containment import CHECKER, Layer, confine_checker
 from modulelens.sandbox.worker_messages import TaskRunner
 from modulelens.validation import card, checker
@@ -32,12 +33,12 @@ from modulelens.validation.messages import (
 def confine(task: SandboxTask) -> list[Layer]:
     """Confine this (checker) process for ``task`` and accept the artifacts its caller verified;
     the layers in force, named ``checker: ...``."""
-    trust.forbid_key()
+    forbid_key()
     conf = getattr(task, "confinement", None)
     if conf is None:
         return [Layer(name=CHECKER + "landlock", in_force=False, detail="the caller gave no confinement")]
     for item in conf.inputs:
-        trust.accept_verified(Path(item.path), item.manifest_sha256)
+        accept_verified(Path(item.path), item.manifest_sha256)
     checker.SECRETS.clear()
     checker.SECRETS.update({what: Path(path) for what, path in conf.secrets.items()})
     build = Path(task.build_dir)
@@ -72,4 +73,4 @@ def run_task(task: SandboxTask, stage: Callable[[str], None]) -> SandboxResult:
 
 
 RUNNER = TaskRunner(tasks=TASKS, run=run_task,
-                    preload=(checker.HARNESS, "modulelens.validation.module", "modulelens.capture.replay"))
+                    preload=(checker.HARNESS, "modulelens.validation.module", *REPLAY_RUNTIME))

@@ -27,9 +27,9 @@ import pytest
 import torch
 
 import modulelens
-from modulelens.kernels.backends import get_backend
-from modulelens.kernels.build_cache import default_build_dir, publish_dir
-from modulelens.kernels.source import KernelSource
+from modulelens.kernels import get_backend
+from modulelens.kernels import default_build_dir, publish_dir
+from modulelens.kernels import KernelSource
 from modulelens.registry import ToolContext
 from modulelens.sandbox import forkserver
 from modulelens.sandbox.containment import namespace_prefix

@@ -36,7 +36,7 @@ from modulelens.kernels.templates import (
     softmax_backward,
 )
 from modulelens.kernels.templates.call import NoMatch, call_from_card, jsonable
-from modulelens.ops.model import CardSample, OpCard, as_card
+from modulelens.ops import CardSample, OpCard, as_card
 
 CardLike = OpCard | Mapping[str, Any]  # a card, or its stored JSON form
 
@@ -178,8 +178,8 @@ def synthetic_card(op: str, args: list, kwargs: dict | None = None, output: Any 
     operator."""
     import torch
 
-    from modulelens.capture.values import Encoder, TensorSink
-    from modulelens.ops.recorder import classify, resolve_op, variant_key
+    from modulelens.capture import Encoder, TensorSink
+    from modulelens.ops import classify, resolve_op, variant_key
 
     class _SpecOnly(TensorSink):
         def add(self, key: str, t: torch.Tensor) -> dict[str, Any]:

@@ -13,10 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from modulelens.capture.spec import SpecVisitor, TensorSpec, ValueKind, mapping_items
+from modulelens.capture import SpecVisitor, TensorSpec, ValueKind, mapping_items
 from modulelens.kernels.source import CPP_KEYWORDS
-from modulelens.ops.model import OpCard, as_card
-from modulelens.ops.recorder import resolve_op
+from modulelens.ops import OpCard, as_card, resolve_op
 
 
 class NoMatch(Exception):

@@ -7,8 +7,9 @@ A package whose modules are costly to import (torch) or that is imported one mod
     __all__ = [...]                      # the names other packages may import
     __getattr__, __dir__ = lazy_face(__name__, {"Name": "module", "Alias": "module:name"})
 
-``from package import Name`` then imports ``package.module`` (and only it) the first time, and
-``Name`` is bound on the package so that later look-ups are plain attribute reads.
+``from package import Name`` then imports ``package.module`` (and only it) the first time. The
+face binds nothing on the package: each look-up reads the module's current attribute, so a name
+patched where it is defined (a test's monkeypatch) is what a caller's later import gets.
 """
 
 from __future__ import annotations
@@ -27,9 +28,7 @@ def lazy_face(package: str, table: dict[str, str]) -> tuple[Callable[[str], obje
         if where is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         module, _, attribute = where.partition(":")
-        value = getattr(importlib.import_module(f"{package}.{module}"), attribute or name)
-        setattr(sys.modules[package], name, value)
-        return value
+        return getattr(importlib.import_module(f"{package}.{module}"), attribute or name)
 
     def __dir__() -> list[str]:
         return sorted(set(vars(sys.modules[package])) | set(table))

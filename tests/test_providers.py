@@ -389,7 +389,7 @@ def test_urllib_transport_returns_http_errors(monkeypatch):
 @pytest.fixture
 def fake_templates(monkeypatch):
     """The template library cut down to three layer-norm variants: the provider's own logic alone."""
-    from modulelens.kernels import templates
+    from modulelens.providers import template
 
     calls = []
 
@@ -401,8 +401,8 @@ def fake_templates(monkeypatch):
         return KernelSource(backend=backend, source=f"// layer norm v{variant}\n", family="layernorm",
                             params={"block": 64 * (variant + 1)}, provider="template")
 
-    monkeypatch.setattr(templates, "variants", variants)
-    monkeypatch.setattr(templates, "render", render)
+    monkeypatch.setattr(template, "template_variants", variants)
+    monkeypatch.setattr(template, "render_template", render)
     return calls
 
 

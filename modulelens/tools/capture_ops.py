@@ -32,7 +32,7 @@ def _capture_first(req: CaptureOpsRequest, ctx: ToolContext) -> str:
     script = input_path(req.ref, ctx.project, "ref")
     options = ScriptCaptureOptions(script=str(script), script_args=req.script_args, module=req.module,
                                    max_tensor_bytes=req.max_tensor_bytes, backward=req.backward)
-    return capture_script(options, Repository(ctx.repo_root)).ref
+    return capture_script(options, Repository(ctx.repo_root), workdir=ctx.project).ref
 
 
 @tool

@@ -165,9 +165,10 @@ def gather_stats(req: GatherStatsRequest, ctx: ToolContext) -> GatherStatsResult
     script = input_path(req.script or "", ctx.project, "script")
     name = validate_name(req.name) if req.name else default_stats_name(script)
     request = StatsWorkerRequest(
-        script=str(script), script_args=req.script_args, name=name, repo=str(repo.root), every=req.every,
-        steps=req.steps, step_on=req.step_on, eager=req.eager, params=req.params, fx=req.fx, ema=req.ema,
-        plots=req.plots, sample=req.sample, thresholds=req.thresholds, nproc=req.nproc, nan_rerun=req.nan_rerun,
+        script=str(script), script_args=req.script_args, name=name, repo=str(repo.root), workdir=str(ctx.project),
+        every=req.every, steps=req.steps, step_on=req.step_on, eager=req.eager, params=req.params, fx=req.fx,
+        ema=req.ema, plots=req.plots, sample=req.sample, thresholds=req.thresholds, nproc=req.nproc,
+        nan_rerun=req.nan_rerun,
         # Stop at a step boundary with time left to store the statistics before the hard limit.
         stop_at=time.time() + req.timeout - min(60.0, 0.2 * req.timeout),
     )

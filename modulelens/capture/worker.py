@@ -31,7 +31,7 @@ class ScriptCaptureOptions(BaseModel):
     ``script_args`` are positional arguments on the CLI."""
 
     script: str = Field(
-        description="Script to run unmodified, or a KernelBench file.",
+        description="Or: a KernelBench file.",
         json_schema_extra={"cli": "argument"},
     )
     script_args: list[str] = Field(
@@ -47,7 +47,7 @@ class ScriptCaptureOptions(BaseModel):
     kind: Literal["auto", "script", "kernelbench"] = Field("auto")
     backward: bool = Field(False, description="Also capture gradients.")
     export: bool = Field(True, description="Save a torch.export program.")
-    pickle: bool = Field(False, description="Also pickle the module.")
+    pickle: bool = Field(False)
     max_tensor_bytes: int | None = Field(
         None, ge=0, description="Larger tensors are stored shape-only."
     )

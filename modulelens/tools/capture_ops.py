@@ -23,7 +23,7 @@ class CaptureOpsRequest(RecordOptions):
     )
     script_args: list[str] = Field(default_factory=list,
                                    json_schema_extra={"cli": "argument"})
-    module: str = Field("", description="With a script: the module to capture.")
+    module: str = Field("", description="With a script: which module.")
     top: int = Field(10, ge=1, le=MAX_ITEMS, description="Items listed per list; all are stored.")
 
 

@@ -27,7 +27,7 @@ from modulelens.stats.worker import StatsWorkerRequest, gather_script_stats
 class GatherStatsRequest(BaseModel):
     script: str | None = Field(
         None,
-        description="Training script (optimizer.step() marks steps).",
+        description="optimizer.step() ends a step.",
         json_schema_extra={"cli": "argument"},
     )
     script_args: list[str] = Field(
@@ -51,11 +51,11 @@ class GatherStatsRequest(BaseModel):
     plots: bool = Field(True)
     thresholds: dict[str, float] = Field(
         default_factory=dict,
-        description="Finding thresholds (dead_zero_frac, ...).",
+        description="Per finding (dead_zero_frac, ...).",
     )
     nproc: int = Field(1, ge=1, description="Processes under torchrun.")
     nan_rerun: bool = Field(True, description="Rerun to find where NaN/Inf began.")
-    wandb: bool = Field(False, description="Also log to W&B.")
+    wandb: bool = Field(False)
     wandb_project: str | None = Field(None)
     timeout: float = Field(3600.0, gt=0, description="Seconds (stops at a step).")
     top: int = Field(20, ge=1, le=MAX_ITEMS, description="Items listed per list; all are stored.")
@@ -147,7 +147,7 @@ def _result(art: Artifact, source: str, top: int | None, tail: str = "", seconds
 
 @tool
 def gather_stats(req: GatherStatsRequest, ctx: ToolContext) -> GatherStatsResult:
-    """Per-module activation, gradient and weight statistics and findings, of a script every N steps or a capture."""
+    """Per-module activation, gradient and weight statistics and findings, of a training script or a capture."""
     repo = Repository(ctx.repo_root)
     t0 = time.perf_counter()
     if req.capture:

@@ -27,7 +27,8 @@ or a :class:`WorkerFailure` (``ok: false``, the error's message and hint). The c
 one, unless the interpreter itself dies (segfault, out of memory): then there is no file.
 
 The sandbox's workers (:mod:`modulelens.sandbox.pool`) share :func:`module_command` and
-:func:`how_it_ended` only. The rest differs on purpose: they are long-lived pool processes that
+:func:`how_it_ended` only (the fork server's template and the detached job processes of
+:mod:`modulelens.jobs` share :func:`module_command`). The rest differs on purpose: they are long-lived pool processes that
 take many tasks over pipes, run untrusted candidates (an allow-listed environment, not the
 caller's; their output goes to files in a scratch folder, not to stderr; a memory limit), and a
 crash there is a verdict on a candidate, not an error of the call.

@@ -163,6 +163,8 @@ def _rule_cases():
                        lambda s: [torch.randn(*s, 64), [64], w, b, 1e-5], [(1, 1), (3, 33), (5, 9)]),
         "reduction": ("aten.mean.dim", [torch.randn(4, 8, 6), [1], True], lambda s: [torch.randn(*s, 8, 6), [1], True],
                       [(1,), (9,)]),
+        "pooling": ("aten._adaptive_avg_pool2d.default", [torch.randn(2, 3, 10, 7), [3, 5]],  # test_pooling_cpp's build
+                    lambda s: [torch.randn(*s, 10, 7), [3, 5]], [(1, 1), (5, 9)]),
         "rms_norm": ("aten._fused_rms_norm.default", [torch.randn(2, 16, 64), [64], w, 1e-5],
                      lambda s: [torch.randn(*s, 64), [64], w, 1e-5], [(1, 1), (3, 33)]),
         "softmax": ("aten._safe_softmax.default", [torch.randn(2, 2, 16, 16), -1],
@@ -179,7 +181,7 @@ def _rule_cases():
 def test_rule_kernels_declare_their_rule_and_take_other_sizes(backend):
     """The declared dimensions vary at run time (the same results as eager at sizes the card did
     not have: the batch of an elementwise operator, the rows of a layer or RMS norm, the outer dimensions of a reduction, every dimension of a
-    softmax); a dimension the rule fixes is still refused."""
+    softmax, the batch and channels of a pooling); a dimension the rule fixes is still refused."""
     from modulelens.kernels.shape_rules import declared_rule
 
     for name, (op, sample, make, shapes) in _rule_cases().items():
@@ -194,6 +196,9 @@ def test_rule_kernels_declare_their_rule_and_take_other_sizes(backend):
         if name == "layer_norm":
             with pytest.raises((RuntimeError, ValueError), match="specialised for shape"):
                 fn(torch.randn(2, 16, 32), [32], torch.randn(32), torch.randn(32), 1e-5)
+        if name == "pooling":  # the spatial sizes (the bins) stay as validated
+            with pytest.raises((RuntimeError, ValueError), match="specialised for shape"):
+                fn(torch.randn(2, 3, 11, 7), [3, 5])
 
 
 def test_a_non_contiguous_sample_gets_no_rule():

@@ -44,13 +44,27 @@ def test_optimize_a_capture_searches_its_module_and_packs_both_levels(act_captur
     result = optimize(OptimizeRequest(targets=["act"], max_evals=1, top=1), ctx)
     (module,) = result.modules
     assert module.class_path == "transformers.activations:NewGELUActivation" and module.evaluations == 1
-    assert module.best_candidate == "act.module:v1" and module.speedup_vs_eager, module
-    card_winner = result.targets[0].best_candidate
-    assert result.pack_candidates == [card_winner, module.best_candidate]
+    (node,) = module.nodes
+    assert node.candidate == "act.module:v1" and node.correct, node
+    # "best" only when surely faster: on a busy machine the interval may not tell, and then there is none
+    if module.best_candidate is not None:
+        assert module.best_candidate == node.candidate and module.speedup_interval, module
+    else:
+        assert module.speedup_vs_eager is None, module
+    card = result.targets[0]
+    # only a best that is surely faster than eager is suggested for the pack; a warning names the others
+    surely = [c for c, i in ((card.best_candidate, card.speedup_interval),
+                             (module.best_candidate, module.speedup_interval)) if c and i and i[0] > 1]
+    assert result.pack_candidates == surely, (result.pack_candidates, result.warnings)
+    for best in {card.best_candidate, module.best_candidate} - set(surely) - {None}:
+        assert any(best in w and "not surely faster" in w for w in result.warnings), result.warnings
     again = optimize(OptimizeRequest(targets=["act"], max_evals=1, top=1), ctx)  # a rerun reuses the stored child
-    assert again.modules[0].evaluations == 0 and again.modules[0].best_candidate == module.best_candidate
+    assert again.modules[0].evaluations == 0 and [n.candidate for n in again.modules[0].nodes] == [node.candidate]
 
-    packed = pack(PackRequest(candidates=result.pack_candidates, force=True), ctx)
+    # both levels packed (--force: whatever this shared machine measured), whichever card candidate was tried
+    card_winner = card.best_candidate or next(
+        f"{name}:v1" for name in modulelens.repo.Repository(act_capture).names("candidates") if ".card" in name)
+    packed = pack(PackRequest(candidates=[card_winner, node.candidate], force=True), ctx)
     torch.manual_seed(1)
     mlp, eager = _mlp().train(), _mlp().train()
     eager.load_state_dict(mlp.state_dict())
@@ -64,8 +78,8 @@ def test_optimize_a_capture_searches_its_module_and_packs_both_levels(act_captur
     for p, q in zip(mlp.parameters(), eager.parameters()):
         assert torch.allclose(p.grad, q.grad, atol=1e-5)
     by_id = {e.candidate_id: e for e in applied.report().entries}
-    assert by_id[module.best_candidate].hits_by_phase == {"forward": 2, "backward": 2}
-    assert "admits 1..129" in by_id[module.best_candidate].shape_rule  # the hidden size 64 checked up to 129
+    assert by_id[node.candidate].hits_by_phase == {"forward": 2, "backward": 2}
+    assert "admits 1..129" in by_id[node.candidate].shape_rule  # the hidden size 64 checked up to 129
     assert by_id[card_winner].hits == 0  # its operator runs inside the module entry only
 
 
@@ -78,5 +92,3 @@ def test_a_module_no_template_fits_says_why(tmp_path):
     outcome = search_module(modulelens.repo.Repository(tmp_path), "lin", SearchSettings())
     assert outcome.best_candidate is None and outcome.evaluations == 0
     assert "it has parameters" in outcome.template_note
-    llm = search_module(modulelens.repo.Repository(tmp_path), "lin", SearchSettings(provider="anthropic"))
-    assert "validate_kernel of a ModelNew (source: its file, target: lin:v1)" in llm.template_note

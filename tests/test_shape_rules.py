@@ -63,21 +63,37 @@ class _SequenceMean(torch.nn.Module):
         return x.mean(dim=1, keepdim=True)
 
 
+def _validated_template(repo, make, x: torch.Tensor, op: str):
+    """The validation report of the triton template (interpreted) for the ``op`` card of
+    ``make()(x)`` (the module built inside the capture, so its construction is recorded)."""
+    import modulelens
+    from modulelens.tools.capture_ops import CaptureOpsRequest, capture_ops
+    from modulelens.tools.generate_kernel import GenerateKernelRequest, generate_kernel
+
+    ctx = ToolContext(repo_root=repo)
+    with modulelens.capture("", name="m", repo=repo, export=False):
+        make()(x)
+    (card,) = [c.card_id for c in capture_ops(CaptureOpsRequest(ref="m", repeats=3), ctx).cards if c.op == op]
+    cand = generate_kernel(GenerateKernelRequest(card=card, backend="triton"), ctx).candidate_id
+    return validate_kernel(ValidateKernelRequest(candidate=cand, time=False, seeds=1), ctx)
+
+
 @pytest.mark.slow
 def test_a_reduction_template_is_validated_at_its_rule_sizes(tmp_path):
     """The triton template (interpreted) of the reduction family declares its rule (the dimension
     before the reduced one) and passes validation at sizes not captured. (The rms_norm template's
     operator decomposes on CPU, so no card of it is captured here: its rule is exercised by
     tests/test_kernels_templates.py.)"""
-    import modulelens
-    from modulelens.tools.capture_ops import CaptureOpsRequest, capture_ops
-    from modulelens.tools.generate_kernel import GenerateKernelRequest, generate_kernel
-
-    ctx = ToolContext(repo_root=tmp_path)
-    with modulelens.capture("", name="mean", repo=tmp_path, export=False):
-        _SequenceMean()(torch.randn(4, 6, 16))
-    (card,) = [c.card_id for c in capture_ops(CaptureOpsRequest(ref="mean", repeats=3), ctx).cards if c.op == "aten.mean.dim"]
-    cand = generate_kernel(GenerateKernelRequest(card=card, backend="triton"), ctx).candidate_id
-    r = validate_kernel(ValidateKernelRequest(candidate=cand, time=False, seeds=1), ctx)
+    r = _validated_template(tmp_path, _SequenceMean, torch.randn(4, 6, 16), "aten.mean.dim")
     assert r.correct, r.reason
     assert r.shape_rule.checked and [d.sizes for d in r.shape_rule.dims] == [[1, 3, 4, 9]], r.shape_rule
+
+
+@pytest.mark.slow
+def test_a_pooling_template_is_validated_at_its_rule_sizes(tmp_path):
+    """The pooling template's batch and channels vary (its planes are read at run time): checked at
+    sizes not captured, each on its own; the spatial sizes stay as captured."""
+    r = _validated_template(tmp_path, lambda: torch.nn.AdaptiveAvgPool2d((3, 5)), torch.randn(2, 3, 10, 7), "aten._adaptive_avg_pool2d.default")
+    assert r.correct, r.reason
+    assert r.shape_rule.checked and r.shape_rule.text() == "0.0 0.1", r.shape_rule
+    assert [d.sizes for d in r.shape_rule.dims] == [[1, 2, 5], [1, 3, 7]], r.shape_rule

@@ -1,4 +1,5 @@
-"""The ``anthropic`` provider: a kernel written by Claude through the Anthropic Messages API.
+"""The ``anthropic`` provider: a kernel (or a module's ``ModelNew``) written by Claude through the
+Anthropic Messages API.
 
 Plain HTTPS with :mod:`urllib.request` (no SDK), behind a small :class:`Transport` so tests can
 fake the wire. Settings, read when ``generate`` runs:
@@ -28,7 +29,10 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from modulelens.errors import ModuleLensError
+from modulelens.kernels.module_candidates import ModuleCandidate
 from modulelens.kernels.source import KernelSource
+from modulelens.providers.module_prompting import MODULE_LANGUAGE, build_module_messages
+from modulelens.providers.module_request import ModuleRequest, module_lineage
 from modulelens.providers.prompting import build_messages, extract_code, prompt_sha256
 from modulelens.providers.request import GenerationRequest, lineage
 
@@ -176,17 +180,32 @@ class AnthropicProvider:
         return key
 
     def generate(self, req: GenerationRequest, ctx: Any = None) -> KernelSource:
-        key = self._key()  # before anything else: no key, no request
         system, user = build_messages(req)
+        code, provenance = self._write(system, user, req.backend)
+        provenance.update(variant=req.variant, **lineage(req))
+        return KernelSource(backend=req.backend, source=code, provider=self.name,
+                            params={"variant": req.variant}, provenance=provenance)
+
+    def generate_module(self, req: ModuleRequest, ctx: Any = None) -> ModuleCandidate:
+        """A ``ModelNew`` for the captured module ``req`` describes (a repair or an improvement of
+        ``req.parent`` when given)."""
+        system, user = build_module_messages(req)
+        code, provenance = self._write(system, user, MODULE_LANGUAGE)
+        provenance.update(variant=req.variant, **module_lineage(req))
+        return ModuleCandidate(source=code, claims_training=req.training, provider=self.name, provenance=provenance)
+
+    def _write(self, system: str, user: str, language: str) -> tuple[str, dict[str, Any]]:
+        """(the code of the reply to the prompt, its provenance)."""
+        key = self._key()  # before anything else: no key, no request
         reply = self.complete(system, user, key=key)
         try:
-            code = extract_code(reply["text"], req.backend)
+            code = extract_code(reply["text"], language)
         except ModuleLensError as e:
             if reply.get("stop_reason") == "max_tokens":
                 raise ModuleLensError(e.message, "the reply was cut off at max_tokens; raise "
                                       "MODULELENS_ANTHROPIC_MAX_TOKENS or ask for a shorter kernel")
             raise
-        provenance = {
+        return code, {
             "provider": self.name,
             "model": reply["model"],
             "requested_model": reply["requested_model"],
@@ -201,11 +220,7 @@ class AnthropicProvider:
             "request_id": reply["request_id"],
             "message_id": reply["message_id"],
             "temperature": self.temperature,
-            "variant": req.variant,
-            **lineage(req),
         }
-        return KernelSource(backend=req.backend, source=code, provider=self.name,
-                            params={"variant": req.variant}, provenance=provenance)
 
     def complete(self, system: str, user: str, *, key: str | None = None) -> dict[str, Any]:
         """One Messages API call with retries. Returns text, model, tokens, cost, attempts, ids."""

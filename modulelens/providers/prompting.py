@@ -21,7 +21,7 @@ from modulelens.providers.request import GenerationRequest
 from modulelens.providers.values import describe_value, spec_tensor_text, tensor_text, value_kind
 
 __all__ = ["build_messages", "card_fields", "contract_text", "describe_arguments", "extract_code", "fence",
-           "prompt_sha256"]
+           "prompt_sha256", "repair_task", "report_text"]
 
 # --- code extraction -------------------------------------------------------------------------
 
@@ -257,7 +257,8 @@ _MAX_ERROR_CHARS = 2000
 _MAX_ERRORS_CHARS = 6000
 
 
-def _report_text(report: dict[str, Any]) -> str:
+def report_text(report: dict[str, Any]) -> str:
+    """A validation report (as JSON) in lines for a repair prompt: verdict, speed and errors, capped."""
     lines = []
     for key in _REPORT_KEYS:
         if report.get(key) is not None:
@@ -280,7 +281,8 @@ def _report_text(report: dict[str, Any]) -> str:
     return "\n".join(lines) or "- (empty report)"
 
 
-def _repair_task(report: dict[str, Any]) -> str:
+def repair_task(report: dict[str, Any]) -> str:
+    """What a repair prompt asks, from the parent's report: fix it, stop wrapping torch, or make it faster."""
     verdict = str(report.get("verdict") or "").lower()
     if report.get("correct") is False or verdict in ("rejected", "error", "failed", "incorrect"):
         return ("It failed validation. Fix the cause of the errors above and return a corrected, complete version; "
@@ -313,7 +315,7 @@ def build_messages(req: GenerationRequest) -> tuple[str, str]:
     system = render("system", **fields)
     if req.parent is not None and req.parent_report is not None:
         user = render("repair_kernel", **fields, parent_source=req.parent.source.strip("\n"),
-                      report=_report_text(req.parent_report), task=_repair_task(req.parent_report))
+                      report=report_text(req.parent_report), task=repair_task(req.parent_report))
     else:
         user = render("generate_kernel", **fields)
     return system, user

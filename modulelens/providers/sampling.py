@@ -1,4 +1,5 @@
-"""The ``sampling`` provider: the MCP client's own model writes the kernel (MCP sampling).
+"""The ``sampling`` provider: the MCP client's own model writes the kernel, or a module's
+``ModelNew`` (MCP sampling).
 
 The tool runs in a worker thread; the MCP server puts a blocking ``sample(system, user,
 max_tokens) -> (reply text, model name)`` on the :class:`~modulelens.registry.ToolContext`, built
@@ -22,7 +23,10 @@ from typing import Any
 
 from modulelens.callbacks import SampleFn
 from modulelens.errors import ModuleLensError
+from modulelens.kernels.module_candidates import ModuleCandidate
 from modulelens.kernels.source import KernelSource
+from modulelens.providers.module_prompting import MODULE_LANGUAGE, build_module_messages
+from modulelens.providers.module_request import ModuleRequest, module_lineage
 from modulelens.providers.prompting import build_messages, extract_code, prompt_sha256
 from modulelens.providers.request import GenerationRequest, lineage
 
@@ -44,13 +48,26 @@ class SamplingProvider:
         self.max_tokens = max_tokens
 
     def generate(self, req: GenerationRequest, ctx: Any) -> KernelSource:
+        system, user = build_messages(req)
+        code, provenance = self._write(system, user, req.backend, ctx)
+        provenance.update(variant=req.variant, **lineage(req))
+        return KernelSource(backend=req.backend, source=code, provider=self.name,
+                            params={"variant": req.variant}, provenance=provenance)
+
+    def generate_module(self, req: ModuleRequest, ctx: Any) -> ModuleCandidate:
+        """A ``ModelNew`` for the captured module ``req`` describes, from the client's model."""
+        system, user = build_module_messages(req)
+        code, provenance = self._write(system, user, MODULE_LANGUAGE, ctx)
+        provenance.update(variant=req.variant, **module_lineage(req))
+        return ModuleCandidate(source=code, claims_training=req.training, provider=self.name, provenance=provenance)
+
+    def _write(self, system: str, user: str, language: str, ctx: Any) -> tuple[str, dict[str, Any]]:
+        """(the code of the client model's reply to the prompt, its provenance)."""
         sample: SampleFn | None = getattr(ctx, "sample", None)
         if sample is None:
             raise ModuleLensError(UNAVAILABLE, UNAVAILABLE_HINT)
-        system, user = build_messages(req)
         text, model = sample(system, user, self.max_tokens)
-        code = extract_code(text, req.backend)
-        provenance = {
+        return extract_code(text, language), {
             "provider": self.name,
             "model": model,
             "prompt_sha256": prompt_sha256(system, user),
@@ -58,11 +75,7 @@ class SamplingProvider:
             "input_tokens": None,  # MCP sampling reports neither tokens nor cost
             "output_tokens": None,
             "cost_usd": None,
-            "variant": req.variant,
-            **lineage(req),
         }
-        return KernelSource(backend=req.backend, source=code, provider=self.name,
-                            params={"variant": req.variant}, provenance=provenance)
 
 
 class SamplingInputRequired(BaseException):  # noqa: N818 - a control-flow signal, not an error

@@ -152,6 +152,18 @@ class NodeRecord(ManifestBase):
                 and bool(self.speedup_vs_eager) and not self.flagged)
 
 
+class ModuleNode(BaseModel):
+    """One module candidate of a capture's module level, with its latest validation."""
+
+    candidate: str
+    parent: str | None = Field(None, description="The candidate it repairs or improves (LLM children).")
+    provider: str
+    verdict: str | None = None
+    correct: bool = False
+    reason: str = ""
+    speedup_vs_eager: float | None = None
+
+
 class ModuleOutcome(BaseModel):
     """The module level of a capture target: ModelNew candidates for the captured module itself."""
 
@@ -162,8 +174,10 @@ class ModuleOutcome(BaseModel):
     speedup_vs_eager: float | None = Field(None, description="From its validation.")
     speedup_interval: list[float] | None = Field(None, description="Its 95% interval [low, high].")
     evaluations: int = Field(0, description="Module candidates validated by this run.")
-    candidates: list[str] = Field(default_factory=list, description="Module candidates of the capture, validated.")
+    nodes: list[ModuleNode] = Field(default_factory=list, description="Module candidates of the capture, validated.")
+    cost_usd: float = Field(0.0, description="Provider spend on this module level in this search (all runs).")
     template_note: str | None = Field(None, description="Why no module template fits, or where children come from.")
+    stopped_because: str | None = Field(None, description="Why the LLM children stopped, when not for the budget.")
 
 
 class SearchResult(ToolReply):
@@ -178,7 +192,8 @@ class SearchResult(ToolReply):
     stopped_because: str
     resumed: bool = Field(False, description="This run continued an existing search.")
     modules: list[ModuleOutcome] = Field(default_factory=list, description="The module level of each capture target.")
-    pack_candidates: list[str] = Field(default_factory=list, description="The winners of both levels: pass them to "
-                                       "pack (a module entry and the card entries inside it never both fire).")
+    pack_candidates: list[str] = Field(default_factory=list, description="The winners of both levels surely faster "
+                                       "than eager: pass them to pack (a module entry and the card entries inside "
+                                       "it never both fire).")
     executor: ExecutorName = "local"
     seconds: float = 0.0

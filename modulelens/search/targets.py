@@ -4,8 +4,8 @@ A target is a card id (``blk/6``, ``blk:v1/6``) or a capture reference (``blk``)
 opset's top cards by *time share x headroom*, where headroom is the card's eager time per call
 over its roofline bound (bytes moved per call / this machine's copy bandwidth); cards without a
 bound (compute cards) count a headroom of 1. For the template provider only cards a template fits
-are taken. Module-level candidates (a ``ModelNew`` for a whole capture) do not exist yet: a
-capture target means its cards.
+are taken. Here a capture target means its cards; the module itself (``ModelNew`` candidates) is
+searched by :mod:`modulelens.search.modules`.
 """
 
 from __future__ import annotations

@@ -51,9 +51,22 @@ def optimize(req: OptimizeRequest, ctx: ToolContext) -> SearchResult:
         result = run_search(repo, search, executor, ctx=ctx, progress=ctx.progress, resumed=resumed)
     finally:
         executor.close()
-    result.modules = [search_module(repo, ref, settings, ctx.progress) for ref in req.targets if not is_card_id(ref)]
-    result.pack_candidates = [t.best_candidate for t in result.targets if t.best_candidate]
-    result.pack_candidates += [m.best_candidate for m in result.modules if m.best_candidate]
+    for ref in (r for r in req.targets if not is_card_id(r)):
+        module = search_module(repo, ref, settings, ctx.progress, ctx=ctx, search_id=result.search_id,
+                               spent_usd=result.cost_usd)
+        result.modules.append(module)
+        result.cost_usd += module.cost_usd
+        if module.best_candidate is None and module.stopped_because:
+            result.warnings.append(f"module level of {module.capture}: {module.stopped_because}")
+    # a level's best is only a winner to pack when it is surely faster than eager (pack decides the same way)
+    bests = [(t.target, t.best_candidate, t.speedup_interval) for t in result.targets if t.best_candidate]
+    bests += [(m.capture, m.best_candidate, m.speedup_interval) for m in result.modules if m.best_candidate]
+    result.pack_candidates = [ref for _, ref, interval in bests if interval and interval[0] > 1]
+    for target, ref, interval in bests:
+        if ref not in result.pack_candidates:
+            low = f"{interval[0]:.2f}x" if interval else "unknown"
+            result.warnings.append(f"{target}: its best, {ref}, is not surely faster than eager (interval lower "
+                                   f"bound {low}): not suggested for the pack")
     for t in result.targets:
         if t.best_candidate is None:
             result.warnings.append(f"{t.target}: no correct custom kernel with a determined, believable speedup found"

@@ -7,10 +7,11 @@ the card's stored sample: shapes, strides, dtypes, dim, eps, approximate, ...);
 (:mod:`modulelens.kernels.source`); ``variants(card, backend)`` says how many variants there are
 (a search uses them as mutations). Kernels are specialised to the card: shapes and strides are
 baked in and checked on entry, and outputs are allocated with the eager outputs' strides; families
-that define ``shape_rule`` (elementwise, layer_norm, rms_norm, softmax, softmax_backward, reduction) let some
-dimensions vary instead: their kernels read those sizes at run time and declare the rule in their
-source (:mod:`modulelens.kernels.shape_rules`). group_norm has none (its batch is also an integer
-argument, which a rule cannot vary) and pooling none yet.
+that define ``shape_rule`` (elementwise, layer_norm, rms_norm, softmax, softmax_backward, reduction,
+pooling) let some dimensions vary instead: their kernels read those sizes at run time and declare
+the rule in their source (:mod:`modulelens.kernels.shape_rules`). group_norm has none: its batch is
+also an integer argument (``native_group_norm(x, w, b, N, C, HxW, group, eps)``), and a rule names
+tensor dimensions only, so validation could not redraw N with the batch nor a pack guard tie them.
 
 Families (one module each, holding the cpp, triton and, where it fits, cuda templates):
 elementwise, softmax, softmax_backward, layer_norm, rms_norm, group_norm, reduction, pooling.

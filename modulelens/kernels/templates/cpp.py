@@ -82,6 +82,12 @@ def ilist(xs) -> str:
     return "{" + ", ".join(str(int(x)) for x in xs) + "}"
 
 
+def cpp_leading_shape(tensor: str, k: int, tail: list[int]) -> str:
+    """The C++ expression of a shape made of ``tensor``'s first ``k`` sizes at run time, then ``tail``."""
+    return (f"[&] {{ std::vector<int64_t> s({tensor}.sizes().begin(), {tensor}.sizes().begin() + {k}); "
+            f"for (int64_t t : std::vector<int64_t>{ilist(tail)}) s.push_back(t); return s; }}()")
+
+
 def cpp_checks(call: Call, rule: ShapeRule | None = None) -> str:
     """``ml_check`` of every tensor parameter (the CPU and CUDA preludes both define it); the
     dimensions ``rule`` lets vary are checked as -1 (any size, tensor contiguous)."""

@@ -7,12 +7,18 @@ Bins as eager computes them: rows ``floor(i * H / OH)`` to ``ceil((i + 1) * H / 
 for columns, baked in as tables. CPU: planes in parallel, sums in double. Triton: a block of
 outputs per program, each looping over its bin up to the widest bin. Channels-last inputs are made
 contiguous and the output is returned in the eager output's layout. No CUDA template.
+
+The planes (``N * C``) of a contiguous input may vary when the output is contiguous: batch and
+channels are the shape rule the kernels declare (:mod:`modulelens.kernels.shape_rules`), the
+number of planes and the output's leading sizes are read at run time; the spatial sizes (and so
+the bins) stay as validated.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from modulelens.kernels.shape_rules import ShapeRule, VariableDim
 from modulelens.kernels.templates.call import Call, NoMatch, TArg, contiguous_strides, dense, require_same_device
 from modulelens.kernels.templates.cpp import (
     ATEN_DTYPE,
@@ -20,6 +26,7 @@ from modulelens.kernels.templates.cpp import (
     CPP_SCALAR,
     cpp_checks,
     cpp_header,
+    cpp_leading_shape,
     cpp_signature,
     ilist,
 )
@@ -64,6 +71,15 @@ def match(call: Call) -> dict[str, Any]:
             "input_contiguous": x.contiguous, "x": call.param("self")}
 
 
+def shape_rule(call: Call, p: dict[str, Any], backend: str, v: dict[str, Any]) -> ShapeRule | None:
+    """The dimensions before the spatial ones (batch, channels) vary, each on its own (contiguous
+    input and output)."""
+    if not (p["input_contiguous"] and p["out_contiguous"]):
+        return None
+    pos = call.schema_names.index("self")
+    return ShapeRule(dims=[VariableDim(at=[(pos, d)]) for d in range(len(p["shape"]) - 2)])
+
+
 def variants(backend: str, p: dict[str, Any]) -> list[dict[str, Any]]:
     if backend == "cpp":
         return [{"grain": 32768}, {"grain": 8192}, {"grain": 1 << 40}]
@@ -75,16 +91,21 @@ def render_cpp(call: Call, p: dict[str, Any], v: dict[str, Any], variant: int) -
     dt = ATEN_DTYPE[p["dtype"]]
     src = dense(p["x"], p["input_contiguous"])
     ret = "out" if p["out_contiguous"] else f"ml_empty({ilist(p['out_shape'])}, {ilist(p['out_stride'])}, {dt}).copy_(out)"
-    return f"""{cpp_header(call, FAMILY, variant, v)}{CPP_PRELUDE}
+    rule = p.get("rule")
+    lead = len(p["shape"]) - 2
+    alloc = (f"ml_empty_contiguous({cpp_leading_shape('xc', lead, [p['OH'], p['OW']])}, {dt})" if rule else
+             f"ml_empty({ilist(p['out_shape'])}, {ilist(contiguous_strides(p['out_shape']))}, {dt})")
+    return f"""{cpp_header(call, FAMILY, variant, v, rule)}{CPP_PRELUDE}
 using T = {T};
-constexpr int64_t PLANES = {p['planes']}, H = {p['H']}, W = {p['W']}, OH = {p['OH']}, OW = {p['OW']};
+constexpr int64_t {'' if rule else f"PLANES = {p['planes']}, "}H = {p['H']}, W = {p['W']}, OH = {p['OH']}, OW = {p['OW']};
 static const int64_t HS[OH] = {ilist(p['hs'])}, HE[OH] = {ilist(p['he'])};
 static const int64_t WS[OW] = {ilist(p['ws'])}, WE[OW] = {ilist(p['we'])};
 
 {cpp_signature(call, "at::Tensor")} {{
-{cpp_checks(call)}
+{cpp_checks(call, rule)}
   const at::Tensor xc = {src};
-  at::Tensor out = ml_empty({ilist(p['out_shape'])}, {ilist(contiguous_strides(p['out_shape']))}, {dt});
+{'  const int64_t PLANES = xc.numel() / (H * W);' if rule else ''}
+  at::Tensor out = {alloc};
   const T* __restrict__ X = xc.data_ptr<T>();
   T* __restrict__ Y = out.data_ptr<T>();
   const int ml_threads = at::get_num_threads();
@@ -111,14 +132,18 @@ static const int64_t WS[OW] = {ilist(p['ws'])}, WE[OW] = {ilist(p['we'])};
 
 def render_triton(call: Call, p: dict[str, Any], v: dict[str, Any], variant: int) -> str:
     total = p["planes"] * p["OH"] * p["OW"]
-    wide = p["planes"] * p["H"] * p["W"] >= 2**31
+    rule = p.get("rule")
+    wide = rule is not None or p["planes"] * p["H"] * p["W"] >= 2**31
+    lead = len(p["shape"]) - 2
+    out_shape = f"tuple(x.shape[:{lead}]) + ({p['OH']}, {p['OW']})" if rule else str(p["out_shape"])
+    total_expr = f"x.numel() // {p['H'] * p['W']} * {p['OH'] * p['OW']}" if rule else str(total)
     src = dense(p["x"], p["input_contiguous"])
     dt = TORCH_DTYPE[p["dtype"]]
     finish = py_return("out", p["out_contiguous"], p["out_shape"], p["out_stride"], p["dtype"])
-    return f"""{py_header(call, FAMILY, variant, v)}{TRITON_PRELUDE}
+    return f"""{py_header(call, FAMILY, variant, v, rule)}{TRITON_PRELUDE}
 
 @triton.jit
-def _adaptive_avg_pool2d(x_ptr, y_ptr, TOTAL: tl.constexpr, H: tl.constexpr, W: tl.constexpr, OH: tl.constexpr,
+def _adaptive_avg_pool2d(x_ptr, y_ptr, TOTAL{'' if rule else ': tl.constexpr'}, H: tl.constexpr, W: tl.constexpr, OH: tl.constexpr,
                          OW: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, BLOCK: tl.constexpr):
     idx = tl.program_id(0){'.to(tl.int64)' if wide else ''} * BLOCK + tl.arange(0, BLOCK)
     mask = idx < TOTAL
@@ -141,10 +166,11 @@ def _adaptive_avg_pool2d(x_ptr, y_ptr, TOTAL: tl.constexpr, H: tl.constexpr, W: 
 
 
 {py_signature(call)}
-{py_checks(call)}
+{py_checks(call, rule=rule)}
     x = {src}
-    out = torch.empty({p['out_shape']}, dtype={dt}, device=x.device)
-    grid = (triton.cdiv({total}, {v['BLOCK']}),)
-    _adaptive_avg_pool2d[grid](x, out, TOTAL={total}, H={p['H']}, W={p['W']}, OH={p['OH']}, OW={p['OW']},
+    out = torch.empty({out_shape}, dtype={dt}, device=x.device)
+    total = {total_expr}
+    grid = (triton.cdiv(total, {v['BLOCK']}),)
+    _adaptive_avg_pool2d[grid](x, out, TOTAL=total, H={p['H']}, W={p['W']}, OH={p['OH']}, OW={p['OW']},
                                KH={p['KH']}, KW={p['KW']}, BLOCK={v['BLOCK']}, num_warps={v['num_warps']})
 {finish}"""

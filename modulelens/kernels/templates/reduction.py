@@ -27,6 +27,7 @@ from modulelens.kernels.templates.cpp import (
     CPP_SCALAR,
     cpp_checks,
     cpp_header,
+    cpp_leading_shape,
     cpp_signature,
     ilist,
 )
@@ -91,8 +92,7 @@ def _out_shape_cpp(p: dict[str, Any], rule: ShapeRule | None) -> str:
     """The C++ expression of the output's shape: the input's leading sizes at run time under a rule."""
     if rule is None:
         return ilist(p["out_shape"])
-    return (f"[&] {{ std::vector<int64_t> s(xc.sizes().begin(), xc.sizes().begin() + {p['d0']}); "
-            f"for (int64_t t : std::vector<int64_t>{ilist(p['out_shape'][p['d0']:])}) s.push_back(t); return s; }}()")
+    return cpp_leading_shape("xc", p["d0"], p["out_shape"][p["d0"]:])
 
 
 def variants(backend: str, p: dict[str, Any]) -> list[dict[str, Any]]:

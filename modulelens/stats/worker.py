@@ -215,7 +215,7 @@ def run(request: StatsWorkerRequest) -> StatsWorkerResult:
             )
     if not collector.records:
         if error is not None:
-            raise script_error(error, script)
+            raise script_error(error, script, "a training step was sampled")
         raise CaptureFailed(
             "the run ended before any module of the model was called on a sampled step",
             "check that the script trains a model (its forward must run with gradients enabled, or use "

@@ -7,10 +7,11 @@ several processes run it), and both sides of the protocol live here:
 
 * parent: :func:`launch_worker` makes a temporary folder, writes the typed request there, starts
   the worker (:func:`module_command`; the caller's environment, unbuffered, with the caller named
-  in ``MODULELENS_CALLER``), relays its output to stderr (never stdout), applies the timeout, and
-  returns the typed result of every process that wrote one (:class:`WorkerRun`), or raises
-  :class:`WorkerDied` (naming the worker, how it ended and its last output) when none did.
-  :func:`run_worker_process` is the process part alone.
+  in ``MODULELENS_CALLER``; in the folder the caller names, which ``-m`` also puts first on
+  ``sys.path``: where the user would run the script, not the server's), relays its output to
+  stderr (never stdout), applies the timeout, and returns the typed result of every process that
+  wrote one (:class:`WorkerRun`), or raises :class:`WorkerDied` (naming the worker, how it ended
+  and its last output) when none did. :func:`run_worker_process` is the process part alone.
 * child: :func:`worker_main` reads the request (``model_validate_json``), runs, writes one result
   file (:func:`result_path`) and ends the process at once.
 
@@ -26,7 +27,8 @@ or a :class:`WorkerFailure` (``ok: false``, the error's message and hint). The c
 one, unless the interpreter itself dies (segfault, out of memory): then there is no file.
 
 The sandbox's workers (:mod:`modulelens.sandbox.pool`) share :func:`module_command` and
-:func:`how_it_ended` only. The rest differs on purpose: they are long-lived pool processes that
+:func:`how_it_ended` only (the fork server's template and the detached job processes of
+:mod:`modulelens.jobs` share :func:`module_command`). The rest differs on purpose: they are long-lived pool processes that
 take many tasks over pipes, run untrusted candidates (an allow-listed environment, not the
 caller's; their output goes to files in a scratch folder, not to stderr; a memory limit), and a
 crash there is a verdict on a candidate, not an error of the call.
@@ -150,11 +152,12 @@ class WorkerRun(Generic[Res]):
 
 def launch_worker(
     module: str, request: BaseModel, result_model: type[Res], *, what: str, timeout: float,
-    timeout_error: ModuleLensError, nproc: int = 1,
+    timeout_error: ModuleLensError, cwd: str | os.PathLike[str], nproc: int = 1,
 ) -> WorkerRun[Res]:
     """Run ``python -m module REQUEST.json OUT_DIR`` (``nproc`` processes under torchrun when > 1)
-    to its end in a temporary folder, ``request`` written to REQUEST.json, its output relayed to
-    stderr, and read the result each process wrote there (:func:`worker_main` on the other side).
+    in the folder ``cwd`` to its end, ``request`` written to REQUEST.json in a temporary OUT_DIR, its
+    output relayed to stderr, and read the result each process wrote there (:func:`worker_main` on
+    the other side).
 
     ``what`` names the worker in errors (``capture``, ``statistics``). Raises the first failure a
     process reported (its ModuleLensError, in rank order), ``timeout_error`` when it ran longer than
@@ -164,7 +167,7 @@ def launch_worker(
         out_dir = Path(tmp)
         request_file = out_dir / REQUEST_FILE
         request_file.write_text(request.model_dump_json())
-        done = run_worker_process(module_command(module, [str(request_file), tmp], nproc=nproc),
+        done = run_worker_process(module_command(module, [str(request_file), tmp], nproc=nproc), cwd=cwd,
                                   relay_to_stderr=True, timeout=timeout, timeout_error=timeout_error)
         results = read_worker_results(out_dir, result_model)
     run = WorkerRun(what=what, results=results, exit_code=done.code, output_tail=done.output_tail)
@@ -174,10 +177,12 @@ def launch_worker(
 
 
 def run_worker_process(
-    cmd: list[str], *, relay_to_stderr: bool, timeout: float, timeout_error: ModuleLensError
+    cmd: list[str], *, relay_to_stderr: bool, timeout: float, timeout_error: ModuleLensError,
+    cwd: str | os.PathLike[str] | None = None,
 ) -> WorkerExit:
-    """Run a worker command to its end, its stdout and stderr relayed line by line to our stderr
-    when ``relay_to_stderr`` (never to our stdout: with MCP over stdio, stdout is the protocol).
+    """Run a worker command to its end in the folder ``cwd`` (None: ours), its stdout and stderr
+    relayed line by line to our stderr when ``relay_to_stderr`` (never to our stdout: with MCP over
+    stdio, stdout is the protocol). A ``cwd`` that is not a folder is a one-line ModuleLensError.
 
     Raises ``timeout_error`` after killing the worker when it runs longer than ``timeout`` seconds,
     and :class:`~modulelens.cancellation.CallCancelled` after killing it when the call is cancelled.
@@ -185,9 +190,12 @@ def run_worker_process(
     whenever this function leaves before the worker ended.
     """
     tail: collections.deque[str] = collections.deque(maxlen=OUTPUT_TAIL_LINES)
+    if cwd is not None and not Path(cwd).is_dir():
+        raise ModuleLensError(f"the folder to run the script in, {cwd}, is not a folder",
+                              "run from (or pass the repository of) an existing project folder")
     env = dict(os.environ, PYTHONUNBUFFERED="1", **{CALLER_ENV: this_process()})
     proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=cwd,
         text=True, errors="replace", start_new_session=True,
     )
 

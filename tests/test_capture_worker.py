@@ -4,6 +4,7 @@ last output, output relayed to stderr only, and the timeout."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -40,7 +41,7 @@ def run(request):
         raise ModuleLensError("n is negative", "give a positive n")
     if request.n == 0:
         raise ZeroDivisionError("boom")
-    print("working on", request.n)
+    print("working on", request.n, *(["in", os.getcwd()] if request.n == 1 else []))
     if request.n == 13:
         print("about to die", flush=True)
         os.kill(os.getpid(), signal.SIGSEGV)
@@ -68,9 +69,9 @@ def child(tmp_path, monkeypatch) -> str:
     return "doubling_worker"
 
 
-def _launch(child: str, n: int):
+def _launch(child: str, n: int, cwd: os.PathLike[str] | str = "."):
     return launch_worker(child, Request(n=n), Result, what="doubling", timeout=120,
-                         timeout_error=CaptureFailed("too slow"))
+                         timeout_error=CaptureFailed("too slow"), cwd=cwd)
 
 
 def test_worker_result_round_trip(child, capfd):
@@ -107,6 +108,12 @@ def test_worker_timeout_raises_the_callers_error():
     with pytest.raises(CaptureFailed, match="too slow"):
         run_worker_process([sys.executable, "-c", "import time; print('start', flush=True); time.sleep(60)"],
                            relay_to_stderr=False, timeout=2, timeout_error=CaptureFailed("too slow"))
+
+
+def test_a_worker_runs_in_the_folder_named_and_a_missing_one_is_one_line(child, tmp_path):
+    assert _launch(child, 1, cwd=tmp_path).output_tail == f"working on 1 in {tmp_path}"
+    with pytest.raises(ModuleLensError, match=f"the folder to run the script in, {tmp_path / 'gone'}, is not a folder"):
+        _launch(child, 1, cwd=tmp_path / "gone")
 
 
 def test_capture_worker_request_has_no_defaults():

@@ -189,6 +189,7 @@ def test_errors_and_human_output(cli, repo, tmp_path):
     bad.write_text("raise ValueError('bad batch')\n")
     code, err, _ = cli("gather-stats", bad, "--repo", repo, "--json")
     assert code == 2 and "bad batch" in err["error"] and "crash.py:1" in err["error"]
+    assert "a training step was sampled" in err["hint"] and "capture" not in err["hint"], err  # not capture's text
     code, _, r = cli("gather-stats", FAULTS, "--every", "4", "--steps", "5", "--no-plots", "--repo", repo, "--",
                      "--fault", "dead-relu", "--module", "blocks.0.act")
     assert code == 0, r.output

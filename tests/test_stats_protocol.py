@@ -23,7 +23,7 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def test_worker_request_round_trips_and_shares_the_collector_defaults():
-    req = StatsWorkerRequest(script="/x/train.py", name="train", repo="/r", script_args=["--lr", "1"])
+    req = StatsWorkerRequest(script="/x/train.py", name="train", repo="/r", workdir="/x", script_args=["--lr", "1"])
     assert StatsWorkerRequest.model_validate_json(req.model_dump_json()) == req
     c = StatsCollector(nn.Linear(2, 2))
     assert (req.every, req.ema, req.sample) == (c.every, c.ema, c.sample)

@@ -259,11 +259,65 @@ def test_a_relative_pack_file_is_read_from_the_project_not_the_server_cwd(script
         assert f"{scripted / 'junk.pack'} is not a modulelens pack (not JSON" in text, text
 
 
-def test_a_relative_script_runs_from_the_project_and_the_reply_names_it(scripted: Path):
-    r = _mcp(scripted / ".modulelens", "capture_module", {"script": "train.py", "module": "0", "export": False})
+PROJECT_SCRIPT = """import torch
+from projlib import Net  # a package of the project: the working folder is on sys.path
+width = int(open("data.txt").read())  # relative to the folder the script runs in
+Net(width)(torch.randn(2, width))
+"""
+PROJECT_LIB = """import torch
+class Net(torch.nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.fc = torch.nn.Linear(width, 3)
+    def forward(self, x):
+        return self.fc(x).relu()
+"""
+
+
+def test_a_script_runs_in_the_project_folder_over_mcp_and_the_capture_records_it(scripted: Path):
+    """A script found by a relative path runs with the project folder as its working directory (where
+    the user runs it from the shell), not the server's: it reads ./data.txt and imports a package of
+    the project from there, and the capture records that folder (RunSource.cwd, sys_path for replay)."""
+    from modulelens.capture.manifest import CaptureManifest
+    from modulelens.repo import Repository
+
+    (scripted / "scripts").mkdir()
+    (scripted / "scripts" / "train.py").write_text(PROJECT_SCRIPT)
+    (scripted / "projlib").mkdir()
+    (scripted / "projlib" / "__init__.py").write_text(PROJECT_LIB)
+    (scripted / "data.txt").write_text("4")
+    (Path.cwd() / "data.txt").write_text("7")  # a decoy in the server's working directory
+    r = _mcp(scripted / ".modulelens", "capture_module", {"script": "scripts/train.py", "export": False})
     assert not r.is_error, r.content[0].text
-    assert r.structured_content["script_file"] == str(scripted / "train.py")
-    assert r.structured_content["module_path"] == "0"
+    got = r.structured_content
+    assert got["script_file"] == str(scripted / "scripts" / "train.py")
+    assert got["class_path"] == "projlib:Net" and got["inputs"][0]["shape"] == [2, 4]  # the project's data.txt
+    manifest = Repository(scripted / ".modulelens").open("captures", got["ref"]).manifest_as(CaptureManifest)
+    assert manifest.source.cwd == str(scripted)
+    assert str(scripted) in manifest.sys_path and str(Path.cwd()) not in manifest.sys_path
+
+
+TRAINING_SCRIPT = """import torch
+width = int(open("data.txt").read())  # relative to the folder the script runs in
+model = torch.nn.Linear(width, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(2):
+    opt.zero_grad()
+    model(torch.randn(2, width)).sum().backward()
+    opt.step()
+"""
+
+
+def test_gather_stats_runs_the_script_in_the_project_folder_over_mcp(scripted: Path):
+    from modulelens.repo import Repository
+    from modulelens.stats.manifest import stats_manifest
+
+    (scripted / "fit.py").write_text(TRAINING_SCRIPT)
+    (scripted / "data.txt").write_text("4")  # the server's working directory has none
+    r = _mcp(scripted / ".modulelens", "gather_stats", {"script": "fit.py", "plots": False})
+    assert not r.is_error, r.content[0].text
+    art = Repository(scripted / ".modulelens").open("stats", r.structured_content["run_id"])
+    assert stats_manifest(art).source.cwd == str(scripted)
 
 
 def test_the_cli_reads_a_relative_input_from_the_shell_folder(app, scripted: Path, monkeypatch):

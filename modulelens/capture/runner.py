@@ -119,16 +119,18 @@ def run_user_file(script: Path, script_args: list[str], *, kind: str = "script",
     return None
 
 
-def script_error(error: BaseException, script: Path) -> CaptureFailed:
+def script_error(error: BaseException, script: Path, needed: str = "the target module was captured") -> CaptureFailed:
+    """The one-line error for a user script that raised or exited non-zero before ``needed``
+    happened (a capture: the target module was captured; statistics: a sampled training step)."""
     if isinstance(error, SystemExit):
         return CaptureFailed(
-            f"the script exited with code {error.code} before the target module was captured",
+            f"the script exited with code {error.code} before {needed}",
             "check the script's arguments (pass them after --) and its output",
         )
     where = _user_frame(error, {str(script.resolve())})
     return CaptureFailed(
         f"the script raised {type(error).__name__}: {error} (at {where})",
-        "fix the script or its arguments; the capture needs the run to reach the target module",
+        f"fix the script or its arguments; the run must go on until {needed}",
     )
 
 

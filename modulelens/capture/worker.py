@@ -31,7 +31,7 @@ class ScriptCaptureOptions(BaseModel):
     ``script_args`` are positional arguments on the CLI."""
 
     script: str = Field(
-        description="Script to run unmodified, or a KernelBench file.",
+        description="Or: a KernelBench file.",
         json_schema_extra={"cli": "argument"},
     )
     script_args: list[str] = Field(
@@ -47,7 +47,7 @@ class ScriptCaptureOptions(BaseModel):
     kind: Literal["auto", "script", "kernelbench"] = Field("auto")
     backward: bool = Field(False, description="Also capture gradients.")
     export: bool = Field(True, description="Save a torch.export program.")
-    pickle: bool = Field(False, description="Also pickle the module.")
+    pickle: bool = Field(False)
     max_tensor_bytes: int | None = Field(
         None, ge=0, description="Larger tensors are stored shape-only."
     )
@@ -75,6 +75,8 @@ class CaptureWorkerRequest(BaseModel):
     max_capture_bytes: int
     ranks: str = Field(description="'all' or comma-separated ranks that capture")
     repo: str = Field(description="repository root")
+    workdir: str = Field(description="absolute folder the script runs in (its working directory, first on sys.path): "
+                         "the call's project folder; recorded as the capture's RunSource.cwd")
 
 
 class CaptureWorkerResult(WorkerResult):
@@ -116,13 +118,14 @@ def run_capture_worker(
         "raise [--timeout], or check that the target module is called early in the run",
     )
     return launch_worker("modulelens.capture.worker", request, CaptureWorkerResult, what="capture",
-                         timeout=timeout, timeout_error=timeout_error, nproc=nproc)
+                         timeout=timeout, timeout_error=timeout_error, cwd=request.workdir, nproc=nproc)
 
 
-def capture_script(options: ScriptCaptureOptions, repo: Repository) -> ScriptCapture:
+def capture_script(options: ScriptCaptureOptions, repo: Repository, *, workdir: Path) -> ScriptCapture:
     """Capture from an unmodified script or KernelBench file into ``repo``, in a worker process
-    (see :func:`run_capture_worker`). Raises :class:`CaptureFailed` when the script does not exist
-    or no rank captured."""
+    (see :func:`run_capture_worker`) that runs in ``workdir`` (the call's project folder: where the
+    user would run the script). Raises :class:`CaptureFailed` when the script does not exist or no
+    rank captured."""
     script = Path(options.script).expanduser()
     if not script.is_file():
         raise CaptureFailed(f"script {options.script!r} does not exist", "give the path of a Python file")
@@ -134,7 +137,7 @@ def capture_script(options: ScriptCaptureOptions, repo: Repository) -> ScriptCap
         name=validate_name(options.name) if options.name else default_name(options.module, script),
         call=options.call, backward=options.backward, export=options.export, pickle=options.pickle,
         max_tensor_bytes=options.max_tensor_bytes, max_capture_bytes=options.max_capture_bytes, ranks=options.ranks,
-        repo=str(repo.root),
+        repo=str(repo.root), workdir=str(Path(workdir).absolute()),
     )
     try:
         run = run_capture_worker(request, nproc=options.nproc, timeout=options.timeout)
@@ -203,9 +206,9 @@ def run(request: CaptureWorkerRequest) -> CaptureWorkerResult:
         name,
         captured,
         target=request.module,
-        source=RunSource(kind=request.kind, script=str(script), argv=request.script_args, cwd=os.getcwd()),
+        source=RunSource(kind=request.kind, script=str(script), argv=request.script_args, cwd=request.workdir),
         pickle_module=request.pickle,
-        extra_sys_path=[str(script.parent), os.getcwd()],
+        extra_sys_path=[str(script.parent), request.workdir],
         distributed=distributed,
     )
     result.ref = art.ref

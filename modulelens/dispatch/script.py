@@ -39,6 +39,8 @@ from modulelens.workers import WorkerResult, launch_worker
 class ScriptRunRequest(BaseModel):
     script: str
     script_args: list[str] = Field(default_factory=list)
+    workdir: str = Field(description="Absolute folder the script runs in (its working directory, first on sys.path): "
+                         "the call's project folder.")
     pack: str | None = Field(None, description="None: run without a pack (the baseline).")
     toggle: bool = Field(False, description="Switch the pack on and off between steps (ToggleSchedule).")
     allow_env_mismatch: bool = False
@@ -233,7 +235,7 @@ def run_in_worker(request: ScriptRunRequest) -> ScriptRunOutcome:
 def run_script(request: ScriptRunRequest, timeout: float) -> tuple[ScriptRunOutcome, str]:
     """Run the script in a worker process (its output relayed to stderr); returns its outcome and the last lines it printed."""
     run = launch_worker(
-        "modulelens.dispatch.worker", request, ScriptRunOutcome, what="run", timeout=timeout,
+        "modulelens.dispatch.worker", request, ScriptRunOutcome, what="run", timeout=timeout, cwd=request.workdir,
         timeout_error=ModuleLensError(f"the script did not finish within {timeout:.0f} s and was stopped",
                                       "raise [--timeout] or run fewer steps"))
     return run.result(), run.output_tail

@@ -9,7 +9,6 @@ import re
 import secrets
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ from pydantic import BaseModel, Field
 
 from modulelens.errors import ReferenceNotFound
 from modulelens.repo import default_repo_root, owner_alive, this_process
+from modulelens.workers import module_command
 
 JOBS_DIR = ".jobs"
 CANCEL_WAIT_S = 30.0  # how long a cancelled job's tool has to stop its workers before it is killed
@@ -107,7 +107,7 @@ class JobTable:
         process (its own session, running in ``cwd``), and return its first record."""
         path, record = self._new(tool, arguments, label=label, subject=subject, action=action)
         with open(path.with_suffix(".log"), "ab") as log:
-            proc = subprocess.Popen([sys.executable, "-m", JOB_PROCESS, str(path)], stdin=subprocess.DEVNULL,
+            proc = subprocess.Popen(module_command(JOB_PROCESS, [str(path)]), stdin=subprocess.DEVNULL,
                                     stdout=log, stderr=log, cwd=cwd, env=job_environment(), start_new_session=True)
         threading.Thread(target=_reap, args=(proc, path), daemon=True).start()
         return record

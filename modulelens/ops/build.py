@@ -37,11 +37,11 @@ class RecordOptions(BaseModel):
 
     strategy: str = Field("auto")
     trust_pickle: bool = Field(False)
-    backward: bool = Field(False, description="Also record backward operators.")
+    backward: bool = Field(False, description="Also backward operators.")
     samples: int = Field(2, ge=1, le=16, description="Sample calls kept per card.")
     repeats: int = Field(15, ge=3, description="Timed runs (medians).")
     max_tensor_bytes: int = Field(64 * 1024 * 1024, ge=0, description="Larger samples are stored shape-only.")
-    include_views: bool = Field(False, description="Also list view operators.")
+    include_views: bool = Field(False)
     allow_synthesized: bool = Field(False, description="Allow shape-only capture inputs.")
 
 

@@ -36,7 +36,7 @@ class ProfileOptions(BaseModel):
     device: str | None = Field(None, description="Default: the captured one.")
     min_run_time: float = Field(0.5, gt=0, description="Seconds of timed calls.")
     warmup: int = Field(3, ge=0, description="Untimed calls first.")
-    breakdown: bool = Field(True, description="Add a profiler breakdown.")
+    breakdown: bool = Field(True)
     strategy: str = Field("auto")
 
 

@@ -446,10 +446,12 @@ def template(harness: str, environment: dict[str, str]) -> tuple[ForkClient | No
 
 
 def _start(harness: str, environment: dict[str, str], key: str) -> ForkClient:
+    from modulelens.workers import module_command  # here, not at the top: the template never needs it
+
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         process = subprocess.Popen(
-            [sys.executable, "-m", "modulelens.sandbox.forkserver", str(theirs.fileno()), harness],
+            module_command("modulelens.sandbox.forkserver", [str(theirs.fileno()), harness]),
             pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL, env=environment, cwd=environment.get("HOME") or None,
             preexec_fn=die_with_parent)

@@ -44,6 +44,8 @@ class StatsWorkerRequest(BaseModel):
     script_args: list[str] = Field(default_factory=list)
     name: str = Field(description="name of the stats artifact to store")
     repo: str = Field(description="repository root")
+    workdir: str = Field(description="absolute folder the script runs in (its working directory, first on sys.path): "
+                         "the call's project folder; recorded as the statistics' source cwd")
     every: int = DEFAULT_EVERY
     steps: int | None = None
     step_on: Literal["optimizer", "forward"] = "optimizer"
@@ -87,7 +89,7 @@ def gather_script_stats(request: StatsWorkerRequest, *, timeout: float) -> tuple
         "stopped", "raise [--timeout], or check that the script trains (optimizer.step()) early",
     )
     run = launch_worker("modulelens.stats.worker", request, StatsWorkerResult, what="statistics", timeout=timeout,
-                        timeout_error=timeout_error, nproc=request.nproc)
+                        timeout_error=timeout_error, cwd=request.workdir, nproc=request.nproc)
     return run.result(0), run.output_tail
 
 
@@ -213,7 +215,7 @@ def run(request: StatsWorkerRequest) -> StatsWorkerResult:
             )
     if not collector.records:
         if error is not None:
-            raise script_error(error, script)
+            raise script_error(error, script, "a training step was sampled")
         raise CaptureFailed(
             "the run ended before any module of the model was called on a sampled step",
             "check that the script trains a model (its forward must run with gradients enabled, or use "
@@ -246,7 +248,8 @@ def run(request: StatsWorkerRequest) -> StatsWorkerResult:
                       NanOrigin(found=False, detail="no time was left for the rerun within --timeout"))
     art = collector.save(
         request.name, request.repo, run=merged, nan_origin=origin,
-        kind="script", script=str(script), argv=request.script_args, every=request.every, steps=request.steps,
+        kind="script", script=str(script), argv=request.script_args, cwd=request.workdir, every=request.every,
+        steps=request.steps,
     )
     return StatsWorkerResult(ref=art.ref, steps_seen=collector.steps_seen)
 

@@ -37,7 +37,7 @@ def capture_module(req: CaptureModuleRequest, ctx: ToolContext) -> CaptureModule
     script = input_path(req.script, ctx.project, "script")
     ctx.progress(0, 1, f"running {script.name} until {req.module or 'the model'} is called")
     t0 = time.perf_counter()
-    done = capture_script(req.model_copy(update={"script": str(script)}), repo)
+    done = capture_script(req.model_copy(update={"script": str(script)}), repo, workdir=ctx.project)
     seconds = time.perf_counter() - t0
     summary = summarize(repo.open(KIND, done.ref))
     summary.notes = summary.notes + done.notes

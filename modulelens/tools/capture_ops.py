@@ -22,7 +22,7 @@ class CaptureOpsRequest(RecordOptions):
     )
     script_args: list[str] = Field(default_factory=list,
                                    json_schema_extra={"cli": "argument"})
-    module: str = Field("", description="With a script: the module to capture.")
+    module: str = Field("", description="With a script: which module.")
     top: int = Field(10, ge=1, le=MAX_ITEMS, description="Items listed per list; all are stored.")
 
 
@@ -31,7 +31,7 @@ def _capture_first(req: CaptureOpsRequest, ctx: ToolContext) -> str:
     script = input_path(req.ref, ctx.project, "ref")
     options = ScriptCaptureOptions(script=str(script), script_args=req.script_args, module=req.module,
                                    max_tensor_bytes=req.max_tensor_bytes, backward=req.backward)
-    return capture_script(options, Repository(ctx.repo_root)).ref
+    return capture_script(options, Repository(ctx.repo_root), workdir=ctx.project).ref
 
 
 @tool

@@ -24,9 +24,9 @@ from modulelens.repo import Artifact, Repository
 
 class ExportReproRequest(BaseModel):
     ref: str = Field(description="Capture ref.", json_schema_extra={"cli": "argument"})
-    out: str = Field("repros", description="Folder to write into (relative: to the project).")
+    out: str = Field("repros", description="Folder to write into.")
     flavor: Literal["auto", "source", "export"] = Field("auto", description="source: inline code; export: the program.")
-    verify: bool = Field(True, description="Run the file once to check it.")
+    verify: bool = Field(True, description="Run it once to check it.")
 
 
 class ExportReproResult(ToolReply):

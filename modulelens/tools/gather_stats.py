@@ -27,7 +27,7 @@ from modulelens.stats.worker import StatsWorkerRequest, gather_script_stats
 class GatherStatsRequest(BaseModel):
     script: str | None = Field(
         None,
-        description="Training script (optimizer.step() marks steps).",
+        description="optimizer.step() ends a step.",
         json_schema_extra={"cli": "argument"},
     )
     script_args: list[str] = Field(
@@ -51,11 +51,11 @@ class GatherStatsRequest(BaseModel):
     plots: bool = Field(True)
     thresholds: dict[str, float] = Field(
         default_factory=dict,
-        description="Finding thresholds (dead_zero_frac, ...).",
+        description="Per finding (dead_zero_frac, ...).",
     )
     nproc: int = Field(1, ge=1, description="Processes under torchrun.")
     nan_rerun: bool = Field(True, description="Rerun to find where NaN/Inf began.")
-    wandb: bool = Field(False, description="Also log to W&B.")
+    wandb: bool = Field(False)
     wandb_project: str | None = Field(None)
     timeout: float = Field(3600.0, gt=0, description="Seconds (stops at a step).")
     top: int = Field(20, ge=1, le=MAX_ITEMS, description="Items listed per list; all are stored.")
@@ -147,7 +147,7 @@ def _result(art: Artifact, source: str, top: int | None, tail: str = "", seconds
 
 @tool
 def gather_stats(req: GatherStatsRequest, ctx: ToolContext) -> GatherStatsResult:
-    """Per-module activation, gradient and weight statistics and findings, of a script every N steps or a capture."""
+    """Per-module activation, gradient and weight statistics and findings, of a training script or a capture."""
     repo = Repository(ctx.repo_root)
     t0 = time.perf_counter()
     if req.capture:
@@ -165,9 +165,10 @@ def gather_stats(req: GatherStatsRequest, ctx: ToolContext) -> GatherStatsResult
     script = input_path(req.script or "", ctx.project, "script")
     name = validate_name(req.name) if req.name else default_stats_name(script)
     request = StatsWorkerRequest(
-        script=str(script), script_args=req.script_args, name=name, repo=str(repo.root), every=req.every,
-        steps=req.steps, step_on=req.step_on, eager=req.eager, params=req.params, fx=req.fx, ema=req.ema,
-        plots=req.plots, sample=req.sample, thresholds=req.thresholds, nproc=req.nproc, nan_rerun=req.nan_rerun,
+        script=str(script), script_args=req.script_args, name=name, repo=str(repo.root), workdir=str(ctx.project),
+        every=req.every, steps=req.steps, step_on=req.step_on, eager=req.eager, params=req.params, fx=req.fx,
+        ema=req.ema, plots=req.plots, sample=req.sample, thresholds=req.thresholds, nproc=req.nproc,
+        nan_rerun=req.nan_rerun,
         # Stop at a step boundary with time left to store the statistics before the hard limit.
         stop_at=time.time() + req.timeout - min(60.0, 0.2 * req.timeout),
     )

@@ -20,9 +20,9 @@ class GenerateKernelRequest(BaseModel):
     backend: BackendName = Field("cpp", description="cpp runs on any CPU.")
     provider: str = Field("template", description="template (offline), anthropic (API) or sampling (your model).")
     parent: str | None = Field(None, description="Candidate to repair or improve.")
-    instructions: str | None = Field(None, description="Extra guidance for LLM providers.")
+    instructions: str | None = Field(None, description="For LLM providers.")
     variant: int = Field(0, ge=0, description="Template variant.")
-    validate_now: bool = Field(False, description="Validate it right away.")
+    validate_now: bool = Field(False)
 
 
 class GenerateKernelResult(ToolReply):

@@ -33,8 +33,8 @@ _RESOURCES = {"captures": "modulelens://captures", "stats": "modulelens://stats"
 
 class ListRequest(BaseModel):
     kind: ListKind = Field(json_schema_extra={"cli": "argument"})
-    of: str | None = Field(None, description="Filter: a name, or what they belong to (capture, opset, card, candidate); "
-                           "cards need their opset.",
+    of: str | None = Field(None, description="A name, or the capture/opset/card/candidate they belong to "
+                           "(cards: their opset, required).",
                            json_schema_extra={"cli": "argument"})
     op_kind: Literal["memory", "compute", "view"] | None = Field(None, description="cards: only this kind.")
     limit: int | None = Field(None, ge=1, le=MAX_ITEMS, description="Default: 20 (cards 10).")
@@ -142,7 +142,7 @@ def _advice(result: Listing) -> None:
 
 @tool
 def list_(req: ListRequest, ctx: ToolContext) -> ListResult:
-    """List stored captures, opsets, cards, candidates, searches, packs, stats runs or reports."""
+    """List the stored artifacts of a kind."""
     repo = Repository(ctx.repo_root)
     if req.kind == "cards":
         return _cards(repo, req)

@@ -15,9 +15,8 @@ from modulelens.repo import Repository
 
 
 class PackRequest(BaseModel):
-    candidates: list[str] = Field(description="Validated candidate ids.",
-                                  json_schema_extra={"cli": "argument"})
-    out: str | None = Field(None, description="Also write this file (relative: to the project).")
+    candidates: list[str] = Field(json_schema_extra={"cli": "argument"})
+    out: str | None = Field(None, description="Also write this file.")
     force: bool = Field(False, description="Use entries even when not surely faster than eager.")
 
 

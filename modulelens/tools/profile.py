@@ -22,7 +22,7 @@ from modulelens.validation.sandboxed import time_candidate
 
 
 class ProfileRequest(ProfileOptions):
-    target: str = Field(description="Capture ref, card id or candidate id.",
+    target: str = Field(description="Its ref or id.",
                         json_schema_extra={"cli": "argument"})
     limit: int = Field(10, ge=1, le=MAX_ITEMS, description="Entries listed.")
 

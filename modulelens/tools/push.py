@@ -25,7 +25,7 @@ class PushResult(PushOutcome, ToolReply):
 
 @tool
 def push(req: PushRequest, ctx: ToolContext) -> PushResult:
-    """Push a stored version to W&B (files, checksums, tags, lineage); pull it elsewhere by its address."""
+    """Push a stored version to W&B (files, checksums, tags, lineage), to `pull` elsewhere."""
     given = given_pack_file(req.ref, ctx.project, "ref") if req.kind == PACKS else None  # a pack file, not a ref
     outcome = push_to_remote(Repository(ctx.repo_root), req.kind, str(given) if given else req.ref, req.to)
     result = PushResult(**outcome.model_dump())

@@ -34,7 +34,7 @@ from modulelens.repo import Repository
 
 
 class ReplayModuleRequest(BaseModel):
-    ref: str = Field(description="Capture ref, or a card id (blk/6): its operator alone.",
+    ref: str = Field(description="Capture ref, or a card id (its operator alone).",
                      json_schema_extra={"cli": "argument"})
     strategy: Literal["auto", "source", "export", "pickle"] = Field(
         "auto", description="auto: source, export, then pickle."
@@ -228,7 +228,7 @@ def _replay_card(repo: Repository, req: ReplayModuleRequest) -> CardReplay:
 
 @tool
 def replay_module(req: ReplayModuleRequest, ctx: ToolContext) -> ReplayModuleResult | CardReplay:
-    """Rebuild a captured module (or a card's operator) alone, rerun the captured call and compare outputs."""
+    """Rebuild a captured module (or a card's operator) alone, rerun the call, compare outputs."""
     repo = Repository(ctx.repo_root)
     if "/" in req.ref:
         return _replay_card(repo, req)

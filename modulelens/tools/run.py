@@ -92,7 +92,7 @@ def run(req: RunRequest, ctx: ToolContext) -> RunResult:
     script = input_path(req.script, ctx.project, "script")
     repo = Repository(ctx.repo_root)
     pack_path = pack_file(repo, req.pack, ctx.project)
-    base = ScriptRunRequest(script=str(script), script_args=req.script_args, pack=None,
+    base = ScriptRunRequest(script=str(script), script_args=req.script_args, workdir=str(ctx.project), pack=None,
                             allow_env_mismatch=req.allow_env_mismatch, expect_sha256=req.expect_sha256,
                             mechanism=req.mechanism)
     ctx.progress(0, 2 if req.compare else 1, f"running {script.name} with {req.pack}"

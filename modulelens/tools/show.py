@@ -41,7 +41,7 @@ _ONLY = {"tensors": ("capture",), "stats": ("stats",)}
 
 class ShowRequest(BaseModel):
     kind: ShowKind = Field(json_schema_extra={"cli": "argument"})
-    ref: str = Field(description="Ref or id (blk:v1, blk/6, blk.card6:v1, ...).", json_schema_extra={"cli": "argument"})
+    ref: str = Field(description="Its ref or id.", json_schema_extra={"cli": "argument"})
     top: int | None = Field(None, ge=1, le=MAX_ITEMS, description="Items per list (default per kind).")
     tensors: bool = Field(False, description="capture: tensor statistics.")
     full: bool = Field(False, description="Also the manifest, whole source or definitions.")
@@ -141,8 +141,7 @@ def _report(repo: Repository, ref: str, top: int) -> ShowReportResult:
 
 @tool
 def show(req: ShowRequest, ctx: ToolContext) -> ShowResult:
-    """Show one stored capture, card, candidate (with its report), search tree, stats run, pack or
-    report."""
+    """Show one stored artifact (a candidate with its report, a search as its tree)."""
     repo = Repository(ctx.repo_root)
     top = req.top or DEFAULT_TOP.get(req.kind, 20)
     if req.kind == "capture":

@@ -12,8 +12,7 @@ from modulelens.repo import Repository
 
 class TagCaptureRequest(BaseModel):
     ref: str = Field(description="Capture ref.", json_schema_extra={"cli": "argument"})
-    tag: str = Field(description="Tag to set or move.",
-                     json_schema_extra={"cli": "argument"})
+    tag: str = Field(json_schema_extra={"cli": "argument"})
 
 
 class TagCaptureResult(ToolReply):

@@ -17,7 +17,7 @@ class TrustRequest(BaseModel):
     ref: str = Field(description="Artifact ref.", json_schema_extra={"cli": "argument"})
     kind: Literal["captures", "opsets", "candidates", "reports", "stats", "packs"] = Field(
         "captures")
-    yes: bool = Field(False, description="Trust it (else only show).")
+    yes: bool = Field(False)
 
 
 class TrustResult(TrustReview, ToolReply):

@@ -48,7 +48,7 @@ from modulelens.validation.stored_reports import REPORT_FILE, REPORTS
 
 
 class ValidateKernelRequest(BaseModel):
-    candidate: str | None = Field(None, description="Candidate id (blk.card6:v1, blk.module:v1).",
+    candidate: str | None = Field(None, description="Candidate id (blk.card6:v1).",
                                   json_schema_extra={"cli": "argument"})
     source: str | None = Field(None, description="Or: your source file.")
     source_text: str | None = Field(None, description="Or: the source itself.")
@@ -58,7 +58,7 @@ class ValidateKernelRequest(BaseModel):
     class_name: str = Field("ModelNew")
     claims_training: bool = Field(False, description="ModelNew: correct in training too.")
     device: str | None = Field(None, description="Default: the captured one.")
-    time: bool = Field(True, description="Time against eager.")
+    time: bool = Field(True)
     compile_baseline: bool = Field(False, description="Also time torch.compile.")
     seeds: int = Field(2, ge=1, le=10, description="Fresh adversarial input seeds.")
     rtol: float | None = Field(None, ge=0, description="Default: per dtype.")

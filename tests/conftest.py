@@ -57,12 +57,12 @@ def run_cli_subprocess(*args: str, env: dict | None = None, timeout: float = 600
 
 
 def full_report(reply):
-    """The stored validation report behind a validate_kernel reply: every check and every isolation
-    layer's detail (the reply keeps details only for layers not in force). The reply itself when it
+    """The stored validation report behind a validate_kernel reply: every check, every isolation
+    layer's detail and the wrapper evidence (the reply leaves those out). The reply itself when it
     cut nothing."""
     from modulelens.validation.report import ValidationReport
 
-    full = next((c.full for c in reply.left_out if c.field == "isolation.layers.detail"), None)
+    full = next((c.full for c in reply.left_out if c.field in ("isolation.layers.detail", "wrapper_evidence")), None)
     return reply if full is None else ValidationReport.model_validate_json(Path(full).read_text(encoding="utf-8"))
 
 

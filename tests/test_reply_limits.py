@@ -67,6 +67,8 @@ def test_validate_kernel_lists_its_first_checks_and_names_the_stored_report(soft
     checks = [Check(name=f"seed {s} sample {i}: outputs agree within tolerance", passed=True,
                     detail="max abs error 1.19e-07 (atol 1e-05, rtol 1.3e-06) over 384 elements")
               for s in range(10) for i in range(30)]
+    late_failure = Check(name="seed 9 sample 29: special values", passed=False, detail="NaN where eager has 0")
+    checks.insert(250, late_failure)
     stored = {}
 
     def fake_validation(repo_, art, src, settings, **kwargs):
@@ -82,11 +84,12 @@ def test_validate_kernel_lists_its_first_checks_and_names_the_stored_report(soft
     tool = get_tool("validate_kernel")
     result = tool(tool.request(candidate=cand.candidate_id, seeds=10), ToolContext(repo_root=repo))
     assert _size(result) <= BUDGET and len(result.checks) == 20
+    assert result.checks[0] == late_failure  # a failed check is listed first, wherever it fell
     (cut,) = result.left_out
-    assert (cut.field, cut.shown, cut.total) == ("checks", 20, 300)
+    assert (cut.field, cut.shown, cut.total) == ("checks", 20, 301)
     assert cut.full.endswith("report.json") and stored["ref"].split(":")[0] in cut.full
     most = tool(tool.request(candidate=cand.candidate_id, seeds=10, limit=100), ToolContext(repo_root=repo))
-    assert len(most.checks) == 100 and most.left_out[0].total == 300
+    assert len(most.checks) == 100 and most.left_out[0].total == 301
 
 
 def test_profile_lists_the_operators_that_took_most_time():

@@ -7,6 +7,7 @@ import textwrap
 import anyio
 import mcp
 import pytest
+from conftest import full_report
 import torch
 import torch.nn as nn
 
@@ -202,7 +203,7 @@ def forward(x, dim, half_to_float):
 def test_a_genuine_triton_kernel_is_custom_though_its_interpreter_uses_numpy(softmax_card):
     r = _validate(softmax_card, GENUINE_TRITON, time=False)
     assert r.verdict == "custom" and r.correct, (r.reason, r.backend_calls)
-    assert "/proc/PID/maps" in r.wrapper_evidence
+    assert "/proc/PID/maps" in full_report(r).wrapper_evidence
 
 
 @pytest.mark.parametrize("body, library", [

@@ -146,17 +146,24 @@ R = TypeVar("R", ValidateKernelResult, ValidateModuleResult)
 
 
 def _brief(reply: R, limit: int, full: str) -> R:
-    """``reply`` cut to a size an agent reads: its first ``limit`` checks, and only the isolation
-    layers that were *not* in force keep their detail (what is missing and why); the stored report
-    ``full`` has every check and every layer's detail, and ``left_out`` says so."""
-    reply = keep_first(reply, "checks", limit, full)
-    if reply.isolation is None or all(not x.detail for x in reply.isolation.layers if x.in_force):
-        return reply
-    layers = [x if not x.in_force else x.model_copy(update={"detail": ""}) for x in reply.isolation.layers]
-    cut = LeftOut(field="isolation.layers.detail", shown=sum(1 for x in layers if x.detail), total=len(layers),
-                  full=full)
-    return reply.model_copy(update={"isolation": reply.isolation.model_copy(update={"layers": layers}),
-                                    "left_out": [*reply.left_out, cut]})
+    """``reply`` cut to a size an agent reads (a validation under load notes more, so the cut keeps
+    room): its failed checks first, then the passed ones, ``limit`` in all; only the isolation
+    layers that were *not* in force keep their detail (what is missing and why); the standing text
+    on what the wrapper decision can and cannot see is left out. The stored report ``full`` has it
+    all, and ``left_out`` says what was cut."""
+    failed_first = sorted(reply.checks, key=lambda c: c.passed)  # stable: each group keeps its order
+    reply = keep_first(reply.model_copy(update={"checks": failed_first}), "checks", limit, full)
+    update: dict = {}
+    cut = []
+    if reply.wrapper_evidence:
+        update["wrapper_evidence"] = ""
+        cut.append(LeftOut(field="wrapper_evidence", shown=0, total=1, full=full))
+    if reply.isolation is not None and any(x.detail for x in reply.isolation.layers if x.in_force):
+        layers = [x if not x.in_force else x.model_copy(update={"detail": ""}) for x in reply.isolation.layers]
+        update["isolation"] = reply.isolation.model_copy(update={"layers": layers})
+        cut.append(LeftOut(field="isolation.layers.detail", shown=sum(1 for x in layers if x.detail),
+                           total=len(layers), full=full))
+    return reply.model_copy(update={**update, "left_out": [*reply.left_out, *cut]}) if cut else reply
 
 
 @tool

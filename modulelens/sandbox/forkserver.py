@@ -57,6 +57,7 @@ Set ``MODULELENS_FORK_SERVER=0`` to start every candidate process fresh instead.
 from __future__ import annotations
 
 import ctypes
+import gc
 import hashlib
 import importlib
 import os
@@ -69,6 +70,7 @@ import sys
 import tempfile
 import threading
 import traceback
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 from typing import Literal
@@ -100,6 +102,7 @@ class Spawned(Message):
     error: str = Field("", description="Why no process was made.")
 
 
+IDLE_POLL_S = 0.02  # how long a template with idle work left waits for a request before doing a step of it
 REQUESTS: TypeAdapter[SpawnRequest] = TypeAdapter(SpawnRequest)
 REPLIES: TypeAdapter[Spawned] = TypeAdapter(Spawned)
 
@@ -164,6 +167,35 @@ def preload(harness: str) -> None:
             importlib.import_module(name)
         except ImportError:
             pass  # an optional runtime (triton) that is not installed
+
+
+def _warm(harness: str) -> None:
+    """Run the ``WARM`` functions ``harness`` names (``"modulelens.x:function"``): introspection
+    whose result every fork can use, never candidate code and never a torch operator."""
+    module = importlib.import_module(_module_name(harness))
+    for target in getattr(module, "WARM", ()):
+        name, _, function = target.partition(":")
+        getattr(importlib.import_module(_module_name(name)), function)()
+
+
+def idle_steps(harnesses: list[str]) -> list[Callable[[], None]]:
+    """What a template does while idle, in order: :func:`preload` each harness, then its ``WARM``
+    functions. Each step ends with ``gc.freeze()``: the template's objects are then never visited
+    by a fork's garbage collector, which would otherwise copy every page holding one (about 0.1 s
+    in a fork of a process with torch imported)."""
+    def step(fn: Callable[[str], None], harness: str) -> Callable[[], None]:
+        def run() -> None:
+            fn(harness)
+            gc.collect()  # garbage is not frozen with the rest
+            gc.freeze()
+        return run
+
+    return [step(preload, h) for h in harnesses] + [step(_warm, h) for h in harnesses]
+
+
+def run_idle_step(pending: list[Callable[[], None]]) -> None:
+    """Run the first of ``pending`` (see :func:`idle_steps`), removing it."""
+    pending.pop(0)()
 
 
 # -- the template's side --------------------------------------------------------------------------
@@ -358,12 +390,15 @@ def die_with_parent(expected: int | None = None) -> None:
 def serve(sock: int, harness: str) -> int:
     """A standalone template: preload ``harness``, then answer spawn requests on ``sock`` until it
     closes; every fork still running is killed on the way out."""
-    preload(harness)
+    pending = idle_steps([harness])
+    run_idle_step(pending)  # the harness's imports before the first fork; the rest while idle
     service = ForkService()
     try:
         while True:
-            ready, _, _ = select.select([sock], [], [], 0.5)
+            ready, _, _ = select.select([sock], [], [], IDLE_POLL_S if pending else 0.5)
             service.reap()
+            if not ready and pending:
+                run_idle_step(pending)
             if ready and not service.handle(sock):
                 return 0
     finally:

@@ -120,10 +120,11 @@ def _exit_reason(status: int) -> str:
     return how_it_ended(code) + (" without a result" if code >= 0 else "")
 
 
-def _one_task(runner: Any, task_fd: int, result_fd: int, service: Any) -> bool:
-    """Fork a checker for the next task, relay its frames, serve its candidate processes. Returns
-    False when there are no more tasks."""
-    from modulelens.sandbox import protocol
+def _one_task(runner: Any, task_fd: int, result_fd: int, service: Any, pending: list) -> bool:
+    """Fork a checker for the next task, relay its frames, serve its candidate processes, and do
+    the template's idle work (``pending``: :func:`~modulelens.sandbox.forkserver.idle_steps`)
+    while nothing asks for anything. Returns False when there are no more tasks."""
+    from modulelens.sandbox import forkserver, protocol
     from modulelens.sandbox.worker_messages import CrashedResult
 
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -141,8 +142,10 @@ def _one_task(runner: Any, task_fd: int, result_fd: int, service: Any) -> bool:
     fork_sock = ours.detach()
     answered, open_fds = False, [relay_r, fork_sock]
     while open_fds:
-        ready, _, _ = select.select(open_fds, [], [], 0.5)
+        ready, _, _ = select.select(open_fds, [], [], forkserver.IDLE_POLL_S if pending else 0.5)
         service.reap()
+        if not ready and pending:
+            forkserver.run_idle_step(pending)
         for fd in ready:
             if fd not in open_fds:
                 continue
@@ -181,19 +184,18 @@ def main(argv: list[str]) -> int:
         _answer(runner, task_fd, result_fd, last=True)  # no forking: one task here, then a fresh worker
         return 0
     service = forkserver.ForkService()
-    preloaded = False
+    # idle work: import what forks will need and warm what they share, off the path of a task that
+    # is already waiting (a command's first task arrives as the worker gets ready: its forks import
+    # what they use, and the work goes on between that task's requests)
+    pending = forkserver.idle_steps(list(runner.preload))
     while True:
-        if not select.select([task_fd], [], [], None if preloaded else 0)[0]:
-            # idle: import what forks will need now, off the path of a task that is already waiting
-            # (a command's first task arrives as the worker gets ready; its forks import what they use)
-            for module in runner.preload:
-                forkserver.preload(module)
-            preloaded = True
+        if not select.select([task_fd], [], [], 0 if pending else None)[0]:
+            forkserver.run_idle_step(pending)
             continue
         if forkserver.thread_count() != 1:  # something started a thread: no more forks from here
             _answer(runner, task_fd, result_fd, last=True)
             return 0
-        if not _one_task(runner, task_fd, result_fd, service):
+        if not _one_task(runner, task_fd, result_fd, service, pending):
             return 0
 
 

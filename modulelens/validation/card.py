@@ -34,7 +34,13 @@ from modulelens.timing import Timing, measure_speedup, thread_choice
 from modulelens.validation.candidate_messages import Loaded, LoadOpRequest, LoadRequest
 from modulelens.validation.checker import CandidateChecker, CandidateFailed, start_candidate
 from modulelens.validation.compare import compare_output, eager_noise, float64_args, judged_by_oracle, same_bits
-from modulelens.validation.denial import DENIAL_EVIDENCE, check_by_denial, numpy_mode
+from modulelens.validation.denial import (
+    DENIAL_EVIDENCE,
+    PreparedDenial,
+    check_by_denial,
+    numpy_mode,
+    prepare_denial,
+)
 from modulelens.validation.denial import verdict as denial_verdict
 from modulelens.validation.evidence import FOREIGN_EVIDENCE, LIBRARY_EVIDENCE, NOT_SEEN, computing_ops, library_symbols
 from modulelens.validation.inputs import floating_names, fresh_inputs, tensors
@@ -87,6 +93,7 @@ class _Validator(CandidateChecker):
         self.threads = thread_choice()
         self.proc = start_candidate(self.task.memory_limit_mb, read_only=[shared])
         self.references: list = []  # the eager (and torch.compile) reference processes, once started
+        self.prepared_denial: PreparedDenial | None = None  # made ready during the last check (see _deny)
         try:
             return self._run(shared)
         except CandidateFailed as e:
@@ -96,6 +103,8 @@ class _Validator(CandidateChecker):
             self.proc.remove()
             for ref in self.references:
                 ref.remove()
+            if self.prepared_denial is not None:
+                self.prepared_denial.discard()
 
     def _start_references(self) -> None:
         """Start the reference processes now, so that their start overlaps the checks: set up
@@ -155,7 +164,10 @@ class _Validator(CandidateChecker):
             self._start_references()
         self.stage("check")
         for n, (label, args, kwargs) in enumerate(cases):
-            problem = self.check_case(op, args, kwargs, inplace, label, settle=n in (0, len(cases) - 1))
+            last = n == len(cases) - 1
+            problem = self.check_case(op, args, kwargs, inplace, label, settle=n == 0 or last,
+                                      meanwhile=self._prepare_denial if last and not self.task.time else None)
+            # (timed: the denial is made ready during the recheck after timing, just before it is needed)
             if problem:
                 return self.reject(problem)
         self.report.ran = True
@@ -173,7 +185,7 @@ class _Validator(CandidateChecker):
                 # new values into the very buffers the timed calls used: a result kept per pointer is stale now
                 a, k = fresh_inputs(base_args, base_kwargs, 9973, "normal")
                 problem = self.check_case(op, a, k, inplace, "fresh values in the timed buffers after timing",
-                                          settle=True)
+                                          settle=True, meanwhile=self._prepare_denial)
                 if problem:
                     return self.reject(problem)
         self.report.stage = "done"
@@ -192,6 +204,19 @@ class _Validator(CandidateChecker):
         else:
             self._deny(op, inplace, cases[0], shared)
         return self.report
+
+    def _denial_settings(self) -> dict:
+        cand = self.task.candidate
+        return {"backend": cand.backend, "memory_limit_mb": self.task.memory_limit_mb,
+                "read_only": [Path(self.task.build_dir)], "call_timeout": self.call_timeout,
+                "numpy": numpy_mode(cand.backend)}
+
+    def _prepare_denial(self) -> None:
+        """Make the denial process ready while the last check's outputs settle, when nothing seen so
+        far says the candidate is a wrapper (the run decides from the denial only then); discarded
+        unused if later evidence decides instead."""
+        if not self.ops and not self.numpy_bridges and self.prepared_denial is None:
+            self.prepared_denial = prepare_denial(**self._denial_settings())
 
     def _deny(self, op, inplace: bool, first: tuple[str, list, dict], shared: Path) -> None:
         """Run the candidate where the reference library is denied (:mod:`.denial`) and decide custom
@@ -214,10 +239,9 @@ class _Validator(CandidateChecker):
             a, k = inputs[what]
             return self._compare(op, a, k, inplace, [g.to(w.device) for g, w in zip(got, want)], want, what)
 
-        denial, more = check_by_denial(backend=cand.backend, memory_limit_mb=self.task.memory_limit_mb,
-                                       read_only=[shared], call_timeout=self.call_timeout,
-                                       numpy=numpy_mode(cand.backend), load=load,
-                                       cases=calls, compare=compare)
+        prepared, self.prepared_denial = self.prepared_denial, None
+        denial, more = check_by_denial(**self._denial_settings(), load=load, cases=calls, compare=compare,
+                                       prepared=prepared)
         self.report.denial = denial
         self.check("correct where the reference library is denied", denial.outcome == "computes itself",
                    denial.detail)
@@ -264,13 +288,16 @@ class _Validator(CandidateChecker):
         parts += [LIBRARY_EVIDENCE, FOREIGN_EVIDENCE, DENIAL_EVIDENCE, NOT_SEEN]
         return "; ".join(parts)
 
-    def check_case(self, op, args: list, kwargs: dict, inplace: bool, label: str, settle: bool = False) -> str | None:
+    def check_case(self, op, args: list, kwargs: dict, inplace: bool, label: str, settle: bool = False,
+                   meanwhile: Callable[[], None] | None = None) -> str | None:
         """None when the candidate is right on this case, else why not. With ``settle``, the outputs
-        are read again :data:`DELAY_S` after the call returned (anything still writing them fails)."""
+        are read again at least :data:`DELAY_S` after the call returned (anything still writing them
+        fails); ``meanwhile`` is work done during that wait instead of sleeping through it."""
         ref_args = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
         ref_kwargs = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
         want = tensors(op(*ref_args, **ref_kwargs))
         result = self.call(args, kwargs, want, trace=True, label=label)
+        returned = time.monotonic()
         if result.ops is None:
             self.traced = False
         else:
@@ -299,7 +326,9 @@ class _Validator(CandidateChecker):
             return problem
         if not settle:
             return None
-        time.sleep(DELAY_S)
+        if meanwhile is not None:
+            meanwhile()
+        time.sleep(max(0.0, returned + DELAY_S - time.monotonic()))
         for i, (slot, g) in enumerate(zip(result.output_slots, result.outputs)):
             if not same_bits(arena.read(slot), g):
                 self.check(f"output {i} stable ({label})", False, "changed after the call returned")

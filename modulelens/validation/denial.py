@@ -53,32 +53,66 @@ def numpy_mode(backend: str) -> Literal["memory", "python"]:
     return "python" if backend == "triton" else "memory"
 
 
+class PreparedDenial:
+    """A denial process made ready before it is needed (:func:`prepare_denial`): contained, the
+    reference library already denied in it, nothing of the candidate's loaded yet. Its owner
+    passes it to :func:`check_by_denial` or discards it."""
+
+    def __init__(self, run: _DenialRun, denied: str, problem: str | None):
+        self.run, self.denied, self.problem = run, denied, problem
+
+    def discard(self) -> None:
+        self.run.proc.remove()
+
+
+def prepare_denial(*, backend: str, memory_limit_mb: int, read_only: list[Path], call_timeout: float,
+                   numpy: Literal["memory", "python"]) -> PreparedDenial:
+    """Start a denial process and deny the reference library in it (see the module docstring),
+    before any candidate code exists there. A checker may do this while it waits for something else
+    (the settling of a check's outputs), so the setup costs no time of its own. A setup that failed
+    once the process started is carried as the prepared denial's ``problem`` (an inconclusive
+    denial), not raised."""
+    run = _DenialRun(call_timeout)
+    run.proc = start_candidate(memory_limit_mb, read_only=read_only)
+    try:
+        run.get_ready(backend)
+        reply = run._request(DenyRequest(numpy=numpy))
+    except CandidateFailed as e:
+        return PreparedDenial(run, "nothing (the denial could not be set up)",
+                              f"the denial process failed before the calls: {e}")
+    if not isinstance(reply, Denied) or reply.error:
+        return PreparedDenial(run, "nothing (the denial could not be set up)",
+                              f"the denial could not be set up: {getattr(reply, 'error', reply.kind)}")
+    denied = _described(reply, numpy)
+    if numpy == "memory" and executable_ranges(run.proc.maps(), numerical_library_paths()):
+        return PreparedDenial(run, denied, "numpy's code could not be made unusable in the denial process")
+    return PreparedDenial(run, denied, None)
+
+
 def check_by_denial(*, backend: str, memory_limit_mb: int, read_only: list[Path], call_timeout: float,
                     numpy: Literal["memory", "python"], load: Callable[[CandidateChecker], Loaded],
                     cases: list[Case], compare: Callable[[list[torch.Tensor], list[torch.Tensor], str], str | None],
-                    ) -> tuple[Denial, list[str]]:
+                    prepared: PreparedDenial | None = None) -> tuple[Denial, list[str]]:
     """Run the candidate in a denial process (see the module docstring): ``load`` builds it there,
     each case is called and its outputs checked with ``compare`` (a problem, or None). Returns the
     :class:`Denial` and the vendor/ATen symbols of the libraries it built and loaded there (a
     module candidate compiles its extensions again there: its first run's build folder is not
-    trusted, and the build tool would not reuse it from another folder anyway)."""
-    run = _DenialRun(call_timeout)
-    run.proc = start_candidate(memory_limit_mb, read_only=read_only)
+    trusted, and the build tool would not reuse it from another folder anyway). ``prepared``: the
+    process made ready earlier by :func:`prepare_denial` with the same arguments (else it is made
+    now); it is removed in the end either way."""
+    if prepared is None:
+        prepared = prepare_denial(backend=backend, memory_limit_mb=memory_limit_mb, read_only=read_only,
+                                  call_timeout=call_timeout, numpy=numpy)
+    run, denied = prepared.run, prepared.denied
     found: list[str] = []
-    denied = "nothing (the denial could not be set up)"
 
     def result(outcome: str, detail: str) -> tuple[Denial, list[str]]:
         return Denial(outcome=outcome, detail=detail, denied=denied), found
 
     try:
-        run.get_ready(backend)
-        reply = run._request(DenyRequest(numpy=numpy))
-        if not isinstance(reply, Denied) or reply.error:
-            return result("inconclusive", f"the denial could not be set up: {getattr(reply, 'error', reply.kind)}")
-        denied = _described(reply, numpy)
+        if prepared.problem:
+            return result("inconclusive", prepared.problem)
         roots = numerical_library_paths()
-        if numpy == "memory" and executable_ranges(run.proc.maps(), roots):
-            return result("inconclusive", "numpy's code could not be made unusable in the denial process")
         try:
             loaded = load(run)
         except CandidateFailed as e:
@@ -104,7 +138,7 @@ def check_by_denial(*, backend: str, memory_limit_mb: int, read_only: list[Path]
     except CandidateFailed as e:
         return result("inconclusive", f"the denial process failed before the calls: {e}")
     finally:
-        run.proc.remove()
+        prepared.discard()
 
 
 def _failure(error: str, run: _DenialRun) -> str:

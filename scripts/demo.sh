@@ -34,7 +34,7 @@ modulelens validate-kernel "$cand"
 
 say "7. pack the validated kernel and run the unmodified training script with it, against eager"
 modulelens pack "$cand" --out "$ROOT/repros/demo.pack"
-modulelens run examples/tinyformer/train.py --pack "$ROOT/repros/demo.pack" --compare -- --steps 6
+modulelens run examples/tinyformer/train.py --pack "$ROOT/repros/demo.pack" --compare -- --steps 16  # 2 warm-up steps, then 7 pairs with and without: enough for an interval
 
 say "8. what the repository ($MODULELENS_HOME) holds"
 modulelens list captures

@@ -60,15 +60,8 @@ def tensors_table(tensors: list[TensorStatsRow], wide: bool) -> FittedTable:
 def gather_stats_view(r: GatherStatsResult, wide: bool) -> RenderableType:
     what = (f": {r.modules} modules, {r.steps_sampled} sampled step(s) of {r.steps_seen}, order from {r.order_source}"
             if r.source == "script" else f": {len(r.tensors)} tensors of the capture")
-    parts: list[RenderableType] = [Text.assemble(("statistics ", "bold"), (r.run_id, "bold cyan"), what)]
-    parts.append(_findings_table(r.findings, wide) if r.findings else Text("no findings", style=GOOD))
-    if r.by_type:
-        parts.append(_types_table(r, wide))
-    if r.tensors:
-        parts.append(tensors_table(r.tensors, wide))
-    parts += notes(r.notes)
-    parts.append(Text(f"report: {r.report_html or '-'}"))
-    return Group(*parts)
+    return _statistics(r.run_id, what, r.findings, [_types_table(r, wide)] if r.by_type else [], r.tensors, r.notes,
+                       f"report: {r.report_html or '-'}", wide)
 
 
 def list_stats_runs_view(r: ListStatsRunsResult, wide: bool) -> RenderableType:
@@ -91,13 +84,20 @@ def show_stats_run_view(r: StatsRunView, wide: bool) -> RenderableType:
     e = r.entry
     what = (f": {len(r.modules)} modules over {len(r.steps)} sampled step(s), order from {r.order_source}"
             if e.kind == "run" else f": {len(r.tensors)} tensors of {e.capture}")
-    parts: list[RenderableType] = [Text.assemble(("statistics ", "bold"), (e.run_id, "bold cyan"), what)]
-    parts.append(_findings_table(r.findings, wide) if r.findings else Text("no findings", style=GOOD))
-    if r.tensors:
-        parts.append(tensors_table(r.tensors, wide))
-    parts += notes(r.notes)
-    parts.append(Text(f"report: {r.report_html or '-'} (--json for the series)"))
-    return Group(*parts)
+    return _statistics(e.run_id, what, r.findings, [], r.tensors, r.notes,
+                       f"report: {r.report_html or '-'} (--json for the series)", wide)
+
+
+def _statistics(run_id: str, what: str, findings: list, tables: list[RenderableType], tensors: list,
+                run_notes: list[str], report: str, wide: bool) -> RenderableType:
+    """A statistics run as gather-stats and show-stats print it: its headline, findings (or none),
+    the extra ``tables``, the tensors of a capture's statistics, notes and where the report is."""
+    parts: list[RenderableType] = [Text.assemble(("statistics ", "bold"), (run_id, "bold cyan"), what)]
+    parts.append(_findings_table(findings, wide) if findings else Text("no findings", style=GOOD))
+    parts += tables
+    if tensors:
+        parts.append(tensors_table(tensors, wide))
+    return Group(*parts, *notes(run_notes), Text(report))
 
 
 def install_skills_view(r: InstallSkillsResult, wide: bool) -> RenderableType:

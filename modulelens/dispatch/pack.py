@@ -40,6 +40,7 @@ from modulelens.errors import ModuleLensError, tool_call
 from modulelens.kernels import ShapeRule
 from modulelens.paths import write_text
 from modulelens.repo import MANIFEST, UntrustedArtifact, is_trusted, sha256_file, signature_of
+from modulelens.timing import surely_above_one
 from modulelens.validation.report import ValidationReport
 
 PACK_FORMAT = "modulelens-pack"
@@ -108,8 +109,8 @@ class PackEntry(BaseModel):
         if not interval:
             why = self.report.timing_reason or "no speedup interval in its report (validated before intervals, or not timed)"
             return f"not timed against eager with an interval: {why}; validate it again, or pack it with force"
-        low, high = interval
-        if low <= 1.0:
+        if not surely_above_one(interval):
+            low, high = interval
             return (f"not surely faster than eager: its speedup's 95% interval is {low:.2f}x..{high:.2f}x "
                     "(the lower bound must be above 1; pack it with force to use it anyway)")
         return None

@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 from modulelens.providers.module_request import ModuleRequest
-from modulelens.providers.prompting import repair_task, report_text
+from modulelens.providers.prompting import user_prompt
 
 MODULE_LANGUAGE = "triton"  # a Python source: extract_code prefers ```python blocks for it
 
@@ -58,10 +58,5 @@ def build_module_messages(req: ModuleRequest) -> tuple[str, str]:
         "variant_note": (f"\nThis is attempt {req.variant}: take a different approach (which operators to fuse, "
                          "work split, vectorisation) than the most obvious one.\n" if req.variant else ""),
     }
-    system = render("module_system", contract=module_contract_text())
-    if req.parent is not None and req.parent_report is not None:
-        user = render("repair_module", **fields, parent_source=req.parent.source.strip("\n"),
-                      report=report_text(req.parent_report), task=repair_task(req.parent_report))
-    else:
-        user = render("generate_module", **fields)
-    return system, user
+    return (render("module_system", contract=module_contract_text()),
+            user_prompt(req, fields, "repair_module", "generate_module"))

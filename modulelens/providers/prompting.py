@@ -295,6 +295,18 @@ def repair_task(report: dict[str, Any]) -> str:
     return f"It is correct. Make it faster{at}, keeping it correct: better memory access, vectorisation, fusion, tiling."
 
 
+def user_prompt(req: Any, fields: dict[str, Any], repair: str, generate: str) -> str:
+    """The user prompt of a generation request (a kernel's or a ModelNew's): the ``repair``
+    template with the parent's source, its report and what to do about it when ``req`` has a
+    parent and its report, else the ``generate`` template; ``fields`` fill either."""
+    from modulelens.prompts import render
+
+    if req.parent is not None and req.parent_report is not None:
+        return render(repair, **fields, parent_source=req.parent.source.strip("\n"),
+                      report=report_text(req.parent_report), task=repair_task(req.parent_report))
+    return render(generate, **fields)
+
+
 def prompt_sha256(system: str, user: str) -> str:
     return hashlib.sha256(f"{system}\0{user}".encode()).hexdigest()
 
@@ -312,12 +324,6 @@ def build_messages(req: GenerationRequest) -> tuple[str, str]:
         f"\nThis is variant {req.variant}: take a different implementation approach (work split, tiling, "
         "vectorisation) than the most obvious one.\n" if req.variant else ""
     )
-    system = render("system", **fields)
-    if req.parent is not None and req.parent_report is not None:
-        user = render("repair_kernel", **fields, parent_source=req.parent.source.strip("\n"),
-                      report=report_text(req.parent_report), task=repair_task(req.parent_report))
-    else:
-        user = render("generate_kernel", **fields)
-    return system, user
+    return render("system", **fields), user_prompt(req, fields, "repair_kernel", "generate_kernel")
 
 

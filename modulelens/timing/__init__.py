@@ -17,7 +17,14 @@ without pulling in anything else of modulelens.
 """
 
 from modulelens.timing.callables import CallableSide
-from modulelens.timing.estimate import RatioEstimate, decide, estimate_ratio, median_interval, round_ratios
+from modulelens.timing.estimate import (
+    RatioEstimate,
+    decide,
+    estimate_ratio,
+    median_interval,
+    round_ratios,
+    surely_above_one,
+)
 from modulelens.timing.interleaved import (
     MeasurementDetail,
     Probe,
@@ -34,5 +41,5 @@ from modulelens.timing.threads import ThreadChoice, choose_threads, fewer_thread
 
 __all__ = ["CallableSide", "Finding", "MeasurementDetail", "Probe", "RatioEstimate", "Side", "SpeedupMeasurement", "ThreadChoice",
            "Timing", "TimingPlan", "choose_threads", "decide", "estimate_ratio", "fewer_threads", "measure_speedup",
-           "measure_speedups", "measurement_from_rounds", "median_interval", "percentile", "round_ratios", "thread_choice", "time_callable",
+           "measure_speedups", "measurement_from_rounds", "median_interval", "percentile", "round_ratios", "surely_above_one", "thread_choice", "time_callable",
            "user_threads"]

@@ -34,6 +34,13 @@ CONFIDENCE = 0.95
 MIN_ROUNDS = 6  # the fewest rounds for which a 95% interval of the median exists
 
 
+def surely_above_one(interval: tuple[float, float] | list[float] | None) -> bool:
+    """Whether a ratio's 95% interval lies wholly above 1 (its lower bound is): the one test for
+    "surely faster than eager" that every decision uses (pack entries, optimize's suggestions,
+    validation advice). No interval (undetermined, not timed) is not surely anything."""
+    return bool(interval) and interval[0] > 1.0
+
+
 def _binomial_cdf_half(n: int, k: int) -> float:
     """P(Binomial(n, 1/2) <= k)."""
     return sum(math.comb(n, i) for i in range(0, k + 1)) / 2 ** n

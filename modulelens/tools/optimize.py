@@ -12,6 +12,7 @@ from modulelens.search.executors import make_executor
 from modulelens.search.loop import run_search, start_or_resume
 from modulelens.search.model import ExecutorName, SearchResult, SearchSettings
 from modulelens.search.targets import resolve_targets
+from modulelens.timing import surely_above_one
 
 
 class OptimizeRequest(BaseModel):
@@ -61,7 +62,7 @@ def optimize(req: OptimizeRequest, ctx: ToolContext) -> SearchResult:
     # a level's best is only a winner to pack when it is surely faster than eager (pack decides the same way)
     bests = [(t.target, t.best_candidate, t.speedup_interval) for t in result.targets if t.best_candidate]
     bests += [(m.capture, m.best_candidate, m.speedup_interval) for m in result.modules if m.best_candidate]
-    result.pack_candidates = [ref for _, ref, interval in bests if interval and interval[0] > 1]
+    result.pack_candidates = [ref for _, ref, interval in bests if surely_above_one(interval)]
     for target, ref, interval in bests:
         if ref not in result.pack_candidates:
             low = f"{interval[0]:.2f}x" if interval else "unknown"

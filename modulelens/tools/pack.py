@@ -12,6 +12,7 @@ from modulelens.paths import output_file
 from modulelens.registry import ToolContext, tool
 from modulelens.replies import ToolReply, call
 from modulelens.repo import Repository
+from modulelens.timing import surely_above_one
 
 
 class PackRequest(BaseModel):
@@ -83,7 +84,7 @@ def pack(req: PackRequest, ctx: ToolContext) -> PackResult:
                     dispatched=e.skip_reason() is None, forced=e.forced, skip_reason=e.skip_reason())
         for e in content.entries])
     result.warnings = [f"{e.candidate_id} will not be used: {e.skip_reason}" for e in result.entries if not e.dispatched]
-    forced = [e for e in result.entries if e.forced and (not e.speedup_interval or e.speedup_interval[0] <= 1)]
+    forced = [e for e in result.entries if e.forced and not surely_above_one(e.speedup_interval)]
     result.warnings += [f"{e.candidate_id} is used because of force, although its speedup is not surely above 1 "
                         f"({_interval(e.speedup_interval)})" for e in forced]
     if not any(e.dispatched for e in result.entries):

@@ -5,6 +5,7 @@ slowdown) and the calls that usually follow (repair, pack)."""
 from __future__ import annotations
 
 from modulelens.replies import NextCall, call
+from modulelens.timing import surely_above_one
 from modulelens.validation.report import ValidationReport
 
 
@@ -58,8 +59,7 @@ def _timing_warnings(report: ValidationReport) -> list[str]:
 
 def surely_faster(report: ValidationReport) -> bool:
     """Correct and custom, with a speedup interval whose lower bound is above 1 (what a pack needs)."""
-    low = report.speedup_interval[0] if report.speedup_interval else 0.0
-    return report.verdict == "custom" and report.correct and low > 1.0
+    return report.verdict == "custom" and report.correct and surely_above_one(report.speedup_interval)
 
 
 def report_next(report: ValidationReport, candidate_id: str, card_id: str | None) -> list[NextCall]:

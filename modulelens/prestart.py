@@ -17,7 +17,6 @@ import os
 import sys
 
 VALIDATING = frozenset({"validate-kernel"})
-RUNNER = "modulelens.validation.tasks:RUNNER"  # the validation worker's task runner (see validation.messages)
 
 
 def command_args(orig_argv: list[str]) -> list[str] | None:
@@ -48,8 +47,9 @@ def maybe_prestart() -> None:
     if not args or args[0] not in VALIDATING or "--help" in args:
         return
     try:
-        from modulelens.sandbox.pool import DEFAULT_MEMORY_LIMIT_MB, prestart
+        from modulelens.sandbox import DEFAULT_MEMORY_LIMIT_MB, prestart
+        from modulelens.validation import VALIDATION_RUNNER
 
-        prestart(RUNNER, memory_limit(args, DEFAULT_MEMORY_LIMIT_MB))
+        prestart(VALIDATION_RUNNER, memory_limit(args, DEFAULT_MEMORY_LIMIT_MB))
     except Exception:  # noqa: BLE001 - a head start only: the pool starts its worker itself otherwise
         pass

@@ -89,3 +89,54 @@ def softmax_card(tmp_path_factory):
         torch.nn.Softmax(dim=-1)(torch.randn(16, 24))
     ops = capture_ops(CaptureOpsRequest(ref="sm", repeats=3), ToolContext(repo_root=repo))
     return repo, next(c.card_id for c in ops.cards if "softmax" in c.op)
+
+
+class TanhScale(torch.nn.Module):
+    """``tanh(x) * weight``: the small module most module-candidate tests validate against (a
+    pointwise op and a parameter, weights that differ per column so a candidate ignoring them fails)."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.linspace(0.5, 1.5, dim))
+
+    def forward(self, x):
+        return torch.tanh(x) * self.weight
+
+
+class CloneInput(torch.nn.Module):
+    """``x.clone()``: a module whose candidates must return fresh memory."""
+
+    def forward(self, x):
+        return x.clone()
+
+
+def capture_tanh_scale(repo: Path, name: str = "scale", dim: int = 16, batch: int = 8) -> None:
+    """Capture one call of :class:`TanhScale` of width ``dim`` on a ``[batch, dim]`` input as ``name``."""
+    import modulelens
+
+    with modulelens.capture("", name=name, repo=repo, export=False):
+        TanhScale(dim)(torch.randn(batch, dim))
+
+
+@pytest.fixture(scope="session")
+def scale_repo(tmp_path_factory):
+    """A repository holding ``scale`` (a :class:`TanhScale` of width 16 on [8, 16]) and ``copy``
+    (a module returning ``x.clone()`` on [8, 16]); tests validate candidates for them, one
+    repository for the session."""
+    import modulelens
+
+    repo = tmp_path_factory.mktemp("scale-repo")
+    capture_tanh_scale(repo)
+    with modulelens.capture("", name="copy", repo=repo, export=False):
+        CloneInput()(torch.randn(8, 16))
+    return repo
+
+
+def validate_source(repo: Path, source: str, target: str = "scale", **settings):
+    """The ``validate_kernel`` reply for candidate ``source`` against ``target`` in ``repo``: one
+    seed and no timing unless ``settings`` say otherwise."""
+    from modulelens.registry import ToolContext
+    from modulelens.tools.validate_kernel import ValidateKernelRequest, validate_kernel
+
+    req = ValidateKernelRequest(source_text=source, target=target, **{"seeds": 1, "time": False, **settings})
+    return validate_kernel(req, ToolContext(repo_root=repo))

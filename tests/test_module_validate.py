@@ -13,6 +13,8 @@ import pytest
 import torch
 import torch.nn as nn
 
+from conftest import validate_source
+
 import modulelens
 from modulelens.validation.module import readable_sys_path
 from modulelens.registry import ToolContext
@@ -24,27 +26,8 @@ pytestmark = pytest.mark.slow
 CONTAINED = bool(namespace_prefix()[0]) and landlock_abi() >= 1
 
 
-class Scale(nn.Module):
-    def __init__(self, dim: int):
-        super().__init__()
-        self.weight = nn.Parameter(torch.linspace(0.5, 1.5, dim))
-
-    def forward(self, x):
-        return torch.tanh(x) * self.weight
-
-
-@pytest.fixture(scope="module")
-def scale_capture(tmp_path_factory):
-    repo = tmp_path_factory.mktemp("module-repo")
-    with modulelens.capture("", name="scale", repo=repo, export=False):
-        Scale(16)(torch.randn(8, 16))
-    return repo
-
-
 def _validate(repo: Path, body: str, **kw):
-    source = "import torch\nimport torch.nn as nn\n\n" + textwrap.dedent(body)
-    req = ValidateModuleRequest(source_text=source, target="scale", seeds=1, **{"time": False, **kw})
-    return validate_module(req, ToolContext(repo_root=repo))
+    return validate_source(repo, "import torch\nimport torch.nn as nn\n\n" + textwrap.dedent(body), **kw)
 
 
 MODEL = """
@@ -69,15 +52,15 @@ def _stored_settings(repo: Path, report: str):
     return Repository(repo).open(REPORTS, report).manifest_as(ReportManifest).settings
 
 
-def test_a_torch_module_candidate_runs_contained_and_is_a_wrapper(scale_capture):
-    r = _validate(scale_capture, _model("return torch.tanh(x) * self.weight"), time=True, device="cpu")
+def test_a_torch_module_candidate_runs_contained_and_is_a_wrapper(scale_repo):
+    r = _validate(scale_repo, _model("return torch.tanh(x) * self.weight"), time=True, device="cpu")
     assert r.correct and r.verdict == "wrapper", r.reason
     assert any("tanh" in c for c in r.backend_calls), r.backend_calls
     assert r.timing_status in ("ok", "undetermined") and r.speedup_interval and "checker" in r.candidate.timer
     assert "module forward on cpu (the captured device), in eval mode" in r.timing_note, r.timing_note
     assert "thread(s)" in r.timing_note
     assert r.eager.device == r.candidate.device == "cpu"  # the reference and the candidate process
-    assert _stored_settings(scale_capture, r.report).device == "cpu"
+    assert _stored_settings(scale_repo, r.report).device == "cpu"
     layers = {x.name: x for x in r.isolation.layers}
     assert layers["process separation"].in_force
     if CONTAINED:
@@ -87,15 +70,15 @@ def test_a_torch_module_candidate_runs_contained_and_is_a_wrapper(scale_capture)
         assert not layers["signing key and repository unreadable"].in_force
 
 
-def test_a_numpy_module_candidate_is_a_wrapper_naming_numpy(scale_capture):
-    r = _validate(scale_capture, _model("""
+def test_a_numpy_module_candidate_is_a_wrapper_naming_numpy(scale_repo):
+    r = _validate(scale_repo, _model("""
         import numpy as np
         return torch.from_numpy(np.tanh(x.numpy())) * self.weight
         """))
     assert r.correct and r.verdict == "wrapper", r.reason
     assert "numpy" in r.reason, r.reason
     assert r.timing_note.startswith("ran on cpu (the captured device); checked in eval mode only"), r.timing_note
-    assert _stored_settings(scale_capture, r.report).device is None  # none asked for: the captured one
+    assert _stored_settings(scale_repo, r.report).device is None  # none asked for: the captured one
 
 
 class DropGate(nn.Module):
@@ -151,12 +134,12 @@ def _validate_gate(repo: Path, **kw):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_device_cuda_validates_a_cpu_capture_on_the_gpu(scale_capture, tmp_path):
-    r = _validate(scale_capture, _model("return torch.tanh(x) * self.weight"), time=True, device="cuda")
+def test_device_cuda_validates_a_cpu_capture_on_the_gpu(scale_repo, tmp_path):
+    r = _validate(scale_repo, _model("return torch.tanh(x) * self.weight"), time=True, device="cuda")
     assert r.correct, r.reason
     assert "module forward on cuda (captured on cpu), in eval mode" in r.timing_note, r.timing_note
     assert r.eager.device == r.candidate.device == "cuda"
-    assert _stored_settings(scale_capture, r.report).device == "cuda"
+    assert _stored_settings(scale_repo, r.report).device == "cuda"
     _capture_drop_gate(tmp_path)  # dropout in training: the same RNG state on the GPU on both sides
     r = _validate_gate(tmp_path, device="cuda")
     assert r.correct, r.reason
@@ -164,13 +147,13 @@ def test_device_cuda_validates_a_cpu_capture_on_the_gpu(scale_capture, tmp_path)
 
 
 @pytest.mark.skipif(not CONTAINED, reason="needs namespaces and Landlock")
-def test_a_module_candidate_cannot_read_the_signing_key(scale_capture):
+def test_a_module_candidate_cannot_read_the_signing_key(scale_repo):
     from modulelens.repo.trust import config_dir, machine_key
 
     machine_key()  # make sure the key exists
     key = config_dir() / "key"
     assert key.exists()
-    r = _validate(scale_capture, _model(f"""
+    r = _validate(scale_repo, _model(f"""
         open({str(key)!r}, "rb").read()
         return torch.tanh(x) * self.weight
         """))
@@ -178,10 +161,10 @@ def test_a_module_candidate_cannot_read_the_signing_key(scale_capture):
 
 
 @pytest.mark.skipif(not CONTAINED, reason="needs namespaces and Landlock")
-def test_a_module_candidate_cannot_write_outside_its_scratch(scale_capture, tmp_path):
+def test_a_module_candidate_cannot_write_outside_its_scratch(scale_repo, tmp_path):
     marker = Path.home() / "modulelens-module-escape.txt"
     outside = tmp_path / "escape.txt"
-    r = _validate(scale_capture, _model(f"""
+    r = _validate(scale_repo, _model(f"""
         for path in ({str(marker)!r}, {str(outside)!r}):
             try:
                 open(path, "w").write("escaped")
@@ -194,9 +177,9 @@ def test_a_module_candidate_cannot_write_outside_its_scratch(scale_capture, tmp_
 
 
 @pytest.mark.skipif(not CONTAINED, reason="needs namespaces and Landlock")
-def test_a_module_candidate_cannot_read_the_expected_output(scale_capture):
-    outputs = next(scale_capture.rglob("outputs.safetensors"))
-    r = _validate(scale_capture, _model(f"""
+def test_a_module_candidate_cannot_read_the_expected_output(scale_repo):
+    outputs = next(scale_repo.rglob("outputs.safetensors"))
+    r = _validate(scale_repo, _model(f"""
         from safetensors.torch import load_file
         return next(iter(load_file({str(outputs)!r}).values())).clone()
         """))
@@ -204,8 +187,8 @@ def test_a_module_candidate_cannot_read_the_expected_output(scale_capture):
     assert "PermissionError" in r.reason or "FileNotFoundError" in r.reason, r.reason
 
 
-def test_module_candidate_that_does_not_build_is_rejected_for_it(scale_capture):
-    r = _validate(scale_capture, """
+def test_module_candidate_that_does_not_build_is_rejected_for_it(scale_repo):
+    r = _validate(scale_repo, """
         class ModelNew(nn.Module):
             def __init__(self, width):
                 super().__init__()

@@ -13,29 +13,21 @@ import pytest
 import torch
 import torch.nn as nn
 
+from conftest import TanhScale, validate_source
+
 import modulelens
 from modulelens.registry import ToolContext
-from modulelens.tools.validate_kernel import ValidateKernelRequest, validate_kernel
 
 pytestmark = pytest.mark.slow
 
 
-class Gate(nn.Module):
-    def __init__(self, dim: int):
-        super().__init__()
-        self.weight = nn.Parameter(torch.linspace(0.5, 1.5, dim))
-
-    def forward(self, x):
-        return torch.tanh(x) * self.weight
-
-
 def _net() -> nn.Module:
-    return nn.Sequential(nn.Linear(16, 16), Gate(16))
+    return nn.Sequential(nn.Linear(16, 16), TanhScale(16))
 
 
 @pytest.fixture(scope="module")
 def gate_repo(tmp_path_factory):
-    """A repository holding ``gate``: the Gate at ``1`` captured in training, batch 4 and sequence 6."""
+    """A repository holding ``gate``: the TanhScale at ``1`` captured in training, batch 4 and sequence 6."""
     repo = tmp_path_factory.mktemp("gate-repo")
     torch.manual_seed(0)
     with modulelens.capture("1", name="gate", repo=repo, backward=True, export=False):
@@ -62,8 +54,7 @@ class ModelNew(nn.Module):
 
 def _validate(repo, rule: str, body: str, claims_training: bool = False):
     source = SOURCE.format(rule=rule, body=textwrap.indent(textwrap.dedent(body), " " * 8))
-    req = ValidateKernelRequest(source_text=source, target="gate", seeds=1, time=False, claims_training=claims_training)
-    return validate_kernel(req, ToolContext(repo_root=repo))
+    return validate_source(repo, source, "gate", claims_training=claims_training)
 
 
 def test_a_module_entry_with_a_rule_serves_sizes_that_were_not_captured(gate_repo):

@@ -8,24 +8,14 @@ from __future__ import annotations
 import uuid
 
 import pytest
-import torch
-import torch.nn as nn
 
-import modulelens
+from conftest import capture_tanh_scale
+
 from modulelens.registry import ToolContext
 from modulelens.tools.validate_kernel import ValidateKernelRequest, validate_kernel
 from modulelens.validation.sandboxed import pool
 
 pytestmark = pytest.mark.slow
-
-
-class ScaledTanh(nn.Module):
-    def __init__(self, dim: int):
-        super().__init__()
-        self.weight = nn.Parameter(torch.linspace(0.5, 1.5, dim))
-
-    def forward(self, x):
-        return torch.tanh(x) * self.weight
 
 
 MODEL_NEW = '''
@@ -67,8 +57,7 @@ class ModelNew(nn.Module):
 
 def test_a_module_candidates_extension_is_built_once_then_shared(tmp_path):
     repo = tmp_path / "repo"
-    with modulelens.capture("", name="st", repo=repo, export=False):
-        ScaledTanh(16)(torch.randn(8, 16))
+    capture_tanh_scale(repo, "st")
     source = MODEL_NEW.replace("SESSION", uuid.uuid4().hex)  # new to this session: built the first time
     req = ValidateKernelRequest(source_text=source, target="st", seeds=1, time=False)
     first = validate_kernel(req, ToolContext(repo_root=repo))

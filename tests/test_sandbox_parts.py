@@ -123,10 +123,11 @@ def test_an_arena_shrunk_under_the_checker_is_a_short_read_not_a_sigbus(monkeypa
 
 
 def test_a_validating_cli_command_is_recognised_for_its_head_start():
-    from modulelens.prestart import RUNNER, command_args, memory_limit
+    from modulelens.prestart import command_args, memory_limit
+    from modulelens.validation import VALIDATION_RUNNER
     from modulelens.validation.messages import VALIDATION_WORKER
 
-    assert RUNNER == VALIDATION_WORKER.runner  # the worker it starts is the one the pool would
+    assert VALIDATION_RUNNER == VALIDATION_WORKER.runner  # the worker it starts is the one the pool would
     assert command_args(["/usr/bin/python3", "-m", "modulelens", "validate-kernel", "c:v1"]) == ["validate-kernel", "c:v1"]
     assert command_args(["/venv/bin/python", "/venv/bin/modulelens", "validate-kernel", "--source", "m.py"])[0] == \
         "validate-kernel"

@@ -23,8 +23,7 @@ from modulelens.tools.push import PushResult
 from modulelens.tools.run import RunResult
 from modulelens.tools.trust_artifact import TrustResult
 from modulelens.tools.validate_kernel import ValidateModuleResult
-from modulelens.validation.catalog import CandidateView
-from modulelens.validation.sandboxed import CandidateValidation
+from modulelens.validation import CandidateValidation, CandidateView
 
 __all__ = ["KERNEL_VIEWS"]
 

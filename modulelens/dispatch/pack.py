@@ -41,7 +41,7 @@ from modulelens.kernels import ShapeRule
 from modulelens.paths import write_text
 from modulelens.repo import MANIFEST, UntrustedArtifact, is_trusted, sha256_file, signature_of
 from modulelens.timing import surely_above_one
-from modulelens.validation.report import ValidationReport
+from modulelens.validation import ValidationReport
 
 PACK_FORMAT = "modulelens-pack"
 PACK_FORMAT_VERSION = 1

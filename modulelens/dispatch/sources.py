@@ -19,7 +19,7 @@ from modulelens.dispatch.pack import ModuleInit
 from modulelens.dispatch.patterns import CallPattern, describe_call
 from modulelens.errors import ModuleLensError
 from modulelens.repo import Repository
-from modulelens.validation.report import ValidationReport
+from modulelens.validation import ValidationReport
 
 
 class CandidateRecord(BaseModel):
@@ -54,7 +54,7 @@ def _card_record(repo: Repository, candidate_id: str) -> CandidateRecord:
     from modulelens.capture import capture_manifest
     from modulelens.kernels import candidate_manifest, load_candidate
     from modulelens.ops import OpSetManifest, open_card, sample_call
-    from modulelens.validation.stored_reports import latest_report
+    from modulelens.validation import latest_report
 
     art, src = load_candidate(repo, candidate_id)
     card_id = candidate_manifest(art).target.card_id
@@ -78,7 +78,7 @@ def _module_record(repo: Repository, candidate_id: str) -> CandidateRecord:
     from modulelens.capture import KIND as CAPTURES
     from modulelens.capture import LoadedCapture, capture_manifest
     from modulelens.kernels import MODULE_BACKEND, load_module_candidate
-    from modulelens.validation.stored_reports import latest_report
+    from modulelens.validation import latest_report
 
     art, cand, target = load_module_candidate(repo, candidate_id)
     cap_art = repo.open(CAPTURES, target.capture)

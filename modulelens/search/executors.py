@@ -34,11 +34,16 @@ from modulelens.device import is_cuda
 from modulelens.errors import ModuleLensError
 from modulelens.kernels import KernelSource, load_candidate
 from modulelens.repo import Repository
-from modulelens.sandbox.pool import SandboxPool
-from modulelens.validation.messages import RemeasuredResult
-from modulelens.validation.report import ValidationReport, ValidationSettings
-from modulelens.validation.sandboxed import new_pool, remeasure_candidates, validate_candidate
-from modulelens.validation.stored_reports import save_report
+from modulelens.sandbox import SandboxPool
+from modulelens.validation import (
+    RemeasuredResult,
+    ValidationReport,
+    ValidationSettings,
+    new_pool,
+    remeasure_candidates,
+    save_report,
+    validate_candidate,
+)
 
 
 class EvalTask(BaseModel):

@@ -24,7 +24,7 @@ from modulelens.providers.base import Provider, get_provider
 from modulelens.providers.request import GenerationRequest
 from modulelens.search.model import NodeRecord, SearchSettings, SearchTarget
 from modulelens.search.tree import ROOT, SearchTree
-from modulelens.validation.stored_reports import latest_report
+from modulelens.validation import latest_report
 
 MAX_SIBLING_ERRORS = 3
 

@@ -41,8 +41,7 @@ from modulelens.search.model import (
 )
 from modulelens.search.store import find_search, load_tree, open_search, save_search, search_key, write_node
 from modulelens.search.tree import ROOT, SearchTree
-from modulelens.validation.plausibility import MAX_BELIEVABLE_SPEEDUP
-from modulelens.validation.report import ValidationSettings
+from modulelens.validation import MAX_BELIEVABLE_SPEEDUP, ValidationSettings
 
 
 def _no_progress(done: float, total: float | None = None, message: str | None = None) -> None:

@@ -27,8 +27,7 @@ from modulelens.callbacks import ProgressFn
 from modulelens.errors import ModuleLensError
 from modulelens.repo import Artifact, Repository
 from modulelens.search.model import ModuleNode, ModuleOutcome, SearchSettings
-from modulelens.validation.report import ValidationReport
-from modulelens.validation.stored_reports import latest_report
+from modulelens.validation import ValidationReport, latest_report
 
 MAX_SIBLING_ERRORS = 3
 
@@ -123,7 +122,7 @@ def _llm_children(repo: Repository, capture: Artifact, target: Any, settings: Se
     from modulelens.kernels import save_module_candidate
     from modulelens.providers.base import ModuleProvider, get_provider
     from modulelens.providers.module_request import describe_capture
-    from modulelens.validation.module_runs import validate_stored_module
+    from modulelens.validation import validate_stored_module
 
     provider = provider or get_provider(settings.provider)
     if not isinstance(provider, ModuleProvider):
@@ -180,7 +179,7 @@ def search_module(repo: Repository, capture_ref: str, settings: SearchSettings,
     from modulelens.capture import capture_manifest
     from modulelens.kernels import MODULE_TEMPLATE_FAMILY as FAMILY
     from modulelens.kernels import ModuleCandidate, ModuleTarget, save_module_candidate
-    from modulelens.validation.module_runs import validate_stored_module
+    from modulelens.validation import validate_stored_module
 
     capture = repo.open(CAPTURES, capture_ref)
     manifest = capture_manifest(capture)

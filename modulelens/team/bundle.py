@@ -19,7 +19,7 @@ from modulelens.stats.manifest import KIND as STATS
 from modulelens.stats.manifest import StatsManifest
 from modulelens.team.model import REMOTE_KINDS, LocalRef, PushItem, origin_alias
 from modulelens.team.packs import PACKS, PackManifest, open_pack
-from modulelens.validation.stored_reports import REPORTS, ReportManifest, report_name
+from modulelens.validation import REPORTS, ReportManifest, report_name
 
 
 def input_refs(art: Artifact) -> list[tuple[str, str]]:

@@ -9,10 +9,15 @@ from modulelens.providers.generation import generate_candidate
 from modulelens.registry import ToolContext, tool
 from modulelens.replies import ToolReply, call
 from modulelens.repo import Repository
-from modulelens.validation.advice import report_next, report_warnings
-from modulelens.validation.report import ValidationSettings
-from modulelens.validation.sandboxed import DEFAULT_TIMEOUT_S, CandidateValidation, validate_candidate
-from modulelens.validation.stored_reports import latest_report
+from modulelens.validation import (
+    DEFAULT_TIMEOUT_S,
+    CandidateValidation,
+    ValidationSettings,
+    latest_report,
+    report_next,
+    report_warnings,
+    validate_candidate,
+)
 
 
 class GenerateKernelRequest(BaseModel):

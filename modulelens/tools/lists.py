@@ -23,7 +23,7 @@ from modulelens.repo import Repository
 from modulelens.search.summary import SearchEntry, search_entries
 from modulelens.stats.runs import StatsRunEntry, stats_entries
 from modulelens.team.packs import PackListEntry, pack_entries
-from modulelens.validation.catalog import CandidateEntry, ReportEntry, candidate_entries, report_entries
+from modulelens.validation import CandidateEntry, ReportEntry, candidate_entries, report_entries
 
 ListKind = Literal["captures", "opsets", "cards", "candidates", "searches", "packs", "stats", "reports"]
 DEFAULT_LIMIT = 20

@@ -18,7 +18,7 @@ from modulelens.profiling.targets import ProfileOptions, ProfileResult, add_roof
 from modulelens.registry import ToolContext, tool
 from modulelens.replies import call
 from modulelens.repo import Repository, parse_ref
-from modulelens.validation.sandboxed import time_candidate
+from modulelens.validation import time_candidate
 
 
 class ProfileRequest(ProfileOptions):

@@ -25,9 +25,15 @@ from modulelens.repo import Repository, is_trusted
 from modulelens.search.summary import SearchSummary, search_summary
 from modulelens.stats.runs import StatsRunView, TensorStatsRow, capture_tensor_rows, stats_view, thin_steps
 from modulelens.team.packs import PACKS, PackedEntryView, PackManifest, entry_views
-from modulelens.validation.advice import report_next, report_warnings
-from modulelens.validation.catalog import CandidateView, candidate_view, first_source_lines, stored_report
-from modulelens.validation.report import ValidationReport
+from modulelens.validation import (
+    CandidateView,
+    ValidationReport,
+    candidate_view,
+    first_source_lines,
+    report_next,
+    report_warnings,
+    stored_report,
+)
 
 ShowKind = Literal["capture", "card", "candidate", "search", "stats", "pack", "report"]
 MAX_POINTS = 2000

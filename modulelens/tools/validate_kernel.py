@@ -35,16 +35,20 @@ from modulelens.paths import outside_warnings, source_file
 from modulelens.registry import ToolContext, tool
 from modulelens.replies import ToolReply, call
 from modulelens.repo import Artifact, Repository
-from modulelens.sandbox.pool import DEFAULT_MEMORY_LIMIT_MB
-from modulelens.validation.advice import report_next, report_warnings, surely_faster
-from modulelens.validation.module_runs import validate_stored_module
-from modulelens.validation.report import ValidationReport, ValidationSettings
-from modulelens.validation.sandboxed import (
+from modulelens.sandbox import DEFAULT_MEMORY_LIMIT_MB
+from modulelens.validation import (
     DEFAULT_TIMEOUT_S,
+    REPORT_FILE,
+    REPORTS,
     CandidateValidation,
+    ValidationReport,
+    ValidationSettings,
+    report_next,
+    report_warnings,
+    surely_faster,
     validate_candidate,
+    validate_stored_module,
 )
-from modulelens.validation.stored_reports import REPORT_FILE, REPORTS
 
 
 class ValidateKernelRequest(BaseModel):

@@ -26,8 +26,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from modulelens.kernels import KernelSource
-from modulelens.sandbox.containment import Isolation
-from modulelens.sandbox.shm import TensorSlot
+from modulelens.sandbox import Isolation, TensorSlot
 
 
 class LoadRequest(BaseModel):

@@ -15,9 +15,19 @@ import torch
 
 from modulelens.errors import ModuleLensError
 from modulelens.kernels import LIB_SUFFIX, default_build_dir, module_build_address, publish_build, read_build
-from modulelens.sandbox.candidate_process import CandidateDied, CandidateProcess, scratch_parent
-from modulelens.sandbox.containment import Isolation, Layer, foreign_in, secrets_layer
-from modulelens.sandbox.shm import TensorSlot, aligned, encode_value, span_bytes
+from modulelens.sandbox import (
+    CandidateDied,
+    CandidateProcess,
+    Isolation,
+    Layer,
+    TensorSlot,
+    aligned,
+    encode_value,
+    foreign_in,
+    scratch_parent,
+    secrets_layer,
+    span_bytes,
+)
 from modulelens.timing import ThreadChoice
 from modulelens.validation.candidate_messages import (
     CANDIDATE_REPLIES,

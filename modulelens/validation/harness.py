@@ -30,11 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from modulelens.kernels import CANDIDATE_RUNTIME
+from modulelens.sandbox import CONTAINMENT_RUNTIME
 
 # What a template imports before forking candidate processes (modulelens.sandbox.forkserver): the
 # runtime every candidate process imports anyway, so a fork finds it imported.
-PRELOAD = ("modulelens.validation.candidate_messages", "modulelens.sandbox.containment", "modulelens.sandbox.mounts",
-           "modulelens.sandbox.seccomp", *CANDIDATE_RUNTIME, "torch.utils.cpp_extension",
+PRELOAD = ("modulelens.validation.candidate_messages", *CONTAINMENT_RUNTIME, *CANDIDATE_RUNTIME, "torch.utils.cpp_extension",
            "safetensors.torch", "triton.language", "triton.runtime.interpreter")
 # Work a fork server template does while idle, whose result every fork can use (introspection only).
 WARM = ("modulelens.validation.poison:denial_plan", "modulelens.validation.poison:numerical_library_paths")
@@ -43,17 +43,17 @@ WARM = ("modulelens.validation.poison:denial_plan", "modulelens.validation.poiso
 def _contain(req_fd: int, scratch: Path, memory_mb: int, read_only: list[str]) -> tuple[Any, list[str]]:
     import torch
 
-    from modulelens.sandbox.containment import (
+    from modulelens.sandbox import (
         Isolation,
         apply_landlock,
         apply_rlimits,
+        apply_seccomp,
         hand_over_maps,
         not_dumpable,
+        private_dev,
         private_tmp,
         readable_roots,
     )
-    from modulelens.sandbox.mounts import private_dev
-    from modulelens.sandbox.seccomp import apply_seccomp
 
     hand_over_maps(req_fd)  # first: the checker reads it from outside, before any candidate code
     iso = Isolation()
@@ -84,7 +84,7 @@ def _tensors(value: Any) -> list:
 
 class _Harness:
     def __init__(self, arena_fd: int, isolation: Any, scratch: Path, readable: list[str]):
-        from modulelens.sandbox.shm import MappedArena
+        from modulelens.sandbox import MappedArena
 
         self.arena = MappedArena(arena_fd)
         self.scratch = scratch
@@ -194,7 +194,7 @@ class _Harness:
 
         import torch
 
-        from modulelens.sandbox.shm import decode_value
+        from modulelens.sandbox import decode_value
         from modulelens.validation.candidate_messages import Called
 
         if req.threads and torch.get_num_threads() != req.threads:
@@ -256,7 +256,7 @@ class _Harness:
 
     def _put_outputs(self, offset: int) -> tuple[list, int]:
         """Copy the last call's outputs into the arena from ``offset``: (slots, offset after them)."""
-        from modulelens.sandbox.shm import aligned
+        from modulelens.sandbox import aligned
 
         slots = []
         for o in self.last_outputs:
@@ -282,7 +282,7 @@ class _Harness:
         candidate (strict, by name)."""
         import torch
 
-        from modulelens.sandbox.shm import decode_value
+        from modulelens.sandbox import decode_value
         from modulelens.validation.candidate_messages import StateLoaded
 
         try:
@@ -365,7 +365,7 @@ class _Harness:
         return leaves, params
 
     def _put_grads(self, reply: Any, grads: tuple[list, dict], offset: int) -> None:
-        from modulelens.sandbox.shm import aligned
+        from modulelens.sandbox import aligned
 
         def put(t):
             nonlocal offset
@@ -499,7 +499,7 @@ def main(argv: list[str]) -> int:
     if not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")
     isolation, readable = _contain(req_fd, scratch, memory_mb, read_only)
-    from modulelens.sandbox import protocol
+    from modulelens.sandbox import receive_message_with_fds, send_message
     from modulelens.validation.candidate_messages import CANDIDATE_REQUESTS
 
     harness = _Harness(arena_fd, isolation, scratch, readable)
@@ -508,7 +508,7 @@ def main(argv: list[str]) -> int:
                 "load_module": harness.load_module, "call": harness.call, "fetch": harness.fetch,
                 "state": harness.state, "deny": harness.deny}
     while True:
-        req, fds = protocol.receive_with_fds(req_fd, CANDIDATE_REQUESTS)
+        req, fds = receive_message_with_fds(req_fd, CANDIDATE_REQUESTS)
         if req is None:
             return 0
         if fds:  # the checker made a bigger arena: it comes with the request that needs it
@@ -518,7 +518,7 @@ def main(argv: list[str]) -> int:
         except BaseException:  # noqa: BLE001 - a broken harness ends the process; the checker sees it die
             traceback.print_exc()
             return 70
-        protocol.send(reply_fd, reply)
+        send_message(reply_fd, reply)
 
 
 if __name__ == "__main__":

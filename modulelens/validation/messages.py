@@ -25,7 +25,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, Field, TypeAdapter
 
 from modulelens.kernels import KernelSource
-from modulelens.sandbox.worker_messages import (
+from modulelens.sandbox import (
     CrashedResult,
     InternalErrorResult,
     Message,
@@ -34,6 +34,7 @@ from modulelens.sandbox.worker_messages import (
     WorkerResult,
 )
 from modulelens.timing import SpeedupMeasurement, Timing
+from modulelens.validation import VALIDATION_RUNNER
 from modulelens.validation.report import ModuleValidationSettings, ValidationReport, ValidationSettings
 
 # -- tasks -------------------------------------------------------------------------------------
@@ -200,5 +201,5 @@ WorkerMessage = Annotated[
 ]
 WORKER_MESSAGES: TypeAdapter[WorkerMessage] = TypeAdapter(WorkerMessage)
 
-VALIDATION_WORKER = WorkerKind(runner="modulelens.validation.tasks:RUNNER", replies=WORKER_MESSAGES)
+VALIDATION_WORKER = WorkerKind(runner=VALIDATION_RUNNER, replies=WORKER_MESSAGES)
 """The sandbox worker that validates and times candidates."""

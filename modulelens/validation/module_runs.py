@@ -9,7 +9,7 @@ from modulelens.capture import capture_manifest
 from modulelens.device import require
 from modulelens.kernels import ModuleCandidate, ModuleTarget, default_build_dir
 from modulelens.repo import Artifact, Repository
-from modulelens.sandbox.pool import DEFAULT_MEMORY_LIMIT_MB
+from modulelens.sandbox import DEFAULT_MEMORY_LIMIT_MB
 from modulelens.validation.messages import ModuleSource, ValidateModuleTask
 from modulelens.validation.module import readable_sys_path
 from modulelens.validation.report import ValidationReport

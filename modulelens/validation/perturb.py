@@ -82,6 +82,6 @@ def perturbed(t: Any) -> bool:
     """Whether a batch's swaps touch this input: a floating-point tensor of two elements or more
     whose elements fill its span exactly (no gaps between them, none shared), so that every
     swapped element is one the call reads and both sides see the same bytes."""
-    from modulelens.sandbox.shm import span_bytes
+    from modulelens.sandbox import span_bytes
 
     return t.is_floating_point() and t.numel() > 1 and span_bytes(t) == t.numel() * t.element_size()

@@ -33,7 +33,7 @@ import types
 import warnings
 from typing import Any
 
-from modulelens.sandbox.containment import FOREIGN_LIBRARIES, Layer, restrict_reading
+from modulelens.sandbox import FOREIGN_LIBRARIES, Layer, restrict_reading
 from modulelens.validation.evidence import ALLOWED_OPS
 
 # Operators a candidate may run in a denial process: allocation, copies, views, metadata, random fills.
@@ -168,7 +168,7 @@ def _under(path: str, roots: list[str]) -> bool:
 def unusable_numpy(readable: list[str]) -> tuple[str, list[Layer]]:
     """Make numpy and the other numerical libraries unusable in this process (see the module
     docstring); ``readable``: what the process may read so far. Returns (what was done, layers)."""
-    from modulelens.sandbox.seccomp import install_filter, machine_arch, no_exec_program
+    from modulelens.sandbox import install_filter, machine_arch, no_exec_program
 
     roots = numerical_library_paths()
     with open("/proc/self/maps") as f:

@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from modulelens.kernels import ShapeRule
-from modulelens.sandbox.containment import Isolation
+from modulelens.sandbox import Isolation
 from modulelens.timing import MeasurementDetail, Timing
 
 DISTRIBUTIONS = ("normal", "uniform", "heavy", "special")

@@ -17,7 +17,7 @@ from modulelens.kernels import KernelSource, candidate_manifest, default_build_d
 from modulelens.listing import LeftOut
 from modulelens.ops import open_card
 from modulelens.repo import KEY_FILE, Artifact, Repository, config_dir, require_trusted, verified_digest
-from modulelens.sandbox.pool import DEFAULT_MEMORY_LIMIT_MB, SandboxPool, shared_pool
+from modulelens.sandbox import DEFAULT_MEMORY_LIMIT_MB, SandboxPool, shared_pool
 from modulelens.timing import Timing
 from modulelens.validation.messages import (
     VALIDATION_WORKER,

@@ -17,8 +17,7 @@ from pathlib import Path
 from modulelens.capture import REPLAY_RUNTIME
 from modulelens.kernels import publish_dir
 from modulelens.repo import accept_verified, forbid_key
-from modulelens.sandbox.containment import CHECKER, Layer, confine_checker
-from modulelens.sandbox.worker_messages import TaskRunner
+from modulelens.sandbox import CHECKER, Layer, TaskRunner, confine_checker
 from modulelens.validation import card, checker
 from modulelens.validation.messages import (
     TASKS,

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from modulelens.sandbox.candidate_process import CandidateDied, CandidateProcess
+from modulelens.sandbox import CandidateDied, CandidateProcess
 from modulelens.timing import SpeedupMeasurement, Timing, TimingPlan
 from modulelens.validation.checker import CandidateChecker, CandidateFailed, ModuleCall, time_calls
 from modulelens.validation.compare import same_bits

@@ -18,6 +18,8 @@ import pytest
 import torch
 import torch.nn as nn
 
+from conftest import capture_tanh_scale, validate_source
+
 import modulelens
 from modulelens.registry import ToolContext
 from modulelens.tools.capture_ops import CaptureOpsRequest, capture_ops
@@ -26,15 +28,6 @@ from modulelens.tools.validate_kernel import ValidateKernelRequest, validate_ker
 pytestmark = pytest.mark.slow
 HERE = Path(__file__).parent
 DISAGREE = "its timed outputs disagree with the reference"
-
-
-class Scale(nn.Module):
-    def __init__(self, dim: int):
-        super().__init__()
-        self.weight = nn.Parameter(torch.linspace(0.5, 1.5, dim))
-
-    def forward(self, x):
-        return torch.tanh(x) * self.weight
 
 
 class SoftmaxHead(nn.Module):
@@ -49,8 +42,7 @@ class SoftmaxHead(nn.Module):
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
     repo = tmp_path_factory.mktemp("timed-calls-repo")
-    with modulelens.capture("", name="scale", repo=repo, export=False):
-        Scale(64)(torch.randn(32, 64))
+    capture_tanh_scale(repo, dim=64, batch=32)
     with modulelens.capture("", name="head", repo=repo, export=False):
         SoftmaxHead()(torch.randn(64, 32))
     return repo
@@ -60,8 +52,7 @@ def _module(repo: Path, name: str, honest: bool):
     source = (HERE / name).read_text()
     if honest:
         source = source.replace("STALE = True", "STALE = False").replace("CACHE = True", "CACHE = False")
-    return validate_kernel(ValidateKernelRequest(source_text=source, target="scale", seeds=1),
-                           ToolContext(repo_root=repo))
+    return validate_source(repo, source, time=True)
 
 
 @pytest.mark.parametrize("name", ["phase_spotter.py", "fingerprint_cache.py"])

@@ -8,10 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
-import torch.nn as nn
 
-import modulelens
+from conftest import validate_source
+
 from modulelens.registry import ToolContext
 from modulelens.sandbox.containment import landlock_abi, namespace_prefix
 from modulelens.tools.validate_kernel import ValidateKernelRequest, validate_kernel
@@ -21,37 +20,12 @@ HERE = Path(__file__).parent
 CONTAINED = bool(namespace_prefix()[0]) and landlock_abi() >= 1
 
 
-class Scale(nn.Module):
-    def __init__(self, dim: int):
-        super().__init__()
-        self.weight = nn.Parameter(torch.linspace(0.5, 1.5, dim))
-
-    def forward(self, x):
-        return torch.tanh(x) * self.weight
-
-
-class Copy(nn.Module):
-    def forward(self, x):
-        return x.clone()
-
-
-@pytest.fixture(scope="module")
-def modules(tmp_path_factory):
-    repo = tmp_path_factory.mktemp("hostile-verdict")
-    with modulelens.capture("", name="scale", repo=repo, export=False):
-        Scale(16)(torch.randn(8, 16))
-    with modulelens.capture("", name="copy", repo=repo, export=False):
-        Copy()(torch.randn(8, 16))
-    return repo
-
-
 def _module(repo: Path, candidate: str, target: str):
-    req = ValidateKernelRequest(source_text=(HERE / candidate).read_text(), target=target, seeds=1, time=False)
-    return validate_kernel(req, ToolContext(repo_root=repo))
+    return validate_source(repo, (HERE / candidate).read_text(), target)
 
 
-def test_a_candidate_replacing_the_op_tracer_is_a_wrapper(modules):
-    r = _module(modules, "tracer_replacing_module.py", "scale")
+def test_a_candidate_replacing_the_op_tracer_is_a_wrapper(scale_repo):
+    r = _module(scale_repo, "tracer_replacing_module.py", "scale")
     assert r.correct and r.verdict == "wrapper", r.reason
     assert not r.backend_calls  # the trace it replaced shows nothing: the denial run decided
     assert r.denial is not None and r.denial.outcome == "fails" and "aten::tanh" in r.denial.detail, r.denial
@@ -68,23 +42,23 @@ def test_a_softmax_computed_in_numpy_through_ctypes_is_a_wrapper(softmax_card):
 
 
 @pytest.mark.skipif(not CONTAINED, reason="the memory denial of numpy needs Landlock (files) and namespaces")
-def test_a_candidate_undoing_the_denial_cannot_and_is_a_wrapper(modules):
-    r = _module(modules, "numpy_undoing_the_denial.py", "scale")
+def test_a_candidate_undoing_the_denial_cannot_and_is_a_wrapper(scale_repo):
+    r = _module(scale_repo, "numpy_undoing_the_denial.py", "scale")
     assert r.correct and r.verdict == "wrapper", r.reason
     assert r.denial is not None and r.denial.outcome == "fails", r.denial
     assert "SIG" in r.denial.detail, r.denial  # numpy's code stayed unusable: calling it killed the process
     assert "inaccessible" in r.denial.denied and "seccomp" in r.denial.denied, r.denial.denied
 
 
-def test_an_output_aliasing_its_input_through_a_second_mapping_is_rejected(modules):
-    r = _module(modules, "alias_second_mapping.py", "copy")
+def test_an_output_aliasing_its_input_through_a_second_mapping_is_rejected(scale_repo):
+    r = _module(scale_repo, "alias_second_mapping.py", "copy")
     assert r.verdict == "rejected" and "shares memory with the inputs" in r.reason, r.reason
     assert "checker rewrote" in r.reason
 
 
-def test_an_honest_copy_of_the_same_module_is_custom(modules):
+def test_an_honest_copy_of_the_same_module_is_custom(scale_repo):
     honest = ("import torch\nimport torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n    def forward(self, x):\n"
               "        out = torch.empty_like(x)\n        out.copy_(x)\n        return out\n")
     req = ValidateKernelRequest(source_text=honest, target="copy", seeds=1, time=False)
-    r = validate_kernel(req, ToolContext(repo_root=modules))
+    r = validate_kernel(req, ToolContext(repo_root=scale_repo))
     assert r.verdict == "custom" and r.correct, r.reason

@@ -52,6 +52,11 @@ candidate is packed for (training with grad for a training candidate, forward on
 state set before every call on both sides; else eval without grad). Both sides hold the captured
 state (the fresh-parameter checks load it back into the candidate before). The candidate's timed
 outputs are checked on a random sample of batches, judged like the checks (float64 oracle in eval).
+After a timing in training mode the captured state is loaded back into the original and the
+candidate before the recheck, so it never compares running statistics the timing moved apart.
+
+``ran``: set once a call's outputs came back to be compared, so a candidate rejected for its
+outputs ran (only one that failed to load or build did not).
 """
 
 from __future__ import annotations

@@ -22,6 +22,26 @@ captured one, random draws and rounding are that device's own, so the captured R
 and gradients are no reference there: training is checked against the original module on that
 device, with an RNG state drawn there (the report's checks say so).
 
+Buffers are outputs of a training call: every training-mode call is made on both sides (the same
+inputs, mode and RNG state, so both sides' state moves alike), and after each the original's
+buffers (running statistics, counters such as ``num_batches_tracked``) are compared with the
+candidate's of the same name, read out of its process; a mismatch names the buffer and the call
+("bn.running_mean differs after training call 1 (...)"). After the training calls, eval on the
+captured inputs checks what those statistics do. The candidate's buffers are its claim; the eval
+outputs are not.
+
+Gradients outside the tolerance are judged against a float64 oracle (the original run in float64
+from the buffers its call started from, same RNG state and output gradient). One whose float64
+value is within :func:`gradient_floor` (an absolute floor from the scale of that backward: a bias
+in front of a training-mode BatchNorm has a mathematically zero gradient, rounding noise on both
+sides) passes when the candidate's max abs error is within that floor; others like outputs, within
+:data:`~modulelens.validation.compare.ORACLE_MULTIPLE` times eager's error. Both errors go in the
+report's ``accuracy`` (with the floor where it applied).
+
+State between steps: the fresh-parameter checks and, after a timing in training mode (whose timed
+calls move the running statistics a different number of times on each side), the recheck start
+from the captured state loaded back into both (:meth:`ModuleChecks.restore_captured_state`).
+
 Shape rule: a candidate may declare the dimensions of ``forward``'s inputs it takes at other sizes
 (``# modulelens-variable-dims: 0.0 0.1`` in its source, positions counting ``forward``'s arguments
 then its keyword arguments, see :mod:`modulelens.kernels.shape_rules`). After the checks above it

@@ -12,7 +12,8 @@ either way (a timed call is a checked call: the checker verifies the outputs of 
 of timed batches, see :mod:`modulelens.validation.perturb`), copy the last call's outputs into
 the arena again (:class:`FetchRequest` -> :class:`Called`: after the checker rewrote the inputs,
 an output that changed shares their memory), load other parameters and buffers into a module
-candidate (:class:`StateRequest` -> :class:`StateLoaded`), or deny the reference library before
+candidate (:class:`StateRequest` -> :class:`StateLoaded`), copy its buffers into the arena after
+training calls (:class:`BuffersRequest` -> :class:`BuffersRead`), or deny the reference library before
 any candidate code loads (:class:`DenyRequest` -> :class:`Denied`). Everything a candidate process reports is
 a *claim* (its code may have rewritten the harness): the checker trusts only the bytes it reads
 back from the arena and what it measures itself; ``ops`` is evidence, labelled as coming from the
@@ -106,6 +107,15 @@ class StateRequest(BaseModel):
     state: dict[str, Any]
 
 
+class BuffersRequest(BaseModel):
+    """Copy these buffers of the module candidate (by state-dict name: running statistics, counters)
+    into the arena from ``output_offset``, without calling it: what its training calls left there."""
+
+    kind: Literal["buffers"] = "buffers"
+    names: list[str]
+    output_offset: int = 0
+
+
 class DenyRequest(BaseModel):
     """Deny the reference library in this process, before any candidate code loads: every computing
     aten operator (and those of torch's other operator namespaces) raises; numpy's code is made
@@ -118,7 +128,7 @@ class DenyRequest(BaseModel):
 
 
 CandidateRequest = Annotated[ReadyRequest | LoadRequest | LoadOpRequest | LoadModuleRequest | CallRequest
-                             | FetchRequest | StateRequest | DenyRequest, Field(discriminator="kind")]
+                             | FetchRequest | StateRequest | BuffersRequest | DenyRequest, Field(discriminator="kind")]
 CANDIDATE_REQUESTS: TypeAdapter[CandidateRequest] = TypeAdapter(CandidateRequest)
 
 
@@ -161,6 +171,13 @@ class StateLoaded(BaseModel):
     error: str = ""
 
 
+class BuffersRead(BaseModel):
+    kind: Literal["buffers_read"] = "buffers_read"
+    buffers: dict[str, TensorSlot] = Field(default_factory=dict, description="By state-dict name (claimed).")
+    missing: list[str] = Field(default_factory=list, description="Names asked for that its state dict lacks.")
+    error: str = ""
+
+
 class Denied(BaseModel):
     kind: Literal["denied"] = "denied"
     operators: int = Field(description="Operator kernels replaced by one that raises (claimed).")
@@ -170,5 +187,5 @@ class Denied(BaseModel):
     error: str = ""
 
 
-CandidateReply = Annotated[Ready | Loaded | Called | StateLoaded | Denied, Field(discriminator="kind")]
+CandidateReply = Annotated[Ready | Loaded | Called | StateLoaded | BuffersRead | Denied, Field(discriminator="kind")]
 CANDIDATE_REPLIES: TypeAdapter[CandidateReply] = TypeAdapter(CandidateReply)

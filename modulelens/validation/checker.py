@@ -31,6 +31,8 @@ from modulelens.sandbox import (
 from modulelens.timing import ThreadChoice
 from modulelens.validation.candidate_messages import (
     CANDIDATE_REPLIES,
+    BuffersRead,
+    BuffersRequest,
     Called,
     CallRequest,
     FetchRequest,
@@ -302,6 +304,21 @@ class CandidateChecker(ReportKeeper):
         if not isinstance(reply, StateLoaded):
             raise CandidateFailed(f"the candidate process answered a state request with {reply.kind}")
         return reply.error
+
+    def read_buffers(self, like: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], list[str]]:
+        """The module candidate's buffers of the names of ``like`` (the reference's, which size the
+        room kept for them), copied out of its process through the arena without calling it:
+        (the buffers read, the names it lacks). Raises CandidateFailed."""
+        self.proc.arena.resize(sum(aligned(max(t.numel() * t.element_size(), 1)) for t in like.values()) + (1 << 16))
+        reply = self._request(BuffersRequest(names=list(like)))
+        if not isinstance(reply, BuffersRead):
+            raise CandidateFailed(f"the candidate process answered a buffers request with {reply.kind}")
+        if reply.error:
+            raise CandidateFailed(f"its buffers could not be read after a training call: {reply.error}")
+        try:
+            return {n: self.proc.arena.read(s) for n, s in reply.buffers.items() if n in like}, reply.missing
+        except ValueError as e:
+            raise CandidateFailed(f"copied its buffers where the checker cannot read them ({e})") from None
 
     def built_symbols(self) -> list[str]:
         """Vendor and past-the-dispatcher ATen symbols imported by the libraries the candidate built

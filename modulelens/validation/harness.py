@@ -6,10 +6,10 @@ the checker a descriptor of its own ``/proc/self/maps`` and then applies the rem
 layers to itself *before* any candidate code exists in it (private /tmp and /dev, rlimits, not
 dumpable, Landlock, seccomp), then serves requests: load (compile) the candidate, call it on
 inputs the checker wrote into the shared arena and copy its outputs there (and again on request,
-after the checker rewrote the inputs), load other parameters into a module candidate, or deny the
-reference library before any candidate code loads (a denial process,
-:mod:`modulelens.validation.poison`). A check and a timed batch are the same request handled by
-the same function at the same line (:meth:`_Harness.call`): nothing on the stack or in the
+after the checker rewrote the inputs), load other parameters into a module candidate or copy its
+buffers out (after training calls), or deny the reference library before any candidate code loads
+(a denial process, :mod:`modulelens.validation.poison`). A check and a timed batch are the same
+request handled by the same function at the same line (:meth:`_Harness.call`): nothing on the stack or in the
 arguments but the number of calls tells them apart, and timed batches are checked too (a random
 sample of them, by the checker, after the fact). It holds no reference output, no checker and no
 verdict: the worst a candidate can do here is lie about itself, and the checker treats what this
@@ -294,6 +294,32 @@ class _Harness:
             return StateLoaded(error=f"{type(e).__name__}: {text[0][:300] if text else ''}")
         return StateLoaded()
 
+    def buffers(self, req) -> Any:
+        """The module candidate's buffers named in ``req`` (from its state dict) copied into the
+        arena, without calling it: what its training calls left in its running statistics."""
+        import torch
+
+        from modulelens.sandbox.shm import aligned
+        from modulelens.validation.candidate_messages import BuffersRead
+
+        try:
+            state = self.entry.state_dict()
+        except BaseException as e:  # noqa: BLE001 - a module without a readable state dict is its answer
+            text = str(e).strip().splitlines()
+            return BuffersRead(error=f"{type(e).__name__}: {text[0][:300] if text else ''}")
+        reply, offset = BuffersRead(), req.output_offset
+        for name in req.names:
+            value = state.get(name)
+            if not isinstance(value, torch.Tensor):
+                reply.missing.append(name)
+                continue
+            try:
+                reply.buffers[name] = self.arena.put(value.detach(), offset)
+            except ValueError as e:
+                return BuffersRead(error=f"buffer {name} too large: {e}")
+            offset = aligned(offset + reply.buffers[name].nbytes)
+        return reply
+
     def deny(self, req) -> Any:
         """Make the reference library unusable here (:mod:`modulelens.validation.poison`), before any
         candidate code exists in this process."""
@@ -506,7 +532,7 @@ def main(argv: list[str]) -> int:
     # one handler per request kind: a check and a timed batch are both "call" (the same function)
     handlers = {"ready": harness.ready, "load": harness.load, "load_op": harness.load_op,
                 "load_module": harness.load_module, "call": harness.call, "fetch": harness.fetch,
-                "state": harness.state, "deny": harness.deny}
+                "state": harness.state, "buffers": harness.buffers, "deny": harness.deny}
     while True:
         req, fds = receive_message_with_fds(req_fd, CANDIDATE_REQUESTS)
         if req is None:

@@ -52,6 +52,11 @@ candidate is packed for (training with grad for a training candidate, forward on
 state set before every call on both sides; else eval without grad). Both sides hold the captured
 state (the fresh-parameter checks load it back into the candidate before). The candidate's timed
 outputs are checked on a random sample of batches, judged like the checks (float64 oracle in eval).
+After a timing in training mode the captured state is loaded back into the original and the
+candidate before the recheck, so it never compares running statistics the timing moved apart.
+
+``ran``: set once a call's outputs came back to be compared, so a candidate rejected for its
+outputs ran (only one that failed to load or build did not).
 """
 
 from __future__ import annotations
@@ -84,7 +89,7 @@ from modulelens.validation.messages import (
     out_of_memory,
 )
 from modulelens.validation.module_checks import ModuleChecks
-from modulelens.validation.report import ValidationReport
+from modulelens.validation.report import Accuracy, ValidationReport
 from modulelens.validation.timed import (
     ReferenceFailed,
     TimedProcess,
@@ -99,6 +104,8 @@ SAME_RNG = ("training mode checked with the same RNG state before the original a
             "(dropout masks agree when drawn like eager)")
 CONTAINED = "ran in its own contained candidate process (see isolation)"
 Oracle = Callable[[], list[torch.Tensor] | None]
+Judge = Callable[[torch.Tensor, torch.Tensor, int, str], tuple[bool, Accuracy, str] | None]
+"""(got, want, output index, why the tolerance failed) -> (accepted, accuracy entry, detail), or None."""
 
 
 def readable_sys_path(sys_path: list[str], repo_root: Path) -> list[Path]:
@@ -131,6 +138,7 @@ class _ModuleValidator(ModuleChecks, CandidateChecker):
         self.call_timeout = task.call_timeout
         self.ops: set[str] = set()
         self.numpy_bridges: set[str] = set()
+        self.training_calls = 0  # training-mode calls made on both sides, each followed by a buffer check
 
     def run(self) -> ValidationReport:
         from modulelens.capture import KIND as CAPTURES
@@ -244,6 +252,11 @@ class _ModuleValidator(ModuleChecks, CandidateChecker):
             self.stage("time")
             self.time_it(reference, args, kwargs, claims, device, art, manifest)
             self.stage("recheck")
+            if claims:  # timed training calls moved each side's running statistics a different number of times
+                problem = self.restore_captured_state(reference)
+                if problem:
+                    self.report.correct = False
+                    return self.reject(problem)
             a, k = fresh_inputs(args, kwargs, 9973, "normal")
             problem = self.check_case(reference, a, k, "fresh values in the timed buffers after timing",
                                       training=False, rng=None)
@@ -347,10 +360,12 @@ class _ModuleValidator(ModuleChecks, CandidateChecker):
         return out
 
     def values_problem(self, got: list[torch.Tensor], want: list[torch.Tensor], label: str,
-                       rtol: float | None = None, oracle: Oracle | None = None, quiet: bool = False) -> str | None:
+                       rtol: float | None = None, oracle: Oracle | None = None, quiet: bool = False,
+                       judge: Judge | None = None) -> str | None:
         """Why ``got`` does not stand for ``want`` on ``label``, or None; checks recorded (``quiet``:
         only a failure, for the checks of timed batches). An output outside the tolerance is judged
-        against the float64 ``oracle`` when there is one."""
+        against the float64 ``oracle`` when there is one, or by ``judge`` (gradients: see
+        :meth:`~modulelens.validation.module_checks.ModuleChecks.gradient_judge`)."""
         g, w = tensors(got), tensors(want)
         if len(g) != len(w) or not quiet:
             self.check(f"output structure ({label})", len(g) == len(w), f"{len(g)} tensors, {len(w)} expected")
@@ -360,10 +375,17 @@ class _ModuleValidator(ModuleChecks, CandidateChecker):
         for i, (x, y) in enumerate(zip(g, w)):
             x = x.detach().to(y.device)
             ok, detail = compare_output(x, y.detach(), rtol if rtol is not None else self.rtol, self.atol)
-            if not ok and oracle is not None and x.shape == y.shape and x.dtype == y.dtype and y.is_floating_point():
+            comparable = x.shape == y.shape and x.dtype == y.dtype and y.is_floating_point()
+            if not ok and oracle is not None and comparable:
                 reference64 = reference64 if reference64 is not None else (oracle() or [])
                 if i < len(reference64) and reference64[i].shape == y.shape:
                     ok, entry, detail = judged_by_oracle(x, y.detach(), reference64[i], label, i, detail)
+                    if not (quiet and ok):
+                        self.report.accuracy.append(entry)
+            elif not ok and judge is not None and comparable:
+                judged = judge(x, y.detach(), i, detail)
+                if judged is not None:
+                    ok, entry, detail = judged
                     if not (quiet and ok):
                         self.report.accuracy.append(entry)
             if quiet and ok:
@@ -376,6 +398,7 @@ class _ModuleValidator(ModuleChecks, CandidateChecker):
                    rng: dict | None) -> str | None:
         want = tensors(self.run_original(reference, args, kwargs, training, rng))
         result = self.call(args, kwargs, want, trace=True, label=label, module_call=ModuleCall(training, rng))
+        self.report.ran = True  # its outputs are compared below, whatever they turn out to be
         self.ops.update(computing_ops(result.ops or []))
         for i, (slot, before) in enumerate(result.inputs):
             if not same_bits(self.proc.arena.read(slot), before):
@@ -387,7 +410,10 @@ class _ModuleValidator(ModuleChecks, CandidateChecker):
             return (f"output {shared[0]} shares memory with the inputs: it changed when the checker rewrote them "
                     f"after the call ({label})")
         oracle = None if training else (lambda: self._oracle(reference, args, kwargs))
-        return self.values_problem(result.outputs, want, label, oracle=oracle)
+        problem = self.values_problem(result.outputs, want, label, oracle=oracle)
+        if problem is None and training:
+            problem = self.buffers_problem(reference, label)
+        return problem
 
     def time_it(self, reference: torch.nn.Module, args: list, kwargs: dict, training: bool, device: str,
                 art: Any, manifest: Any) -> None:

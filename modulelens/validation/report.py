@@ -66,6 +66,9 @@ class Accuracy(BaseModel):
     eager_rel_l2: float | None
     allowed_multiple: float = Field(description="Accepted when the candidate's errors are at most this multiple of "
                                     "eager's (plus one unit of rounding).")
+    absolute_floor: float | None = Field(None, description="A gradient at rounding-noise scale (its float64 value "
+                                         "within this floor): accepted when the candidate's max abs error is at most "
+                                         "the floor (or the multiple of eager's, if larger); null: judged by the multiple.")
     accepted: bool
 
 

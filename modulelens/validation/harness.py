@@ -299,7 +299,7 @@ class _Harness:
         arena, without calling it: what its training calls left in its running statistics."""
         import torch
 
-        from modulelens.sandbox.shm import aligned
+        from modulelens.sandbox import aligned
         from modulelens.validation.candidate_messages import BuffersRead
 
         try:

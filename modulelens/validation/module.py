@@ -126,6 +126,12 @@ def readable_sys_path(sys_path: list[str], repo_root: Path) -> list[Path]:
     return out
 
 
+# A candidate process that runs out of memory while the capture's inputs and outputs take at least
+# 1/LIMIT_TOO_SMALL_SHARE of the limit is a refusal (raise the limit), not a rejection: the limit
+# leaves too little room for the original's own data beside torch and the arena's copies.
+LIMIT_TOO_SMALL_SHARE = 8
+
+
 class _ModuleValidator(ModuleChecks, CandidateChecker):
     """The checker of one module candidate: the capture, the original module, the reference
     outputs, the clock and the verdict stay here; the candidate runs in a :class:`CandidateProcess`."""
@@ -163,6 +169,10 @@ class _ModuleValidator(ModuleChecks, CandidateChecker):
         except CandidateFailed as e:
             reason = str(e)
             data = getattr(self, "data_bytes", 0)
+            if "memory" in reason and data * LIMIT_TOO_SMALL_SHARE >= self.task.memory_limit_mb * 2**20:
+                # The capture's own data takes so much of the limit that the original would not fit either:
+                # a refusal naming the limit, not a verdict on the candidate.
+                raise MemoryError(reason) from e
             if "memory" in reason and data:
                 reason += (f"; the capture's inputs and outputs alone take {data / 2**20:.0f} MiB of the "
                            f"{self.task.memory_limit_mb} MB limit: if the candidate needs no more than the original, "

@@ -59,6 +59,8 @@ class ParamColumns(BaseModel):
 
     module: str = ""
     shape: list[int] = Field(default_factory=list)
+    requires_grad: bool = Field(True, description="False: in the optimizer but frozen (requires_grad False on "
+                                "a sampled step)")
     weight_norm: Column = Field(default_factory=list)
     weight_rms: Column = Field(default_factory=list)
     grad_norm: Column = Field(default_factory=list)

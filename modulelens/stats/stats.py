@@ -50,6 +50,7 @@ from modulelens.stats.fused import moments_cpu, sum_squares_cpu
 FIELDS = ("numel", "count", "mean", "m2", "m3", "m4", "zeros", "nan", "inf", "min", "max", "sat", "sampled")
 _I = {f: i for i, f in enumerate(FIELDS)}
 NAN, INF, SAMPLED = _I["nan"], _I["inf"], _I["sampled"]
+COUNT, MAX = _I["count"], _I["max"]
 
 STAT_NAMES = (
     "count", "mean", "std", "skew", "kurtosis", "zero_frac", "min", "max", "nan", "inf", "kl_gauss", "rms",
@@ -74,6 +75,8 @@ DEFINITIONS: dict[str, str] = {
     "either bound (tanh |y| >= 0.99, sigmoid y <= 0.005 or >= 0.995)",
     "gain": "output rms / input rms of the module call (activations only)",
     "input_rms": "root mean square of the module's floating inputs",
+    "input_max": "largest element of the module's floating inputs, when each of them was the output of a module "
+    "called earlier in the step (None otherwise)",
     "update_ratio": "parameters only: ||w_after - w_before|| / ||w_before|| across the sampled optimizer step "
     "(exact up to 65,536 elements; larger parameters: on every s-th slice along the first dimension, about 65,536 "
     "elements, so every column is covered; parameters whose slices hold more than 262,144 elements or that are not "

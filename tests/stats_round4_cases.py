@@ -123,13 +123,13 @@ SPIKE_LAYER = "layers.4"  # the third Linear
 SPIKE_STEP = 20
 
 
-def lr_spike_in_one_layer(model: Deep, spike: bool = True):
-    """An Adam with one param group per Linear; the group of SPIKE_LAYER gets 1000x its rate at SPIKE_STEP."""
+def lr_spike_in_one_layer(model: Deep, spike: bool = True, factor: float = 1000.0):
+    """An Adam with one param group per Linear; the group of SPIKE_LAYER gets ``factor`` x its rate at SPIKE_STEP."""
     groups = [{"params": list(m.parameters()), "name": n} for n, m in model.named_modules()
               if isinstance(m, nn.Linear)]
     opt = torch.optim.Adam(groups, lr=1e-3)
 
     def lr_of(opt: torch.optim.Optimizer, step: int) -> None:
         for g in opt.param_groups:
-            g["lr"] = 1e-3 * (1000.0 if spike and g["name"] == SPIKE_LAYER and step == SPIKE_STEP else 1.0)
+            g["lr"] = 1e-3 * (factor if spike and g["name"] == SPIKE_LAYER and step == SPIKE_STEP else 1.0)
     return opt, lr_of

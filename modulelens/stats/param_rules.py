@@ -12,8 +12,10 @@
   ratio is at least ``update_ratio_abs``, *and* ``spike_factor`` times its median over the run's other
   sampled steps (with fewer than two other steps: at least ``grad_to_weight_alone`` /
   ``update_ratio_alone``). The history may be later steps, so a spike on the first sampled step is
-  found. Only spikes in fewer than half of the weights are reported here (one layer's; a model-wide
-  spike is the run's learning rate, which the scale findings' advice names). Steps where the weight is still growing from zero (its norm below 1/``spike_factor`` of its
+  found. Not judged on a step where the rules already see a model-wide spike (at least half of the
+  parameters rose ``spike_factor``-fold above their earlier median: the run's learning rate or a bad
+  batch, which the scale findings' advice names, :mod:`modulelens.stats.advice`), nor on a step with an
+  exploding activation or gradient finding. Steps where the weight is still growing from zero (its norm below 1/``spike_factor`` of its
   median norm: a zero-initialised layer) are not judged. This sees an explosion summed inside one
   module (a recurrent layer's gradient over its time steps) that the module-output gradients hide.
 
@@ -202,15 +204,9 @@ def param_spikes(series: RunSeries, i: int, th: dict[str, float]) -> list[ParamS
 
 
 def parameter_findings(series: RunSeries, i: int, step: int, th: dict[str, float]) -> list[StatsFinding]:
-    """One finding per module owning spiking weights at step index ``i``, when they are fewer than half
-    of the weights (a model-wide spike is the learning rate of the whole run: the scale findings it causes
-    say so, see :mod:`modulelens.stats.advice`)."""
-    spikes = param_spikes(series, i, th)
-    weights = [p for p, c in series.params.items() if len(c.shape) >= 2 and c.requires_grad]
-    if len({s.param for s in spikes}) * 2 >= len(weights):
-        return []
+    """One finding per module owning spiking weights at step index ``i``."""
     by_module: dict[str, list[ParamSpike]] = {}
-    for s in spikes:
+    for s in param_spikes(series, i, th):
         by_module.setdefault(series.params[s.param].module, []).append(s)
     return [_spike_finding(series, i, step, module, spikes) for module, spikes in by_module.items()]
 

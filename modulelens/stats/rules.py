@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import statistics
 
+from modulelens.stats.advice import spike
 from modulelens.stats.judging import finding, fmt, innermost, is_ancestor, label, leaves
 from modulelens.stats.param_rules import (
     own_params,
@@ -61,8 +62,11 @@ def step_findings(series: RunSeries, i: int, step: int, th: dict[str, float]) ->
              if not (f.kind == "vanishing_activation" and f.module in dead_names)]
     gradients = _gradients(series, i, step, th, dead)
     exploding = any(f.kind.startswith("exploding") for f in (*scale, *gradients))
-    # Weights' gradients and updates blow up with the activations or gradients: those findings say where.
-    params = [] if exploding else parameter_findings(series, i, step, th)
+    model_wide = [s for s in (spike(series, i, c, th["spike_factor"]) for c in ("update_ratio", "grad_to_weight"))
+                  if s is not None and s.step == step]
+    # Weights' gradients and updates blow up with the activations or gradients, or all at once (the
+    # learning rate, a bad batch): those findings and their advice say where.
+    params = [] if exploding or model_wide else parameter_findings(series, i, step, th)
     return [*dead, *scale, *_saturation(series, i, step, th), *_softmax_saturation(series, i, step, th),
             *gradients, *params]
 
@@ -187,10 +191,15 @@ def _zero_scale_finding(series: RunSeries, i: int, step: int, name: str, feeder:
 
 def _dead_finding(series: RunSeries, i: int, step: int, name: str, feeder: str | None,
                   dead_rows: float | None) -> StatsFinding:
-    before = _previous(series, i, name)
+    """The dead-units finding, its cause chosen from the evidence: weights that are exactly zero (a
+    zero-initialised layer nothing moves), else negative pre-activations, citing the input's maximum
+    when it is known (else the output of the module called before it, said to be that)."""
     zf = series.at(name, "activation", "zero_frac", i)
-    evidence = {"zero_frac": zf, "input_rms": series.at(name, "activation", "input_rms", i)}
+    top = series.at(name, "activation", "input_max", i)
+    evidence = {"zero_frac": zf, "input_rms": series.at(name, "activation", "input_rms", i), "input_max": top}
     based_on = [f"{label(name)} outputs exactly zero for {zf:.1%} of its values"]
+    zero_weights = [p for p in own_params(series, name) if len(series.params[p].shape) >= 2
+                    and cell(series.params[p].weight_norm, i) == 0]
     if dead_rows is not None:
         evidence.update({"weights": feeder, "dead_rows": dead_rows})
         based_on.append(f"{dead_rows:.0%} of the units of {feeder} (rows of its weight) got exactly zero gradient")
@@ -199,14 +208,28 @@ def _dead_finding(series: RunSeries, i: int, step: int, name: str, feeder: str |
     else:
         based_on.append("no parameter statistics: judged by the zero fraction alone")
         flow = " No gradient flows back through zero outputs, so the layers before it stop learning."
+    if zero_weights:
+        evidence["zero_weights"] = zero_weights
+        based_on.append(f"{', '.join(zero_weights)}: weight norm 0 at step {step}")
+        cause = (f"its weight(s) {', '.join(zero_weights)} are exactly zero: a zero-initialised layer that no gradient "
+                 "moves")
+        action = (f"initialise {label(name)} non-zero; if it is zero-initialised on purpose (LoRA B, a zero-init "
+                  "residual projection), what multiplies its output must not be zero too (a zero scale or gate after it "
+                  "keeps both at zero)")
+        return finding("dead_activation", name, step, "error",
+                       f"{label(name)} outputs exactly zero for {zf:.1%} of its values at step {step}: {cause}.{flow}",
+                       action, evidence, based_on=based_on)
     detail = ""
-    if before is not None:
-        pm, pmax = series.at(before, "activation", "mean", i), series.at(before, "activation", "max", i)
-        evidence.update({"previous_module": before, "previous_mean": pm, "previous_max": pmax})
-        if pmax is not None and pmax <= 0:
-            detail = f" Its input from {before} is negative everywhere (mean {fmt(pm)}, max {fmt(pmax)})."
-        else:
-            detail = f" The module before it, {before}, outputs mean {fmt(pm)}, max {fmt(pmax)}."
+    if top is not None:
+        based_on.append(f"its input has max {fmt(top)} at step {step}")
+        detail = (f" Its input is at most {fmt(top)} everywhere." if top <= 0 else
+                  f" Its input reaches {fmt(top)}, but {zf:.1%} of the values it passes are zero.")
+    else:
+        before = _previous(series, i, name)
+        if before is not None:
+            pm, pmax = series.at(before, "activation", "mean", i), series.at(before, "activation", "max", i)
+            evidence.update({"previous_module": before, "previous_mean": pm, "previous_max": pmax})
+            detail = f" The module called before it, {before}, outputs mean {fmt(pm)}, max {fmt(pmax)}."
     return finding(
         "dead_activation", name, step, "error",
         f"{label(name)} outputs exactly zero for {zf:.1%} of its values at step {step}: its units are dead "

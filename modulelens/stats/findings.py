@@ -12,6 +12,8 @@ Each finding is a :class:`~modulelens.stats.schema.StatsFinding`. The rules (thr
 - ``nan_inf_gradient``: gradients turn NaN/Inf while the forward pass was finite: the first module,
   in the order gradients arrived, whose output gradient holds NaN/Inf.
 - activation, saturation and gradient rules: see :mod:`modulelens.stats.rules`.
+- parameter rules (``no_gradient`` over the whole run; ``exploding_parameter_gradient`` and
+  ``exploding_update`` on each step): see :mod:`modulelens.stats.param_rules`.
 
 Activation, saturation and gradient rules judge every sampled step before the first one where any
 NaN/Inf appeared (a module that did not run on a step is not judged on it); each finding says on how

@@ -1,7 +1,7 @@
 """The rules over parameter statistics (see :func:`modulelens.stats.findings.evaluate`):
 
 - ``no_gradient`` (over the whole run): parameters that require grad and are in the optimizer but
-  whose ``.grad`` was None or exactly zero on every sampled step. They never learn. The finding names
+  whose ``.grad`` was None or exactly zero on every sampled step where their module ran. They never learn. The finding names
   where the graph is cut: the outermost module all of whose parameters got no gradient (its output
   gradient None: nothing reached its output; a ``.detach()``, ``torch.no_grad`` or ``.data`` between it
   and the loss). Frozen parameters (requires_grad False, or left out of the optimizer, which are not
@@ -76,9 +76,11 @@ def zero_init_scale(series: RunSeries, module: str) -> bool:
 # -- gradient flow ---------------------------------------------------------------------------
 
 
-def _gradless(c: ParamColumns, judged: int) -> list[int] | None:
-    """The step indices where ``c`` was measured, when its gradient was None or zero on all of them."""
-    measured = [k for k in range(judged) if cell(c.weight_norm, k) is not None or cell(c.grad_norm, k) is not None]
+def _gradless(series: RunSeries, c: ParamColumns, judged: int) -> list[int] | None:
+    """The step indices where ``c`` was measured and its module ran, when its gradient was None or
+    zero on all of them (a module that did not run on a step, a branch not taken, is not judged there)."""
+    measured = [k for k in range(judged) if (cell(c.weight_norm, k) is not None or cell(c.grad_norm, k) is not None)
+                and series.at(c.module, "activation", "count", k) is not None]
     if not measured or any((_num(cell(c.grad_norm, k)) or 0.0) != 0.0 for k in measured):
         return None
     return measured
@@ -107,7 +109,7 @@ def gradient_flow(series: RunSeries, judged: int, explained: set[str]) -> list[S
     for p, c in series.params.items():
         if not c.requires_grad or c.module in explained:
             continue
-        measured = _gradless(c, judged)
+        measured = _gradless(series, c, judged)
         # An exactly-zero gradient behind a dead unit or a zero multiplier is explained by that finding.
         if measured is not None and (not explained or all(cell(c.grad_norm, k) is None for k in measured)):
             steps[p] = measured

@@ -6,7 +6,17 @@
   it (its own, else that of the module before it in execution order) got an exactly zero gradient.
   A sparse layer whose units each fire for some inputs (a mixture-of-experts router) passes
   gradients to every unit and is not dead; a layer frozen by design (no gradient at all) is not
-  judged. Without parameter statistics, the zero fraction alone decides (said in the finding).
+  judged. Without parameter statistics, the zero fraction alone decides (said in the finding). The
+  stated cause follows the evidence: a layer whose own weights are exactly zero is a zero-initialised
+  layer nothing moves, not negative pre-activations; the input's maximum is the module's own input
+  when known (``input_max``).
+- ``zero_scale``: a module that is not ReLU-like and has no weight of two or more dimensions, whose
+  output is exactly zero everywhere while its input is not (its input holds positive values, or its
+  own parameters are exactly zero): it multiplies by an exact zero (a scale or gate at 0), which is
+  not a dead activation. A learnable scale at zero that gets a gradient or moves (ReZero, LayerScale,
+  zero-init gates) is healthy: no finding, and neither it nor the branch it multiplies is judged
+  vanishing; it is a finding when it stays at zero (frozen, or a zero gradient) or when the multiplier
+  is not a trained parameter (a buffer or a constant).
 - ``exploding_activation``: a module whose output rms is at least ``explode_gain`` times its input
   rms and at least ``explode_rms``; or the first module whose output rms reaches
   ``explode_abs_rms`` and ``explode_gain`` times the model's input rms (large raw inputs are not

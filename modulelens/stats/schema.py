@@ -173,8 +173,9 @@ class CaptureSeries(BaseModel):
 class StatsFinding(BaseModel):
     """One finding of ``findings.json`` (see :mod:`modulelens.stats.findings`)."""
 
-    kind: str = Field(description="dead_activation, exploding_activation, vanishing_activation, exploding_gradient, "
-                      "vanishing_gradient, saturation, softmax_saturation, nan_inf or nan_inf_gradient.")
+    kind: str = Field(description="dead_activation, zero_scale, exploding_activation, vanishing_activation, "
+                      "exploding_gradient, exploding_parameter_gradient, exploding_update, no_gradient, saturation, "
+                      "softmax_saturation, nan_inf or nan_inf_gradient.")
     module: str = Field(description="Qualified module name ('' is the root model).")
     step: int = Field(description="Sampled step whose numbers the message gives (the last one where it held); "
                       "nan_inf found by a rerun: the step where NaN/Inf was born.")

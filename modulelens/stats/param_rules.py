@@ -10,9 +10,11 @@
 - ``exploding_parameter_gradient`` / ``exploding_update`` (each sampled step): a weight of two or more
   dimensions whose gradient/weight ratio is at least ``grad_to_weight_abs``, or whose update/weight
   ratio is at least ``update_ratio_abs``, *and* ``spike_factor`` times its median over the run's other
-  sampled steps (with fewer than two other steps: at least ``grad_to_weight_alone`` /
-  ``update_ratio_alone``). The history may be later steps, so a spike on the first sampled step is
-  found. Not judged on a step where the rules already see a model-wide spike (at least half of the
+  sampled steps (with fewer than two such steps: at least ``grad_to_weight_alone`` /
+  ``update_ratio_alone``). For the gradient the history includes later steps, so a gradient that
+  explodes on the first sampled step is found; for the update only earlier steps count (an adaptive
+  optimizer's first step, Adam's lr times the sign of the gradient, moves small weights several times
+  further than its later steps by design), so a first-step update must reach ``update_ratio_alone``. Not judged on a step where the rules already see a model-wide spike (at least half of the
   parameters rose ``spike_factor``-fold above their earlier median: the run's learning rate or a bad
   batch, which the scale findings' advice names, :mod:`modulelens.stats.advice`), nor on a step with an
   exploding activation or gradient finding. Steps where the weight is still growing from zero (its norm below 1/``spike_factor`` of its
@@ -174,8 +176,9 @@ class ParamSpike:
         what = "gradient/weight ratio" if self.column == "grad_to_weight" else "update/weight ratio"
         if self.median is None:
             return f"{self.param}: {what} {self.value:.3g} at step {step} (no other sampled step to compare with)"
+        which = "earlier" if self.column == "update_ratio" else "other"
         return (f"{self.param}: {what} {self.value:.3g} at step {step}, {self.value / self.median:.3g}x its median "
-                f"{self.median:.3g} over the other {self.others} sampled steps")
+                f"{self.median:.3g} over the {which} {self.others} sampled steps")
 
 
 def _growing_from_zero(c: ParamColumns, i: int, factor: float) -> bool:
@@ -198,7 +201,10 @@ def param_spikes(series: RunSeries, i: int, th: dict[str, float]) -> list[ParamS
             now = _num(cell(col, i))
             if now is None or now < bound:
                 continue
-            others = [v for k, v in enumerate(_num(x) for x in col) if k != i and v is not None and v > 0]
+            # Update ratios against earlier steps only: an adaptive optimizer's first step (Adam's is lr times
+            # the sign of the gradient) moves small weights much further than its later steps, by design.
+            span = range(i) if column == "update_ratio" else (k for k in range(len(col)) if k != i)
+            others = [v for v in (_num(cell(col, k)) for k in span) if v is not None and v > 0]
             med = statistics.median(others) if len(others) >= 2 else None
             if (med is None and now >= alone) or (med is not None and now >= th["spike_factor"] * med):
                 out.append(ParamSpike(p, column, now, med, len(others)))
@@ -229,19 +235,20 @@ def _spike_finding(series: RunSeries, i: int, step: int, module: str, spikes: li
     evidence = {"parameter": head.param, "grad_norm": gn, "grad_to_weight": g2w, "update_ratio": ur,
                 "median": head.median, "column": head.column, "recurrent": recurrent}
     if grads:
-        where = f" over its time steps ({kind_of})" if recurrent else ""
+        why = (f" The gradient grows over the time steps inside {label(module)} ({kind_of}): the recurrent weight "
+               "multiplies it once per step." if recurrent else
+               " Only this layer's weights see it (a loss spike on a batch, or the scale of the layers after it).")
         message = (f"The gradient of {head.param} explodes at step {step}: norm {fmt(gn)}, {fmt(g2w)}x its weight norm"
                    + (f", {head.value / head.median:.3g}x its median over the other sampled steps" if head.median else "")
-                   + f"; the optimizer moved it by {fmt(ur)} of its norm in one step. The gradient grows{where} inside "
-                   f"{label(module)}.")
+                   + f"; the optimizer moved it by {fmt(ur)} of its norm in one step.{why}")
         action = ("clip gradients (torch.nn.utils.clip_grad_norm_) before optimizer.step() and lower the learning rate"
                   + ("; initialise the recurrent weight with a spectral radius below 1 (orthogonal with gain <= 1, or "
                      "a scaled identity) or use an LSTM/GRU" if recurrent else
-                     f"; check the weight scale of {label(module)} and of the layers after it"))
+                     f"; look at the loss at step {step} and at the weight scale of {label(module)} and the layers after it"))
         return finding("exploding_parameter_gradient", module, step, "error", message, action, evidence,
                        based_on=based_on)
     message = (f"optimizer.step() moved {head.param} by {fmt(ur)} of its norm at step {step}"
-               + (f", {head.value / head.median:.3g}x its median over the other sampled steps" if head.median else "")
+               + (f", {head.value / head.median:.3g}x its median over the earlier sampled steps" if head.median else "")
                + f", while its gradient/weight ratio was {fmt(g2w)}: the step size (the learning rate of its parameter "
                "group), not the gradient, made the jump.")
     action = (f"the learning rate of {label(module)}'s parameters at step {step}: check that parameter group's "

@@ -174,9 +174,9 @@ def _zero_scale_finding(series: RunSeries, i: int, step: int, name: str, feeder:
     evidence = {"zero_frac": 1.0, "input_rms": in_rms, "input_max": top, "input_max_of": where, "scale_parameters": scales}
     if scales:
         based_on.append(f"its parameter(s) {', '.join(scales)} are exactly zero on every sampled step and got "
-                        + ("no gradient (requires_grad False)" if frozen else "exactly zero gradient"))
+                        + ("no gradient (requires_grad False)" if frozen else "no gradient (None or exactly zero)"))
         cause = (f"its scale parameter(s) {', '.join(scales)} stay at exactly zero: "
-                 + ("they are frozen (requires_grad False)" if frozen else "they get exactly zero gradient, so they "
+                 + ("they are frozen (requires_grad False)" if frozen else "they get no gradient, so they "
                     "never move off zero (whatever they multiply is zero too, e.g. a zero-initialised layer inside)"))
         action = (f"let {label(name)}'s scale learn: " + ("set requires_grad_(True) on it" if frozen else
                   "initialise either the scale or the branch it multiplies non-zero (not both at zero)")

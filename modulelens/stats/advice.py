@@ -13,7 +13,10 @@ sampled steps tell them apart:
 
 A global jump with an update spike gets learning-rate advice (schedule, peak rate, clipping); with
 a gradient spike, clipping; a jump of one module, or a finding present from the first sampled step,
-gets advice about that module's initialisation and input scale. The observations used are listed
+gets advice about that module's initialisation and input scale; an update spike in one layer only
+(:func:`modulelens.stats.param_rules.param_spikes`) before the finding gets advice about that layer's
+learning rate, and modules that output the same tensor as one of their submodules (the root
+returning its head's output) count once in a jump. The observations used are listed
 in the finding's ``based_on``. NaN/Inf findings born in the optimizer, or spread by it, get the
 update-spike evidence too.
 """
@@ -81,21 +84,31 @@ def spike(series: RunSeries, upto: int, column: str, factor: float) -> Spike | N
     with values there and before rose ``factor``-fold above their earlier median in ``column``
     (``update_ratio`` or ``grad_to_weight``)."""
     for k in range(1, upto + 1):
-        rising, total, befores, ats = [], 0, [], []
-        for name, p in series.params.items():
-            col = getattr(p, column)
-            now = cell(col, k)
-            earlier = [v for v in (cell(col, j) for j in range(k)) if isinstance(v, (int, float)) and v > 0]
-            if not isinstance(now, (int, float)) or not earlier:
-                continue
-            total += 1
-            med = statistics.median(earlier)
-            if now >= factor * med:
-                rising.append(name)
-                befores.append(med)
-                ats.append(now)
-        if total and len(rising) * 2 >= total:
-            return Spike(series.steps[k], rising, total, statistics.median(befores), statistics.median(ats))
+        found = spike_at(series, k, column, factor)
+        if found is not None:
+            return found
+    return None
+
+
+def spike_at(series: RunSeries, k: int, column: str, factor: float) -> Spike | None:
+    """The spike of :func:`spike` at exactly step index ``k``, if there is one."""
+    rising, total, befores, ats = [], 0, [], []
+    for name, p in series.params.items():
+        col = getattr(p, column)
+        now = cell(col, k)
+        if not isinstance(now, (int, float)):
+            continue
+        earlier = [v for v in (cell(col, j) for j in range(k)) if isinstance(v, (int, float)) and v > 0]
+        if not earlier:
+            continue
+        total += 1
+        med = statistics.median(earlier)
+        if now >= factor * med:
+            rising.append(name)
+            befores.append(med)
+            ats.append(now)
+    if total and len(rising) * 2 >= total:
+        return Spike(series.steps[k], rising, total, statistics.median(befores), statistics.median(ats))
     return None
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 from modulelens.stats.advice import advise
 from modulelens.stats.judging import DEFAULT_THRESHOLDS, finding, fmt, label
 from modulelens.stats.param_rules import gradient_flow
-from modulelens.stats.rules import step_findings
+from modulelens.stats.rules import gated_by_zero_init_scales, step_findings
 from modulelens.stats.schema import Phase, RunSeries, StatsFinding, TensorRole, cell
 
 __all__ = ["DEFAULT_THRESHOLDS", "evaluate"]
@@ -48,8 +48,9 @@ def evaluate(series: RunSeries, thresholds: dict[str, float] | None = None) -> l
     judged = steps.index(first_bad) if first_bad in steps else len(steps)
     held: dict[tuple[str, str], list[StatsFinding]] = {}
     findings: list[StatsFinding] = []
+    gated = gated_by_zero_init_scales(series)
     for i in range(judged):
-        for f in step_findings(series, i, steps[i], th):
+        for f in step_findings(series, i, steps[i], th, gated):
             held.setdefault((f.kind, f.module), []).append(f)
     for occurrences in held.values():
         findings.append(occurrences[-1].model_copy(update={

@@ -194,13 +194,13 @@ def param_spikes(series: RunSeries, i: int, th: dict[str, float]) -> list[ParamS
     bounds = (("grad_to_weight", th["grad_to_weight_abs"], th["grad_to_weight_alone"]),
               ("update_ratio", th["update_ratio_abs"], th["update_ratio_alone"]))
     for p, c in series.params.items():
-        if len(c.shape) < 2 or not c.requires_grad or _growing_from_zero(c, i, th["spike_factor"]):
+        if len(c.shape) < 2 or not c.requires_grad:
             continue
         for column, bound, alone in bounds:
             col = getattr(c, column)
             now = _num(cell(col, i))
-            if now is None or now < bound:
-                continue
+            if now is None or now < bound or _growing_from_zero(c, i, th["spike_factor"]):
+                continue  # (the bound first: the rest reads the whole run)
             # Update ratios against earlier steps only: an adaptive optimizer's first step (Adam's is lr times
             # the sign of the gradient) moves small weights much further than its later steps, by design.
             span = range(i) if column == "update_ratio" else (k for k in range(len(col)) if k != i)

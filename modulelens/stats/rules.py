@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import statistics
 
-from modulelens.stats.advice import spike
+from modulelens.stats.advice import spike_at
 from modulelens.stats.judging import finding, fmt, innermost, is_ancestor, label, leaves
 from modulelens.stats.param_rules import (
     own_params,
@@ -63,20 +63,23 @@ RELU_LIKE = {"ReLU", "ReLU6", "Threshold", "RReLU"}
 TABLES = {"Embedding", "EmbeddingBag"}
 
 
-def step_findings(series: RunSeries, i: int, step: int, th: dict[str, float]) -> list[StatsFinding]:
-    """The activation, saturation and gradient rules at sampled step index ``i``."""
+def step_findings(series: RunSeries, i: int, step: int, th: dict[str, float],
+                  gated: set[str] | None = None) -> list[StatsFinding]:
+    """The activation, saturation, gradient and parameter rules at sampled step index ``i``
+    (``gated``: :func:`gated_by_zero_init_scales` of the series, worked out once per run)."""
+    gated = gated_by_zero_init_scales(series) if gated is None else gated
     dead = _dead(series, i, step, th)
     dead_names = {f.module for f in dead}
     # A dead module also shrinks its input: the dead finding says why.
-    scale = [f for f in _activation_scale(series, i, step, th)
+    scale = [f for f in _activation_scale(series, i, step, th, gated)
              if not (f.kind == "vanishing_activation" and f.module in dead_names)]
-    gradients = _gradients(series, i, step, th, dead)
+    gradients = _gradients(series, i, step, th, dead, gated)
     exploding = any(f.kind.startswith("exploding") for f in (*scale, *gradients))
-    model_wide = [s for s in (spike(series, i, c, th["spike_factor"]) for c in ("update_ratio", "grad_to_weight"))
-                  if s is not None and s.step == step]
     # Weights' gradients and updates blow up with the activations or gradients, or all at once (the
     # learning rate, a bad batch): those findings and their advice say where.
-    params = [] if exploding or model_wide else parameter_findings(series, i, step, th)
+    params = [] if exploding else parameter_findings(series, i, step, th)
+    if params and any(spike_at(series, i, c, th["spike_factor"]) for c in ("update_ratio", "grad_to_weight")):
+        params = []
     return [*dead, *scale, *_saturation(series, i, step, th), *_softmax_saturation(series, i, step, th),
             *gradients, *params]
 
@@ -284,7 +287,8 @@ def gated_by_zero_init_scales(series: RunSeries) -> set[str]:
     return out
 
 
-def _activation_scale(series: RunSeries, i: int, step: int, th: dict[str, float]) -> list[StatsFinding]:
+def _activation_scale(series: RunSeries, i: int, step: int, th: dict[str, float],
+                      gated: set[str]) -> list[StatsFinding]:
     order = series.order
     explode, vanish = [], []
     for name in order:
@@ -294,7 +298,7 @@ def _activation_scale(series: RunSeries, i: int, step: int, th: dict[str, float]
             continue
         if gain >= th["explode_gain"] and rms >= th["explode_rms"]:
             explode.append(name)
-        elif 0 < rms <= th["vanish_rms"] and gain <= th["vanish_gain"] and name not in gated_by_zero_init_scales(series):
+        elif 0 < rms <= th["vanish_rms"] and gain <= th["vanish_gain"] and name not in gated:
             vanish.append(name)  # (a zero-initialised scale that learns starts small on purpose)
     out = []
     for name in innermost(explode):
@@ -338,7 +342,7 @@ def _activation_scale(series: RunSeries, i: int, step: int, th: dict[str, float]
     if not vanish and model_in:
         limit = min(th["vanish_abs_rms"] * model_in, th["vanish_rms"])
         first = next((n for n in order if 0 < (series.at(n, "activation", "rms", i) or model_in) < limit
-                      and n not in gated_by_zero_init_scales(series)), None)
+                      and n not in gated), None)
         if first is not None:
             rms = series.at(first, "activation", "rms", i)
             out.append(finding(
@@ -422,7 +426,7 @@ def _healthy_gradient_reference(grads: list[float], th: dict[str, float]) -> flo
 
 
 def _gradients(series: RunSeries, i: int, step: int, th: dict[str, float],
-               dead: list[StatsFinding]) -> list[StatsFinding]:
+               dead: list[StatsFinding], gated: set[str]) -> list[StatsFinding]:
     g = {n: series.at(n, "gradient", "rms", i) for n in leaves(series)}
     seq = [n for n, v in g.items() if v is not None]
     positive = [g[n] for n in seq if g[n] > 0]
@@ -447,7 +451,6 @@ def _gradients(series: RunSeries, i: int, step: int, th: dict[str, float],
     dead_pos = [seq.index(d.module) for d in dead if d.module in seq]
     last_dead = max(dead_pos) if dead_pos else -1
     # Exactly zero is no path on this step (an expert no token chose, a branch not taken), not fading.
-    gated = gated_by_zero_init_scales(series)
     small = [n for k, n in enumerate(seq) if 0 < g[n] <= th["vanish_grad_ratio"] * ref and not (k < last_dead)
              and n not in gated]
     if small:

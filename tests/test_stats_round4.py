@@ -208,3 +208,33 @@ def test_the_root_and_its_head_outputting_one_tensor_count_once_in_a_jump():
     mods = {"": same, "l0": act([1.0, 1.0]), "l1": act([1.0, 1.0]), "l2": act([1.0, 1.0]), "head": same}
     jumped, compared = activation_jump(series_of([0, 5], mods), 1, 10.0)
     assert (jumped, compared) == (["head"], 4)  # not 2 of 5: the root's output is the head's
+
+
+def _param(module: str, grad: list, shape=(4, 4)) -> dict:
+    n = len(grad)
+    return {"module": module, "shape": list(shape), "weight_norm": [1.0] * n, "grad_norm": grad,
+            "grad_to_weight": [g if g is None else g / 1.0 for g in grad], "update_ratio": [0.0] * n}
+
+
+def _module(grad_rms, ran: bool = True) -> dict:
+    act = {"rms": 1.0, "input_rms": 1.0, "gain": 1.0, "zero_frac": 0.0, "min": -1.0, "max": 1.0, "count": 16}
+    if not ran:
+        act = {k: None for k in act}
+    return {"activation": act, "gradient": {"rms": grad_rms}}
+
+
+def test_a_zero_gradient_at_a_modules_output_is_told_apart_from_a_cut_graph():
+    mods = {"": _module(1e-2), "enc": _module(0.0), "head": _module(1e-2)}
+    params = {"enc.weight": _param("enc", [0.0, 0.0, 0.0]), "head.weight": _param("head", [0.1, 0.1, 0.1])}
+    [f] = F.evaluate(series_of([0, 5, 10], mods, params=params))
+    assert (f.kind, f.module, f.evidence["grad"], f.steps_held) == ("no_gradient", "enc", "exactly zero", 3)
+    assert "exactly zero" in f.message and "cut at the output" not in f.message
+    assert any("output of enc is exactly zero" in b for b in f.based_on)
+
+
+def test_a_module_that_did_not_run_is_not_a_cut_graph():
+    mods = {"": _module(1e-2), "branch": _module(None, ran=False), "head": _module(1e-2)}
+    params = {"branch.weight": _param("branch", [None, None, None]), "head.weight": _param("head", [0.1, 0.1, 0.1])}
+    assert F.evaluate(series_of([0, 5, 10], mods, params=params)) == []
+    mods["branch"] = _module(None)  # it ran, and no gradient reached it
+    assert kinds(F.evaluate(series_of([0, 5, 10], mods, params=params))) == [("no_gradient", "branch")]

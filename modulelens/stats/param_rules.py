@@ -124,8 +124,9 @@ def gradient_flow(series: RunSeries, judged: int, explained: set[str]) -> list[S
 def _no_gradient_finding(series: RunSeries, cut: str, params: list[str], steps: dict[str, list[int]]) -> StatsFinding:
     measured = sorted({k for p in params for k in steps[p]})
     first, last = series.steps[measured[0]], series.steps[measured[-1]]
-    none = all(cell(series.params[p].grad_norm, k) is None for p in params for k in steps[p])
-    grad = "None" if none else "exactly zero"
+    values = [cell(series.params[p].grad_norm, k) for p in params for k in steps[p]]
+    grad = ("None" if all(v is None for v in values) else "exactly zero" if all(v is not None for v in values)
+            else "None or exactly zero")
     moved = [v for p in params for v in (_num(cell(series.params[p].update_ratio, k)) for k in steps[p]) if v is not None]
     out_grads = [series.at(cut, "gradient", "rms", k) for k in measured]
     names = ", ".join(params[:4]) + (f" and {len(params) - 4} more" if len(params) > 4 else "")
@@ -141,6 +142,14 @@ def _no_gradient_finding(series: RunSeries, cut: str, params: list[str], steps: 
         action = (f"remove the .detach()/torch.no_grad()/.data on the path from {label(cut)}'s output to the loss; if "
                   f"{label(cut)} is meant to stay fixed, freeze it on purpose: requires_grad_(False) on its parameters "
                   "and leave them out of the optimizer")
+    elif not any(out_grads):
+        based_on.append(f"the gradient w.r.t. the output of {label(cut)} is exactly zero (or None) on every sampled "
+                        "step: what uses its output passes no gradient back")
+        where = (f"the gradient reaching the output of {label(cut)} is exactly zero: what uses its output multiplies it "
+                 "by zero or cuts it (a zero scale or gate, a constant-zero branch, a dead unit after it)")
+        action = (f"look at what consumes {label(cut)}'s output on the way to the loss: a scale, gate or mask that is "
+                  "exactly zero, or a branch whose result is discarded; if it is meant to stay fixed, set "
+                  "requires_grad_(False) and leave it out of the optimizer")
     else:
         g = max((v for v in out_grads if v is not None), default=None)
         based_on.append(f"the gradient w.r.t. the output of {label(cut)} has rms up to {fmt(g)}: gradient reaches its "

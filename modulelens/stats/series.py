@@ -108,8 +108,8 @@ def ema_columns(cols: dict[str, list[Any]], alpha: float) -> dict[str, list[Any]
 
 
 def _aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per-type aggregate of per-module statistics: mean over modules, except min (min), max
-    (max) and counts (sum)."""
+    """Per-type aggregate of per-module statistics: mean over modules, except min (min), max and
+    input_max (max) and counts (sum)."""
     out: dict[str, Any] = {}
     keys = {k for r in rows for k in r}
     for k in keys:
@@ -118,7 +118,7 @@ def _aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
             out[k] = None
         elif k == "min":
             out[k] = min(vals)
-        elif k == "max":
+        elif k in ("max", "input_max"):
             out[k] = max(vals)
         elif k in _SUM_STATS:
             out[k] = sum(vals)

@@ -12,6 +12,8 @@ Each finding is a :class:`~modulelens.stats.schema.StatsFinding`. The rules (thr
 - ``nan_inf_gradient``: gradients turn NaN/Inf while the forward pass was finite: the first module,
   in the order gradients arrived, whose output gradient holds NaN/Inf.
 - activation, saturation and gradient rules: see :mod:`modulelens.stats.rules`.
+- parameter rules (``no_gradient`` over the whole run; ``exploding_parameter_gradient`` and
+  ``exploding_update`` on each step): see :mod:`modulelens.stats.param_rules`.
 
 Activation, saturation and gradient rules judge every sampled step before the first one where any
 NaN/Inf appeared (a module that did not run on a step is not judged on it); each finding says on how
@@ -25,7 +27,8 @@ from __future__ import annotations
 
 from modulelens.stats.advice import advise
 from modulelens.stats.judging import DEFAULT_THRESHOLDS, finding, fmt, label
-from modulelens.stats.rules import step_findings
+from modulelens.stats.param_rules import gradient_flow
+from modulelens.stats.rules import gated_by_zero_init_scales, step_findings
 from modulelens.stats.schema import Phase, RunSeries, StatsFinding, TensorRole, cell
 
 __all__ = ["DEFAULT_THRESHOLDS", "evaluate"]
@@ -40,17 +43,33 @@ def evaluate(series: RunSeries, thresholds: dict[str, float] | None = None) -> l
     steps = series.steps
     if not steps:
         return []
-    findings: list[StatsFinding] = []
-    first_bad = nonfinite_findings(series, findings)
+    nonfinite: list[StatsFinding] = []
+    first_bad = nonfinite_findings(series, nonfinite)
     judged = steps.index(first_bad) if first_bad in steps else len(steps)
     held: dict[tuple[str, str], list[StatsFinding]] = {}
+    findings: list[StatsFinding] = []
+    gated = gated_by_zero_init_scales(series)
     for i in range(judged):
-        for f in step_findings(series, i, steps[i], th):
+        for f in step_findings(series, i, steps[i], th, gated):
             held.setdefault((f.kind, f.module), []).append(f)
     for occurrences in held.values():
         findings.append(occurrences[-1].model_copy(update={
             "first_step": occurrences[0].step, "last_step": occurrences[-1].step, "steps_held": len(occurrences)}))
-    return [advise(series, f, th) for f in findings]
+    findings += gradient_flow(series, judged, _explained_zero_gradients(findings))
+    findings.sort(key=lambda f: f.first_step if f.first_step is not None else f.step)
+    return [advise(series, f, th) for f in [*nonfinite, *findings]]
+
+
+def _explained_zero_gradients(findings: list[StatsFinding]) -> set[str]:
+    """Modules whose weights get a zero gradient because of another finding: a dead activation or a
+    zero multiplier, and the weights feeding them."""
+    out: set[str] = set()
+    for f in findings:
+        if f.kind in ("dead_activation", "zero_scale"):
+            out.add(f.module)
+            if isinstance(f.evidence.get("weights"), str):
+                out.add(f.evidence["weights"])
+    return out
 
 
 # -- NaN / Inf -------------------------------------------------------------------------------

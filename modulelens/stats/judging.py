@@ -25,6 +25,10 @@ DEFAULT_THRESHOLDS: dict[str, float] = {
     "softmax_entropy": 0.15,
     "jump_factor": 10.0,
     "spike_factor": 10.0,
+    "grad_to_weight_abs": 10.0,
+    "grad_to_weight_alone": 1e3,
+    "update_ratio_abs": 0.1,
+    "update_ratio_alone": 1.0,
 }
 
 

@@ -16,6 +16,8 @@ class ModuleStep:
     in_sq: float = 0.0  # sum of squares of the floating inputs (all calls)
     in_numel: int = 0
     in_nonfinite: bool = False
+    in_max: float | None = None  # largest element of the floating inputs (None: unknown, see in_max_known)
+    in_max_known: bool = True  # every input was an earlier output of the step, whose moments give its max
     calls: int = 0
     grad: list[float] | None = None
     saturation: bool = False
@@ -36,6 +38,7 @@ class ParamStep:
     grad_norm: float | None = None
     update_ratio: float | None = None
     dead_rows: float | None = None  # fraction of the weight's rows with a zero gradient here and on the last sampled step
+    requires_grad: bool = True  # False: in the optimizer but frozen (requires_grad_(False))
 
 
 @dataclass

@@ -6,7 +6,17 @@
   it (its own, else that of the module before it in execution order) got an exactly zero gradient.
   A sparse layer whose units each fire for some inputs (a mixture-of-experts router) passes
   gradients to every unit and is not dead; a layer frozen by design (no gradient at all) is not
-  judged. Without parameter statistics, the zero fraction alone decides (said in the finding).
+  judged. Without parameter statistics, the zero fraction alone decides (said in the finding). The
+  stated cause follows the evidence: a layer whose own weights are exactly zero is a zero-initialised
+  layer nothing moves, not negative pre-activations; the input's maximum is the module's own input
+  when known (``input_max``).
+- ``zero_scale``: a module that is not ReLU-like and has no weight of two or more dimensions, whose
+  output is exactly zero everywhere while its input is not (its input holds positive values, or its
+  own parameters are exactly zero): it multiplies by an exact zero (a scale or gate at 0), which is
+  not a dead activation. A learnable scale at zero that gets a gradient or moves (ReZero, LayerScale,
+  zero-init gates) is healthy: no finding, and neither it nor the branch it multiplies is judged
+  vanishing; it is a finding when it stays at zero (frozen, or a zero gradient) or when the multiplier
+  is not a trained parameter (a buffer or a constant).
 - ``exploding_activation``: a module whose output rms is at least ``explode_gain`` times its input
   rms and at least ``explode_rms``; or the first module whose output rms reaches
   ``explode_abs_rms`` and ``explode_gain`` times the model's input rms (large raw inputs are not
@@ -37,7 +47,15 @@ from __future__ import annotations
 
 import statistics
 
+from modulelens.stats.advice import spike_at
 from modulelens.stats.judging import finding, fmt, innermost, is_ancestor, label, leaves
+from modulelens.stats.param_rules import (
+    own_params,
+    parameter_findings,
+    scale_moves,
+    zero_init_scale,
+    zero_scale_params,
+)
 from modulelens.stats.schema import RunSeries, StatsFinding, cell
 
 LOSS_END = 3  # leaves nearest the loss whose median gradient rms is the gradient rules' reference
@@ -45,15 +63,25 @@ RELU_LIKE = {"ReLU", "ReLU6", "Threshold", "RReLU"}
 TABLES = {"Embedding", "EmbeddingBag"}
 
 
-def step_findings(series: RunSeries, i: int, step: int, th: dict[str, float]) -> list[StatsFinding]:
-    """The activation, saturation and gradient rules at sampled step index ``i``."""
+def step_findings(series: RunSeries, i: int, step: int, th: dict[str, float],
+                  gated: set[str] | None = None) -> list[StatsFinding]:
+    """The activation, saturation, gradient and parameter rules at sampled step index ``i``
+    (``gated``: :func:`gated_by_zero_init_scales` of the series, worked out once per run)."""
+    gated = gated_by_zero_init_scales(series) if gated is None else gated
     dead = _dead(series, i, step, th)
     dead_names = {f.module for f in dead}
     # A dead module also shrinks its input: the dead finding says why.
-    scale = [f for f in _activation_scale(series, i, step, th)
+    scale = [f for f in _activation_scale(series, i, step, th, gated)
              if not (f.kind == "vanishing_activation" and f.module in dead_names)]
+    gradients = _gradients(series, i, step, th, dead, gated)
+    exploding = any(f.kind.startswith("exploding") for f in (*scale, *gradients))
+    # Weights' gradients and updates blow up with the activations or gradients, or all at once (the
+    # learning rate, a bad batch): those findings and their advice say where.
+    params = [] if exploding else parameter_findings(series, i, step, th)
+    if params and any(spike_at(series, i, c, th["spike_factor"]) for c in ("update_ratio", "grad_to_weight")):
+        params = []
     return [*dead, *scale, *_saturation(series, i, step, th), *_softmax_saturation(series, i, step, th),
-            *_gradients(series, i, step, th, dead)]
+            *gradients, *params]
 
 
 # -- dead units ------------------------------------------------------------------------------
@@ -93,6 +121,11 @@ def _dead(series: RunSeries, i: int, step: int, th: dict[str, float]) -> list[St
     for name in _downstream_of_a_cut(series, i, innermost(cands), th):
         feeder, weights = feeding_weights(series, name)
         dead_rows = [v for v in (cell(series.params[p].dead_rows, i) for p in weights) if v is not None]
+        if _zero_multiplier(series, i, name):
+            scales = own_params(series, name)
+            if not (scales and scale_moves(series, scales)):  # a zero-initialised scale that learns is healthy
+                out.append(_zero_scale_finding(series, i, step, name, feeder, max(dead_rows) if dead_rows else None))
+            continue
         if weights and not dead_rows:
             continue  # its weights get no gradient at all: frozen by design (or not in the optimizer)
         if dead_rows and max(dead_rows) < th["dead_unit_frac"]:
@@ -101,15 +134,85 @@ def _dead(series: RunSeries, i: int, step: int, th: dict[str, float]) -> list[St
     return out
 
 
-def _dead_finding(series: RunSeries, i: int, step: int, name: str, feeder: str | None,
-                  dead_rows: float | None) -> StatsFinding:
+def _previous(series: RunSeries, i: int, name: str) -> str | None:
+    """The nearest module before ``name`` in execution order that is neither its container nor inside it."""
     order = series.order
     pos = order.index(name)
-    before = next((o for o in reversed(order[:pos]) if o and not is_ancestor(o, name) and not is_ancestor(name, o)
-                   and series.at(o, "activation", "rms", i) is not None), None)
+    return next((o for o in reversed(order[:pos]) if o and not is_ancestor(o, name) and not is_ancestor(name, o)
+                 and series.at(o, "activation", "rms", i) is not None), None)
+
+
+def _input_max(series: RunSeries, i: int, name: str) -> tuple[float | None, str]:
+    """The largest input element of ``name`` at step index ``i`` and where it was read: its own input,
+    else the output of the module before it (None when neither is known)."""
+    top = series.at(name, "activation", "input_max", i)
+    if top is not None:
+        return top, "its input"
+    before = _previous(series, i, name)
+    top = series.at(before, "activation", "max", i) if before is not None else None
+    return top, f"the output of {before}"
+
+
+def _zero_multiplier(series: RunSeries, i: int, name: str) -> bool:
+    """``name`` multiplies its input by an exact zero rather than thresholding it: it is not ReLU-like,
+    has no weight of two or more dimensions, outputs exactly zero everywhere, and its own parameters are
+    all zero or its input holds positive values (which an activation would pass)."""
+    if series.modules[name].type in RELU_LIKE or series.at(name, "activation", "zero_frac", i) != 1.0:
+        return False
+    own = own_params(series, name)
+    if any(len(series.params[p].shape) >= 2 for p in own):
+        return False
+    top, _ = _input_max(series, i, name)
+    return bool(own and zero_scale_params(series, name, i)) or (top is not None and top > 0)
+
+
+def _zero_scale_finding(series: RunSeries, i: int, step: int, name: str, feeder: str | None,
+                        dead_rows: float | None) -> StatsFinding:
+    top, where = _input_max(series, i, name)
+    in_rms = series.at(name, "activation", "input_rms", i)
+    scales = own_params(series, name)
+    frozen = [p for p in scales if not series.params[p].requires_grad]
+    based_on = [f"{label(name)} outputs exactly zero for 100.0% of its values at step {step}",
+                f"{where} has rms {fmt(in_rms)} and max {fmt(top)}: positive values that an activation would pass"]
+    evidence = {"zero_frac": 1.0, "input_rms": in_rms, "input_max": top, "input_max_of": where, "scale_parameters": scales}
+    if scales:
+        based_on.append(f"its parameter(s) {', '.join(scales)} are exactly zero on every sampled step and got "
+                        + ("no gradient (requires_grad False)" if frozen else "no gradient (None or exactly zero)"))
+        cause = (f"its scale parameter(s) {', '.join(scales)} stay at exactly zero: "
+                 + ("they are frozen (requires_grad False)" if frozen else "they get no gradient, so they "
+                    "never move off zero (whatever they multiply is zero too, e.g. a zero-initialised layer inside)"))
+        action = (f"let {label(name)}'s scale learn: " + ("set requires_grad_(True) on it" if frozen else
+                  "initialise either the scale or the branch it multiplies non-zero (not both at zero)")
+                  + "; a zero-initialised learnable scale (ReZero, LayerScale) is fine when the branch it gates is not zero")
+    else:
+        based_on.append(f"{label(name)} has no parameter in the optimizer: its multiplier is a buffer or a constant")
+        cause = ("it has no trained parameter (its multiplier is a buffer or a constant), so it stays at zero and the "
+                 "branch through it contributes nothing")
+        action = (f"make {label(name)}'s scale an nn.Parameter (and pass it to the optimizer) so that it can learn from "
+                  "zero like ReZero/LayerScale, or initialise it non-zero; if the branch is meant to be off, remove it")
+    if dead_rows is not None and feeder is not None:
+        evidence.update({"weights": feeder, "dead_rows": dead_rows})
+        based_on.append(f"{dead_rows:.0%} of the units of {feeder} (rows of its weight) got exactly zero gradient")
+        cause += f"; no gradient flows back through it, so {feeder} gets exactly zero gradient and stops learning"
+    return finding(
+        "zero_scale", name, step, "error",
+        f"{label(name)} outputs exactly zero at step {step} while its input does not (rms {fmt(in_rms)}, max "
+        f"{fmt(top)}): it multiplies its input by an exact zero (a scale or gate at 0), not a dead activation; {cause}.",
+        action, evidence, based_on=based_on,
+    )
+
+
+def _dead_finding(series: RunSeries, i: int, step: int, name: str, feeder: str | None,
+                  dead_rows: float | None) -> StatsFinding:
+    """The dead-units finding, its cause chosen from the evidence: weights that are exactly zero (a
+    zero-initialised layer nothing moves), else negative pre-activations, citing the input's maximum
+    when it is known (else the output of the module called before it, said to be that)."""
     zf = series.at(name, "activation", "zero_frac", i)
-    evidence = {"zero_frac": zf, "input_rms": series.at(name, "activation", "input_rms", i)}
+    top = series.at(name, "activation", "input_max", i)
+    evidence = {"zero_frac": zf, "input_rms": series.at(name, "activation", "input_rms", i), "input_max": top}
     based_on = [f"{label(name)} outputs exactly zero for {zf:.1%} of its values"]
+    zero_weights = [p for p in own_params(series, name) if len(series.params[p].shape) >= 2
+                    and cell(series.params[p].weight_norm, i) == 0]
     if dead_rows is not None:
         evidence.update({"weights": feeder, "dead_rows": dead_rows})
         based_on.append(f"{dead_rows:.0%} of the units of {feeder} (rows of its weight) got exactly zero gradient")
@@ -118,14 +221,28 @@ def _dead_finding(series: RunSeries, i: int, step: int, name: str, feeder: str |
     else:
         based_on.append("no parameter statistics: judged by the zero fraction alone")
         flow = " No gradient flows back through zero outputs, so the layers before it stop learning."
+    if zero_weights:
+        evidence["zero_weights"] = zero_weights
+        based_on.append(f"{', '.join(zero_weights)}: weight norm 0 at step {step}")
+        cause = (f"its weight(s) {', '.join(zero_weights)} are exactly zero: a zero-initialised layer that no gradient "
+                 "moves")
+        action = (f"initialise {label(name)} non-zero; if it is zero-initialised on purpose (LoRA B, a zero-init "
+                  "residual projection), what multiplies its output must not be zero too (a zero scale or gate after it "
+                  "keeps both at zero)")
+        return finding("dead_activation", name, step, "error",
+                       f"{label(name)} outputs exactly zero for {zf:.1%} of its values at step {step}: {cause}.{flow}",
+                       action, evidence, based_on=based_on)
     detail = ""
-    if before is not None:
-        pm, pmax = series.at(before, "activation", "mean", i), series.at(before, "activation", "max", i)
-        evidence.update({"previous_module": before, "previous_mean": pm, "previous_max": pmax})
-        if pmax is not None and pmax <= 0:
-            detail = f" Its input from {before} is negative everywhere (mean {fmt(pm)}, max {fmt(pmax)})."
-        else:
-            detail = f" The module before it, {before}, outputs mean {fmt(pm)}, max {fmt(pmax)}."
+    if top is not None:
+        based_on.append(f"its input has max {fmt(top)} at step {step}")
+        detail = (f" Its input is at most {fmt(top)} everywhere." if top <= 0 else
+                  f" Its input reaches {fmt(top)}, but {zf:.1%} of the values it passes are zero.")
+    else:
+        before = _previous(series, i, name)
+        if before is not None:
+            pm, pmax = series.at(before, "activation", "mean", i), series.at(before, "activation", "max", i)
+            evidence.update({"previous_module": before, "previous_mean": pm, "previous_max": pmax})
+            detail = f" The module called before it, {before}, outputs mean {fmt(pm)}, max {fmt(pmax)}."
     return finding(
         "dead_activation", name, step, "error",
         f"{label(name)} outputs exactly zero for {zf:.1%} of its values at step {step}: its units are dead "
@@ -156,7 +273,22 @@ def _downstream_of_a_cut(series: RunSeries, i: int, dead: list[str], th: dict[st
 # -- scale -----------------------------------------------------------------------------------
 
 
-def _activation_scale(series: RunSeries, i: int, step: int, th: dict[str, float]) -> list[StatsFinding]:
+def gated_by_zero_init_scales(series: RunSeries) -> set[str]:
+    """The zero-initialised learnable scales that learn (ReZero, LayerScale) and the modules of the
+    branch each one multiplies (those before it in execution order inside the same container): their
+    signal and gradient start small on purpose and grow as the scale does."""
+    order = series.order
+    out: set[str] = set()
+    for name in order:
+        if name and zero_init_scale(series, name):
+            parent = name.rsplit(".", 1)[0] if "." in name else ""
+            out.add(name)
+            out.update(o for o in order[:order.index(name)] if is_ancestor(parent, o) and not is_ancestor(o, name))
+    return out
+
+
+def _activation_scale(series: RunSeries, i: int, step: int, th: dict[str, float],
+                      gated: set[str]) -> list[StatsFinding]:
     order = series.order
     explode, vanish = [], []
     for name in order:
@@ -166,8 +298,8 @@ def _activation_scale(series: RunSeries, i: int, step: int, th: dict[str, float]
             continue
         if gain >= th["explode_gain"] and rms >= th["explode_rms"]:
             explode.append(name)
-        elif 0 < rms <= th["vanish_rms"] and gain <= th["vanish_gain"]:
-            vanish.append(name)
+        elif 0 < rms <= th["vanish_rms"] and gain <= th["vanish_gain"] and name not in gated:
+            vanish.append(name)  # (a zero-initialised scale that learns starts small on purpose)
     out = []
     for name in innermost(explode):
         gain = series.at(name, "activation", "gain", i)
@@ -209,7 +341,8 @@ def _activation_scale(series: RunSeries, i: int, step: int, th: dict[str, float]
         ))
     if not vanish and model_in:
         limit = min(th["vanish_abs_rms"] * model_in, th["vanish_rms"])
-        first = next((n for n in order if 0 < (series.at(n, "activation", "rms", i) or model_in) < limit), None)
+        first = next((n for n in order if 0 < (series.at(n, "activation", "rms", i) or model_in) < limit
+                      and n not in gated), None)
         if first is not None:
             rms = series.at(first, "activation", "rms", i)
             out.append(finding(
@@ -293,7 +426,7 @@ def _healthy_gradient_reference(grads: list[float], th: dict[str, float]) -> flo
 
 
 def _gradients(series: RunSeries, i: int, step: int, th: dict[str, float],
-               dead: list[StatsFinding]) -> list[StatsFinding]:
+               dead: list[StatsFinding], gated: set[str]) -> list[StatsFinding]:
     g = {n: series.at(n, "gradient", "rms", i) for n in leaves(series)}
     seq = [n for n, v in g.items() if v is not None]
     positive = [g[n] for n in seq if g[n] > 0]
@@ -318,7 +451,8 @@ def _gradients(series: RunSeries, i: int, step: int, th: dict[str, float],
     dead_pos = [seq.index(d.module) for d in dead if d.module in seq]
     last_dead = max(dead_pos) if dead_pos else -1
     # Exactly zero is no path on this step (an expert no token chose, a branch not taken), not fading.
-    small = [n for k, n in enumerate(seq) if 0 < g[n] <= th["vanish_grad_ratio"] * ref and not (k < last_dead)]
+    small = [n for k, n in enumerate(seq) if 0 < g[n] <= th["vanish_grad_ratio"] * ref and not (k < last_dead)
+             and n not in gated]
     if small:
         last_small = small[-1]
         out.append(finding(

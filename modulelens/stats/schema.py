@@ -59,6 +59,8 @@ class ParamColumns(BaseModel):
 
     module: str = ""
     shape: list[int] = Field(default_factory=list)
+    requires_grad: bool = Field(True, description="False: in the optimizer but frozen (requires_grad False on "
+                                "a sampled step)")
     weight_norm: Column = Field(default_factory=list)
     weight_rms: Column = Field(default_factory=list)
     grad_norm: Column = Field(default_factory=list)
@@ -171,8 +173,9 @@ class CaptureSeries(BaseModel):
 class StatsFinding(BaseModel):
     """One finding of ``findings.json`` (see :mod:`modulelens.stats.findings`)."""
 
-    kind: str = Field(description="dead_activation, exploding_activation, vanishing_activation, exploding_gradient, "
-                      "vanishing_gradient, saturation, softmax_saturation, nan_inf or nan_inf_gradient.")
+    kind: str = Field(description="dead_activation, zero_scale, exploding_activation, vanishing_activation, "
+                      "exploding_gradient, exploding_parameter_gradient, exploding_update, no_gradient, saturation, "
+                      "softmax_saturation, nan_inf or nan_inf_gradient.")
     module: str = Field(description="Qualified module name ('' is the root model).")
     step: int = Field(description="Sampled step whose numbers the message gives (the last one where it held); "
                       "nan_inf found by a rerun: the step where NaN/Inf was born.")

@@ -33,6 +33,7 @@ from modulelens.stats.schema import (
 DEFAULT_EMA = 0.9  # alpha of the smoothed series
 EMA_STATS = {
     "mean", "std", "skew", "kurtosis", "zero_frac", "min", "max", "kl_gauss", "rms", "sat_frac", "gain", "input_rms",
+    "input_max",
 }
 _SUM_STATS = {"nan", "inf", "count", "calls"}
 PARAM_COLUMNS = ("weight_norm", "weight_rms", "grad_norm", "grad_rms", "grad_to_weight", "update_ratio", "dead_rows",
@@ -54,6 +55,7 @@ def activation_stats(ms: ModuleStep) -> dict[str, Any] | None:
     in_rms = math.sqrt(ms.in_sq / ms.in_numel) if ms.in_numel else None
     out["input_rms"] = None if ms.in_nonfinite else in_rms
     out["input_nonfinite"] = ms.in_nonfinite
+    out["input_max"] = ms.in_max if ms.in_max_known and not ms.in_nonfinite else None
     rms = out.get("rms")
     out["gain"] = rms / in_rms if (rms is not None and in_rms and not ms.in_nonfinite) else None
     out["calls"] = ms.calls
@@ -106,8 +108,8 @@ def ema_columns(cols: dict[str, list[Any]], alpha: float) -> dict[str, list[Any]
 
 
 def _aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per-type aggregate of per-module statistics: mean over modules, except min (min), max
-    (max) and counts (sum)."""
+    """Per-type aggregate of per-module statistics: mean over modules, except min (min), max and
+    input_max (max) and counts (sum)."""
     out: dict[str, Any] = {}
     keys = {k for r in rows for k in r}
     for k in keys:
@@ -116,7 +118,7 @@ def _aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
             out[k] = None
         elif k == "min":
             out[k] = min(vals)
-        elif k == "max":
+        elif k in ("max", "input_max"):
             out[k] = max(vals)
         elif k in _SUM_STATS:
             out[k] = sum(vals)
@@ -163,17 +165,19 @@ def build_series(run: StatsRun, ema: float = DEFAULT_EMA, nan_origin: NanOrigin 
     for pname in pnames:
         cols: dict[str, list[Any]] = {k: [] for k in PARAM_COLUMNS}
         owner = ""
+        trainable = True
         for i, r in enumerate(run.records):
             ps = r.params.get(pname)
             row = param_stats(ps) if ps is not None else {}
             if ps is not None:
                 owner = ps.module
+                trainable = trainable and ps.requires_grad
                 if ps.update_ratio is not None:
                     per_step_upd[i][pname] = ps.update_ratio
             for k in cols:
                 cols[k].append(_round(row.get(k)))
         params[pname] = ParamColumns(
-            module=owner, shape=run.param_shapes.get(pname, []), **cols,
+            module=owner, shape=run.param_shapes.get(pname, []), requires_grad=trainable, **cols,
             update_ratio_ema=ema_columns({"update_ratio": cols["update_ratio"]}, ema)["update_ratio"],
         )
     types: dict[str, TypeColumns] = {}

@@ -32,7 +32,10 @@ element. ``sample=None`` or ``0`` computes everything exactly. Heavy tails: when
 kurtosis exceeds :data:`HEAVY_TAIL_KURTOSIS`, the moments are recomputed exactly over every element
 (streamed in chunks), since a sample misses the rare extremes that dominate skewness and kurtosis.
 Tensors holding NaN/Inf, and every tensor on a GPU (where the counts already read every element),
-get exact moments. ``sampled`` (True/False) says whether a statistic's moments came from a sample.
+get exact moments. Contiguous float32/float64/bfloat16 CPU tensors are always read whole, in one pass
+by the C helper (:mod:`modulelens.stats.fused`), so their moments are exact whatever ``sample`` says;
+the sample applies to the other CPU tensors (non-contiguous, other dtypes, or without the C helper).
+``sampled`` (True/False) says whether a statistic's moments came from a sample.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from modulelens.stats.fused import moments_cpu, sum_squares_cpu
 FIELDS = ("numel", "count", "mean", "m2", "m3", "m4", "zeros", "nan", "inf", "min", "max", "sat", "sampled")
 _I = {f: i for i, f in enumerate(FIELDS)}
 NAN, INF, SAMPLED = _I["nan"], _I["inf"], _I["sampled"]
+COUNT, MAX = _I["count"], _I["max"]
 
 STAT_NAMES = (
     "count", "mean", "std", "skew", "kurtosis", "zero_frac", "min", "max", "nan", "inf", "kl_gauss", "rms",
@@ -74,6 +78,8 @@ DEFINITIONS: dict[str, str] = {
     "either bound (tanh |y| >= 0.99, sigmoid y <= 0.005 or >= 0.995)",
     "gain": "output rms / input rms of the module call (activations only)",
     "input_rms": "root mean square of the module's floating inputs",
+    "input_max": "largest element of the module's floating inputs, when each of them was the output of a module "
+    "called earlier in the step (None otherwise)",
     "update_ratio": "parameters only: ||w_after - w_before|| / ||w_before|| across the sampled optimizer step "
     "(exact up to 65,536 elements; larger parameters: on every s-th slice along the first dimension, about 65,536 "
     "elements, so every column is covered; parameters whose slices hold more than 262,144 elements or that are not "
@@ -92,7 +98,8 @@ DEFINITIONS: dict[str, str] = {
     "(the series' 'sample'; default 65,536; None: exact) are estimated from a fixed strided view of about that many "
     "elements (every s-th element, s coprime with the last dimension); count, zero_frac, min, max, nan, inf and "
     "sat_frac always cover every element; when the sample's excess kurtosis is above 6 (heavy tails) they are "
-    "recomputed exactly over every element, as are those of tensors holding NaN/Inf and of every tensor on a GPU",
+    "recomputed exactly over every element, as are those of tensors holding NaN/Inf and of every tensor on a GPU; "
+    "contiguous float32/float64/bfloat16 CPU tensors are always read whole (exact moments, sampled False)",
     "sampled": "True when mean, std, skew, kurtosis, kl_gauss and rms were estimated from a sample (see 'sampling'); "
     "False when exact",
 }

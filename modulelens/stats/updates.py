@@ -169,6 +169,7 @@ class UpdateMeasurement:
     updates: dict[str, tuple[torch.Tensor | float, torch.Tensor | float]] = field(default_factory=dict)
     buffers: list[torch.Tensor] = field(default_factory=list)  # the host copies (kept until after the step)
     on_device: bool = False  # some norms are tensors (the PyTorch path): materialize moves them to the host
+    frozen: set[str] = field(default_factory=set)  # measured parameters with requires_grad False
 
     def before_step(self, named: list[tuple[str, torch.Tensor]], zero_rows: dict[str, torch.Tensor],
                     tables: set[str] = frozenset(), host: HostState | None = None) -> None:  # type: ignore[assignment]
@@ -177,6 +178,7 @@ class UpdateMeasurement:
         one (:func:`dead_rows`; ``zero_rows`` keeps each weight's zero rows from step to step; not for
         ``tables``, embeddings, whose rows are entries), and a copy of each update sample.
         ``host``: what the C path keeps from step to step."""
+        self.frozen.update(name for name, p in named if not p.requires_grad)
         rest = named
         if named and fused.available():
             rest = self._before_step_host(named, zero_rows, tables, HostState() if host is None else host)

@@ -185,6 +185,12 @@ def materialize(win: Window, owners: dict[str, str]) -> StepRecord:
             out = list(outs[0]) if len(outs) == 1 else S.merge_all(outs)
             ms.act = out if ms.act is None else S.merge(ms.act, out)  # type: ignore[arg-type]
         norms = [S.l2_from_moments(n.vec) if type(n) is Reduced else n for n in c.in_norms]  # type: ignore[arg-type]
+        for n in c.in_norms:
+            if type(n) is Reduced and n.vec[S.COUNT]:  # type: ignore[index]
+                top = n.vec[S.MAX]  # type: ignore[index]
+                ms.in_max = top if ms.in_max is None else max(ms.in_max, top)
+            else:
+                ms.in_max_known = False
         finite = [x for x in norms if isfinite(x)]  # type: ignore[arg-type]
         ms.in_sq += sum(x * x for x in finite)
         ms.in_numel += c.in_numel
@@ -212,7 +218,8 @@ def materialize(win: Window, owners: dict[str, str]) -> StepRecord:
     updates = win.updates.updates
     for pname, (numel, wn, gn, dead) in win.updates.norms.items():
         ps = rec.params[pname] = ParamStep(module=owners.get(pname, ""), numel=numel, weight_norm=wn,  # type: ignore[arg-type]
-                                           grad_norm=gn, dead_rows=dead)  # type: ignore[arg-type]
+                                           grad_norm=gn, dead_rows=dead,  # type: ignore[arg-type]
+                                           requires_grad=pname not in win.updates.frozen)
         if pname in updates:
             dn, bn = updates[pname]
             ps.update_ratio = dn / bn if bn > 0 and isfinite(dn) and isfinite(bn) else None  # type: ignore[operator]

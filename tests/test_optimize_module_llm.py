@@ -11,7 +11,7 @@ import types
 
 import pytest
 import torch
-from test_module_validate import Scale  # tanh(x) * weight: a module nobody here fused
+from conftest import TanhScale as Scale  # tanh(x) * weight: a module nobody here fused
 
 import modulelens
 from modulelens.registry import ToolContext

@@ -140,7 +140,7 @@ def test_a_healthy_rezero_is_clean():
     for lr in (1e-3, 1e-2):
         torch.manual_seed(0)
         model = C.rezero()
-        series, found = _run(model, lambda: C.train_dense(model, 12, torch.optim.Adam(model.parameters(), lr)))
+        series, found = _run(model, lambda model=model, lr=lr: C.train_dense(model, 12, torch.optim.Adam(model.parameters(), lr)))
         assert found == [], (lr, kinds(found))
         alpha = series.params["blocks.0.gate.alpha"].weight_norm
         assert alpha[0] == 0.0 and alpha[1] > 0  # zero at step 0, learning from step 1

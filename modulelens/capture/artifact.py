@@ -64,9 +64,12 @@ def _save_program(program: torch.export.ExportedProgram, path: Path) -> None:
 
 
 def load_tensors(artifact: Artifact, filename: str) -> dict[str, torch.Tensor]:
+    """The tensors of one stored file, each in memory of its own as torch's allocator aligns it:
+    safetensors may hand out tensors at any byte offset, and BLAS kernels can round differently on
+    unaligned memory, so a replay on the loaded tensors would not be bit for bit."""
     if not artifact.has_file(filename):
         return {}
-    return load_file(str(artifact.file(filename)))
+    return {k: v.clone() for k, v in load_file(str(artifact.file(filename))).items()}
 
 
 def _file_backed_modules(names: set[str]) -> dict[str, str]:

@@ -230,7 +230,9 @@ import torch.nn as nn
 from safetensors.torch import load_file
 {imports}
 _HERE = Path(__file__).resolve().parent / {data_name!r}
-_DATA = {{k: v for f in ("inputs.safetensors", "init.safetensors") if (_HERE / f).exists()
+# cloned: safetensors may hand out tensors at any byte offset, and BLAS kernels can round differently
+# on memory that is not aligned as torch's allocator aligns it (the captured call ran on such memory)
+_DATA = {{k: v.clone() for f in ("inputs.safetensors", "init.safetensors") if (_HERE / f).exists()
          for k, v in load_file(str(_HERE / f)).items()}}
 
 

@@ -102,7 +102,26 @@ def test_a_capture_written_by_the_previous_version_replays_by_source_and_export(
     trust(TrustRequest(ref="seq", yes=True), ToolContext(repo_root=tmp_path))
     m = capture_manifest(Repository(tmp_path).open("captures", "seq"))
     assert m.schema_version == 1 and m.export.weights == "embedded" and m.export.custom_ops == {}
+    here = _error_of_running_it_here(FIXTURES / "capture_v1_seq")
     for strategy in ("source", "export"):
         rep = modulelens.replay_module("seq", strategy=strategy, backward=strategy == "source", repo=str(tmp_path))
-        assert rep.strategy == strategy and rep.exact and rep.max_abs_error == 0.0, (strategy, rep.notes)
+        # bit for bit as the module itself computes on this machine: where this CPU rounds the
+        # matrix product differently from the one that recorded the fixture, so does the replay
+        assert rep.strategy == strategy and rep.max_abs_error == here, (strategy, rep.notes, here)
+        assert rep.exact == (here == 0.0)
         assert strategy == "export" or rep.backward_match
+
+
+def _error_of_running_it_here(folder) -> float:
+    """The largest difference between the fixture's recorded output and the same module (built by
+    hand from its manifest: Linear, GELU, Dropout, LayerNorm in training mode, with its weights and
+    generator state) run in this process."""
+    from safetensors.torch import load_file
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Dropout(0.2),
+                                torch.nn.LayerNorm(16)).train()
+    model.load_state_dict({k: v.clone() for k, v in load_file(str(folder / "weights.safetensors")).items()})
+    x = load_file(str(folder / "inputs.safetensors"))["args.0"].clone()
+    torch.random.set_rng_state(load_file(str(folder / "rng.safetensors"))["cpu"])
+    want = load_file(str(folder / "outputs.safetensors"))["output"]
+    return (model(x) - want).abs().max().item()

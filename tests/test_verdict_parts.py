@@ -38,14 +38,48 @@ def test_streamed_comparison_sees_nan_and_infinities_in_any_chunk(small_chunks):
     want = torch.arange(30, dtype=torch.float32)
     got = want.clone()
     got[20] = float("nan")
-    assert compare_output(got, want, None, None) == (False, "1 NaN where the reference has none (memory the kernel "
-                                                            "did not write?)")
+    assert compare_output(got, want, None, None) == (False, "1 NaN where the reference has a number, first at [20]: "
+                                                            "expected 20, got NaN (memory the kernel did not write?)")
     want2, got2 = want.clone(), want.clone()
     want2[3] = got2[3] = float("inf")
     got2[25] = float("-inf")
-    assert compare_output(got2, want2, None, None)[1] == "infinities differ from the reference"
+    assert compare_output(got2, want2, None, None)[1] == ("infinities differ from the reference in sign or place, "
+                                                          "first at [25]: expected 25, got -inf")
     assert same_bits(torch.tensor([float("nan")] * 20), torch.tensor([float("nan")] * 20))
     assert not same_bits(torch.zeros(20), torch.cat([torch.zeros(19), torch.ones(1)]))
+
+
+def test_non_finite_values_must_match_exactly_and_the_first_offender_is_named(small_chunks):
+    want = torch.zeros(4, 6)
+    want[3] = float("nan")  # e.g. a fully masked softmax row
+    want[1, 2], want[2, 5] = float("inf"), float("-inf")
+    assert compare_output(want.clone(), want, None, None) == (True, "")
+    number_for_nan = want.clone()
+    number_for_nan[3, 1] = 0.0
+    assert compare_output(number_for_nan, want, None, None) == (
+        False, "1 NaN of the reference missing, first at [3, 1]: expected NaN, got 0")
+    flipped = want.clone()
+    flipped[1, 2] = float("-inf")
+    assert compare_output(flipped, want, None, None)[1].endswith("first at [1, 2]: expected inf, got -inf")
+    finite_for_inf = want.clone()
+    finite_for_inf[2, 5] = -3.4e38
+    assert not compare_output(finite_for_inf, want, None, None)[0]
+    nan_for_zero = torch.zeros(4, 6)
+    nan_for_zero[3] = float("nan")
+    assert compare_output(nan_for_zero, torch.zeros(4, 6), None, None)[1].startswith(
+        "6 NaN where the reference has a number, first at [3, 0]: expected 0, got NaN")
+    # finite values still within tolerance around the non-finite ones
+    off = want.clone()
+    off[0, 0] = 1e-3
+    assert compare_output(off, want, None, None)[1].startswith("1 of 16 values outside tolerance")
+
+
+def test_nan_in_eager_rounding_sensitivity_gives_no_room(small_chunks):
+    want = torch.ones(10)
+    got = want.clone()
+    got[4] = 2.0
+    noise = torch.full((10,), float("nan"))
+    assert not compare_output(got, want, None, None, noise=noise)[0]
 
 
 def test_zeros_cannot_pass_for_a_small_output(small_chunks):

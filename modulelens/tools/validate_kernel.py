@@ -191,5 +191,6 @@ def validate_kernel(req: ValidateKernelRequest, ctx: ToolContext) -> ValidateKer
                                 progress=ctx.progress)
     reply = ValidateKernelResult(**dict(result), source_file=str(path) if path else None,
                                  warnings=outside_warnings(path, ctx.project, ctx.repo_root) + report_warnings(result),
-                                 next=report_next(result, result.candidate_id, result.target))
+                                 next=report_next(result, result.candidate_id, result.target,
+                                                  str(path) if path else None))
     return _brief(reply, req.limit, str(repo.open(REPORTS, result.report).file(REPORT_FILE)))

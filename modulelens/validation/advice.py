@@ -62,10 +62,13 @@ def surely_faster(report: ValidationReport) -> bool:
     return report.verdict == "custom" and report.correct and surely_above_one(report.speedup_interval)
 
 
-def report_next(report: ValidationReport, candidate_id: str, card_id: str | None) -> list[NextCall]:
-    """The calls after a validation: a repair when rejected, a pack when it is a usable kernel."""
+def report_next(report: ValidationReport, candidate_id: str, card_id: str | None,
+                source: str | None = None) -> list[NextCall]:
+    """The calls after a validation: when rejected, validating the fixed source again (``source``:
+    the file it came from, when it came from one) and a repair; a pack when it is a usable kernel."""
     if report.verdict == "rejected" and card_id:
-        return [call("generate_kernel", card=card_id, parent=candidate_id)]
+        again = [call("validate_kernel", source=source, target=card_id, backend=report.backend)]
+        return again + [call("generate_kernel", card=card_id, parent=candidate_id)]
     if surely_faster(report):
         name = candidate_id.split(".", 1)[0]
         return [call("pack", candidates=[candidate_id], out=f"{name}.pack")]

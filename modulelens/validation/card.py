@@ -1,8 +1,9 @@
 """Validate a candidate kernel against an operator card. Runs inside a sandbox worker.
 
 Checks, in order: compiles; runs; output count, shape, dtype, device, layout; values on every
-captured sample and on fresh inputs (several seeds and distributions: normal, uniform,
-heavy-tailed, special values; every floating tensor argument is redrawn, weights and biases
+captured sample, on the operator's own edge cases (:mod:`.edge_cases`: masked rows, constant rows,
+exp overflow, NaN and infinities, -0 and denormals, OpInfo samples) and on fresh inputs (several
+seeds and distributions: normal, uniform, heavy-tailed, special values; every floating tensor argument is redrawn, weights and biases
 included, and the report's ``varied`` names them) with per-dtype tolerances plus a check relative
 to the output's own scale, eager's own rounding sensitivity, and a float64 oracle (an output as
 close to the float64 result as eager's, within :data:`~modulelens.validation.compare.ORACLE_MULTIPLE`
@@ -42,6 +43,7 @@ from modulelens.validation.denial import (
     prepare_denial,
 )
 from modulelens.validation.denial import verdict as denial_verdict
+from modulelens.validation.edge_cases import described, edge_cases
 from modulelens.validation.evidence import FOREIGN_EVIDENCE, LIBRARY_EVIDENCE, NOT_SEEN, computing_ops, library_symbols
 from modulelens.validation.inputs import floating_names, fresh_inputs, tensors
 from modulelens.validation.messages import (
@@ -149,6 +151,10 @@ class _Validator(CandidateChecker):
         self.report.varied = floating_names(base_args, base_kwargs, [a.name for a in op._schema.arguments])
         self.report.varied_how = ("redrawn in every fresh-input case (seeds x distributions: normal, uniform, "
                                   "heavy-tailed, special values), weights and biases like the other arguments")
+        # the operator's own edge cases before the random draws: a failure names the case
+        edges = edge_cases(card.op, base_args, base_kwargs, seed=self.task.seeds[0] if self.task.seeds else 0)
+        cases += [(e.label, e.args, e.kwargs) for e in edges]
+        self.report.edge_cases = [described(e) for e in edges]
         for seed in self.task.seeds:
             for dist in self.task.distributions:
                 a, k = fresh_inputs(base_args, base_kwargs, seed, dist)

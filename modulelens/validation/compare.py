@@ -102,6 +102,35 @@ def _specials(got: torch.Tensor, want: torch.Tensor) -> _Special:
     return s
 
 
+def _index(flat: int, shape: torch.Size) -> str:
+    idx = []
+    for s in reversed(shape):
+        idx.append(flat % s)
+        flat //= s
+    return "[" + ", ".join(map(str, reversed(idx))) + "]"
+
+
+def _value(v: float) -> str:
+    return "NaN" if math.isnan(v) else f"{v:g}"
+
+
+def first_nonfinite_mismatch(got: torch.Tensor, want: torch.Tensor) -> str:
+    """Where ``got`` first breaks the non-finite semantics of ``want`` (same shape): NaN where the
+    reference has none or a number where it has NaN, or an infinity of another sign or place;
+    as ``at [i, j]: expected X, got Y`` ('' when there is none)."""
+    start = 0
+    for g, w in _chunks(got, want):
+        nan_g, nan_w = torch.isnan(g), torch.isnan(w)
+        inf_g, inf_w = torch.isinf(g), torch.isinf(w)
+        bad = (nan_g != nan_w) | ((inf_g | inf_w) & ~nan_g & ~nan_w & (g != w))
+        hits = torch.nonzero(bad)
+        if hits.numel():
+            k = int(hits[0])
+            return f"at {_index(start + k, want.shape)}: expected {_value(float(w[k]))}, got {_value(float(g[k]))}"
+        start += w.numel()
+    return ""
+
+
 def compare_output(got: torch.Tensor, want: torch.Tensor, rtol: float | None, atol: float | None,
                    noise: torch.Tensor | None = None) -> tuple[bool, str]:
     """allclose with per-dtype tolerances where atol shrinks with the output's own scale, plus a
@@ -118,11 +147,16 @@ def compare_output(got: torch.Tensor, want: torch.Tensor, rtol: float | None, at
     r = rtol if rtol is not None else r
     a = atol if atol is not None else a
     s = _specials(got, want)
-    if s.extra_nan or s.missing_nan:
-        why = f"{s.extra_nan} NaN where the reference has none" if s.extra_nan else f"{s.missing_nan} NaN missing"
-        return False, why + (" (memory the kernel did not write?)" if s.extra_nan else "")
-    if s.inf_differ:
-        return False, "infinities differ from the reference"
+    if s.extra_nan or s.missing_nan or s.inf_differ:
+        where = first_nonfinite_mismatch(got, want)
+        if s.extra_nan:
+            why = f"{s.extra_nan} NaN where the reference has a number"
+        elif s.missing_nan:
+            why = f"{s.missing_nan} NaN of the reference missing"
+        else:
+            why = "infinities differ from the reference in sign or place"
+        return False, why + (f", first {where}" if where else "") + (
+            " (memory the kernel did not write?)" if s.extra_nan and not s.missing_nan else "")
     if s.finite == 0 or not s.differ:
         return True, ""
     # Absolute room: the dtype's atol, shrunk for small outputs (zeros cannot pass for tiny results) and
@@ -138,7 +172,7 @@ def compare_output(got: torch.Tensor, want: torch.Tensor, rtol: float | None, at
         err = (gf - wf).abs()
         room = atol_eff + r * wf.abs()
         if n is not None:
-            room = room + 4 * n.double()[finite]
+            room = room + 4 * n.double()[finite].nan_to_num(nan=0.0)  # no room from NaN noise
         bad += int((err > room).sum())
         if err.numel():
             max_err = max(max_err, float(err.max()))

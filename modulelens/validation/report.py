@@ -132,6 +132,8 @@ class ValidationReport(BaseModel):
     varied: list[str] = Field(default_factory=list, description="Tensor arguments (card) or parameters and buffers "
                               "(module) drawn afresh in the checks beside the captured ones.")
     varied_how: str = Field("", description="How they were drawn.")
+    edge_cases: list[str] = Field(default_factory=list, description="The operator's own edge cases checked (card) "
+                                  "or the edge cases of the captured inputs (module): 'what (source)'.")
     accuracy: list[Accuracy] = Field(default_factory=list, description="Errors against the float64 oracle, where "
                                      "the plain tolerance was not enough.")
     shape_rule: ShapeRule | None = Field(None, description="The variable dimensions the candidate declared, checked at "

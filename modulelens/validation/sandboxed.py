@@ -19,6 +19,7 @@ from modulelens.ops import open_card
 from modulelens.repo import KEY_FILE, Artifact, Repository, config_dir, require_trusted, verified_digest
 from modulelens.sandbox import DEFAULT_MEMORY_LIMIT_MB, SandboxPool, shared_pool
 from modulelens.timing import Timing
+from modulelens.validation.edge_cases import ensure_opinfo_values, opinfo_cache_dir
 from modulelens.validation.messages import (
     VALIDATION_WORKER,
     Confinement,
@@ -93,7 +94,8 @@ def validate_candidate(repo: Repository, candidate: Artifact, src: KernelSource,
     card_artifact, card = open_card(repo, settings.card_id)  # a clear error if the card is gone
     require(settings.device or card.device)  # refused here, before a worker starts
     # decoding samples resolves class paths: trusted cards only, checked here where the key is
-    confine = confinement(repo, [card_artifact], "validate against its cards")
+    ensure_opinfo_values(card.op)  # the checker reads the cached OpInfo samples; it cannot make them
+    confine = confinement(repo, [card_artifact], "validate against its cards", readable=[opinfo_cache_dir()])
     task = ValidateCardTask(repo=str(repo.root), candidate=src, build_dir=str(default_build_dir()),
                             memory_limit_mb=memory_limit_mb, call_timeout=timeout, build_timeout=timeout,
                             confinement=confine, **{**settings.model_dump(), "card_id": card.card_id})

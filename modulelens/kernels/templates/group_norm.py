@@ -117,7 +117,7 @@ constexpr int64_t BLOCK = D * HXW;
     double s = 0.0;
     #pragma omp simd reduction(+:s)
     for (int64_t j = 0; j < BLOCK; ++j) s += (double)xb[j];
-    const double mu_d = s / BLOCK;
+    const double mu_d = std::isfinite(s) ? s / BLOCK : NAN;  // as eager's Welford: an infinity makes NaN
     double q = 0.0;
     #pragma omp simd reduction(+:q)
     for (int64_t j = 0; j < BLOCK; ++j) {{ const double d = (double)xb[j] - mu_d; q += d * d; }}

@@ -8,8 +8,8 @@ The leading dimensions of a contiguous input may vary (the shape rule the kernel
 the normalized dimensions, the weights, dtypes and eps stay as validated.
 
 CPU: per row, mean and the centred sum of squares accumulated in double (two passes over a row
-that stays in L1), ``rstd = 1 / sqrt(var + eps)``, then ``(x * rstd - rstd * mean) * w + b`` as
-eager computes it; rows in parallel above the grain. Triton: one program per row (looped above
+that stays in L1), ``rstd = 1 / sqrt(var + eps)``, then ``(x - mean) * rstd * w + b`` (centred
+first, so a constant row gives exactly ``b``; a row holding an infinity gives a NaN mean, as eager's); rows in parallel above the grain. Triton: one program per row (looped above
 16384 columns). CUDA: one thread block per row.
 """
 
@@ -99,20 +99,21 @@ def render_cpp(call: Call, p: dict[str, Any], v: dict[str, Any], variant: int) -
     x, w, b = p["x"], p["w"], p["b"]
     hw, hb = p["has_weight"], p["has_bias"]
     xs, ws, bs = dense_operands([x, w if hw else None, b if hb else None], p["contiguous"])
-    affine = "(xr[j] * rs + sh)" + (" * W[j]" if hw else "") + (" + B[j]" if hb else "")
+    # centred first: a constant row gives exactly 0 (x * rs + shift would be contracted into an FMA)
+    affine = "((xr[j] - mt) * rs)" + (" * W[j]" if hw else "") + (" + B[j]" if hb else "")
     if v.get("stats") == "onepass":  # sum and sum of squares in one pass (double: no cancellation trouble
         stats = """\
     double s = 0.0, q = 0.0;
     #pragma omp simd reduction(+:s, q)
     for (int64_t j = 0; j < C; ++j) { const double d = (double)xr[j]; s += d; q += d * d; }
-    const double mu = s / C;
-    const double var = q / C - mu * mu > 0.0 ? q / C - mu * mu : 0.0;"""
+    const double mu = std::isfinite(s) ? s / C : NAN;  // as eager's Welford: an infinity makes NaN
+    const double var = std::isnan(mu) ? mu : (q / C - mu * mu > 0.0 ? q / C - mu * mu : 0.0);"""
     else:  # two passes: the mean, then the centred sum of squares
         stats = """\
     double s = 0.0;
     #pragma omp simd reduction(+:s)
     for (int64_t j = 0; j < C; ++j) s += (double)xr[j];
-    const double mu = s / C;
+    const double mu = std::isfinite(s) ? s / C : NAN;  // as eager's Welford: an infinity makes NaN
     double q = 0.0;
     #pragma omp simd reduction(+:q)
     for (int64_t j = 0; j < C; ++j) { const double d = (double)xr[j] - mu; q += d * d; }
@@ -146,7 +147,7 @@ constexpr double EPS = {cpp_literal(p['eps'], 'double')};
     T* __restrict__ yr = Y + r * C;
 {stats}
     const double rstd_d = 1.0 / std::sqrt(var + EPS);
-    const T rs = (T)rstd_d, sh = (T)(-rstd_d * mu);
+    const T rs = (T)rstd_d, mt = (T)mu;
     M[r] = (T)mu;
     R[r] = rs;
     #pragma omp simd

@@ -1,0 +1,113 @@
+"""Every card verdict checks the operator's own edge cases (masked rows, constant rows, exp overflow,
+NaN and infinities, -0 and denormals, OpInfo samples): the most common honest mistakes (a softmax
+with no care for fully masked rows, a layer norm without eps, a log-softmax without the max
+subtracted, a ReLU that maps NaN to 0) are rejected naming the case, and correct kernels pass."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import torch
+import torch.nn as nn
+
+import modulelens
+from modulelens.registry import ToolContext
+from modulelens.tools.capture_ops import CaptureOpsRequest, capture_ops
+from modulelens.tools.validate_kernel import ValidateKernelRequest, validate_kernel
+from modulelens.validation.edge_cases import edge_cases
+
+pytestmark = pytest.mark.slow
+
+
+class EdgeBlock(nn.Module):
+    """Attention-like scores with a causal mask, and the operators whose edge cases are tested."""
+
+    def forward(self, x, mask):
+        safe = torch.ops.aten._safe_softmax.default(x + mask, -1)
+        logp = torch.log_softmax(x, -1)
+        normed = torch.nn.functional.layer_norm(x, (x.shape[-1],), eps=1e-12)  # as BERT: eps matters only at variance 0
+        return safe, logp, normed, torch.relu(x)
+
+
+@pytest.fixture(scope="module")
+def edge_cards(tmp_path_factory):
+    """(repository, {op: card id}) of one captured :class:`EdgeBlock` call on [8, 8]."""
+    repo = tmp_path_factory.mktemp("edge-repo")
+    mask = torch.full((8, 8), float("-inf")).triu(1)  # causal: no row is fully masked
+    with modulelens.capture("", name="edge", repo=repo, export=False):
+        EdgeBlock()(torch.randn(8, 8), mask)
+    ops = capture_ops(CaptureOpsRequest(ref="edge", repeats=3), ToolContext(repo_root=repo))
+    return repo, {c.op: c.card_id for c in ops.cards}
+
+
+def _validate(edge_cards, op: str, body: str):
+    repo, cards = edge_cards
+    source = "import torch\n\n" + textwrap.dedent(body)
+    req = ValidateKernelRequest(source_text=source, target=cards[op], backend="triton", seeds=1, time=False)
+    return validate_kernel(req, ToolContext(repo_root=repo))
+
+
+def test_a_softmax_returning_nan_on_fully_masked_rows_is_rejected_for_safe_softmax(edge_cards):
+    reply = _validate(edge_cards, "aten._safe_softmax.default", """
+        def forward(x, dim, dtype=None):
+            e = torch.exp(x - x.amax(dim, keepdim=True))
+            return e / e.sum(dim, keepdim=True)
+        """)
+    assert reply.verdict == "rejected" and not reply.correct
+    assert "all -inf" in reply.reason and "row " in reply.reason, reply.reason
+    assert "expected 0, got NaN" in reply.reason, reply.reason
+    assert any(n.tool == "validate_kernel" for n in reply.next), reply.next
+
+
+def test_a_safe_softmax_that_zeroes_masked_rows_passes_every_edge_case(edge_cards):
+    reply = _validate(edge_cards, "aten._safe_softmax.default", """
+        def forward(x, dim, dtype=None):
+            e = torch.exp(x - x.amax(dim, keepdim=True))
+            y = e / e.sum(dim, keepdim=True)
+            return torch.where(torch.isneginf(x).all(dim, keepdim=True), torch.zeros_like(y), y)
+        """)
+    assert reply.correct, reply.reason
+    listed = " | ".join(reply.edge_cases)
+    assert "structural: fully masked rows" in listed and "OpInfo softmax" in listed, listed
+
+
+def test_a_layer_norm_without_eps_is_rejected_on_constant_rows(edge_cards):
+    reply = _validate(edge_cards, "aten.native_layer_norm.default", """
+        def forward(x, normalized_shape, weight, bias, eps):
+            mean = x.mean(-1, keepdim=True)
+            var = ((x - mean) ** 2).mean(-1, keepdim=True)
+            rstd = 1.0 / torch.sqrt(var)
+            return (x - mean) * rstd, mean, rstd
+        """)
+    assert reply.verdict == "rejected", reply.reason
+    assert "constant" in reply.reason and "NaN" in reply.reason, reply.reason
+
+
+def test_a_log_softmax_without_the_max_subtracted_is_rejected_on_overflow(edge_cards):
+    reply = _validate(edge_cards, "aten._log_softmax.default", """
+        def forward(x, dim, half_to_float):
+            return x - torch.log(torch.exp(x).sum(dim, keepdim=True))
+        """)
+    assert reply.verdict == "rejected", reply.reason
+    assert "exp overflow" in reply.reason and "shifted by +" in reply.reason, reply.reason
+
+
+def test_a_relu_mapping_nan_to_zero_is_rejected(edge_cards):
+    reply = _validate(edge_cards, "aten.relu.default", """
+        def forward(x):
+            return torch.where(x > 0, x, torch.zeros_like(x))
+        """)
+    assert reply.verdict == "rejected", reply.reason
+    assert "NaN of the reference missing" in reply.reason and "expected NaN, got 0" in reply.reason, reply.reason
+
+
+def test_structural_cases_stay_in_the_captured_shape_and_take_the_captured_mask():
+    x = torch.randn(4, 6)
+    x[2, 3:] = float("-inf")  # partly masked, as a padded attention row
+    cases = edge_cases("aten._safe_softmax.default", [x, -1], {})
+    masked = next(c for c in cases if c.source == "structural: fully masked rows")
+    assert masked.label.startswith("row 2 of input 0 is all -inf"), masked.label
+    assert bool(torch.isneginf(masked.args[0][2]).all()) and bool(torch.isfinite(masked.args[0][0]).all())
+    assert all(c.args[0].shape == x.shape and c.args[0].stride() == x.stride() for c in cases)
+    assert all(c.args[1] == -1 for c in cases)

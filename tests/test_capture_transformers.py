@@ -55,6 +55,14 @@ def _neox():
     return transformers.GPTNeoXForCausalLM(cfg)
 
 
+def _gemma3():
+    # layer 1 attends through a sliding window; its mask arrives as a broadcast (stride-0) view
+    cfg = transformers.Gemma3TextConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=4,
+                                        attention_dropout=0.2, max_position_embeddings=32)
+    return transformers.Gemma3ForCausalLM(cfg)
+
+
 def _train_step(build: Callable[[], torch.nn.Module]) -> None:
     model = build().train()
     ids = torch.randint(0, VOCAB, (2, 7))
@@ -94,6 +102,7 @@ CASES = {
     "neox-attn": (_neox, _train_step, "gpt_neox.layers.0.attention", 1),
     "neox-mlp": (_neox, _train_step, "gpt_neox.layers.0.mlp", 1),
     "neox-layer": (_neox, _train_step, "gpt_neox.layers.1", 1),
+    "gemma3-attn": (_gemma3, _train_step, "model.layers.1.self_attn", 1),
 }
 
 
@@ -134,6 +143,21 @@ def test_a_config_attribute_outside_its_fields_is_recorded(captures):
     man = capture_manifest(Repository(repo).open("captures", refs["llama-attn"]))
     config = man.init.args[0] if man.init.args else man.init.kwargs["config"]
     assert config["fields"]["_attn_implementation_internal"] == "sdpa"
+
+
+def test_gemma3_attention_mask_is_recorded_and_rebuilt_as_a_broadcast_view(captures, tmp_path):
+    from modulelens.capture import LoadedCapture
+    from modulelens.repo import Repository
+
+    repo, refs = captures
+    loaded = LoadedCapture(Repository(repo).open("captures", refs["gemma3-attn"]))
+    mask = next(s for s in loaded.manifest.inputs.tensor_leaves() if s.key == "kwargs.attention_mask")
+    assert mask.stride[0] == 0 and mask.storage is not None and mask.storage.span == 49  # one 7x7 mask, broadcast
+    _, kwargs = loaded.inputs()
+    assert kwargs["attention_mask"].stride() == tuple(mask.stride)
+    out = modulelens.export_repro(refs["gemma3-attn"], out=str(tmp_path), repo=str(repo))
+    assert out.verified and out.max_abs_error == 0.0
+    assert "_shared(" in open(out.path).read()
 
 
 def test_the_export_repro_runs_alone(captures, tmp_path):

@@ -46,8 +46,17 @@ from modulelens.repo import Artifact, Repository
 
 
 def _save_tensors(folder: Path, filename: str, tensors: dict[str, torch.Tensor]) -> None:
+    """Save ``tensors`` by key; tensors sharing memory (one gradient reaching an input and the
+    output unchanged) are saved once each: safetensors refuses shared storage."""
     if tensors:
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / filename))
+        seen: set[tuple[int, int]] = set()
+        dense = {}
+        for k, v in tensors.items():
+            v = v.contiguous()
+            where = (v.untyped_storage().data_ptr(), v.storage_offset()) if v.numel() else (id(v), 0)
+            dense[k] = v.clone() if where in seen else v
+            seen.add(where)
+        save_file(dense, str(folder / filename))
 
 
 def _save_program(program: torch.export.ExportedProgram, path: Path) -> None:
@@ -199,6 +208,9 @@ def save_capture(
 
     shape_only += sorted(captured.weights_shape_only)
     notes += captured.notes
+    notes += [f"memory shared in the {what} is not rebuilt: {line}"
+              for what, sink in (("inputs", captured.inputs_sink), ("outputs", captured.outputs_sink))
+              for line in sink.relations.lost]
     if captured.weights_storage is not None and captured.weights_storage.mode != "full":
         notes.append(captured.weights_storage.reason)
 

@@ -47,6 +47,25 @@ class LeafSource(TensorSource):
         return self.tensors[spec.key]
 
 
+class SharingLeafSource(LeafSource):
+    """Gives the tensors passed in, and those that shared memory in the run (spec ``storage``) as
+    strided views of one new buffer per storage, their values written into it with traceable
+    operations: an exported program rebuilds the relations inside itself, whatever its inputs'
+    layout, so in-place writes reach every alias as they did in the run."""
+
+    def get(self, spec: TensorSpec) -> torch.Tensor:
+        t = self.tensors[spec.key]
+        slot = spec.storage
+        if slot is None or spec.stride is None or list(t.shape) != spec.shape:
+            return t
+        buffer = self.storages.get(slot.id)
+        if buffer is None:
+            buffer = self.storages[slot.id] = t.new_zeros(slot.span)
+        where = torch.arange(slot.span, device=t.device).as_strided(spec.shape, spec.stride, slot.offset)
+        buffer.index_put_((where.reshape(-1),), t.reshape(-1))
+        return buffer.as_strided(spec.shape, spec.stride, slot.offset)
+
+
 def input_keys(args_spec: Any, kwargs_spec: Any) -> list[str]:
     """Keys of every input tensor of a call, positional ones first: the LeafCall argument order."""
     return [t.key for t in tensor_leaves(args_spec) + tensor_leaves(kwargs_spec)]
@@ -91,7 +110,7 @@ class LeafCall(nn.Module):
         # Inputs that were activations in the run (not autograd leaves) are cloned, as they were
         # computed there: the module may change them in place, and the program returns them changed.
         given = {k: (t.clone() if k in self._activations else t) for k, t in zip(self.input_keys, leaves)}
-        decoder = Decoder(LeafSource(given), self._resolve)
+        decoder = Decoder(SharingLeafSource(given), self._resolve)
         args, kwargs = decoder.decode(self.args_spec), decoder.decode(self.kwargs_spec)
         out = self.inner(*args, **kwargs)
         _, found = keyed_tensors(out, "output")

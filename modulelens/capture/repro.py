@@ -80,6 +80,10 @@ class ReproRenderer(SpecVisitor[str]):
         else:
             stats = spec.stats.to_json() if spec.stats is not None else {}
             expr = f"_synthesize({spec.shape!r}, torch.{spec.dtype}, {stats!r})"
+        if spec.storage is not None and spec.stride is not None:  # memory shared as in the run
+            slot = spec.storage
+            return (f"_shared({expr}, {slot.id!r}, {spec.shape!r}, {spec.stride!r}, {slot.offset!r}, {slot.span!r}, "
+                    f"{bool(spec.requires_grad)!r})")
         if not spec.requires_grad:
             return expr
         # an activation in the run (not a leaf) is given as one: in-place operations on it are allowed
@@ -247,6 +251,27 @@ def _synthesize(shape, dtype, stats):
     return x.to(dtype)
 
 
+_STORAGES = {{}}  # storage id -> the buffer its inputs share (made anew by each get_inputs)
+
+
+def _shared(values, storage, shape, stride, offset, span, grad):
+    """An input that shares memory with others (or within itself, a broadcast view) as in the run:
+    the strided view at ``offset`` of the buffer of ``storage``, its values written through it."""
+    work = _STORAGES.get(storage)
+    if work is None:
+        work = torch.zeros(span, dtype=values.dtype)
+        if grad and work.is_floating_point():
+            work = work.requires_grad_(True).clone()
+        _STORAGES[storage] = work
+    with torch.no_grad():
+        where = torch.arange(span).as_strided(shape, stride, offset).reshape(-1)
+        work.detach().index_put_((where,), values.reshape(-1))
+    view = (work if grad and work.requires_grad else work.detach()).as_strided(shape, stride, offset)
+    if grad and work.requires_grad:
+        view.retain_grad()
+    return view
+
+
 def _restore(cls, state):
     obj = cls.__new__(cls)
     obj.__dict__.update(state)
@@ -377,6 +402,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
+    _STORAGES.clear()
     args = {args}
     kwargs = {kwargs}
     return list(args) + [kwargs[k] for k in KWARG_NAMES]
@@ -407,6 +433,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
+    _STORAGES.clear()
     return [{leaves}]
 
 '''

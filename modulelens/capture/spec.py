@@ -125,6 +125,20 @@ class TensorStats(_SpecModel):
         return {**{k: v for k, v in measured.items() if v is not None}, **(self.model_extra or {})}
 
 
+class StorageView(_SpecModel):
+    """Where a tensor sits in memory it shares: with other tensors of the same value (inputs that
+    alias each other, overlapping views of one buffer) or with itself (a broadcast, stride-0 view,
+    whose elements share memory). ``id`` names the shared memory within the value (one per call's
+    inputs, another per its outputs); ``offset`` is the tensor's first element in it, counted from
+    the lowest element any tensor of the group uses; ``span`` is how many elements the group covers.
+    A replay rebuilds one buffer of ``span`` elements per ``id`` and each tensor as the strided
+    view of it at ``offset``: in-place writes reach every alias as they did in the run."""
+
+    id: str
+    offset: int
+    span: int
+
+
 class TensorSpec(_SpecModel):
     """A tensor: its metadata, and the key of its data in the artifact's tensor file.
 
@@ -148,6 +162,7 @@ class TensorSpec(_SpecModel):
     layout: str | None = None
     stored: bool = True
     stats: TensorStats | None = None
+    storage: StorageView | None = Field(None, description="memory shared with other tensors or within itself")
 
     @model_serializer
     def _stored_form(self) -> dict[str, Any]:
@@ -165,6 +180,8 @@ class TensorSpec(_SpecModel):
         out["stored"] = self.stored
         if self.stats is not None:
             out["stats"] = self.stats.to_json()
+        if self.storage is not None:
+            out["storage"] = self.storage.model_dump()
         out.update(self.model_extra or {})
         return out
 

@@ -103,9 +103,90 @@ def tensor_spec(key: str, t: torch.Tensor) -> TensorSpec:
     )
 
 
+def may_overlap_itself(t: torch.Tensor) -> bool:
+    """Whether two elements of strided tensor ``t`` may share memory (a broadcast, stride-0 view;
+    an ``as_strided`` window view): True unless its strides, smallest first, each step past all
+    the elements of the dimensions below."""
+    reach = 0
+    for size, stride in sorted((d for d in zip(t.shape, t.stride()) if d[0] > 1), key=lambda d: d[1]):
+        if stride <= reach:
+            return True
+        reach += (size - 1) * stride
+    return False
+
+
+def _extent(t: torch.Tensor) -> tuple[int, int]:
+    """The storage elements ``[start, end)`` strided tensor ``t`` reaches."""
+    start = t.storage_offset()
+    return start, start + 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+
+
+@dataclasses.dataclass
+class _Held:
+    """A tensor of a sink that shares memory: its spec, extent and element type."""
+
+    key: str
+    spec: dict[str, Any]
+    start: int
+    end: int
+    dtype: torch.dtype
+    group: int
+
+
+class StorageRelations:
+    """Finds which tensors of one value share memory, as the encoder meets them, and writes each
+    group's :class:`~modulelens.capture.spec.StorageView` into their specs. Tensors whose element
+    ranges in one storage overlap form a group (views of one buffer that never meet, such as the
+    rows of a batch cut in chunks, stay apart: no write to one can reach another); a tensor whose
+    elements share memory among themselves is a group alone. ``lost`` says, one ``key: why`` line
+    each, where a relation is not kept (the tensors are then rebuilt as separate copies)."""
+
+    def __init__(self, prefix: str):
+        self.prefix = prefix
+        self.held: dict[tuple[str, int], list[_Held]] = {}
+        self.lost: list[str] = []
+        self._groups = 0
+
+    def add(self, key: str, t: torch.Tensor, spec: dict[str, Any]) -> None:
+        if t.layout != torch.strided or t.is_quantized or t.numel() == 0 or t.device.type == "meta":
+            return
+        try:
+            where = (str(t.device), t.untyped_storage().data_ptr())
+        except (RuntimeError, NotImplementedError):  # tensor subclasses and functional tensors have none
+            return
+        start, end = _extent(t)
+        entries = self.held.setdefault(where, [])
+        met = {e.group for e in entries if e.start < end and start < e.end}
+        if not met and not may_overlap_itself(t):
+            entries.append(_Held(key, spec, start, end, t.dtype, -1))
+            return
+        self._groups += 1
+        group = self._groups
+        for e in entries:
+            if e.group in met or (e.group == -1 and e.start < end and start < e.end):
+                e.group = group
+        entries.append(_Held(key, spec, start, end, t.dtype, group))
+        self._write(group, [e for e in entries if e.group == group])
+
+    def _write(self, group: int, members: list[_Held]) -> None:
+        dtypes = {e.dtype for e in members}
+        if len(dtypes) > 1:
+            names = ", ".join(f"{e.key} ({dtype_name(e.dtype)})" for e in members)
+            self.lost = [ln for ln in self.lost if not any(ln.startswith(f"{e.key}:") for e in members)]
+            self.lost.append(f"{members[-1].key}: shares memory with tensors of other element types ({names}); "
+                             "rebuilt as separate copies, so in-place writes to one do not reach the others")
+            for e in members:
+                e.spec.pop("storage", None)
+            return
+        low, high = min(e.start for e in members), max(e.end for e in members)
+        for e in members:
+            e.spec["storage"] = {"id": f"{self.prefix}{group}", "offset": e.start - low, "span": high - low}
+
+
 class TensorSink:
     """Collects tensors to store. Tensors above ``max_bytes`` (None: no limit) are kept shape-only
-    with statistics."""
+    with statistics. :attr:`relations` records which of them share memory (aliases, broadcast
+    views), so that a replay rebuilds them as they were."""
 
     def __init__(self, prefix: str = "", max_bytes: int | None = None):
         self.prefix = prefix
@@ -113,6 +194,7 @@ class TensorSink:
         self.tensors: dict[str, torch.Tensor] = {}
         self.specs: dict[str, dict[str, Any]] = {}
         self.shape_only: list[str] = []
+        self.relations = StorageRelations(f"{prefix}storage.")
 
     def add(self, key: str, t: torch.Tensor, part_of: torch.Tensor | None = None) -> dict[str, Any]:
         """Keep ``t`` (under ``prefix + key``) and return its spec. ``part_of``: the tensor ``t`` was
@@ -130,6 +212,8 @@ class TensorSink:
             # safetensors needs dense, contiguous, unshared CPU storage: one copy gives it.
             self.tensors[key] = t.to("cpu", copy=True, memory_format=torch.contiguous_format)
         self.specs[key] = spec.to_json()
+        if part_of is None:  # a cut (a batch slice) is a new tensor: its relations are not the run's
+            self.relations.add(key, t, self.specs[key])
         return self.specs[key]
 
 
@@ -191,6 +275,7 @@ class TensorSource:
         self.dtype = dtype
         self.synthesized: list[str] = []
         self.leaves: dict[int, torch.Tensor] = {}  # id of a non-leaf given out -> the leaf it was cloned from
+        self.storages: dict[str, torch.Tensor] = {}  # storage id -> the buffer its views share
         self._gen = torch.Generator().manual_seed(seed)
 
     def get(self, spec: TensorSpec) -> torch.Tensor:
@@ -204,6 +289,8 @@ class TensorSource:
             self.synthesized.append(spec.key)
         device = self.device or spec.device
         target_dtype = self.dtype if (self.dtype is not None and dtype.is_floating_point) else dtype
+        if spec.storage is not None and spec.stride is not None and list(t.shape) == spec.shape:
+            return self._shared_view(spec, t, target_dtype, device)
         if spec.stride is not None and not spec.contiguous and list(t.shape) == spec.shape:
             out = torch.empty_strided(spec.shape, spec.stride, dtype=target_dtype, device=device)
             out.copy_(t)
@@ -214,6 +301,30 @@ class TensorSource:
             if not spec.leaf:  # an activation in the run: in-place operations on it were allowed
                 leaf, out = out, out.clone()
                 self.leaves[id(out)] = leaf
+        return out
+
+    def _shared_view(self, spec: TensorSpec, values: torch.Tensor, dtype: torch.dtype,
+                     device: str | torch.device) -> torch.Tensor:
+        """``spec``'s tensor as the strided view of its group's buffer (one per storage id, made
+        at the first member met), its stored values written through it (where members meet, their
+        values are the same memory's: equal). A group that requires grad is a clone of a leaf, as
+        an activation is, so its views may be changed in place; each view keeps its gradient."""
+        slot = spec.storage
+        assert slot is not None
+        held = self.storages.get(slot.id)
+        if held is None:
+            buffer = torch.zeros(slot.span, dtype=dtype, device=device)
+            work = buffer
+            if spec.requires_grad and buffer.is_floating_point():
+                work = buffer.requires_grad_(True).clone()
+            held = self.storages[slot.id] = work
+        with torch.no_grad():
+            where = torch.arange(slot.span, device=held.device).as_strided(spec.shape, spec.stride, slot.offset)
+            held.detach().view(-1).index_put_((where.reshape(-1),), values.to(held.device, dtype).reshape(-1))
+        grad = spec.requires_grad and held.requires_grad
+        out = (held if grad else held.detach()).as_strided(spec.shape, spec.stride, slot.offset)
+        if grad:
+            out.retain_grad()
         return out
 
 

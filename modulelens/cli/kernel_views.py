@@ -58,7 +58,8 @@ def _measured(point: float | None, interval: list[float] | None, status: str | N
 def list_candidates_view(r: ListCandidatesResult, wide: bool) -> RenderableType:
     table = FittedTable([
         Column("candidate", "key", style="cyan"),
-        Column("card", "key"),
+        Column("kind", "value", drop=3),
+        Column("target", "key"),
         Column("op", "key"),
         Column("backend", "value", drop=2),
         Column("provider", "value", drop=0),
@@ -66,17 +67,21 @@ def list_candidates_view(r: ListCandidatesResult, wide: bool) -> RenderableType:
         Column("speedup", "value", justify="right", drop=1),
     ], title=f"candidates in {r.repo}", wide=wide)
     for c in r.candidates:
-        table.add_row(c.candidate_id, c.card_id, c.op, c.backend, c.provider, verdict_cell(c.verdict),
-                      speedup(c.speedup_vs_eager))
+        if c.kind == "broken":
+            table.add_row(c.candidate_id, c.kind, "-", Cell((c.problem or "",), style=BAD), "-", "-",
+                          Cell(("broken",), style=BAD), "-")
+            continue
+        table.add_row(c.candidate_id, c.kind, c.target, c.op or "-", c.backend or "-", c.provider or "-",
+                      verdict_cell(c.verdict), speedup(c.speedup_vs_eager))
     return table
 
 
 def show_candidate_view(r: CandidateView, wide: bool) -> RenderableType:
     e = r.entry
     rows: list[tuple[str, str | Cell]] = [
-        ("card", f"{e.card_id} ({e.op}, {e.kind})"),
-        ("backend", e.backend),
-        ("provider", e.provider + (f", template {e.family}" if e.family else "")),
+        (("card", f"{e.card_id} ({e.op}, {e.op_kind})") if e.kind == "card" else ("module", f"{e.target} ({e.op})")),
+        ("backend", e.backend or "-"),
+        ("provider", (e.provider or "-") + (f", template {e.family}" if e.family else "")),
     ]
     if e.parent:
         rows.append(("parent", e.parent))

@@ -122,9 +122,14 @@ def _advice(result: Listing) -> None:
     elif isinstance(result, ListOpsetsResult) and result.opsets:
         result.next = [call("list", kind="cards", of=result.opsets[-1].ref)]
     elif isinstance(result, ListCandidatesResult) and result.candidates:
-        unvalidated = [c.candidate_id for c in result.candidates if c.verdict is None]
-        result.next = [call("validate_kernel", candidate=unvalidated[0]) if unvalidated
-                       else call("show", kind="candidate", ref=result.candidates[-1].candidate_id)]
+        readable = [c for c in result.candidates if c.kind != "broken"]
+        result.warnings += [f"candidate {c.candidate_id} cannot be read: {c.problem}" for c in result.candidates
+                            if c.kind == "broken"][:3]
+        unvalidated = [c.candidate_id for c in readable if c.verdict is None]
+        if unvalidated:
+            result.next = [call("validate_kernel", candidate=unvalidated[0])]
+        elif readable:
+            result.next = [call("show", kind="candidate", ref=readable[-1].candidate_id)]
     elif isinstance(result, ListSearchesResult) and result.searches:
         result.next = [call("show", kind="search", ref=result.searches[-1].search_id)]
     elif isinstance(result, ListPacksResult) and result.packs:

@@ -55,8 +55,8 @@ _RULES = {
 
 
 def language_of(backend: str) -> Language:
-    """The language of a backend's sources: Python for triton, C++ for cpp and cuda."""
-    return "python" if backend == "triton" else "cpp"
+    """The language of a backend's sources: Python for triton and module candidates (ModelNew), C++ for cpp and cuda."""
+    return "python" if backend in ("triton", "module") else "cpp"
 
 
 def _span(kind: str, text: str) -> str:

@@ -51,7 +51,8 @@ def opset_page(request: Request) -> HTMLResponse:
     candidates = ui.call("list", kind="candidates").candidates
     candidates_of: dict[str, list[Any]] = {}
     for c in candidates:
-        candidates_of.setdefault(c.card_id, []).append(c)
+        if c.card_id:  # module and broken candidates belong to no card
+            candidates_of.setdefault(c.card_id, []).append(c)
     return ui.page("opset.html", "cards", title=f"Cards of {cards.opset}", cards=cards,
                    candidates_of=candidates_of)
 

@@ -35,7 +35,7 @@ _FACE = {
     "report_next": "advice", "report_warnings": "advice", "surely_faster": "advice",
     # Stored verdicts and the catalog of stored candidates.
     "REPORTS": "stored_reports", "REPORT_FILE": "stored_reports", "ReportManifest": "stored_reports",
-    "latest_report": "stored_reports", "report_name": "stored_reports", "save_report": "stored_reports",
+    "latest_report": "stored_reports", "latest_verdict": "stored_reports", "report_name": "stored_reports", "save_report": "stored_reports",
     "CandidateEntry": "catalog", "CandidateView": "catalog", "ReportEntry": "catalog",
     "candidate_entries": "catalog", "candidate_view": "catalog", "first_source_lines": "catalog",
     "report_entries": "catalog", "stored_report": "catalog",

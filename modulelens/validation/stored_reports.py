@@ -39,10 +39,33 @@ def save_report(repo: Repository, candidate: Artifact, report: ValidationReport,
     return repo.create(REPORTS, report_name(candidate), write)
 
 
-def latest_report(repo: Repository, candidate: Artifact) -> ValidationReport | None:
-    """The candidate's most recent validation report, or None when it was never validated."""
+INTERRUPTED = "interrupted"
+
+
+def is_complete(report: ValidationReport) -> bool:
+    """Whether ``report`` is a verdict on the candidate: every report but that of a validation its
+    caller cancelled (flagged ``interrupted``), which says nothing about the candidate."""
+    return INTERRUPTED not in report.flags
+
+
+def latest_verdict(repo: Repository, candidate: Artifact) -> tuple[str, ValidationReport] | None:
+    """(reference name:vN, report) of the candidate's most recent complete validation report; the
+    most recent report when none is complete; None when it was never validated. A cancelled
+    re-validation thus never replaces the verdict before it."""
     name = report_name(candidate)
-    if not repo.versions(REPORTS, name):
-        return None
-    art = repo.open(REPORTS, name)
-    return ValidationReport.model_validate(art.read_json(REPORT_FILE))
+    versions = repo.versions(REPORTS, name)
+    newest: tuple[str, ValidationReport] | None = None
+    for version in reversed(versions):
+        art = repo.open(REPORTS, f"{name}:v{version}")
+        report = ValidationReport.model_validate(art.read_json(REPORT_FILE))
+        if is_complete(report):
+            return art.ref, report
+        newest = newest or (art.ref, report)
+    return newest
+
+
+def latest_report(repo: Repository, candidate: Artifact) -> ValidationReport | None:
+    """The candidate's most recent complete validation report (see :func:`latest_verdict`), or
+    None when it was never validated."""
+    found = latest_verdict(repo, candidate)
+    return found[1] if found else None

@@ -30,6 +30,8 @@ _FACE = {
     "construct": "module_candidates", "is_module_candidate": "module_candidates", "load_class": "module_candidates",
     "load_module_candidate": "module_candidates", "module_candidate_name": "module_candidates",
     "save_module_candidate": "module_candidates",
+    # Library operators a module candidate keeps (partial fusion).
+    "LibraryOps": "library_ops", "declared_library_ops": "library_ops", "KEEPABLE_LIBRARY_OPS": "library_ops:KEEPABLE",
     # Shape rules a kernel declares.
     "ShapeRule": "shape_rules", "VariableDim": "shape_rules", "declared_rule": "shape_rules",
     "probe_sizes": "shape_rules",

@@ -127,6 +127,11 @@ class ValidationReport(BaseModel):
     stderr_tail: str = ""
     isolation: Isolation | None = Field(None, description="Containment layers that were in force around the candidate.")
     wrapper_evidence: str = Field("", description="What the custom/wrapper decision was based on, and what it cannot see.")
+    library_ops: list[str] = Field(default_factory=list, description="Library operators (matrix products, "
+                                   "convolutions, attention) a module candidate declares it keeps and that were left "
+                                   "usable in its denial run (``# modulelens-library-ops:``).")
+    computes_itself: list[str] = Field(default_factory=list, description="With library_ops: the computing operators "
+                                       "eager runs for this module besides those, which the candidate computes itself.")
     denial: Denial | None = Field(None, description="The run where the reference library was denied (only for a "
                                   "candidate with no other wrapper evidence).")
     varied: list[str] = Field(default_factory=list, description="Tensor arguments (card) or parameters and buffers "

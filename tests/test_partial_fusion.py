@@ -99,24 +99,28 @@ FUSED_MLP = textwrap.dedent(r'''
             h = torch.mm(rows, self.fc1.weight.t())
             y = torch.addmm(self.fc2.bias, _BiasGelu.apply(h, self.fc1.bias), self.fc2.weight.t())
             y = y.reshape(*x.shape[:-1], y.shape[-1])
-            return self.drop(y) if self.training else y  # eval: no aten::dropout call at all
+            return self.drop(y) if self.training and self.drop.p > 0 else y  # as eager: no dropout draw at p=0
 ''')
 HEADER = "# modulelens-library-ops: aten.mm, aten.addmm"
 
 
-@pytest.fixture(scope="module")
-def mlp_repo(tmp_path_factory):
-    """A repository holding ``mlp`` (the example's MLP, dim 16, hidden 64, in eval mode on
-    [2, 6, 16]) and ``proj`` (a bias-free nn.Linear on [4, 16])."""
-    repo = tmp_path_factory.mktemp("mlp-repo")
+def _example_mlp():
     sys.path.insert(0, str(EXAMPLES / "tinyformer"))
     try:
         import model
 
-        with modulelens.capture("", name="mlp", repo=repo, export=False):
-            model.MLP(16, 64, model.Activation.GELU, 0.1).eval()(torch.randn(2, 6, 16))
+        return model.MLP(16, 64, model.Activation.GELU, 0.0)
     finally:
         sys.path.remove(str(EXAMPLES / "tinyformer"))
+
+
+@pytest.fixture(scope="module")
+def mlp_repo(tmp_path_factory):
+    """A repository holding ``mlp`` (the example's MLP, dim 16, hidden 64, dropout 0, captured in
+    training with its gradients on [2, 6, 16]) and ``proj`` (a bias-free nn.Linear on [4, 16])."""
+    repo = tmp_path_factory.mktemp("mlp-repo")
+    with modulelens.capture("", name="mlp", repo=repo, backward=True, export=False):
+        _example_mlp().train()(torch.randn(2, 6, 16, requires_grad=True)).pow(2).sum().backward()
     with modulelens.capture("", name="proj", repo=repo, export=False):
         torch.nn.Linear(16, 16, bias=False)(torch.randn(4, 16))
     return repo
@@ -129,9 +133,16 @@ def test_header_declares_only_keepable_library_ops():
     assert declared_library_ops("import torch\n").kept == []
 
 
-def test_fused_mlp_keeping_torch_matmuls_is_custom_and_names_them(mlp_repo):
-    r = validate_source(mlp_repo, FUSED_MLP.replace("{header}", HEADER), target="mlp")
+@pytest.fixture(scope="module")
+def fused_mlp(mlp_repo):
+    """The fused MLP validated (training claimed) against ``mlp``."""
+    return validate_source(mlp_repo, FUSED_MLP.replace("{header}", HEADER), target="mlp", claims_training=True)
+
+
+def test_fused_mlp_keeping_torch_matmuls_is_custom_and_names_them(fused_mlp):
+    r = fused_mlp
     assert r.correct and r.verdict == "custom", r.reason
+    assert "same RNG state" in r.reason, r.reason  # checked in training mode too
     assert r.library_ops == ["aten::mm", "aten::addmm"], r.library_ops
     assert "aten::gelu" in r.computes_itself, r.computes_itself
     assert "aten::addmm" in r.reason and "aten::gelu" in r.reason, r.reason
@@ -166,3 +177,65 @@ def test_an_undeclared_library_call_or_nothing_computed_itself_is_a_wrapper(mlp_
         body.format(expr="torch.bmm(x[None], self.weight.t()[None])[0]")), target="proj")
     assert bmm.correct and bmm.verdict == "wrapper", bmm.reason
     assert "aten::bmm" in bmm.reason and "not declared" in bmm.reason and "aten.gelu" in bmm.reason, bmm.reason
+
+
+def _pack(repo, candidate_id):
+    from modulelens.registry import ToolContext
+    from modulelens.tools.pack import PackRequest, pack
+
+    return pack(PackRequest(candidates=[candidate_id], force=True), ToolContext(repo_root=repo)).path
+
+
+def _train_steps(net, steps=2):
+    for _ in range(steps):
+        net(torch.randn(3, 5, 16)).pow(2).sum().backward()
+
+
+def test_packed_entry_loads_the_verified_build_and_counts_backward_hits(mlp_repo, fused_mlp, tmp_path, monkeypatch):
+    assert fused_mlp.verdict == "custom", fused_mlp.reason
+    assert [x.name for x in fused_mlp.extensions] == ["partial_fusion_mlp_v1"], fused_mlp.extensions
+    path = _pack(mlp_repo, fused_mlp.candidate_id)
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "torch_extensions"))
+    torch.manual_seed(3)
+    net, eager = _example_mlp().train(), _example_mlp().train()
+    eager.load_state_dict(net.state_dict())
+    applied = modulelens.apply_pack(net, path)
+    try:
+        x = torch.randn(2, 6, 16)  # the captured shape (no shape rule declared)
+        got, want = net(x), eager(x)
+        torch.testing.assert_close(got, want)
+        got.pow(2).sum().backward()
+        want.pow(2).sum().backward()
+        torch.testing.assert_close(net.fc1.bias.grad, eager.fc1.bias.grad)
+        net(x).sum().backward()
+        entry = applied.report().entries[0]
+    finally:
+        applied.remove()
+    assert entry.hits_by_phase == {"forward": 2, "backward": 2}, entry
+    assert entry.builds == [f"partial_fusion_mlp_v1: the verified build {fused_mlp.extensions[0].address}"], entry.builds
+    assert not (tmp_path / "torch_extensions").exists()  # nothing compiled in this run
+
+
+def test_a_missing_build_is_built_before_the_run_into_the_build_cache(mlp_repo, fused_mlp, tmp_path, monkeypatch):
+    from modulelens.dispatch.builds import prepare_builds
+
+    path = _pack(mlp_repo, fused_mlp.candidate_id)
+    cache = tmp_path / "other-cache"  # a machine where validation did not run: no verified build here
+    monkeypatch.setenv("MODULELENS_BUILD_DIR", str(cache))
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "torch_extensions"))
+    said: list[str] = []
+    built = prepare_builds(path, said.append)
+    assert built == [f"{fused_mlp.candidate_id}: partial_fusion_mlp_v1"] and "before the script starts" in said[0]
+    assert prepare_builds(path, said.append) == []  # built once
+    net = _example_mlp().train()
+    applied = modulelens.apply_pack(net, path)
+    try:
+        net(torch.randn(2, 6, 16)).sum().backward()
+        entry = applied.report().entries[0]
+    finally:
+        applied.remove()
+    # (this process loaded the extension already, from the verified build: see the test above)
+    assert entry.builds and entry.builds[0].startswith("partial_fusion_mlp_v1: ")
+    assert list((cache / "packs").glob("ml_mod_*/partial_fusion_mlp_v1*.so")), list(cache.rglob("*"))[:20]
+    assert entry.hits_by_phase == {"forward": 1, "backward": 1}, entry
+    assert not (tmp_path / "torch_extensions").exists()

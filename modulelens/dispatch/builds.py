@@ -73,8 +73,7 @@ def verified_load_inline(entry: PackEntry, build_dir: Path | None = None,
     docstring says. ``say``: where to tell that an extension is compiled here (stderr by default)."""
     import torch.utils.cpp_extension as ext
 
-    from modulelens.kernels import LIB_SUFFIX, default_build_dir
-    from modulelens.kernels.backends.compiler import import_library
+    from modulelens.kernels import LIB_SUFFIX, default_build_dir, import_library
 
     root = Path(build_dir) if build_dir is not None else default_build_dir()
     original = ext.load_inline

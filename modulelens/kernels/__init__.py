@@ -17,7 +17,7 @@ _FACE = {
     "CANDIDATE_CONTRACT": "source:__doc__", "MODULE_CANDIDATE_CONTRACT": "module_candidates:__doc__",
     # Backends and their builds.
     "CompileError": "backends", "get_backend": "backends", "LIB_SUFFIX": "backends.compiler",
-    "summarize_errors": "backends.compiler", "compiler_version": "backends.cpp", "machine_tag": "backends.cpp",
+    "summarize_errors": "backends.compiler", "import_library": "backends.compiler", "compiler_version": "backends.cpp", "machine_tag": "backends.cpp",
     "default_build_dir": "build_cache", "publish_dir": "build_cache", "published_build": "build_cache",
     "read_build": "build_cache", "BUILD_CHECKSUM": "build_cache:CHECKSUM", "publish_build": "build_cache", "use_shared_builds": "build_cache",
     "builds_in_process": "build_cache", "module_build_address": "module_builds", "route_load_inline": "module_builds",

@@ -14,7 +14,8 @@ from modulelens.repo import Repository
 def build_recipe(backend: str) -> dict:
     """How an entry's source is built where the pack is loaded."""
     if backend == "module":
-        return {"builder": "the ModelNew source is executed; it builds its own extensions (load_inline)"}
+        return {"builder": "the ModelNew source is executed; its load_inline extensions are loaded from the builds "
+                           "validation verified (builds), or built before the script starts when missing"}
     from modulelens.kernels import get_backend
 
     return get_backend(backend).describe()
@@ -32,7 +33,7 @@ def _entry(rec: CandidateRecord, force: bool) -> PackEntry:
                      class_path=rec.class_path, module_path=rec.module_path, pattern=rec.pattern, phase=rec.phase,
                      shape_rule=rule if rule is not None and rule.checked else None, backend=rec.backend,
                      entry=rec.entry, source=rec.source, source_sha256=rec.source_sha256,
-                     build=build_recipe(rec.backend), init=rec.init, claims_training=rec.claims_training,
+                     build=build_recipe(rec.backend), init=rec.init, builds=list(rec.report.extensions), claims_training=rec.claims_training,
                      report=rec.report, speedup_vs_eager=rec.report.speedup_vs_eager,
                      speedup_interval=rec.report.speedup_interval, forced=force)
 

@@ -20,6 +20,7 @@ the capture has gradients, an operator entry only where no module entry served t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
@@ -168,11 +169,16 @@ def pack_captures(runtime: PackRuntime) -> list[str]:
 
 
 def check_pack(repo: Repository, path: str, captures: list[str], *, allow_env_mismatch: bool = False,
-               mechanism: Mechanism = DEFAULT_MECHANISM, min_run_time: float = 0.3
-               ) -> tuple[list[CaptureCheck], PackRuntime]:
+               mechanism: Mechanism = DEFAULT_MECHANISM, min_run_time: float = 0.3,
+               progress: Callable[[str], None] | None = None) -> tuple[list[CaptureCheck], PackRuntime]:
     """The check of each capture (see the module docstring), and a runtime of the pack (unused:
-    for its entries and the entries it skips)."""
+    for its entries and the entries it skips). Extensions of module entries with no verified build
+    here are built first, in their own process, saying so through ``progress``
+    (:func:`~modulelens.dispatch.builds.prepare_builds`)."""
     from modulelens.dispatch.api import load_runtime
+    from modulelens.dispatch.builds import prepare_builds
+
+    prepare_builds(path, progress or _stderr)
 
     def make_runtime() -> PackRuntime:
         return load_runtime(path, allow_env_mismatch=allow_env_mismatch, mechanism=mechanism)
@@ -180,6 +186,12 @@ def check_pack(repo: Repository, path: str, captures: list[str], *, allow_env_mi
     runtime = make_runtime()
     refs = captures or pack_captures(runtime)
     return [check_capture(repo, ref, make_runtime, min_run_time) for ref in refs], runtime
+
+
+def _stderr(message: str) -> None:
+    import sys
+
+    print(f"modulelens: {message}", file=sys.stderr, flush=True)
 
 
 def entry_coverage(runtime: PackRuntime, checks: list[CaptureCheck]) -> tuple[list[str], list[str]]:

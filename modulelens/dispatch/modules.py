@@ -11,7 +11,7 @@ backward (the backward of an ``autograd.Function`` its source defines) are not d
 and when its gradients come from autograd over the operators its forward ran, the autograd nodes
 its forward created are marked (a pre- and post-hook each) so that backward operator entries stay
 off while they run. Hits are counted per phase: a forward call, and a backward pass through the
-entry's own backward.
+entry's own backward (once per forward call and backward pass, whichever of its own nodes runs first).
 """
 
 from __future__ import annotations
@@ -73,6 +73,40 @@ def own_backward_node(node: Any, source_module: str) -> bool:
     return cls is not None and getattr(cls, "__module__", None) == source_module
 
 
+def own_backward_nodes(outputs: list[torch.Tensor], inputs: list[torch.Tensor], source_module: str) -> list[Any]:
+    """The backward nodes of the entry's own ``autograd.Function`` s among the nodes its forward
+    created (between ``outputs`` and ``inputs``), wherever they are: a library matrix product or a
+    reshape after its own function leaves the output's ``grad_fn`` an aten node."""
+    stop = {t.grad_fn for t in inputs if t.grad_fn is not None}
+    seen: set[Any] = set()
+    found = []
+    todo = [t.grad_fn for t in outputs if t.grad_fn is not None]
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen or node in stop or type(node).__name__ == "AccumulateGrad":
+            continue
+        seen.add(node)
+        if own_backward_node(node, source_module):
+            found.append(node)
+        todo.extend(next_node for next_node, _ in node.next_functions)
+    return found
+
+
+def count_own_backward(nodes: list[Any], live: Any) -> None:
+    """Count one backward hit of ``live`` when the autograd engine first runs one of ``nodes`` (the
+    own backward of one forward call) in each backward pass."""
+    passes: set[int] = set()
+
+    def hit(grads: Any) -> None:
+        task = torch._C._current_graph_task_id()
+        if task not in passes:
+            passes.add(task)
+            live.count("backward")
+
+    for node in nodes:
+        node.register_prehook(hit)
+
+
 def mark_backward_region(outputs: list[torch.Tensor], inputs: list[torch.Tensor], runtime: Any) -> None:
     """Hook every autograd node between ``outputs`` and ``inputs`` (the nodes a module entry's
     forward created) so that operator dispatch is off while each runs in backward."""
@@ -111,10 +145,10 @@ def guarded_forward(runtime: Any, module: torch.nn.Module, guarded: Any, repl: M
                 runtime.leave_module()
             if torch.is_grad_enabled():
                 outs = [t for t in tensors_in(out) if t.grad_fn is not None]
-                if outs and own_backward_node(outs[0].grad_fn, source_module):
-                    outs[0].grad_fn.register_prehook(lambda grads: live.count("backward"))
-                elif outs and runtime.has_backward_op_entries:
-                    mark_backward_region(outs, tensors_in((args, kwargs)), runtime)
+                inputs = tensors_in((args, kwargs))
+                count_own_backward(own_backward_nodes(outs, inputs, source_module), live)
+                if outs and runtime.has_backward_op_entries:
+                    mark_backward_region(outs, inputs, runtime)
             return out
         return go
 

@@ -41,7 +41,7 @@ from modulelens.kernels import ShapeRule
 from modulelens.paths import write_text
 from modulelens.repo import MANIFEST, UntrustedArtifact, is_trusted, sha256_file, signature_of
 from modulelens.timing import surely_above_one
-from modulelens.validation import ValidationReport
+from modulelens.validation import ExtensionBuild, ValidationReport
 
 PACK_FORMAT = "modulelens-pack"
 PACK_FORMAT_VERSION = 1
@@ -91,6 +91,9 @@ class PackEntry(BaseModel):
     source_sha256: str
     build: dict[str, Any] = Field(default_factory=dict, description="Build recipe: compiler, flags, builder.")
     init: ModuleInit | None = None
+    builds: list[ExtensionBuild] = Field(default_factory=list, description="Module entries: the builds of its "
+                                         "load_inline extensions that validation verified (content address and "
+                                         "checksum in the build cache); loaded from there, never compiled silently.")
     claims_training: bool = Field(False, description="Module entries: validated for training (gradients).")
     report: ValidationReport
     speedup_vs_eager: float | None = None

@@ -17,7 +17,8 @@ records one; how calls reach them (``library`` or ``mode``, inference mode inclu
 like any other: an entry validated on a backward-phase card serves ``loss.backward()``. Hits are
 counted per phase (``backward`` while the autograd engine runs a backward pass).
 
-Module entries replace ``forward`` of the module at the entry's module path whose class matches,
+Module entries load the extensions validation verified (:mod:`modulelens.dispatch.builds`), and
+replace ``forward`` of the module at the entry's module path whose class matches,
 on each model the runtime is given (:meth:`PackRuntime.patch_model`); see
 :mod:`modulelens.dispatch.modules`, which also keeps a module entry and the operator entries inside
 it from both firing on one call.
@@ -34,6 +35,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, Field
 
+from modulelens.dispatch.builds import build_notes
 from modulelens.dispatch.interceptors import LibraryInterceptor, ModeInterceptor, enter_bridge_if_inference
 from modulelens.dispatch.modules import ModuleReplacement, guarded_forward, own_backward_node
 from modulelens.dispatch.pack import LoadedPackFile, PackEntry
@@ -59,6 +61,8 @@ class EntryReport(BaseModel):
     hits_by_phase: dict[str, int] = Field(default_factory=dict, description="forward / backward.")
     fallbacks: int = 0
     fallback_reasons: dict[str, int] = Field(default_factory=dict)
+    builds: list[str] = Field(default_factory=list, description="Module entries: what each load_inline extension "
+                              "was loaded from (the verified build, one built before the run, or compiled here).")
 
 
 class DispatchReport(BaseModel):
@@ -219,9 +223,11 @@ class PackRuntime:
         self._bridges: list[Any] = []  # per activation: the inference bridge it entered, or None
 
     def _add_module_entry(self, entry: PackEntry) -> None:
+        from modulelens.dispatch.builds import verified_load_inline
         from modulelens.kernels import load_class
 
-        cls = load_class(entry.source, entry.entry)
+        with verified_load_inline(entry):  # the builds validation verified, not a silent compile
+            cls = load_class(entry.source, entry.entry)
         tensors: dict[str, torch.Tensor] = {}
         if entry.init and entry.init.tensors_b64:
             from safetensors.torch import load
@@ -348,7 +354,8 @@ class PackRuntime:
             rep = EntryReport(candidate_id=entry.candidate_id, kind=entry.kind, target=target or "",
                               dispatched=i not in self.skipped, skip_reason=self.skipped.get(i),
                               speedup_vs_eager=entry.speedup_vs_eager,
-                              shape_rule=rule.summary() if rule is not None and rule.checked else None)
+                              shape_rule=rule.summary() if rule is not None and rule.checked else None,
+                              builds=build_notes(entry.candidate_id) if entry.kind == "module" else [])
             if id(entry) in lives:
                 live, reasons = lives[id(entry)]
                 rep.hits, rep.hits_by_phase = sum(live.hits.values()), dict(live.hits)

@@ -23,8 +23,10 @@ interval (:func:`step_ratio`).
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -232,8 +234,16 @@ def run_in_worker(request: ScriptRunRequest) -> ScriptRunOutcome:
 # Parent side
 
 
-def run_script(request: ScriptRunRequest, timeout: float) -> tuple[ScriptRunOutcome, str]:
-    """Run the script in a worker process (its output relayed to stderr); returns its outcome and the last lines it printed."""
+def run_script(request: ScriptRunRequest, timeout: float,
+               progress: Callable[[str], None] | None = None) -> tuple[ScriptRunOutcome, str]:
+    """Run the script in a worker process (its output relayed to stderr); returns its outcome and the last lines it printed.
+    With a pack, the extensions of its module entries that have no verified build here are built
+    first, in their own process, saying so through ``progress`` (stderr by default; see
+    :func:`~modulelens.dispatch.builds.prepare_builds`): the script's run only loads builds."""
+    if request.pack:
+        from modulelens.dispatch.builds import prepare_builds
+
+        prepare_builds(request.pack, progress or (lambda m: print(f"modulelens: {m}", file=sys.stderr, flush=True)))
     run = launch_worker(
         "modulelens.dispatch.worker", request, ScriptRunOutcome, what="run", timeout=timeout, cwd=request.workdir,
         timeout_error=ModuleLensError(f"the script did not finish within {timeout:.0f} s and was stopped",

@@ -17,9 +17,9 @@ _FACE = {
     "CANDIDATE_CONTRACT": "source:__doc__", "MODULE_CANDIDATE_CONTRACT": "module_candidates:__doc__",
     # Backends and their builds.
     "CompileError": "backends", "get_backend": "backends", "LIB_SUFFIX": "backends.compiler",
-    "summarize_errors": "backends.compiler", "compiler_version": "backends.cpp", "machine_tag": "backends.cpp",
+    "summarize_errors": "backends.compiler", "import_library": "backends.compiler", "compiler_version": "backends.cpp", "machine_tag": "backends.cpp",
     "default_build_dir": "build_cache", "publish_dir": "build_cache", "published_build": "build_cache",
-    "read_build": "build_cache", "publish_build": "build_cache", "use_shared_builds": "build_cache",
+    "read_build": "build_cache", "BUILD_CHECKSUM": "build_cache:CHECKSUM", "publish_build": "build_cache", "use_shared_builds": "build_cache",
     "builds_in_process": "build_cache", "module_build_address": "module_builds", "route_load_inline": "module_builds",
     # Stored candidates: op kernels and whole modules (ModelNew).
     "CANDIDATES": "candidates", "CandidateManifest": "candidates", "candidate_manifest": "candidates",
@@ -30,6 +30,8 @@ _FACE = {
     "construct": "module_candidates", "is_module_candidate": "module_candidates", "load_class": "module_candidates",
     "load_module_candidate": "module_candidates", "module_candidate_name": "module_candidates",
     "save_module_candidate": "module_candidates",
+    # Library operators a module candidate keeps (partial fusion).
+    "LibraryOps": "library_ops", "declared_library_ops": "library_ops", "KEEPABLE_LIBRARY_OPS": "library_ops:KEEPABLE",
     # Shape rules a kernel declares.
     "ShapeRule": "shape_rules", "VariableDim": "shape_rules", "declared_rule": "shape_rules",
     "probe_sizes": "shape_rules",

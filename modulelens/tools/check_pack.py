@@ -46,7 +46,7 @@ def check_pack(req: CheckPackRequest, ctx: ToolContext) -> CheckPackResult:
     pack_path = pack_file(repo, req.pack, ctx.project)
     checks, runtime = check(repo, str(pack_path), req.captures,
                             allow_env_mismatch=req.allow_env_mismatch, mechanism=req.mechanism,
-                            min_run_time=req.min_run_time)
+                            min_run_time=req.min_run_time, progress=lambda m: ctx.progress(0, 1, m))
     not_hit, untested = entry_coverage(runtime, checks)
     hits = sum(c.hits for c in checks)
     matched = all(c.matches_captured and c.grads_match is not False for c in checks)

@@ -97,7 +97,8 @@ def run(req: RunRequest, ctx: ToolContext) -> RunResult:
                             mechanism=req.mechanism)
     ctx.progress(0, 2 if req.compare else 1, f"running {script.name} with {req.pack}"
                  + (" (switched off in alternate steps)" if req.compare else ""))
-    with_pack, tail = run_script(base.model_copy(update={"pack": str(pack_path), "toggle": req.compare}), req.timeout)
+    with_pack, tail = run_script(base.model_copy(update={"pack": str(pack_path), "toggle": req.compare}), req.timeout,
+                                 progress=lambda m: ctx.progress(0, 2 if req.compare else 1, m))
     report = with_pack.report
     assert report is not None
     by_phase: dict[str, int] = {}

@@ -30,7 +30,7 @@ _FACE = {
     "remeasure_candidates": "sandboxed", "time_candidate": "sandboxed", "validate_candidate": "sandboxed",
     "validate_stored_module": "module_runs",
     # The verdict and its settings; what an agent is told about it.
-    "ValidationReport": "report", "ValidationSettings": "report", "RemeasuredResult": "messages",
+    "ValidationReport": "report", "ExtensionBuild": "report", "ValidationSettings": "report", "RemeasuredResult": "messages",
     "MAX_BELIEVABLE_SPEEDUP": "plausibility",
     "report_next": "advice", "report_warnings": "advice", "surely_faster": "advice",
     # Stored verdicts and the catalog of stored candidates.

@@ -121,10 +121,12 @@ class DenyRequest(BaseModel):
     aten operator (and those of torch's other operator namespaces) raises; numpy's code is made
     unusable (``numpy="memory"``: its executable pages unmapped from use, its files unreadable, no
     page made executable again), or, for Triton's CPU interpreter which computes with numpy,
-    denied to code outside torch, Triton and numpy itself (``numpy="python"``)."""
+    denied to code outside torch, Triton and numpy itself (``numpy="python"``). ``keep``: base names
+    of aten operators left usable (the library operators a module candidate declares it keeps)."""
 
     kind: Literal["deny"] = "deny"
     numpy: Literal["memory", "python"] = "memory"
+    keep: list[str] = Field(default_factory=list)
 
 
 CandidateRequest = Annotated[ReadyRequest | LoadRequest | LoadOpRequest | LoadModuleRequest | CallRequest

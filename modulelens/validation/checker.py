@@ -154,6 +154,7 @@ class CandidateChecker(ReportKeeper):
         cannot be verified is simply not shared. Each extension gets a line in the checks."""
         for name in loaded.shared_extensions:
             self.check(f"extension {name}", True, "taken from the shared build cache")
+            self._note_extension(shared, source, name)
         self.proc.pause()
         try:
             for name in dict.fromkeys(loaded.fresh_extensions):
@@ -168,8 +169,24 @@ class CandidateChecker(ReportKeeper):
                 shared_as = publish_build(shared, address, data, filename)
                 self.check(f"extension {name}", True, f"built, verified and shared as {address}" if shared_as
                            else "built, not shared: the build cache could not be written")
+                if shared_as:
+                    self._note_extension(shared, source, name)
         finally:
             self.proc.resume()
+
+    def _note_extension(self, shared: Path, source: str, name: str) -> None:
+        """Record in the report the published build of extension ``name`` (address and checksum as
+        the build cache holds them), so that a pack loads exactly this build."""
+        from modulelens.kernels import BUILD_CHECKSUM, publish_dir
+        from modulelens.validation.report import ExtensionBuild
+
+        address = module_build_address(source, name)
+        try:
+            digest = (publish_dir(shared) / address / BUILD_CHECKSUM).read_text().strip()
+        except OSError:
+            return
+        if all(x.name != name for x in self.report.extensions):
+            self.report.extensions.append(ExtensionBuild(name=name, address=address, sha256=digest))
 
     def foreign_libraries(self) -> list[str]:
         """Foreign numerical libraries (:data:`FOREIGN_LIBRARIES`) the candidate's process mapped

@@ -66,24 +66,25 @@ class PreparedDenial:
 
 
 def prepare_denial(*, backend: str, memory_limit_mb: int, read_only: list[Path], call_timeout: float,
-                   numpy: Literal["memory", "python"]) -> PreparedDenial:
+                   numpy: Literal["memory", "python"], keep: tuple[str, ...] = ()) -> PreparedDenial:
     """Start a denial process and deny the reference library in it (see the module docstring),
     before any candidate code exists there. A checker may do this while it waits for something else
     (the settling of a check's outputs), so the setup costs no time of its own. A setup that failed
     once the process started is carried as the prepared denial's ``problem`` (an inconclusive
-    denial), not raised."""
+    denial), not raised. ``keep``: base names of the aten operators left usable there (the library
+    operators a module candidate declares: :mod:`modulelens.kernels.library_ops`)."""
     run = _DenialRun(call_timeout)
     run.proc = start_candidate(memory_limit_mb, read_only=read_only)
     try:
         run.get_ready(backend)
-        reply = run._request(DenyRequest(numpy=numpy))
+        reply = run._request(DenyRequest(numpy=numpy, keep=list(keep)))
     except CandidateFailed as e:
         return PreparedDenial(run, "nothing (the denial could not be set up)",
                               f"the denial process failed before the calls: {e}")
     if not isinstance(reply, Denied) or reply.error:
         return PreparedDenial(run, "nothing (the denial could not be set up)",
                               f"the denial could not be set up: {getattr(reply, 'error', reply.kind)}")
-    denied = _described(reply, numpy)
+    denied = _described(reply, numpy, keep)
     if numpy == "memory" and executable_ranges(run.proc.maps(), numerical_library_paths()):
         return PreparedDenial(run, denied, "numpy's code could not be made unusable in the denial process")
     return PreparedDenial(run, denied, None)
@@ -92,17 +93,17 @@ def prepare_denial(*, backend: str, memory_limit_mb: int, read_only: list[Path],
 def check_by_denial(*, backend: str, memory_limit_mb: int, read_only: list[Path], call_timeout: float,
                     numpy: Literal["memory", "python"], load: Callable[[CandidateChecker], Loaded],
                     cases: list[Case], compare: Callable[[list[torch.Tensor], list[torch.Tensor], str], str | None],
-                    prepared: PreparedDenial | None = None) -> tuple[Denial, list[str]]:
+                    prepared: PreparedDenial | None = None, keep: tuple[str, ...] = ()) -> tuple[Denial, list[str]]:
     """Run the candidate in a denial process (see the module docstring): ``load`` builds it there,
     each case is called and its outputs checked with ``compare`` (a problem, or None). Returns the
     :class:`Denial` and the vendor/ATen symbols of the libraries it built and loaded there (a
     module candidate compiles its extensions again there: its first run's build folder is not
     trusted, and the build tool would not reuse it from another folder anyway). ``prepared``: the
     process made ready earlier by :func:`prepare_denial` with the same arguments (else it is made
-    now); it is removed in the end either way."""
+    now, leaving the aten operators named in ``keep`` usable); it is removed in the end either way."""
     if prepared is None:
         prepared = prepare_denial(backend=backend, memory_limit_mb=memory_limit_mb, read_only=read_only,
-                                  call_timeout=call_timeout, numpy=numpy)
+                                  call_timeout=call_timeout, numpy=numpy, keep=keep)
     run, denied = prepared.run, prepared.denied
     found: list[str] = []
 
@@ -150,13 +151,14 @@ def _failure(error: str, run: _DenialRun) -> str:
     return error[:300]
 
 
-def _described(reply: Denied, numpy: str) -> str:
+def _described(reply: Denied, numpy: str, keep: tuple[str, ...] = ()) -> str:
     how = ("numpy and the other numerical libraries: " + reply.numpy
            + ("; kernel-enforced: " + ", ".join(reply.layers) if reply.layers else ""))
     if numpy == "memory":
         how += "; checked by the checker in /proc/PID/maps before and after the calls"
+    kept = (f" but the declared library operators {', '.join('aten::' + k for k in keep)}" if keep else "")
     return (f"{reply.operators} kernels of computing operators raise (every operator namespace; the CPU backends, and "
-            f"the CUDA ones on a GPU); {how}")
+            f"the CUDA ones on a GPU){kept}; {how}")
 
 
 def verdict(denial: Denial) -> tuple[Literal["custom", "wrapper"], str]:

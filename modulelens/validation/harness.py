@@ -328,7 +328,7 @@ class _Harness:
 
         if self.entry is not None:
             return Denied(operators=0, numpy="", error="a candidate is already loaded")
-        operators = poison.poison_operators()
+        operators = poison.poison_operators(frozenset(req.keep))
         if req.numpy == "memory":
             numpy, layers = poison.unusable_numpy(self.readable)
         else:

@@ -22,7 +22,12 @@ Custom or wrapper: a candidate is a wrapper when its process ran computing aten 
 built imports vendor or past-the-dispatcher ATen symbols (``at::cpu::mul``, read with ``nm`` by the
 checker from the file its memory map shows). With none of these, it is run once more where the
 reference library is denied (:mod:`modulelens.validation.denial`): custom only when it stays
-correct there.
+correct there. Partial fusion: a candidate may keep the library operators it declares
+(``# modulelens-library-ops: aten.addmm, aten.bmm``: matrix products, convolutions, attention;
+:mod:`modulelens.kernels.library_ops`); those are left usable in its denial run and every other
+computing operator is denied, and its report names them (``library_ops``) and what eager computes
+besides them, which it computes itself (``computes_itself``). An undeclared call is still a
+wrapper, and so is a candidate of a module eager computes with only the declared operators.
 
 Containment: like card candidates. The checker (this worker) holds the capture, the original
 module, the reference outputs, the clock and the verdict; it writes the original's state dict and
@@ -72,6 +77,7 @@ from typing import Any
 import torch
 
 from modulelens.device import DeviceUnavailable, require, same_device
+from modulelens.kernels import declared_library_ops
 from modulelens.timing import thread_choice
 from modulelens.validation.candidate_messages import Loaded, LoadModuleRequest
 from modulelens.validation.checker import CandidateChecker, CandidateFailed, ModuleCall, start_candidate
@@ -303,12 +309,26 @@ class _ModuleValidator(ModuleChecks, CandidateChecker):
             self.report.reason = ("correct, but a library it built calls into " + ", ".join(symbols[:5])
                                   + f"; {note}; {CONTAINED}")
             return self.report
-        if self.ops:
-            calls = sorted(self.ops)
+        declared = declared_library_ops(self.task.candidate.source)
+        refused = ("; declared but not kept: " + "; ".join(declared.refused)) if declared.refused else ""
+        undeclared = sorted(op for op in self.ops if not declared.keeps(op))
+        if undeclared:
             self.report.verdict = "wrapper"
-            self.report.reason = ("correct, and computes through " + ", ".join(calls[:5])
-                                  + (" ..." if len(calls) > 5 else "") + f"; {note}; {CONTAINED}")
+            self.report.reason = ("correct, and computes through " + ", ".join(undeclared[:5])
+                                  + (" ..." if len(undeclared) > 5 else "")
+                                  + (" (not declared in `# modulelens-library-ops:`)" if declared.kept else "")
+                                  + f"{refused}; {note}; {CONTAINED}")
             return self.report
+        if declared.kept:
+            self.report.library_ops = list(declared.kept)
+            self.report.computes_itself = [op for op in eager_computing_ops(reference, args, kwargs)
+                                           if not declared.keeps(op)]
+            if not self.report.computes_itself:
+                self.report.verdict = "wrapper"
+                self.report.reason = ("correct, but it computes nothing itself: eager computes this module with only "
+                                      "the library operators it keeps (" + ", ".join(declared.kept) + f"){refused}; "
+                                      f"{note}; {CONTAINED}")
+                return self.report
         self.stage("denial")
         cases = [("captured inputs", args, kwargs)]
         if self.task.seeds:
@@ -325,7 +345,7 @@ class _ModuleValidator(ModuleChecks, CandidateChecker):
         denial, more = check_by_denial(
             backend="module", memory_limit_mb=self.task.memory_limit_mb, read_only=self.proc.read_only,
             call_timeout=self.call_timeout, numpy=numpy_mode("module"), load=load,
-            cases=calls, compare=compare)
+            cases=calls, compare=compare, keep=tuple(declared.bases))
         self.report.denial = denial
         self.check("correct where the reference library is denied", denial.outcome == "computes itself",
                    denial.detail)
@@ -336,6 +356,11 @@ class _ModuleValidator(ModuleChecks, CandidateChecker):
                                   + ", ".join(more[:5]) + f"; {note}; {CONTAINED}")
             return self.report
         self.report.verdict, reason = denial_verdict(denial)
+        if declared.kept and self.report.verdict == "custom":
+            reason = ("correct, and still correct where every computing operator but the library operators it keeps ("
+                      + ", ".join(declared.kept) + ") is denied: it computes itself what eager computes with "
+                      + ", ".join(self.report.computes_itself[:8])
+                      + (" ..." if len(self.report.computes_itself) > 8 else "") + refused)
         self.report.reason = f"{reason}; {note}; {CONTAINED}"
         self.report.stage = "done"
         return self.report
@@ -476,6 +501,26 @@ class _ModuleValidator(ModuleChecks, CandidateChecker):
             return self.values_problem(outputs, want, label, oracle=oracle, quiet=True)
 
         return verify
+
+
+def eager_computing_ops(module: torch.nn.Module, args: list, kwargs: dict) -> list[str]:
+    """The computing aten operators (``aten::NAME``, sorted) eager runs for ``module`` in eval mode
+    without grad on copies of ``args``: what a partially fusing candidate must compute itself
+    besides the library operators it keeps. Recorded below the autograd and composite layers (a
+    dispatch mode), so ``linear`` shows as the ``addmm`` it runs."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen: set[str] = set()
+
+    class _Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, a=(), k=None):
+            seen.add(func._schema.name)
+            return func(*a, **(k or {}))
+
+    module.eval()
+    with torch.no_grad(), _Record():
+        module(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args], **dict(kwargs))
+    return sorted(computing_ops(sorted(seen)))
 
 
 def original_source(class_path: str, sources: dict[str, tuple[str, str]], sys_path: list[str]) -> str:

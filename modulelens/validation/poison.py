@@ -84,9 +84,11 @@ def denial_plan() -> list[tuple[str, str]]:
     return _PLAN
 
 
-def poison_operators() -> int:
+def poison_operators(keep: frozenset[str] = frozenset()) -> int:
     """Replace every computing operator's kernel (each key of the CPU backends, and of the CUDA ones
-    when there is a GPU, that it has a kernel for: :func:`denial_plan`) by one that raises. Returns
+    when there is a GPU, that it has a kernel for: :func:`denial_plan`) by one that raises, except
+    the aten operators whose base name is in ``keep`` (the library operators a partially fusing
+    module candidate declares: :mod:`modulelens.kernels.library_ops`; every overload kept). Returns
     how many kernels were replaced."""
     import torch
 
@@ -102,7 +104,7 @@ def poison_operators() -> int:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # each override warns that it overrides
         for name, key in denial_plan():
-            if key not in keys:
+            if key not in keys or (name.startswith("aten::") and name[6:].split(".", 1)[0] in keep):
                 continue
             ns, rest = name.split("::", 1)
             lib = libraries.get(ns)

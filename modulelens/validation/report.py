@@ -88,6 +88,15 @@ class Denial(BaseModel):
     denied: str = Field(description="What was denied, and how (which parts the candidate could not undo).")
 
 
+class ExtensionBuild(BaseModel):
+    """One extension a module candidate built with ``load_inline`` and the checker verified and
+    published in the build cache: where a pack loads it from (same toolchain: the address covers it)."""
+
+    name: str = Field(description="The extension's name (load_inline's name=).")
+    address: str = Field(description="Content address in the build cache (source, name, toolchain).")
+    sha256: str = Field(description="sha256 of the verified library file.")
+
+
 class ValidationReport(BaseModel):
     verdict: Literal["custom", "wrapper", "rejected"] = Field(
         description="custom: correct and computes itself; wrapper: correct but calls back into torch or vendor "
@@ -127,6 +136,13 @@ class ValidationReport(BaseModel):
     stderr_tail: str = ""
     isolation: Isolation | None = Field(None, description="Containment layers that were in force around the candidate.")
     wrapper_evidence: str = Field("", description="What the custom/wrapper decision was based on, and what it cannot see.")
+    extensions: list[ExtensionBuild] = Field(default_factory=list, description="Module candidates: the builds of "
+                                             "its load_inline extensions this validation verified and published.")
+    library_ops: list[str] = Field(default_factory=list, description="Library operators (matrix products, "
+                                   "convolutions, attention) a module candidate declares it keeps and that were left "
+                                   "usable in its denial run (``# modulelens-library-ops:``).")
+    computes_itself: list[str] = Field(default_factory=list, description="With library_ops: the computing operators "
+                                       "eager runs for this module besides those, which the candidate computes itself.")
     denial: Denial | None = Field(None, description="The run where the reference library was denied (only for a "
                                   "candidate with no other wrapper evidence).")
     varied: list[str] = Field(default_factory=list, description="Tensor arguments (card) or parameters and buffers "

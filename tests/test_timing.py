@@ -490,3 +490,20 @@ def test_interval_is_called_95_percent_only_when_rounds_pass_the_noise_checks(mo
                                     method="t", threads=TWO, timer="wall")
     assert quiet.status == "undetermined" and not quiet.findings
     assert quiet.interval is not None and quiet.ratio_range is None and "95% interval" in quiet.reason
+
+
+def test_rounds_that_drift_leave_the_figure_undetermined_however_wide_the_target(monkeypatch):
+    """Issue 37 item 2: drift of the ratio across rounds (what a neighbour's memory-bandwidth or
+    cache pressure does, and no clock can subtract) makes the figure undetermined even where the
+    interval is narrow enough for the target; two groups of rounds do too."""
+    monkeypatch.setattr(noise, "machine_load", lambda: (0.1, 2))
+    ramp = [2.0 + 0.2 * i for i in range(9)]  # 2.0x .. 3.6x, one after the other
+    m = measurement_from_rounds([1.0] * 9, [1 / r for r in ramp], target_width=1.0, method="t", threads=TWO,
+                                timer="wall")
+    assert [f.kind for f in m.findings] == ["drift"] and m.findings[0].blocking
+    assert m.status == "undetermined" and m.speedup is None and "drifted" in m.reason
+    assert "95%" not in m.reason.replace("not a 95% interval", "")
+    two = [2.0] * 6 + [3.0] * 6
+    m = measurement_from_rounds([1.0] * 12, [1 / r for r in two[::2] + two[1::2]], target_width=2.0, method="t",
+                                threads=TWO, timer="wall")
+    assert m.status == "undetermined" and any(f.kind == "bimodal" for f in m.findings)

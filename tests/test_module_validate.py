@@ -56,7 +56,8 @@ def test_a_torch_module_candidate_runs_contained_and_is_a_wrapper(scale_repo):
     r = _validate(scale_repo, _model("return torch.tanh(x) * self.weight"), time=True, device="cpu")
     assert r.correct and r.verdict == "wrapper", r.reason
     assert any("tanh" in c for c in r.backend_calls), r.backend_calls
-    assert r.timing_status in ("ok", "undetermined") and r.speedup_interval and "checker" in r.candidate.timer
+    assert r.timing_status in ("ok", "undetermined") and "checker" in r.candidate.timer
+    assert r.speedup_interval or "range of round ratios" in r.timing_reason, r.timing_reason
     assert "module forward on cpu (the captured device), in eval mode" in r.timing_note, r.timing_note
     assert "thread(s)" in r.timing_note
     assert r.eager.device == r.candidate.device == "cpu"  # the reference and the candidate process

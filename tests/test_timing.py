@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 
 import pytest
 
@@ -20,6 +21,7 @@ from modulelens.timing import (
     fewer_threads,
     measure_speedup,
     measure_speedups,
+    measurement_from_rounds,
     median_interval,
 )
 from modulelens.timing import noise
@@ -220,7 +222,9 @@ def test_noisy_rounds_end_undetermined_at_the_budget():
     cand = FakeSide(clock, 10e-6, lambda: math.exp(rng.gauss(0, 0.8)))
     m = measure_speedup(base, cand, TimingPlan(budget_s=1.0), TWO, clock=clock, probe=QUIET)
     assert m.status == "undetermined" and m.speedup is None
-    assert m.interval is not None and "wide (target 20%)" in m.reason
+    # batches descheduled for a time slice: no "95%" label, the range of round ratios instead (issue 37)
+    assert m.interval is None and m.ratio_range and "range of round ratios" in m.reason
+    assert "descheduled" in m.reason
     assert clock.now < 1.2  # stopped at the budget
 
 
@@ -457,3 +461,49 @@ def test_a_setup_runs_before_every_call_outside_the_clock():
     finally:
         callables._perf_counter = real
     assert seconds == pytest.approx(0.003) and log == ["setup", "call"] * 3
+
+
+def test_interval_is_called_95_percent_only_when_rounds_pass_the_noise_checks(monkeypatch):
+    """Issue 37 item 3: rounds in two groups (one side descheduled for a time slice in half of
+    them) give an order-statistics interval that is not a 95% interval; the reply withholds it and
+    gives the range of round ratios, labelled as such. Wide but clean rounds on a quiet machine
+    keep their 95% interval."""
+    monkeypatch.setattr(noise, "machine_load", lambda: (0.1, 2))
+    base = [1.0] * 12
+    two_groups = [1 / 3.4] * 6 + [1 / 0.4] * 6  # ratios 3.4x and 0.4x
+    noisy = measurement_from_rounds(base, two_groups, target_width=0.2, method="t", threads=TWO, timer="wall")
+    assert noisy.status == "undetermined" and any(f.blocking for f in noisy.findings)
+    assert noisy.interval is None and noisy.ratio_range == pytest.approx([0.4, 3.4])
+    assert "95%" not in noisy.reason.replace("not a 95% interval", "")
+    assert "range of round ratios 0.4x..3.4x" in noisy.reason and "not a 95% interval" in noisy.reason
+
+    monkeypatch.setattr(noise, "machine_load", lambda: (25.0, 2))  # descheduled: load 25 on 2 cores
+    normal = statistics.NormalDist(1.0, 0.15)  # one bell of rounds, no drift, too wide for the target
+    spaced = [normal.inv_cdf((i + 0.5) / 7) for i in (0, 6, 2, 4, 3, 5, 1)]
+    loaded = measurement_from_rounds(base[:7], [1 / r for r in spaced], target_width=0.2,
+                                     method="t", threads=TWO, timer="wall")
+    assert loaded.status == "undetermined" and loaded.interval is None and loaded.ratio_range
+    assert "range of round ratios" in loaded.reason and "load 25.0 on 2 cores" in loaded.reason
+
+    monkeypatch.setattr(noise, "machine_load", lambda: (0.1, 2))
+    quiet = measurement_from_rounds(base[:7], [1 / r for r in spaced], target_width=0.2,
+                                    method="t", threads=TWO, timer="wall")
+    assert quiet.status == "undetermined" and not quiet.findings
+    assert quiet.interval is not None and quiet.ratio_range is None and "95% interval" in quiet.reason
+
+
+def test_rounds_that_drift_leave_the_figure_undetermined_however_wide_the_target(monkeypatch):
+    """Issue 37 item 2: drift of the ratio across rounds (what a neighbour's memory-bandwidth or
+    cache pressure does, and no clock can subtract) makes the figure undetermined even where the
+    interval is narrow enough for the target; two groups of rounds do too."""
+    monkeypatch.setattr(noise, "machine_load", lambda: (0.1, 2))
+    ramp = [2.0 + 0.2 * i for i in range(9)]  # 2.0x .. 3.6x, one after the other
+    m = measurement_from_rounds([1.0] * 9, [1 / r for r in ramp], target_width=1.0, method="t", threads=TWO,
+                                timer="wall")
+    assert [f.kind for f in m.findings] == ["drift"] and m.findings[0].blocking
+    assert m.status == "undetermined" and m.speedup is None and "drifted" in m.reason
+    assert "95%" not in m.reason.replace("not a 95% interval", "")
+    two = [2.0] * 6 + [3.0] * 6
+    m = measurement_from_rounds([1.0] * 12, [1 / r for r in two[::2] + two[1::2]], target_width=2.0, method="t",
+                                threads=TWO, timer="wall")
+    assert m.status == "undetermined" and any(f.kind == "bimodal" for f in m.findings)

@@ -47,7 +47,9 @@ def test_under_load_a_speedup_is_undetermined_or_within_2x_of_the_unloaded_one(s
     def validate():
         r = validate_kernel(ValidateKernelRequest(candidate=cand, seeds=1), ctx)
         assert r.correct and r.verdict == "custom", r.reason
-        assert r.timing_status in ("ok", "undetermined") and r.speedup_interval, r.timing_reason
+        assert r.timing_status in ("ok", "undetermined"), r.timing_reason
+        # a 95% interval, or (rounds failed the noise checks) the range of round ratios, labelled so
+        assert r.speedup_interval or "range of round ratios" in r.timing_reason, r.timing_reason
         return r
 
     quiet = _reference_figure(validate())

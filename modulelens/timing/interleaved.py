@@ -120,7 +120,11 @@ class SpeedupMeasurement(MeasurementDetail):
     method: str = Field("", description="How it was measured, in one line.")
     status: Literal["ok", "undetermined"]
     speedup: float | None = Field(None, description="The median of the per-round ratios; null when undetermined.")
-    interval: list[float] | None = Field(None, description="95% interval [low, high]; null without enough rounds.")
+    interval: list[float] | None = Field(None, description="95% interval [low, high]; null without enough rounds, "
+                                         "and null when the ratio is undetermined with noise findings (then see "
+                                         "``ratio_range``).")
+    ratio_range: list[float] | None = Field(None, description="Smallest and largest round ratio, given instead of an "
+                                            "interval when the rounds failed the noise checks: not a 95% interval.")
     reason: str = Field(description="Why it is or is not determined, in one sentence.")
     base: Timing | None = None
     candidate: Timing | None = None
@@ -283,14 +287,33 @@ def _timing(values: list[float], calls: int, timer: str, device: str, threads: i
                   if not is_cuda(device) else "cold L2 (flushed before every batch)")
 
 
-def _decided(est: Any, target_width: float, found: list[noise.Finding]) -> tuple[bool, str]:
-    """:func:`decide`, the findings added to the reason of an undetermined ratio (blocking first)."""
+def _decided(est: Any, target_width: float, found: list[noise.Finding],
+             ratios: list[float]) -> tuple[bool, str, list[float] | None]:
+    """:func:`decide`, the findings added to the reason of an undetermined ratio (blocking first),
+    and the interval it may report as 95%.
+
+    Honest labels: an undetermined ratio with noise findings (descheduled batches, load, two
+    modes, drift) comes from rounds that are not independent draws of one distribution, so its
+    order-statistics interval is not a 95% interval. It then reports no interval (null) and the
+    reason gives the range of round ratios, labelled as such. A determined ratio passed the
+    blocking checks; one undetermined on a quiet machine (too few rounds, too wide) keeps its
+    95% interval."""
     ok, reason = decide(est, target_width, [f.detail for f in found if f.blocking])
+    interval = [est.low, est.high] if est.low is not None and est.high is not None else None
+    if not ok and found and ratios:
+        interval = None
+        reason = (f"range of round ratios {min(ratios):.3g}x..{max(ratios):.3g}x over {len(ratios)} round(s), "
+                  f"not a 95% interval: the rounds failed the noise checks")
     if not ok:  # the two findings that matter most (blocking first); all of them stay in ``findings``
         context = [f.detail for f in sorted(found, key=lambda f: not f.blocking) if f.detail not in reason][:2]
         if context:
             reason += " (" + "; ".join(context) + ")"
-    return ok, reason
+    return ok, reason, interval
+
+
+def _ratio_range(ok: bool, interval: list[float] | None, ratios: list[float]) -> list[float] | None:
+    """The smallest and largest round ratio where :func:`_decided` withheld the interval."""
+    return [min(ratios), max(ratios)] if not ok and interval is None and ratios else None
 
 
 def _measurement(attempt: _Attempt, sides: list[Side], j: int, plan: TimingPlan, retimed: bool,
@@ -299,7 +322,7 @@ def _measurement(attempt: _Attempt, sides: list[Side], j: int, plan: TimingPlan,
     ratios = round_ratios(pairs.base, pairs.cand)
     est = estimate_ratio(ratios)
     found = _findings(attempt, j, pairs, ratios, probe)
-    ok, reason = _decided(est, plan.target_width, found)
+    ok, reason, interval = _decided(est, plan.target_width, found, ratios)
     mine = [b for b in attempt.batches if b.side in (0, j)]
     calls = attempt.calls
     what = (f"{len(ratios)} {'undisturbed ' if pairs.used_clean_only else ''}rounds of "
@@ -307,7 +330,7 @@ def _measurement(attempt: _Attempt, sides: list[Side], j: int, plan: TimingPlan,
             f"timed by {sides[0].timer}" + (f"; {retime_why}" if retimed else ""))
     return SpeedupMeasurement(
         status="ok" if ok else "undetermined", speedup=est.point if ok else None,
-        interval=[est.low, est.high] if est.low is not None and est.high is not None else None,
+        interval=interval, ratio_range=_ratio_range(ok, interval, ratios),
         reason=reason, rounds=len(ratios), clean_rounds=pairs.clean, batches=len(mine),
         disturbed_batches=sum(b.disturbed for b in mine), threads=attempt.threads.threads,
         threads_why=attempt.threads.why, retimed=retimed, method=what, findings=found,
@@ -433,10 +456,10 @@ def measurement_from_rounds(base_s: list[float], candidate_s: list[float], *, ta
     est = estimate_ratio(ratios)
     found = [f for f in (noise.bimodal(ratios), noise.rounds_disagree(ratios), noise.overloaded(*noise.machine_load()))
              if f]
-    ok, reason = _decided(est, target_width, found)
+    ok, reason, interval = _decided(est, target_width, found, ratios)
     return SpeedupMeasurement(
         status="ok" if ok else "undetermined", speedup=est.point if ok else None,
-        interval=[est.low, est.high] if est.low is not None and est.high is not None else None, reason=reason,
+        interval=interval, ratio_range=_ratio_range(ok, interval, ratios), reason=reason,
         rounds=len(ratios), threads=threads.threads, threads_why=threads.why, method=method, findings=found,
         base=_timing(base_s, len(base_s), timer, device, threads.threads, 0) if base_s else None,
         candidate=_timing(candidate_s, len(candidate_s), timer, device, threads.threads, 0) if candidate_s else None)

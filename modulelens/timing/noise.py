@@ -92,7 +92,9 @@ def rounds_disagree(ratios: list[float], max_spread: float = 0.5, max_drift: flo
     half = len(ratios) // 2
     first, second = statistics.median(ratios[:half]), statistics.median(ratios[half:])
     if abs(first - second) / med > max_drift:
-        return Finding(kind="drift", detail=f"the ratio drifted from {first:.3g}x to {second:.3g}x")
+        # blocking: drift is what a neighbour's changing memory-bandwidth or cache pressure does to the
+        # ratio, which no clock (wall or CPU time) can subtract, so no figure from these rounds is trusted
+        return Finding(kind="drift", blocking=True, detail=f"the ratio drifted from {first:.3g}x to {second:.3g}x")
     return None
 
 

@@ -69,7 +69,8 @@ def test_the_honest_twin_is_correct_and_its_timed_batches_were_checked(repo, nam
     assert r.correct and r.verdict != "rejected", r.reason
     check = next(c for c in r.checks if c.name == "timed outputs match the original")
     assert check.passed and int(check.detail.split()[0]) >= 2, check.detail
-    assert r.timing_status in ("ok", "undetermined") and r.speedup_interval is not None
+    assert r.timing_status in ("ok", "undetermined")
+    assert r.speedup_interval is not None or "range of round ratios" in r.timing_reason, r.timing_reason
 
 
 def test_a_cpp_kernel_caching_on_sampled_values_is_rejected_and_its_twin_is_not(repo):

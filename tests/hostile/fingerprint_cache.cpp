@@ -24,7 +24,7 @@ at::Tensor forward(at::Tensor x, int64_t dim, bool half_to_float) {
     for (int64_t r = 0; r < rows; ++r) {
         const float* a = in + r * cols; float* b = out + r * cols;
         float m = a[0];
-        for (int64_t c = 1; c < cols; ++c) m = a[c] > m ? a[c] : m;
+        for (int64_t c = 1; c < cols; ++c) m = (a[c] > m || std::isnan(a[c])) ? a[c] : m;  // NaN spreads to the row, as in torch
         double s = 0;
         for (int64_t c = 0; c < cols; ++c) { b[c] = std::exp(a[c] - m); s += b[c]; }
         float inv = 1.0f / (float)s;

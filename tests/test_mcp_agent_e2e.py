@@ -46,7 +46,8 @@ class Agent:
         assert not result.is_error, f"{tool}: {result.content}"
         size = reply_size(result)
         self.sizes[tool] = size
-        assert size <= MAX_REPLY, f"{tool} replied {size} characters"
+        assert size <= MAX_REPLY, f"{tool} replied {size} characters: " + ", ".join(
+            f"{k} {len(json.dumps(v))}" for k, v in sorted(result.structured_content.items(), key=lambda kv: -len(json.dumps(kv[1])))[:6])
         (block,) = result.content
         assert isinstance(result.structured_content, dict)
         assert json.loads(block.text) == result.structured_content  # text-only clients see everything

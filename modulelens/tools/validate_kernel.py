@@ -149,14 +149,23 @@ class ValidateKernelResult(CandidateValidation, ToolReply):
 R = TypeVar("R", ValidateKernelResult, ValidateModuleResult)
 
 
+EDGE_CASES_SHOWN = 0  # edge cases listed by name in a reply (left_out counts them); a failing one is named in its check
+PASSED_DETAIL_CHARS = 160  # a passed check's detail in a reply; the stored report has it whole
+
+
 def _brief(reply: R, limit: int, full: str) -> R:
     """``reply`` cut to a size an agent reads (a validation under load notes more, so the cut keeps
-    room): its failed checks first, then the passed ones, ``limit`` in all; only the isolation
+    room): its failed checks first, then the passed ones, ``limit`` in all; the first
+    ``EDGE_CASES_SHOWN`` edge cases that ran (a failing one is named in its check); passed checks' detail
+    cut to ``PASSED_DETAIL_CHARS``; only the isolation
     layers that were *not* in force keep their detail (what is missing and why); the standing text
     on what the wrapper decision can and cannot see is left out. The stored report ``full`` has it
     all, and ``left_out`` says what was cut."""
-    failed_first = sorted(reply.checks, key=lambda c: c.passed)  # stable: each group keeps its order
+    failed_first = [c if not c.passed or len(c.detail) <= PASSED_DETAIL_CHARS
+                    else c.model_copy(update={"detail": c.detail[:PASSED_DETAIL_CHARS - 1] + "…"})
+                    for c in sorted(reply.checks, key=lambda c: c.passed)]  # stable: each group keeps its order
     reply = keep_first(reply.model_copy(update={"checks": failed_first}), "checks", limit, full)
+    reply = keep_first(reply, "edge_cases", EDGE_CASES_SHOWN, full)
     update: dict = {}
     cut = []
     if reply.wrapper_evidence:

@@ -9,7 +9,7 @@ the normalized dimensions, the weights, dtypes and eps stay as validated.
 
 CPU: per row, mean and the centred sum of squares accumulated in double (two passes over a row
 that stays in L1), ``rstd = 1 / sqrt(var + eps)``, then ``(x - mean) * rstd * w + b`` (centred
-first, so a constant row gives exactly ``b``; a row holding an infinity gives a NaN mean, as eager's); rows in parallel above the grain. Triton: one program per row (looped above
+first, so a constant row gives exactly ``b``; a row holding an infinity gives a NaN mean, as eager's, in both backends); rows in parallel above the grain. Triton: one program per row (looped above
 16384 columns). CUDA: one thread block per row.
 """
 
@@ -180,7 +180,7 @@ def _layer_norm(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, eps, C: tl.const
     cols = tl.arange(0, BLOCK)
     mask = cols < C
     x = tl.load(x_ptr + row * C + cols, mask=mask, other=0.0).to(tl.float32)
-    mean = tl.sum(x, axis=0) / C
+    mean = (tl.sum(x, axis=0) + tl.sum(x - x, axis=0)) / C  # x - x: NaN for an infinity, as eager's mean
     d = tl.where(mask, x - mean, 0.0)
     var = tl.sum(d * d, axis=0) / C
     rstd = 1.0 / tl.sqrt(var + eps)
@@ -205,7 +205,8 @@ def _layer_norm(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, eps, C: tl.const
     acc = tl.zeros((BLOCK,), tl.float32)
     for start in range(0, C, BLOCK):
         mask = start + cols < C
-        acc += tl.load(x_ptr + base + start + cols, mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + base + start + cols, mask=mask, other=0.0).to(tl.float32)
+        acc += (x - x) + x  # x - x: NaN for an infinity, so the mean is NaN as eager's
     mean = tl.sum(acc, axis=0) / C
     acc = tl.zeros((BLOCK,), tl.float32)
     for start in range(0, C, BLOCK):

@@ -58,7 +58,7 @@ def _measured(point: float | None, interval: list[float] | None, status: str | N
 def list_candidates_view(r: ListCandidatesResult, wide: bool) -> RenderableType:
     table = FittedTable([
         Column("candidate", "key", style="cyan"),
-        Column("kind", "value", drop=3),
+        Column("kind", "value"),
         Column("target", "key"),
         Column("op", "key"),
         Column("backend", "value", drop=2),

@@ -16,7 +16,7 @@ entry's own backward (once per forward call and backward pass, whichever of its 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -77,19 +77,22 @@ def own_backward_nodes(outputs: list[torch.Tensor], inputs: list[torch.Tensor], 
     """The backward nodes of the entry's own ``autograd.Function`` s among the nodes its forward
     created (between ``outputs`` and ``inputs``), wherever they are: a library matrix product or a
     reshape after its own function leaves the output's ``grad_fn`` an aten node."""
+    return [node for node in nodes_between(outputs, inputs) if own_backward_node(node, source_module)]
+
+
+def nodes_between(outputs: list[torch.Tensor], inputs: list[torch.Tensor]) -> Iterator[Any]:
+    """Each autograd node once, from the ``grad_fn`` s of ``outputs`` back to (not including) those
+    of ``inputs`` and the leaves' ``AccumulateGrad``: the nodes a module entry's forward created."""
     stop = {t.grad_fn for t in inputs if t.grad_fn is not None}
     seen: set[Any] = set()
-    found = []
     todo = [t.grad_fn for t in outputs if t.grad_fn is not None]
     while todo:
         node = todo.pop()
         if node is None or node in seen or node in stop or type(node).__name__ == "AccumulateGrad":
             continue
         seen.add(node)
-        if own_backward_node(node, source_module):
-            found.append(node)
+        yield node
         todo.extend(next_node for next_node, _ in node.next_functions)
-    return found
 
 
 def count_own_backward(nodes: list[Any], live: Any) -> None:
@@ -110,17 +113,9 @@ def count_own_backward(nodes: list[Any], live: Any) -> None:
 def mark_backward_region(outputs: list[torch.Tensor], inputs: list[torch.Tensor], runtime: Any) -> None:
     """Hook every autograd node between ``outputs`` and ``inputs`` (the nodes a module entry's
     forward created) so that operator dispatch is off while each runs in backward."""
-    stop = {t.grad_fn for t in inputs if t.grad_fn is not None}
-    seen: set[Any] = set()
-    todo = [t.grad_fn for t in outputs if t.grad_fn is not None]
-    while todo:
-        node = todo.pop()
-        if node is None or node in seen or node in stop or type(node).__name__ == "AccumulateGrad":
-            continue
-        seen.add(node)
+    for node in nodes_between(outputs, inputs):
         node.register_prehook(lambda grads: runtime.enter_module())
         node.register_hook(lambda grads_in, grads_out: runtime.leave_module())
-        todo.extend(next_node for next_node, _ in node.next_functions)
 
 
 def guarded_forward(runtime: Any, module: torch.nn.Module, guarded: Any, repl: ModuleReplacement) -> Callable:

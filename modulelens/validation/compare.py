@@ -102,7 +102,8 @@ def _specials(got: torch.Tensor, want: torch.Tensor) -> _Special:
     return s
 
 
-def _index(flat: int, shape: torch.Size) -> str:
+def position_text(flat: int, shape: torch.Size) -> str:
+    """The index ``[i, j, ...]`` of flat position ``flat`` in a tensor of ``shape``."""
     idx = []
     for s in reversed(shape):
         idx.append(flat % s)
@@ -126,7 +127,7 @@ def first_nonfinite_mismatch(got: torch.Tensor, want: torch.Tensor) -> str:
         hits = torch.nonzero(bad)
         if hits.numel():
             k = int(hits[0])
-            return f"at {_index(start + k, want.shape)}: expected {_value(float(w[k]))}, got {_value(float(g[k]))}"
+            return f"at {position_text(start + k, want.shape)}: expected {_value(float(w[k]))}, got {_value(float(g[k]))}"
         start += w.numel()
     return ""
 

@@ -31,6 +31,8 @@ from pathlib import Path
 
 import torch
 
+from modulelens.validation.compare import position_text
+
 SOFTMAX_OPS = frozenset({"_softmax", "_safe_softmax", "_log_softmax", "softmax", "log_softmax"})
 NORM_OPS = {"native_layer_norm": "layer", "layer_norm": "layer", "_fused_rms_norm": "layer", "rms_norm": "layer",
             "native_group_norm": "group", "group_norm": "group"}
@@ -174,12 +176,6 @@ def _exp_pointwise_cases(args: list, kwargs: dict, i: int) -> list[EdgeCase]:
                      "(around exp overflow)", "structural: near exp overflow", _with(args, i, values), kwargs)]
 
 
-def _position(flat: int, shape: torch.Size) -> str:
-    idx = []
-    for s in reversed(shape):
-        idx.append(flat % s)
-        flat //= s
-    return "[" + ", ".join(map(str, reversed(idx))) + "]"
 
 
 def _generic_cases(args: list, kwargs: dict, i: int, seed: int) -> list[EdgeCase]:
@@ -194,8 +190,8 @@ def _generic_cases(args: list, kwargs: dict, i: int, seed: int) -> list[EdgeCase
     if n >= 3:
         nan, pinf, ninf = picks[:k], picks[k:2 * k], picks[2 * k:3 * k]
         values[nan], values[pinf], values[ninf] = math.nan, math.inf, -math.inf
-        label = (f"input {i} has NaN at {_position(int(nan[0]), x.shape)}, +inf at {_position(int(pinf[0]), x.shape)}, "
-                 f"-inf at {_position(int(ninf[0]), x.shape)} ({k} of each, random positions)")
+        label = (f"input {i} has NaN at {position_text(int(nan[0]), x.shape)}, +inf at {position_text(int(pinf[0]), x.shape)}, "
+                 f"-inf at {position_text(int(ninf[0]), x.shape)} ({k} of each, random positions)")
         out.append(EdgeCase(label, "structural: NaN and infinities", _with(args, i, values.reshape(x.shape)), kwargs))
     tiny = torch.finfo(x.dtype).smallest_normal / 8
     special = x.detach().double().reshape(-1).clone()

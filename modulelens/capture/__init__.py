@@ -27,7 +27,7 @@ _FACE = {
     "capture_entries": "summary", "capture_warnings": "summary", "summarize": "summary",
     # Getting it back: replay, the module's sources, standalone repro files.
     "LoadedCapture": "replay", "BUFFER_PREFIX": "leafcall", "replayed_state": "leafcall",
-    "Resolver": "sources", "ReproFile": "repro", "check_repro": "repro", "write_repro": "repro",
+    "Resolver": "sources", "ReproFile": "repro", "check_repro": "repro", "check_seconds_for": "repro", "write_repro": "repro",
     # The value-spec format and values with their tensors.
     "SpecVisitor": "spec", "TensorSpec": "spec", "ValueKind": "spec", "mapping_items": "spec", "sequence_items": "spec",
     "Decoder": "values", "Encoder": "values", "TensorSink": "values", "TensorSource": "values",

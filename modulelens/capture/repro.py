@@ -19,6 +19,7 @@ import ast
 import inspect
 import io
 import math
+import re
 import shutil
 import subprocess
 import sys
@@ -224,7 +225,7 @@ KernelBench format: Model, get_inputs(), get_init_inputs(). Needs only torch and
 Captured data lives in {data_name}/. Run this file to check Model against the captured outputs
 and the state the captured call changed; it exits with status 1 when they differ.
 """
-import contextlib
+{future}import contextlib
 import math
 import sys
 from pathlib import Path
@@ -571,10 +572,11 @@ def write_repro(art: Artifact, out: Path, flavor: str = "auto") -> ReproFile:
     imports = "".join(f"import {mod}\n" for mod in sorted(rendered.imports))
     op_modules = sorted({mod for mods in m.export.custom_ops.values() for mod in mods}) if rendered.flavor == "export" else []
     needs = f" (and {', '.join(op_modules)}, for the program's custom operators)" if op_modules else ""
+    body, future = _hoisted_future_imports(rendered.body)
     text = (
         _HEADER.format(ref=art.ref, class_path=m.class_path, module_path=m.module_path, data_name=data_name,
-                       imports=imports, needs=needs)
-        + rendered.body
+                       imports=imports, needs=needs, future=future)
+        + body
         + _FOOTER.format(model=rendered.model, training=m.training, grad_enabled=m.grad_enabled, autocast=m.autocast,
                          state_keys=sorted(m.state_after), tolerance=VERIFY_TOLERANCE)
     )
@@ -583,25 +585,55 @@ def write_repro(art: Artifact, out: Path, flavor: str = "auto") -> ReproFile:
     return ReproFile(path=path, data_dir=data_dir, flavor=rendered.flavor, skipped=skipped)
 
 
+_FUTURE_IMPORT = re.compile(r"^from __future__ import [^\n]*\n?", re.M)
+
+
+def _hoisted_future_imports(body: str) -> tuple[str, str]:
+    """``body`` without its top-level ``from __future__`` imports, and those imports (each once), to
+    be put where Python requires them: before any other statement of the file (inlined code from a
+    user file that starts with ``from __future__ import annotations`` is otherwise a SyntaxError)."""
+    found = list(dict.fromkeys(m.group(0).rstrip("\n") for m in _FUTURE_IMPORT.finditer(body)))
+    return _FUTURE_IMPORT.sub("", body), "".join(f"{line}\n" for line in found)
+
+
 @dataclass(frozen=True)
 class ReproCheck:
     """Running a repro file: whether it reproduced the captured outputs and changed state (max abs
     error within :data:`VERIFY_TOLERANCE`, exit status 0), the error it printed, why not, and the
-    end of its output."""
+    end of its output. ``timed_out``: the run was stopped at its time limit, so nothing is known
+    of the file (``verified`` is False, ``reason`` says so)."""
 
     verified: bool
     max_abs_error: float | None
     output: str
     reason: str = ""
+    timed_out: bool = False
+
+
+def check_seconds_for(forward_seconds: float) -> float:
+    """The default time limit of a repro's check run for a capture whose call took
+    ``forward_seconds``: a fresh interpreter importing torch and loading the data (a minute on a
+    busy machine) plus generous room for the one call (50 times the captured call)."""
+    return 60.0 + 50.0 * max(forward_seconds, 0.0)
+
+
+def _text(stream: str | bytes | None) -> str:
+    return stream.decode(errors="replace") if isinstance(stream, bytes) else (stream or "")
 
 
 def check_repro(path: Path, timeout: float = 600) -> ReproCheck:
     """Run a repro file once in a fresh, isolated interpreter (``python -I``: no ``PYTHONPATH``, no
     user site) from an empty folder, as a user who has only the file, its data folder, torch and
-    safetensors would, and read the check it prints."""
+    safetensors would, and read the check it prints. A run past ``timeout`` seconds is killed and
+    reported as timed out, never as a verdict on the file."""
     with tempfile.TemporaryDirectory(prefix="modulelens-repro-") as empty:
-        proc = subprocess.run([sys.executable, "-I", str(path)], capture_output=True, text=True, timeout=timeout,
-                              cwd=empty)
+        try:
+            proc = subprocess.run([sys.executable, "-I", str(path)], capture_output=True, text=True, timeout=timeout,
+                                  cwd=empty)
+        except subprocess.TimeoutExpired as exc:
+            output = (_text(exc.stdout) + _text(exc.stderr))[-2000:]
+            return ReproCheck(verified=False, max_abs_error=None, output=output, timed_out=True,
+                              reason=f"the check run was stopped at its time limit of {timeout:g} s")
     output = (proc.stdout + proc.stderr)[-2000:]
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("max_abs_error=")), None)
     err = float(line.split()[0].split("=", 1)[1]) if line is not None else None

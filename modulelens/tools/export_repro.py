@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from modulelens.capture import KIND, ReproFile, check_repro, write_repro
+from modulelens.capture import KIND, ReproFile, capture_manifest, check_repro, check_seconds_for, write_repro
 from modulelens.errors import ModuleLensError, arg
 from modulelens.paths import output_folder
 from modulelens.registry import ToolContext, tool
@@ -27,6 +27,10 @@ class ExportReproRequest(BaseModel):
     out: str = Field("repros", description="Folder to write into.")
     flavor: Literal["auto", "source", "export"] = Field("auto", description="source: inline code; export: the program.")
     verify: bool = Field(True, description="Run it once to check it.")
+    check_seconds: float | None = Field(
+        None, gt=0, le=86_400,
+        description="Time limit of the check run in seconds (default: 60 plus 50 times the captured call's time). "
+                    "Past it the file is kept, reported as written but not checked.")
 
 
 class ExportReproResult(ToolReply):
@@ -35,7 +39,8 @@ class ExportReproResult(ToolReply):
     data_dir: str
     flavor: str = Field(description="source or export.")
     skipped: list[str] = Field(default_factory=list, description="Why other flavours were not used.")
-    verified: bool | None = Field(None, description="The file ran and reproduced the captured outputs (None: not run).")
+    verified: bool | None = Field(None, description="The file ran and reproduced the captured outputs "
+                                                     "(None: not run, or stopped at the check's time limit).")
     max_abs_error: float | None = None
     check_output: str = ""
 
@@ -70,20 +75,47 @@ def _write_into(art: Artifact, out: Path, flavor: str) -> ReproFile:
     return dataclasses.replace(staged, path=path, data_dir=data_dir)
 
 
+def _remove(written: ReproFile, folder_made: bool) -> None:
+    """Take back what :func:`_write_into` wrote: the file, its data folder and the output folder
+    when that call made it (only if nothing else is in it by now)."""
+    with contextlib.suppress(FileNotFoundError):
+        written.path.unlink()
+    shutil.rmtree(written.data_dir, ignore_errors=True)
+    if folder_made:
+        with contextlib.suppress(OSError):
+            written.path.parent.rmdir()
+
+
 @tool
 def export_repro(req: ExportReproRequest, ctx: ToolContext) -> ExportReproResult:
-    """Write a standalone KernelBench-format file (+ data) for a capture."""
+    """Write a standalone KernelBench-format file (+ data) for a capture, and run it once to check
+    that it reproduces the capture. A file that fails its check is removed with its data (the error
+    says why); one whose check outran its time limit is kept and reported as written, not checked."""
     out = output_folder(req.out, ctx.project)
     art = Repository(ctx.repo_root).open(KIND, req.ref)
+    folder_made = not out.exists()
     written = _write_into(art, out, req.flavor)
     result = ExportReproResult(ref=art.ref, path=str(written.path), data_dir=str(written.data_dir),
                                flavor=written.flavor, skipped=written.skipped)
     if req.verify:
-        check = check_repro(written.path)
-        if not check.verified:
-            raise ModuleLensError(f"the repro {written.path} ({written.flavor}) does not reproduce {art.ref}: {check.reason}",
-                                  "run the file to see its output; pass [--no-verify] to write it without the check")
-        result.verified, result.max_abs_error, result.check_output = check.verified, check.max_abs_error, check.output
+        limit = req.check_seconds or check_seconds_for(capture_manifest(art).forward_seconds)
+        try:
+            check = check_repro(written.path, timeout=limit)
+        except BaseException:
+            _remove(written, folder_made)
+            raise
+        if check.timed_out:
+            result.warnings.append(
+                f"written, not checked: the check run of {written.path} was stopped at its limit of {limit:g} s; "
+                f"the file and {written.data_dir.name}/ are kept: run the file yourself, or export again with "
+                f"a larger {arg('check_seconds', 'SECONDS')}")
+        elif not check.verified:
+            _remove(written, folder_made)
+            raise ModuleLensError(f"the repro {written.path} ({written.flavor}) failed its check against {art.ref}: {check.reason}; "
+                                  "the file and its data were removed",
+                                  f"pass {arg('verify', False)} to write it without the check and run it to see its output")
+        else:
+            result.verified, result.max_abs_error, result.check_output = check.verified, check.max_abs_error, check.output
     else:
         result.warnings.append("not run: the file was written without checking that it reproduces the capture")
     result.warnings += [f"flavour not used: {s}" for s in written.skipped][:2]

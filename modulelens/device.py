@@ -26,8 +26,8 @@ import torch
 
 from modulelens.errors import ModuleLensError
 
-__all__ = ["CudaEvents", "DeviceUnavailable", "device_of", "is_cuda", "parse", "require", "runs_here",
-           "same_device", "synchronize", "unavailable"]
+__all__ = ["CudaEvents", "DeviceUnavailable", "device_of", "is_cuda", "parse", "processor_name", "require",
+           "runs_here", "same_device", "synchronize", "unavailable"]
 
 
 class DeviceUnavailable(ModuleLensError):
@@ -91,6 +91,25 @@ def require(device: str | torch.device, *, can_choose: bool = True) -> str:
     if not runs_here(dev):
         raise unavailable(device, can_choose=can_choose)
     return str(device).strip() if isinstance(device, str) else str(dev)
+
+
+def processor_name(device: str | torch.device) -> str:
+    """The model of the processor that computes on ``device`` here (a CPU's ``model name`` from
+    ``/proc/cpuinfo``, a GPU's name), or "" where it cannot be told. Kernels of BLAS and vectorised
+    libraries pick code paths per processor, so two processors may round the same call differently."""
+    if is_cuda(device):
+        return torch.cuda.get_device_name(parse(device)) if runs_here(device) else ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                name, sep, value = line.partition(":")
+                if sep and name.strip() == "model name":
+                    return value.strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor()
 
 
 def synchronize(device: str | torch.device) -> None:

@@ -27,3 +27,25 @@ class Shifted(nn.Module):
     def forward(self, v, row):
         h = self.pre(v).reshape(-1)  # 9 values; an activation when grad
         return self.block(h[:8].view(2, 4), h[1:].view(2, 4), row.expand(2, 4))
+
+
+class ViewsOut(nn.Module):
+    """Returns its result, a view of it, and its transpose; ``copies`` (set by a test) makes it
+    return copies instead, with the same values: a replay whose outputs are laid out otherwise."""
+
+    copies = False
+
+    def forward(self, x):
+        y = x * 2.0
+        if type(self).copies:
+            return y, y[0].clone(), y.t().contiguous()
+        return y, y[0], y.t()
+
+
+class HoldsViewsOut(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block = ViewsOut()
+
+    def forward(self, x):
+        return self.block(x)

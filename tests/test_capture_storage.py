@@ -78,3 +78,39 @@ def test_memory_shared_as_another_element_type_is_named_in_the_notes(tmp_path):
     assert any("args.1" in n and "args.0" in n and "separate copies" in n for n in notes), notes
     rep = modulelens.replay_module("views", strategy="source", repo=str(tmp_path))
     assert rep.match and rep.exact
+
+
+@pytest.fixture
+def views_out(tmp_path):
+    from alias_block import HoldsViewsOut
+
+    torch.manual_seed(0)
+    with modulelens.capture("block", name="views", repo=tmp_path):
+        net = HoldsViewsOut()
+        for _ in range(2):
+            net(torch.randn(3, 4))
+    return tmp_path
+
+
+def test_outputs_keep_their_layout_and_a_replay_laid_out_otherwise_is_named(views_out, cli, monkeypatch):
+    from alias_block import ViewsOut
+
+    manifest = LoadedCapture(Repository(views_out).open("captures", "views")).manifest
+    y, row, yt = manifest.output_leaves()
+    assert y.storage.id == row.storage.id == yt.storage.id and yt.stride == [1, 4]
+    code, data, r = cli("replay-module", "views:v1", "--strategy", "source", "--repo", views_out, "--json")
+    assert code == 0 and data["exact"], r.output
+    assert not [n for n in data["notes"] if n.startswith("output layout")]
+    monkeypatch.setattr(ViewsOut, "copies", True)
+    code, data, r = cli("replay-module", "views:v1", "--strategy", "source", "--repo", views_out, "--json")
+    assert code == 0 and data["exact"], r.output  # the same values...
+    layout = [n for n in data["notes"] if n.startswith("output layout")]  # ...laid out otherwise, named
+    assert any("output.2 has strides [3, 1] in the replay, [1, 4] in the run" in n for n in layout), layout
+    assert any("shared memory differs" in n and "output.0 = output.1 = output.2" in n for n in layout), layout
+
+
+def test_the_capture_records_the_processor_it_ran_on(views_out):
+    from modulelens.device import processor_name
+
+    env = LoadedCapture(Repository(views_out).open("captures", "views")).manifest.environment
+    assert env.processor == processor_name("cpu") and env.processor

@@ -32,7 +32,7 @@ _FACE = {
     "SpecVisitor": "spec", "TensorSpec": "spec", "ValueKind": "spec", "mapping_items": "spec", "sequence_items": "spec",
     "Decoder": "values", "Encoder": "values", "TensorSink": "values", "TensorSource": "values",
     "class_path": "values", "dtype_name": "values", "flatten": "values", "keyed_tensors": "values",
-    "keyed_values": "values", "parse_dtype": "values", "tensors_in": "values",
+    "keyed_values": "values", "layout_differences": "values", "sharing_groups": "values", "parse_dtype": "values", "tensors_in": "values",
 }
 __all__ = ["REPLAY_RUNTIME", *_FACE]
 __getattr__, __dir__ = lazy_face(__name__, _FACE)

@@ -42,6 +42,7 @@ from modulelens.capture.spec import ModuleSpec
 from modulelens.capture.spec_walk import referenced_modules
 from modulelens.capture.tracer import CapturedCall
 from modulelens.capture.values import class_path
+from modulelens.device import processor_name
 from modulelens.repo import Artifact, Repository
 
 
@@ -174,13 +175,15 @@ def _save_sources(folder: Path, file_modules: dict[str, str]) -> dict[str, Store
 
 
 def _environment(captured: CapturedCall) -> CaptureEnvironment:
+    device = next((spec.get("device", "cpu") for spec in captured.weight_specs.values()), "cpu")
     return CaptureEnvironment(
         torch=torch.__version__,
         python=platform.python_version(),
         platform=platform.platform(),
         host=socket.gethostname(),
-        device=next((spec.get("device", "cpu") for spec in captured.weight_specs.values()), "cpu"),
+        device=device,
         num_threads=torch.get_num_threads(),
+        processor=processor_name(device),
     )
 
 

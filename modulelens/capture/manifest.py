@@ -29,7 +29,7 @@ SCHEMA = 2
 def _unset(value: Any) -> bool:
     """Fields added after the first release are left out of the stored form while empty, so a
     manifest written by an earlier version loads and dumps unchanged."""
-    return value is None or value == [] or value == {}
+    return value is None or value == [] or value == {} or value == ""
 
 Strategy = Literal["source", "export", "pickle"]
 
@@ -148,6 +148,7 @@ class CaptureEnvironment(BaseModel):
     host: str = ""
     device: str = "cpu"
     num_threads: int = 0
+    processor: str = Field("", exclude_if=_unset, description="the processor model the call ran on (CPU model name, GPU name)")
 
 
 class CaptureManifest(ManifestBase):

@@ -234,6 +234,39 @@ def keyed_tensors(value: Any, path: str) -> tuple[Any, dict[str, torch.Tensor]]:
     return spec, sink.tensors
 
 
+def sharing_groups(specs: dict[str, TensorSpec]) -> list[frozenset[str]]:
+    """Which tensors of one value shared memory, as their specs record it: one set of keys per
+    storage id (a broadcast view alone in its memory is a set of one)."""
+    groups: dict[str, set[str]] = {}
+    for key, spec in specs.items():
+        if spec.storage is not None:
+            groups.setdefault(spec.storage.id, set()).add(key)
+    return sorted((frozenset(g) for g in groups.values()), key=sorted)
+
+
+def layout_differences(captured: dict[str, TensorSpec], replayed: dict[str, torch.Tensor]) -> list[str]:
+    """How the tensors of a replayed value differ in memory layout from the captured ones, one line
+    each: strides (a copy where the run returned a view, or the reverse), and which tensors share
+    memory (aliases and broadcast views, as :class:`StorageRelations` finds them). Tensors missing on
+    either side are left to the value comparison."""
+    keys = [k for k in captured if k in replayed]
+    lines = [f"{k} has strides {list(replayed[k].stride())} in the replay, {captured[k].stride} in the run"
+             for k in keys if captured[k].stride is not None and replayed[k].layout == torch.strided
+             and replayed[k].numel() > 1 and list(replayed[k].stride()) != captured[k].stride]
+    relations = StorageRelations("replayed.")
+    specs = {k: tensor_spec(k, replayed[k]).to_json() for k in keys}
+    for k in keys:
+        relations.add(k, replayed[k], specs[k])  # writes a group's view into every member's spec
+    found = {k: TensorSpec.from_json(spec) for k, spec in specs.items()}
+    was, now = sharing_groups({k: captured[k] for k in keys}), sharing_groups(found)
+    if was != now:
+        def text(groups: list[frozenset[str]]) -> str:
+            return "; ".join(" = ".join(sorted(g)) if len(g) > 1 else f"{next(iter(g))} (broadcast view)"
+                             for g in groups) or "none"
+        lines.append(f"shared memory differs: in the run {text(was)}, in the replay {text(now)}")
+    return lines
+
+
 def keyed_values(value: Any, path: str, out: dict[str, Any] | None = None) -> dict[str, Any]:
     """Every leaf of a value (tensors and other values) by the key the encoder gives it: containers,
     dataclasses and objects holding state are walked into; anything else is a leaf."""

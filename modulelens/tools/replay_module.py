@@ -20,11 +20,12 @@ from modulelens.capture import (
     flatten,
     keyed_tensors,
     keyed_values,
+    layout_differences,
     parse_dtype,
     replayed_state,
     set_rng_states,
 )
-from modulelens.device import require, synchronize
+from modulelens.device import processor_name, require, synchronize
 from modulelens.errors import ModuleLensError, ReplayFailed, arg
 from modulelens.numerics import diff, short_repr, tolerances
 from modulelens.ops import CardReplay, replay_card
@@ -205,6 +206,22 @@ def _mismatch_note(rtol: float, atol: float, dtype: torch.dtype | None, compute:
             f"the replay computes in ({computed}) and the outputs'; pass rtol and atol to judge with others")
 
 
+def _elsewhere_notes(manifest: CaptureManifest, device: str) -> list[str]:
+    """Why a replay that is not bit for bit may still be right: the call ran on another processor
+    or with another number of threads, where libraries round differently."""
+    env, notes = manifest.environment, []
+    here = processor_name(device)
+    if env.processor and here and env.processor != here:
+        notes.append(f"captured on {env.processor}, replayed on {here}: BLAS and vectorised kernels choose code "
+                     "per processor, so results can differ in the last bits; replay on the capture's machine for "
+                     "bit-for-bit equality")
+    threads = torch.get_num_threads()
+    if env.num_threads and env.num_threads != threads and not device.startswith("cuda"):
+        notes.append(f"captured with {env.num_threads} CPU threads, replayed with {threads}: reductions split "
+                     f"differently; set OMP_NUM_THREADS={env.num_threads} for bit-for-bit equality")
+    return notes
+
+
 _ABSENT = "<absent>"
 
 
@@ -256,6 +273,7 @@ def replay_module(req: ReplayModuleRequest, ctx: ToolContext) -> ReplayModuleRes
     expected = loaded.expected_tensors("outputs.safetensors", [k for k, t in expected_specs.items() if t.stored])
     compute = compute_dtypes(loaded.manifest, dtype)
     outputs, structure_ok = _compare_keyed(actual, expected_specs, expected, req, dtype_cast, compute, notes, "output")
+    notes += [f"output layout: {d}" for d in layout_differences(expected_specs, actual)]
     captured_values = loaded.expected_values()
     replayed_values = keyed_values(out, "output")
     for key, want in captured_values.items():
@@ -286,6 +304,8 @@ def replay_module(req: ReplayModuleRequest, ctx: ToolContext) -> ReplayModuleRes
     atol = req.atol if req.atol is not None else default_atol
     if compared and not match:
         notes.append(_mismatch_note(rtol, atol, judged_by, compute, given))
+    if compared and not all(o.max_abs_error == 0.0 for o in outputs + state):
+        notes += _elsewhere_notes(loaded.manifest, device)
     backward = None
     if req.backward:
         backward = _backward(loaded, module, args[0], out, req, dtype is not None, compute)

@@ -8,6 +8,9 @@ grad, outputs on the captured inputs and on fresh inputs (seeds x normal, unifor
 special values) match the original module's, inputs are not mutated and no output shares the
 inputs' memory (decided here from the arena: the checker inverts the input bytes and has the
 candidate copy its outputs out again; an output that changed shares them, however it was mapped).
+Then the captured module's own edge cases (:mod:`modulelens.validation.module_edge_cases`: fully
+masked rows and padded positions of an attention mask, NaN and infinities in the other inputs,
+parameters at zero and negated scales), in eval mode; the report's ``edge_cases`` lists them.
 Then the steps of :mod:`modulelens.validation.module_checks`: the same with parameters drawn
 afresh, training mode (with the same RNG state, and gradients) for a candidate that claims
 training support, and the sizes of a shape rule the candidate declares.
@@ -95,6 +98,7 @@ from modulelens.validation.messages import (
     out_of_memory,
 )
 from modulelens.validation.module_checks import ModuleChecks
+from modulelens.validation.module_edge_cases import ModuleEdgeChecks
 from modulelens.validation.report import Accuracy, ValidationReport
 from modulelens.validation.timed import (
     ReferenceFailed,
@@ -138,7 +142,7 @@ def readable_sys_path(sys_path: list[str], repo_root: Path) -> list[Path]:
 LIMIT_TOO_SMALL_SHARE = 8
 
 
-class _ModuleValidator(ModuleChecks, CandidateChecker):
+class _ModuleValidator(ModuleChecks, ModuleEdgeChecks, CandidateChecker):
     """The checker of one module candidate: the capture, the original module, the reference
     outputs, the clock and the verdict stay here; the candidate runs in a :class:`CandidateProcess`."""
 
@@ -252,6 +256,9 @@ class _ModuleValidator(ModuleChecks, CandidateChecker):
             problem = self.check_case(reference, a, k, f"eval, {label}", training=False, rng=None)
             if problem:
                 return self.reject(problem)
+        problem = self.check_edge_cases(reference, args, kwargs, self.task.seeds[0] if self.task.seeds else 0)
+        if problem:
+            return self.reject(problem)
         note = EVAL_ONLY if not claims else SAME_RNG
         if claims:
             problem = self.check_training(loaded, reference, args, kwargs, expected)

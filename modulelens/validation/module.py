@@ -8,12 +8,12 @@ grad, outputs on the captured inputs and on fresh inputs (seeds x normal, unifor
 special values) match the original module's, inputs are not mutated and no output shares the
 inputs' memory (decided here from the arena: the checker inverts the input bytes and has the
 candidate copy its outputs out again; an output that changed shares them, however it was mapped).
-Then the captured module's own edge cases (:mod:`modulelens.validation.module_edge_cases`: fully
-masked rows and padded positions of an attention mask, NaN and infinities in the other inputs,
-parameters at zero and negated scales), in eval mode; the report's ``edge_cases`` lists them.
 Then the steps of :mod:`modulelens.validation.module_checks`: the same with parameters drawn
 afresh, training mode (with the same RNG state, and gradients) for a candidate that claims
-training support, and the sizes of a shape rule the candidate declares.
+training support; then the captured module's own edge cases
+(:mod:`modulelens.validation.module_edge_cases`: fully masked rows and padded positions of an
+attention mask, NaN and infinities in the other inputs, parameters at zero and negated scales, in
+eval mode; the report's ``edge_cases`` lists them) and the sizes of a shape rule the candidate declares.
 
 Tolerance: eager in the captured dtype is not exact either. When an output misses the per-dtype
 tolerance, the original is run again in float64 (an oracle) and the candidate is accepted when its
@@ -256,15 +256,15 @@ class _ModuleValidator(ModuleChecks, ModuleEdgeChecks, CandidateChecker):
             problem = self.check_case(reference, a, k, f"eval, {label}", training=False, rng=None)
             if problem:
                 return self.reject(problem)
-        problem = self.check_edge_cases(reference, args, kwargs, self.task.seeds[0] if self.task.seeds else 0)
-        if problem:
-            return self.reject(problem)
         note = EVAL_ONLY if not claims else SAME_RNG
         if claims:
             problem = self.check_training(loaded, reference, args, kwargs, expected)
             if problem:
                 return self.reject(problem)
         problem = self.check_fresh_state(reference, args, kwargs)
+        if problem:
+            return self.reject(problem)
+        problem = self.check_edge_cases(reference, args, kwargs, self.task.seeds[0] if self.task.seeds else 0)
         if problem:
             return self.reject(problem)
         problem = self.check_shape_rule(reference, args, kwargs, claims)

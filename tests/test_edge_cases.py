@@ -60,7 +60,11 @@ def test_a_softmax_returning_nan_on_fully_masked_rows_is_rejected_for_safe_softm
     assert reply.verdict == "rejected" and not reply.correct
     assert "all -inf" in reply.reason and "row " in reply.reason, reply.reason
     assert "expected 0, got NaN" in reply.reason, reply.reason
-    assert any(n.tool == "validate_kernel" for n in reply.next), reply.next
+    assert reply.failed_edge_case and "all -inf" in reply.failed_edge_case, reply.failed_edge_case
+    # fix the source for that case and validate again: a template draw (generate_kernel) is no fix
+    assert [n.tool for n in reply.next] == ["validate_kernel"], reply.next
+    # its outputs were compared: not "compiled only"
+    assert reply.ran and not any("compiled only" in w for w in reply.warnings), (reply.ran, reply.warnings)
 
 
 def test_a_safe_softmax_that_zeroes_masked_rows_passes_every_edge_case(edge_cards):

@@ -67,10 +67,6 @@ def _candidate(handling: str = "") -> str:
     return CANDIDATE.format(handling=textwrap.indent(textwrap.dedent(handling), " " * 8))
 
 
-def _stored_report(reply) -> dict:
-    return json.loads(Path(reply.report_file).read_text()) if getattr(reply, "report_file", None) else {}
-
-
 def test_a_module_candidate_returning_nan_on_a_fully_masked_attention_row_is_rejected_naming_it(attention_repo):
     reply = validate_source(attention_repo, _candidate(), target="attn")
     assert reply.verdict == "rejected" and not reply.correct, reply.reason
@@ -79,6 +75,10 @@ def test_a_module_candidate_returning_nan_on_a_fully_masked_attention_row_is_rej
     assert "NaN" in reply.reason and "\n" not in reply.reason, reply.reason
     # the captured inputs and fresh draws passed: only the edge case exposed it
     assert any(c.passed and "captured inputs" in c.name for c in reply.checks), reply.checks
+    assert reply.failed_edge_case.startswith("row 0 and row 1 of input 1"), reply.failed_edge_case
+    # the source is to be fixed for that case and validated again
+    assert [(n.tool, n.arguments["target"].split(":")[0]) for n in reply.next] == [("validate_kernel", "attn")], reply.next
+    assert not any("compiled only" in w for w in reply.warnings), reply.warnings
 
 
 def test_its_honest_twin_that_zeroes_fully_masked_rows_passes_every_module_edge_case(attention_repo):
@@ -96,7 +96,8 @@ def test_its_honest_twin_that_zeroes_fully_masked_rows_passes_every_module_edge_
     assert "edge case: the last 1 of 6 positions" in checked and "edge case: every floating parameter is 0" in checked
 
 
-def test_a_module_candidate_that_ignores_a_negative_scale_is_rejected_naming_it(scale_repo):
+def test_a_module_candidate_that_breaks_on_zero_parameters_is_rejected_naming_them(scale_repo):
+    # rescaled by its largest weight "for stability": right for every random draw, 0/0 when all are 0
     reply = validate_source(scale_repo, textwrap.dedent("""
         import torch
         import torch.nn as nn
@@ -108,10 +109,15 @@ def test_a_module_candidate_that_ignores_a_negative_scale_is_rejected_naming_it(
                 self.weight = nn.Parameter(torch.ones(dim))
 
             def forward(self, x):
-                return torch.tanh(x) * self.weight.abs()
+                top = self.weight.abs().max()
+                return torch.tanh(x) * (self.weight / top) * top
         """))
     assert reply.verdict == "rejected", reply.reason
-    assert "edge case: scales negated (weight times -1)" in reply.reason, reply.reason
+    assert "edge case: every floating parameter is 0 (weight), captured inputs" in reply.reason, reply.reason
+    assert reply.failed_edge_case == "every floating parameter is 0 (weight)"
+    (cut,) = [x for x in reply.left_out if x.field == "edge_cases"]
+    listed = " | ".join(json.loads(Path(cut.full).read_text())["edge_cases"])
+    assert "scales negated (weight times -1), on the captured inputs (module: negative scales)" in listed, listed
 
 
 def test_module_edge_cases_take_the_captured_mask_pattern_and_keep_shapes():
@@ -135,3 +141,16 @@ def test_parameter_edge_cases_set_tied_parameters_under_every_name():
     tied = nn.ModuleDict({"a": lin, "b": lin})
     (zeros,) = [c for c in parameter_edge_cases(tied, tied.state_dict()) if c.source == "module: zero parameters"]
     assert not zeros.state["a.weight"].any() and not zeros.state["b.weight"].any()
+
+
+def test_the_cli_points_to_the_stored_report_for_the_edge_cases_a_reply_counts(attention_repo, tmp_path, cli):
+    source = tmp_path / "honest_attention.py"
+    source.write_text(_candidate("""
+        p = torch.where(torch.isneginf(scores).all(-1, keepdim=True), torch.zeros_like(p), p)
+        """))
+    code, _, r = cli("validate-kernel", "--source", source, "--target", "attn", "--seeds", "1", "--no-time",
+                     "--allow-outside", "--repo", attention_repo)
+    assert code == 0, r.output
+    text = " ".join(r.stdout.split())
+    assert "more edge_cases not shown (the stored file lists them: " in text, text
+    assert "edge_cases not shown (--limit" not in text and "wrapper_evidence not shown (--limit" not in text, text

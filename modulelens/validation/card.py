@@ -155,6 +155,7 @@ class _Validator(CandidateChecker):
         edges = edge_cases(card.op, base_args, base_kwargs, seed=self.task.seeds[0] if self.task.seeds else 0)
         cases += [(e.label, e.args, e.kwargs) for e in edges]
         self.report.edge_cases = [described(e) for e in edges]
+        edge_labels = {e.label for e in edges}
         for seed in self.task.seeds:
             for dist in self.task.distributions:
                 a, k = fresh_inputs(base_args, base_kwargs, seed, dist)
@@ -175,6 +176,7 @@ class _Validator(CandidateChecker):
                                       meanwhile=self._prepare_denial if last and not self.task.time else None)
             # (timed: the denial is made ready during the recheck after timing, just before it is needed)
             if problem:
+                self.report.failed_edge_case = label if label in edge_labels else None
                 return self.reject(problem)
         self.report.ran = True
         self.report.correct = True
@@ -304,6 +306,7 @@ class _Validator(CandidateChecker):
         want = tensors(op(*ref_args, **ref_kwargs))
         result = self.call(args, kwargs, want, trace=True, label=label)
         returned = time.monotonic()
+        self.report.ran = True  # its outputs are compared below, whatever they turn out to be
         if result.ops is None:
             self.traced = False
         else:

@@ -40,6 +40,7 @@ EXP_POINTWISE = frozenset({"gelu", "silu", "sigmoid", "tanh", "exp", "expm1", "s
                            "log_sigmoid_forward", "hardswish", "selu", "celu"})
 OPINFO_LIMIT = 2
 """At most this many OpInfo samples per card."""
+NAN_SOURCE = "structural: NaN and infinities"
 OPINFO_NAMES = {"_softmax": "softmax", "_safe_softmax": "softmax", "_log_softmax": "log_softmax",
                 "native_layer_norm": "nn.functional.layer_norm", "_fused_rms_norm": "nn.functional.rms_norm",
                 "native_group_norm": "nn.functional.group_norm",
@@ -199,7 +200,7 @@ def special_value_cases(args: list, kwargs: dict, i: int, seed: int) -> list[Edg
         values[nan], values[pinf], values[ninf] = math.nan, math.inf, -math.inf
         label = (f"input {i} has NaN at {position_text(int(nan[0]), x.shape)}, +inf at {position_text(int(pinf[0]), x.shape)}, "
                  f"-inf at {position_text(int(ninf[0]), x.shape)} ({k} of each, random positions)")
-        out.append(EdgeCase(label, "structural: NaN and infinities", _with(args, i, values.reshape(x.shape)), kwargs))
+        out.append(EdgeCase(label, NAN_SOURCE, _with(args, i, values.reshape(x.shape)), kwargs))
     tiny = torch.finfo(x.dtype).smallest_normal / 8
     special = x.detach().double().reshape(-1).clone()
     special = torch.where(torch.isfinite(special), special, torch.zeros(()))

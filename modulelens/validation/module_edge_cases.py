@@ -216,6 +216,7 @@ class ModuleEdgeChecks:
             problem = self.check_case(reference, case.args, case.kwargs, f"eval, edge case: {case.label}",
                                       training=False, rng=None)
             if problem:
+                self.report.failed_edge_case = case.label
                 return problem
         for case in states:
             reference.load_state_dict(case.state)
@@ -225,5 +226,6 @@ class ModuleEdgeChecks:
             problem = self.check_case(reference, args, kwargs, f"eval, edge case: {case.label}, captured inputs",
                                       training=False, rng=None)
             if problem:
+                self.report.failed_edge_case = case.label
                 return problem
         return self.restore_captured_state(reference) if states else None

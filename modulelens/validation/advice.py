@@ -14,6 +14,8 @@ def report_warnings(report: ValidationReport) -> list[str]:
     out = [f"flagged: {flag}" for flag in report.flags]
     if report.compiled and not report.ran:
         out.append("compiled only: the kernel never ran here, so it is not shown correct or fast")
+    if report.correct and report.edge_cases_note:
+        out.append(report.edge_cases_note.split(". Not run:")[0])
     if report.correct:
         out += _timing_warnings(report)
     if report.verdict == "wrapper" and report.backend_calls:

@@ -337,6 +337,32 @@ def opinfo_cases(op_name: str, args: list, kwargs: dict, limit: int = OPINFO_LIM
     return out
 
 
+INTERPRETER_LIMIT = 4
+"""At most this many edge cases for a Triton kernel under the interpreter (``TRITON_INTERPRET=1``,
+no GPU), where each call takes seconds: see :func:`capped_for_interpreter`."""
+
+
+def capped_for_interpreter(cases: list[EdgeCase], limit: int = INTERPRETER_LIMIT) -> tuple[list[EdgeCase], str]:
+    """At most ``limit`` of ``cases``, one per source: the operator family's first structural case,
+    NaN and infinities, then the others in their order; (the cases kept, a note naming those left
+    out, '' when none was)."""
+    if len(cases) <= limit:
+        return cases, ""
+    firsts: list[EdgeCase] = []
+    for c in cases:
+        if all(f.source != c.source for f in firsts):
+            firsts.append(c)
+    nan = [c for c in firsts if c.source == NAN_SOURCE]
+    rest = [c for c in firsts if c.source != NAN_SOURCE]
+    chosen = {id(c) for c in (rest[:1] + nan + rest[1:])[:limit]}
+    kept = [c for c in cases if id(c) in chosen]
+    left = [c for c in cases if id(c) not in chosen]
+    note = (f"{len(left)} of {len(cases)} edge cases not run: at most {limit} under the Triton interpreter "
+            f"(TRITON_INTERPRET=1, no GPU, seconds a call); validate on a GPU for all of them. Not run: "
+            + "; ".join(described(c) for c in left))
+    return kept, note
+
+
 def described(case: EdgeCase) -> str:
     """``case`` as a report lists it: its label, and its source where the label does not say it."""
     return case.label if case.source in case.label else f"{case.label} ({case.source})"

@@ -104,9 +104,11 @@ def run_family(name: str, backend: str, variant: int) -> FamilyRun:
     return run
 
 
-def runs(backends: tuple[str, ...], every_variant: bool) -> list[FamilyRun]:
+def runs(backends: tuple[str, ...], every_variant: bool, names: tuple[str, ...] | None = None) -> list[FamilyRun]:
+    """One :class:`FamilyRun` per family call (``names``: only those of :func:`family_calls`), backend
+    and variant (``every_variant``: all of them, else variant 0)."""
     out = []
-    for name in family_calls():
+    for name in names or tuple(family_calls()):
         for backend in backends:
             op_name, args, kwargs = family_calls(small=backend == "triton")[name]
             card = T.synthetic_card(op_name, args, kwargs)

@@ -2,9 +2,10 @@
 
     python benchmarks/edge_cases.py --quick      # cpp, variant 0 of each family (cached builds: seconds)
     python benchmarks/edge_cases.py              # cpp and triton (interpreter without a GPU), every variant
+    python benchmarks/edge_cases.py --backend triton   # one backend, every variant
 
 For one representative card per family (the shapes ``tests/test_kernels_templates.py`` uses, so
-the cpp builds are shared), the card's edge cases (:mod:`modulelens.validation.edge_cases`:
+the cpp builds are shared; fewer rows of the same lengths for triton, interpreted without a GPU), the card's edge cases (:mod:`modulelens.validation.edge_cases`:
 structural cases and OpInfo samples) are run through the family's template, loaded in this process
 (no sandbox: these are our own kernels), and judged as validation judges: per-dtype tolerances,
 then the float64 oracle. Prints one Markdown row per family, backend and variant: the structural
@@ -32,28 +33,31 @@ from modulelens.validation.edge_cases import edge_cases, ensure_opinfo_values  #
 from modulelens.validation.inputs import tensors  # noqa: E402
 
 
-def family_calls() -> dict[str, tuple[str, list, dict]]:
-    """One (op, args, kwargs) per template family (and GELU, SiLU for the exp-overflow cases)."""
+def family_calls(small: bool = False) -> dict[str, tuple[str, list, dict]]:
+    """One (op, args, kwargs) per template family (and GELU, SiLU for the exp-overflow cases);
+    ``small``: fewer rows (the triton interpreter takes seconds per call at the cpp shapes), the
+    same row lengths, so the looped variants still loop."""
     g = torch.Generator().manual_seed(0)
+    rows = 2 if small else 8
 
     def r(*s):
         return torch.randn(*s, generator=g)
 
-    x4 = r(8, 4, 32, 32)
+    x4 = r(rows, 4, 32, 32) if not small else r(1, 2, 8, 32)
     masked = x4.clone()
     masked[0, 1, 5, :7] = float("-inf")  # a partly masked row, as captured attention scores have
     return {
-        "elementwise (gelu)": ("aten.gelu.default", [r(8, 32, 256)], {}),
+        "elementwise (gelu)": ("aten.gelu.default", [r(rows, 32, 256)], {}),
         "elementwise (silu)": ("aten.silu.default", [r(4, 100)], {}),
-        "elementwise (add)": ("aten.add.Tensor", [x4, r(32, 32)], {"alpha": 2}),
+        "elementwise (add)": ("aten.add.Tensor", [x4, r(*x4.shape[-2:])], {"alpha": 2}),
         "softmax": ("aten._safe_softmax.default", [masked, -1], {}),
         "softmax_backward": ("aten._softmax_backward_data.default",
                              [r(2, 4, 16, 16), torch.softmax(r(2, 4, 16, 16), -1), -1, torch.float32], {}),
-        "layer_norm": ("aten.native_layer_norm.default", [r(8, 32, 64) * 3 + 5, [64], r(64), r(64), 1e-5], {}),
-        "rms_norm": ("aten._fused_rms_norm.default", [r(8, 32, 64), [64], r(64), 1e-6], {}),
+        "layer_norm": ("aten.native_layer_norm.default", [r(rows, 32, 64) * 3 + 5, [64], r(64), r(64), 1e-5], {}),
+        "rms_norm": ("aten._fused_rms_norm.default", [r(rows, 32, 64), [64], r(64), 1e-6], {}),
         "group_norm": ("aten.native_group_norm.default", [r(2, 8, 5, 3) + 3, r(8), r(8), 2, 8, 15, 4, 1e-5], {}),
-        "reduction (amax)": ("aten.amax.default", [r(4, 37, 600), [1], True], {}),
-        "reduction (mean)": ("aten.mean.dim", [r(8, 32, 64), [1], True], {}),
+        "reduction (amax)": ("aten.amax.default", [r(4, 37, 600 if not small else 100), [1], True], {}),
+        "reduction (mean)": ("aten.mean.dim", [r(rows, 32, 64), [1], True], {}),
         "pooling": ("aten._adaptive_avg_pool2d.default", [r(2, 3, 10, 7), [3, 5]], {}),
     }
 
@@ -79,7 +83,7 @@ def _judged(got: torch.Tensor, want: torch.Tensor, oracle: torch.Tensor | None) 
 
 
 def run_family(name: str, backend: str, variant: int) -> FamilyRun:
-    op_name, args, kwargs = family_calls()[name]
+    op_name, args, kwargs = family_calls(small=backend == "triton")[name]
     card = T.synthetic_card(op_name, args, kwargs)
     ks = T.render(card, backend, variant)
     fn = get_backend(backend).load(ks.source, ks.entry, default_build_dir())
@@ -100,11 +104,14 @@ def run_family(name: str, backend: str, variant: int) -> FamilyRun:
     return run
 
 
-def runs(backends: tuple[str, ...], every_variant: bool) -> list[FamilyRun]:
+def runs(backends: tuple[str, ...], every_variant: bool, names: tuple[str, ...] | None = None) -> list[FamilyRun]:
+    """One :class:`FamilyRun` per family call (``names``: only those of :func:`family_calls`), backend
+    and variant (``every_variant``: all of them, else variant 0)."""
     out = []
-    for name, (op_name, args, kwargs) in family_calls().items():
-        card = T.synthetic_card(op_name, args, kwargs)
+    for name in names or tuple(family_calls()):
         for backend in backends:
+            op_name, args, kwargs = family_calls(small=backend == "triton")[name]
+            card = T.synthetic_card(op_name, args, kwargs)
             if T.why_not(card, backend) is not None:
                 continue
             n = T.variants(card, backend)
@@ -127,8 +134,9 @@ def table(rows: list[FamilyRun]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="cpp, variant 0 only")
+    parser.add_argument("--backend", choices=("cpp", "triton"), help="only this backend, every variant")
     a = parser.parse_args()
-    rows = runs(("cpp",), False) if a.quick else runs(("cpp", "triton"), True)
+    rows = runs(("cpp",), False) if a.quick else runs((a.backend,) if a.backend else ("cpp", "triton"), True)
     print(table(rows))
 
 

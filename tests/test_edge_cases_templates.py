@@ -35,3 +35,16 @@ def test_every_cpp_template_family_passes_its_edge_cases_and_lists_their_sources
     assert all(r.opinfo for r in rows), [r.family for r in rows if not r.opinfo]  # expecttest is a dev dependency
     table = bench.table(rows)
     assert "| softmax | _safe_softmax.default | cpp | 0 |" in table
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy under the interpreter: inf - inf
+def test_every_triton_variant_of_the_norms_passes_their_edge_cases():
+    """The norms' means must be NaN for a row or group holding an infinity, as eager's: every triton
+    variant (looped ones included) under the interpreter; the other families' triton variants are in
+    the benchmark's full table (``python benchmarks/edge_cases.py --backend triton``)."""
+    bench = _bench()
+    rows = bench.runs(("triton",), True, ("layer_norm", "group_norm"))
+    assert {(r.family, r.variant) for r in rows} >= {("group_norm", 0), ("group_norm", 3), ("layer_norm", 4)}
+    for r in rows:
+        assert not r.failed, (r.family, r.variant, r.failed)
+        assert "structural: constant rows" in r.structural and "structural: NaN and infinities" in r.structural

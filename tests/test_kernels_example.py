@@ -74,6 +74,10 @@ def test_triton_templates_validate_correct_under_the_interpreter(cli, cards, op)
     assert rep["correct"] is True and rep["verdict"] == "custom", rep["reason"]
     if not torch.cuda.is_available():
         assert rep["speedup_vs_eager"] is None and "TRITON_INTERPRET" in rep["timing_note"]
+        # a few edge cases under the interpreter (seconds a call), the others named in the note and a warning
+        (cut,) = [x for x in rep["left_out"] if x["field"] == "edge_cases"]
+        assert cut["total"] == 4 and "edge cases not run: at most 4 under the Triton interpreter" in rep["edge_cases_note"]
+        assert any("under the Triton interpreter" in w for w in rep["warnings"]), rep["warnings"]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU the cuda templates run; see test_gpu_templates")

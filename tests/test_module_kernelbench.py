@@ -278,10 +278,26 @@ def problems(tmp_path_factory):
     return repo, refs
 
 
+# The Python-float candidates sum with math.fsum, which raises where a float sum of +inf and -inf is
+# NaN (validation's edge cases put infinities in the inputs): they sum through this instead.
+FSUM = """
+import math
+
+
+def _fsum(terms):
+    terms = list(terms)
+    try:
+        return math.fsum(terms)
+    except ValueError:  # +inf and -inf among the terms
+        return math.nan
+"""
+
+
 def _source(text: str) -> str:
     """A candidate's full source: the imports, the text dedented, then the C++ and shared parts put in."""
     text = textwrap.dedent(text).replace("LAYERNORM_INIT", LAYERNORM_INIT)
-    return "import torch\nimport torch.nn as nn\n" + text.replace("LAYERNORM_CPP", LAYERNORM_CPP).replace(
+    head = "import torch\nimport torch.nn as nn\n" + (FSUM if "math.fsum(" in text else "")
+    return head + text.replace("math.fsum(", "_fsum(").replace("LAYERNORM_CPP", LAYERNORM_CPP).replace(
         "MATMUL_CPP", MATMUL_CPP)
 
 

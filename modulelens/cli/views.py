@@ -41,12 +41,17 @@ def view_for(result_type: type[BaseModel]) -> View | None:
     return None
 
 
-# Result fields cut by a request field of their own; any other list is cut by ``top`` or ``limit``.
+# Result fields cut by a request field of their own; any other list is cut by ``top`` or ``limit``,
+# except those a reply always cuts to a fixed size (no option shows more: the stored file has them).
 _CUT_BY = {"steps": "points", "source": "source_lines"}
+_FIXED_CUT = frozenset({"edge_cases", "wrapper_evidence", "detail"})
 
 
 def _cut_option(field: str, request: type[BaseModel]) -> str | None:
-    """The option of ``request`` that decides how much of the result list ``field`` is shown."""
+    """The option of ``request`` that decides how much of the result list ``field`` is shown (None:
+    none does)."""
+    if field.rsplit(".", 1)[-1] in _FIXED_CUT:
+        return None
     names = [_CUT_BY.get(field.rsplit(".", 1)[-1], ""), "top", "limit"]
     name = next((n for n in names if n in request.model_fields), None)
     return None if name is None else "--" + name.replace("_", "-")
@@ -58,9 +63,8 @@ def left_out_notes(result: BaseModel, request: type[BaseModel]) -> list[Renderab
     notes: list[RenderableType] = []
     for cut in getattr(result, "left_out", None) or []:
         option = _cut_option(cut.field, request)
-        more = f"{option} N to see more; " if option else ""
-        notes.append(Text(f"{cut.total - cut.shown} more {cut.field} not shown ({more}full data: {cut.full})",
-                          style="dim"))
+        where = f"{option} N to see more; full data: {cut.full}" if option else f"the stored file lists them: {cut.full}"
+        notes.append(Text(f"{cut.total - cut.shown} more {cut.field} not shown ({where})", style="dim"))
     return notes
 
 

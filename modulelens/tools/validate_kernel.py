@@ -138,6 +138,8 @@ def _validate_module(req: ValidateKernelRequest, repo: Repository, ctx: ToolCont
                                   warnings=outside_warnings(path, ctx.project, ctx.repo_root) + report_warnings(report))
     if surely_faster(report):
         result.next = [call("pack", candidates=[art.ref], out=f"{art.name.split('.', 1)[0]}.pack")]
+    else:
+        result.next = report_next(report, art.ref, None, str(path) if path else None, capture=target.capture)
     return _brief(result, req.limit, str(repo.open(REPORTS, rep.ref).file(REPORT_FILE)))
 
 

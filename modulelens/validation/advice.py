@@ -14,6 +14,8 @@ def report_warnings(report: ValidationReport) -> list[str]:
     out = [f"flagged: {flag}" for flag in report.flags]
     if report.compiled and not report.ran:
         out.append("compiled only: the kernel never ran here, so it is not shown correct or fast")
+    if report.correct and report.edge_cases_note:
+        out.append(report.edge_cases_note.split(". Not run:")[0])
     if report.correct:
         out += _timing_warnings(report)
     if report.verdict == "wrapper" and report.backend_calls:
@@ -63,12 +65,19 @@ def surely_faster(report: ValidationReport) -> bool:
 
 
 def report_next(report: ValidationReport, candidate_id: str, card_id: str | None,
-                source: str | None = None) -> list[NextCall]:
+                source: str | None = None, capture: str | None = None) -> list[NextCall]:
     """The calls after a validation: when rejected, validating the fixed source again (``source``:
-    the file it came from, when it came from one) and a repair; a pack when it is a usable kernel."""
+    the file it came from, when it came from one) and a repair, but only validating again when an
+    edge case exposed it (the source is to be fixed for that case: a new template draw is no fix);
+    a module candidate (``capture``: its capture) rejected on an edge case likewise; a pack when it
+    is a usable kernel."""
     if report.verdict == "rejected" and card_id:
         again = [call("validate_kernel", source=source, target=card_id, backend=report.backend)]
+        if report.failed_edge_case:
+            return again
         return again + [call("generate_kernel", card=card_id, parent=candidate_id)]
+    if report.verdict == "rejected" and capture and report.failed_edge_case:
+        return [call("validate_kernel", source=source, target=capture)]
     if surely_faster(report):
         name = candidate_id.split(".", 1)[0]
         return [call("pack", candidates=[candidate_id], out=f"{name}.pack")]

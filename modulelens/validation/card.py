@@ -2,7 +2,9 @@
 
 Checks, in order: compiles; runs; output count, shape, dtype, device, layout; values on every
 captured sample, on the operator's own edge cases (:mod:`.edge_cases`: masked rows, constant rows,
-exp overflow, NaN and infinities, -0 and denormals, OpInfo samples) and on fresh inputs (several
+exp overflow, NaN and infinities, -0 and denormals, OpInfo samples; a Triton kernel under the
+interpreter gets at most :data:`~.edge_cases.INTERPRETER_LIMIT` of them, and the report's
+``edge_cases_note`` names the others) and on fresh inputs (several
 seeds and distributions: normal, uniform, heavy-tailed, special values; every floating tensor argument is redrawn, weights and biases
 included, and the report's ``varied`` names them) with per-dtype tolerances plus a check relative
 to the output's own scale, eager's own rounding sensitivity, and a float64 oracle (an output as
@@ -29,6 +31,7 @@ import torch
 from modulelens.device import DeviceUnavailable, require
 from modulelens.errors import ModuleLensError
 from modulelens.kernels import LIB_SUFFIX, declared_rule, get_backend, publish_build, published_build, read_build
+from modulelens.kernels.backends.triton import interpreting
 from modulelens.ops import OpCard, open_card, resolve_op, sample_call
 from modulelens.repo import Repository
 from modulelens.timing import Timing, measure_speedup, thread_choice
@@ -43,7 +46,7 @@ from modulelens.validation.denial import (
     prepare_denial,
 )
 from modulelens.validation.denial import verdict as denial_verdict
-from modulelens.validation.edge_cases import described, edge_cases
+from modulelens.validation.edge_cases import capped_for_interpreter, described, edge_cases
 from modulelens.validation.evidence import FOREIGN_EVIDENCE, LIBRARY_EVIDENCE, NOT_SEEN, computing_ops, library_symbols
 from modulelens.validation.inputs import floating_names, fresh_inputs, tensors
 from modulelens.validation.messages import (
@@ -153,8 +156,11 @@ class _Validator(CandidateChecker):
                                   "heavy-tailed, special values), weights and biases like the other arguments")
         # the operator's own edge cases before the random draws: a failure names the case
         edges = edge_cases(card.op, base_args, base_kwargs, seed=self.task.seeds[0] if self.task.seeds else 0)
+        if cand.backend == "triton" and interpreting():  # seconds a call: a few of them, and the report says so
+            edges, self.report.edge_cases_note = capped_for_interpreter(edges)
         cases += [(e.label, e.args, e.kwargs) for e in edges]
         self.report.edge_cases = [described(e) for e in edges]
+        edge_labels = {e.label for e in edges}
         for seed in self.task.seeds:
             for dist in self.task.distributions:
                 a, k = fresh_inputs(base_args, base_kwargs, seed, dist)
@@ -175,6 +181,7 @@ class _Validator(CandidateChecker):
                                       meanwhile=self._prepare_denial if last and not self.task.time else None)
             # (timed: the denial is made ready during the recheck after timing, just before it is needed)
             if problem:
+                self.report.failed_edge_case = label if label in edge_labels else None
                 return self.reject(problem)
         self.report.ran = True
         self.report.correct = True
@@ -304,6 +311,7 @@ class _Validator(CandidateChecker):
         want = tensors(op(*ref_args, **ref_kwargs))
         result = self.call(args, kwargs, want, trace=True, label=label)
         returned = time.monotonic()
+        self.report.ran = True  # its outputs are compared below, whatever they turn out to be
         if result.ops is None:
             self.traced = False
         else:

@@ -40,6 +40,7 @@ EXP_POINTWISE = frozenset({"gelu", "silu", "sigmoid", "tanh", "exp", "expm1", "s
                            "log_sigmoid_forward", "hardswish", "selu", "celu"})
 OPINFO_LIMIT = 2
 """At most this many OpInfo samples per card."""
+NAN_SOURCE = "structural: NaN and infinities"
 OPINFO_NAMES = {"_softmax": "softmax", "_safe_softmax": "softmax", "_log_softmax": "log_softmax",
                 "native_layer_norm": "nn.functional.layer_norm", "_fused_rms_norm": "nn.functional.rms_norm",
                 "native_group_norm": "nn.functional.group_norm",
@@ -68,23 +69,27 @@ def _first_floating(args: list) -> int | None:
                  and a.numel() > 0), None)
 
 
-def _like(t: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """``values`` (``t``'s shape) in a tensor with ``t``'s shape, strides, dtype and device."""
-    out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+def tensor_like(t: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """``values`` (``t``'s shape) in a tensor with ``t``'s shape, strides, dtype and device (contiguous
+    where ``t`` is broadcast, a stride 0 over several elements, which cannot hold other values)."""
+    broadcast = any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape))
+    out = (torch.empty(t.shape, dtype=t.dtype, device=t.device) if broadcast
+           else torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device))
     out.copy_(values.to(t.dtype))
     return out
 
 
 def _with(args: list, i: int, values: torch.Tensor) -> list:
-    return [_like(a, values) if j == i else a for j, a in enumerate(args)]
+    return [tensor_like(a, values) if j == i else a for j, a in enumerate(args)]
 
 
-def _rows(x: torch.Tensor, dim: int) -> torch.Tensor:
+def rows_of(x: torch.Tensor, dim: int) -> torch.Tensor:
     """``x`` (float64 copy) with ``dim`` moved last, as [rows, length]."""
     return x.detach().double().movedim(dim, -1).reshape(-1, x.shape[dim]).clone()
 
 
-def _unrows(rows: torch.Tensor, x: torch.Tensor, dim: int) -> torch.Tensor:
+def unrows(rows: torch.Tensor, x: torch.Tensor, dim: int) -> torch.Tensor:
+    """:func:`rows_of` undone: ``rows`` back in ``x``'s shape."""
     moved = list(x.movedim(dim, -1).shape)
     return rows.reshape(moved).movedim(-1, dim)
 
@@ -100,7 +105,8 @@ def _row_name(r: int, x: torch.Tensor, dim: int) -> str:
     return f"row ({', '.join(map(str, reversed(idx)))})"
 
 
-def _rows_text(rows: list[int], x: torch.Tensor, dim: int) -> str:
+def rows_text(rows: list[int], x: torch.Tensor, dim: int) -> str:
+    """Rows ``rows`` of :func:`rows_of` named by their index: ``row 3`` or ``row (0, 2) and row (1, 2)``."""
     names = [_row_name(r, x, dim) for r in rows]
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
@@ -120,23 +126,23 @@ def _softmax_cases(args: list, kwargs: dict, i: int) -> list[EdgeCase]:
     dim = _dim(args, kwargs)
     if x.dim() == 0 or x.shape[dim] == 0:
         return []
-    rows = _rows(x, dim)
+    rows = rows_of(x, dim)
     n = rows.shape[0]
     partly = torch.isneginf(rows).any(1) & ~torch.isneginf(rows).all(1)
     captured = [int(r) for r in torch.nonzero(partly).flatten()[:2]]
     chosen = captured or sorted({0, n - 1})
     masked = rows.clone()
     masked[chosen] = -math.inf
-    where = _rows_text(chosen, x, dim)
+    where = rows_text(chosen, x, dim)
     verb = "is" if len(chosen) == 1 else "are"
     how = "partly masked in the capture, extended to whole rows" if captured else "whole rows masked"
     out = [EdgeCase(f"{where} of input {i} {verb} all -inf ({how}, along dim {dim})", "structural: fully masked rows",
-                    _with(args, i, _unrows(masked, x, dim)), kwargs)]
+                    _with(args, i, unrows(masked, x, dim)), kwargs)]
     if rows.shape[1] > 1:
         col = rows.clone()
         col[:, 0] = -math.inf
         out.append(EdgeCase(f"position 0 along dim {dim} of every row of input {i} is -inf (a masked column)",
-                            "structural: masked column", _with(args, i, _unrows(col, x, dim)), kwargs))
+                            "structural: masked column", _with(args, i, unrows(col, x, dim)), kwargs))
     edge = _exp_edge(x.dtype)
     shift = round(1.1 * edge + 10, 1)  # past overflow, and past underflow to 0 (denormals included)
     for sign, what in ((1, "overflow"), (-1, "underflow")):
@@ -178,7 +184,9 @@ def _exp_pointwise_cases(args: list, kwargs: dict, i: int) -> list[EdgeCase]:
 
 
 
-def _generic_cases(args: list, kwargs: dict, i: int, seed: int) -> list[EdgeCase]:
+def special_value_cases(args: list, kwargs: dict, i: int, seed: int) -> list[EdgeCase]:
+    """Argument ``i`` (floating) with NaN and +-inf at random positions (when it has 3 elements or
+    more), and with -0 and denormals; the other arguments as they are."""
     x = args[i]
     g = torch.Generator().manual_seed(seed)
     n = x.numel()
@@ -192,7 +200,7 @@ def _generic_cases(args: list, kwargs: dict, i: int, seed: int) -> list[EdgeCase
         values[nan], values[pinf], values[ninf] = math.nan, math.inf, -math.inf
         label = (f"input {i} has NaN at {position_text(int(nan[0]), x.shape)}, +inf at {position_text(int(pinf[0]), x.shape)}, "
                  f"-inf at {position_text(int(ninf[0]), x.shape)} ({k} of each, random positions)")
-        out.append(EdgeCase(label, "structural: NaN and infinities", _with(args, i, values.reshape(x.shape)), kwargs))
+        out.append(EdgeCase(label, NAN_SOURCE, _with(args, i, values.reshape(x.shape)), kwargs))
     tiny = torch.finfo(x.dtype).smallest_normal / 8
     special = x.detach().double().reshape(-1).clone()
     special = torch.where(torch.isfinite(special), special, torch.zeros(()))
@@ -218,7 +226,7 @@ def structural_cases(op_name: str, args: list, kwargs: dict, seed: int = 0) -> l
         out += _norm_cases(name, args, kwargs, i)
     if name in EXP_POINTWISE:
         out += _exp_pointwise_cases(args, kwargs, i)
-    return out + _generic_cases(args, kwargs, i, seed)
+    return out + special_value_cases(args, kwargs, i, seed)
 
 
 # -- OpInfo --------------------------------------------------------------------------------------
@@ -327,6 +335,32 @@ def opinfo_cases(op_name: str, args: list, kwargs: dict, limit: int = OPINFO_LIM
         values = flat.repeat(x.numel() // flat.numel() + 1)[:x.numel()].reshape(x.shape)
         out.append(EdgeCase(f"input {i} holds the values of {source}, repeated to its shape", source, _with(args, i, values), kwargs))
     return out
+
+
+INTERPRETER_LIMIT = 4
+"""At most this many edge cases for a Triton kernel under the interpreter (``TRITON_INTERPRET=1``,
+no GPU), where each call takes seconds: see :func:`capped_for_interpreter`."""
+
+
+def capped_for_interpreter(cases: list[EdgeCase], limit: int = INTERPRETER_LIMIT) -> tuple[list[EdgeCase], str]:
+    """At most ``limit`` of ``cases``, one per source: the operator family's first structural case,
+    NaN and infinities, then the others in their order; (the cases kept, a note naming those left
+    out, '' when none was)."""
+    if len(cases) <= limit:
+        return cases, ""
+    firsts: list[EdgeCase] = []
+    for c in cases:
+        if all(f.source != c.source for f in firsts):
+            firsts.append(c)
+    nan = [c for c in firsts if c.source == NAN_SOURCE]
+    rest = [c for c in firsts if c.source != NAN_SOURCE]
+    chosen = {id(c) for c in (rest[:1] + nan + rest[1:])[:limit]}
+    kept = [c for c in cases if id(c) in chosen]
+    left = [c for c in cases if id(c) not in chosen]
+    note = (f"{len(left)} of {len(cases)} edge cases not run: at most {limit} under the Triton interpreter "
+            f"(TRITON_INTERPRET=1, no GPU, seconds a call); validate on a GPU for all of them. Not run: "
+            + "; ".join(described(c) for c in left))
+    return kept, note
 
 
 def described(case: EdgeCase) -> str:

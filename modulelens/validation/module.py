@@ -10,7 +10,10 @@ inputs' memory (decided here from the arena: the checker inverts the input bytes
 candidate copy its outputs out again; an output that changed shares them, however it was mapped).
 Then the steps of :mod:`modulelens.validation.module_checks`: the same with parameters drawn
 afresh, training mode (with the same RNG state, and gradients) for a candidate that claims
-training support, and the sizes of a shape rule the candidate declares.
+training support; then the captured module's own edge cases
+(:mod:`modulelens.validation.module_edge_cases`: fully masked rows and padded positions of an
+attention mask, NaN and infinities in the other inputs, parameters at zero and negated scales, in
+eval mode; the report's ``edge_cases`` lists them) and the sizes of a shape rule the candidate declares.
 
 Tolerance: eager in the captured dtype is not exact either. When an output misses the per-dtype
 tolerance, the original is run again in float64 (an oracle) and the candidate is accepted when its
@@ -95,6 +98,7 @@ from modulelens.validation.messages import (
     out_of_memory,
 )
 from modulelens.validation.module_checks import ModuleChecks
+from modulelens.validation.module_edge_cases import ModuleEdgeChecks
 from modulelens.validation.report import Accuracy, ValidationReport
 from modulelens.validation.timed import (
     ReferenceFailed,
@@ -138,7 +142,7 @@ def readable_sys_path(sys_path: list[str], repo_root: Path) -> list[Path]:
 LIMIT_TOO_SMALL_SHARE = 8
 
 
-class _ModuleValidator(ModuleChecks, CandidateChecker):
+class _ModuleValidator(ModuleChecks, ModuleEdgeChecks, CandidateChecker):
     """The checker of one module candidate: the capture, the original module, the reference
     outputs, the clock and the verdict stay here; the candidate runs in a :class:`CandidateProcess`."""
 
@@ -258,6 +262,9 @@ class _ModuleValidator(ModuleChecks, CandidateChecker):
             if problem:
                 return self.reject(problem)
         problem = self.check_fresh_state(reference, args, kwargs)
+        if problem:
+            return self.reject(problem)
+        problem = self.check_edge_cases(reference, args, kwargs, self.task.seeds[0] if self.task.seeds else 0)
         if problem:
             return self.reject(problem)
         problem = self.check_shape_rule(reference, args, kwargs, claims)

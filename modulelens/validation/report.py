@@ -149,7 +149,11 @@ class ValidationReport(BaseModel):
                               "(module) drawn afresh in the checks beside the captured ones.")
     varied_how: str = Field("", description="How they were drawn.")
     edge_cases: list[str] = Field(default_factory=list, description="The operator's own edge cases checked (card) "
-                                  "or the edge cases of the captured inputs (module): 'what (source)'.")
+                                  "or the edge cases of the captured module (module): 'what (source)'.")
+    edge_cases_note: str = Field("", description="Edge cases that did not run and why (a Triton kernel under the "
+                                 "interpreter gets a few); '' when every one ran.")
+    failed_edge_case: str | None = Field(None, description="The edge case that exposed the rejection (its label), "
+                                         "when one did: fix the source for it and validate again.")
     accuracy: list[Accuracy] = Field(default_factory=list, description="Errors against the float64 oracle, where "
                                      "the plain tolerance was not enough.")
     shape_rule: ShapeRule | None = Field(None, description="The variable dimensions the candidate declared, checked at "

@@ -4,7 +4,8 @@
 Each (sample, group) is one contiguous block of ``C / group * HxW`` elements of a contiguous input.
 CPU: mean and centred sum of squares in double, then per channel ``x * scale + shift`` with
 ``scale = rstd * w[c]`` and ``shift = b[c] - mean * scale`` (eager's factorisation); (sample,
-group) blocks in parallel. Triton: one program per (sample, group), looping over the block.
+group) blocks in parallel. Triton: one program per (sample, group), looping over the block. A
+group holding an infinity gives a NaN mean, as eager's (Welford), in both backends.
 No CUDA template.
 """
 
@@ -162,7 +163,8 @@ def _group_norm(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, eps, G: tl.const
     acc = tl.zeros((BLOCK,), tl.float32)
     for start in range(0, size, BLOCK):
         mask = start + offs < size
-        acc += tl.load(x_ptr + base + start + offs, mask=mask, other=0.0).to(tl.float32)
+        xv = tl.load(x_ptr + base + start + offs, mask=mask, other=0.0).to(tl.float32)
+        acc += (xv - xv) + xv  # xv - xv: NaN for an infinity, so the mean is NaN as eager's
     mean = tl.sum(acc, axis=0) / size
     acc = tl.zeros((BLOCK,), tl.float32)
     for start in range(0, size, BLOCK):

@@ -69,10 +69,11 @@ def start_candidate(memory_limit_mb: int, read_only: list[Path], harness: str = 
     """A new contained candidate process running ``harness`` (default :data:`HARNESS`): forked from
     the template this checker's worker is (or a standalone one), else started fresh; see
     :class:`CandidateProcess` for what it offers (requests, arena, pause/resume, maps, logs, close).
-    ``read_only``: folders it may read (the shared build cache, ...). The eager reference side of
+    ``read_only``: folders it may read (the shared build cache, ...); the :data:`SECRETS` are masked
+    in its mount namespace. The eager reference side of
     a timing and a rerun in a fresh process are started the same way, so all sides start alike."""
     return CandidateProcess(harness, CANDIDATE_REPLIES, memory_limit_mb=memory_limit_mb, read_only=read_only,
-                            parent=scratch_parent(candidates_folder()))
+                            parent=scratch_parent(candidates_folder()), masked=list(SECRETS.values()))
 
 
 def time_calls(proc: CandidateProcess, request: CallRequest, timeout: float) -> tuple[float, Called]:
@@ -239,7 +240,8 @@ class CandidateChecker(ReportKeeper):
         iso.add("process separation", True, "the candidate runs in its own process; reference outputs, "
                 "comparison, the clock and verdict stay in the checker; eager is timed in a reference process "
                 "of its own")
-        iso.layers.append(secrets_layer(iso, self.proc.read_only, dict(SECRETS) or {"the repository": repo_root}))
+        iso.layers.append(secrets_layer(iso, self.proc.read_only, dict(SECRETS) or {"the repository": repo_root},
+                                        self.proc.masked))
         iso.layers.extend(x.model_copy() for x in self.proc.layers)
         iso.layers.extend(x.model_copy() for x in CHECKER_LAYERS)
         return iso

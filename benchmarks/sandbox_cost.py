@@ -1,6 +1,9 @@
 """What the contained sandbox costs, what the fork server saves and what the new layers add, in one run.
 
-    python benchmarks/sandbox_cost.py [--before-ref e9f1fc3] [--repeats 5] [--validations 8]
+    python benchmarks/sandbox_cost.py [--before-ref e9f1fc3] [--repeats 5] [--validations 8] [--quick]
+
+``--quick``: 2 repeats, 2 validations per throughput figure, fewer process starts and calls (a
+smoke run that still fills every table).
 
 Everything validates an already-built C++ template candidate for a captured ``LayerNorm(256)``
 card (so no compile time is measured) and is taken in this one run, side by side:
@@ -280,7 +283,11 @@ def main() -> None:
     parser.add_argument("--before-ref", default="e9f1fc3", help="the code before the fork server and new layers")
     parser.add_argument("--repeats", type=int, default=5, help="CLI runs of each command per tree")
     parser.add_argument("--validations", type=int, default=8, help="validations per throughput figure")
+    parser.add_argument("--quick", action="store_true", help="a short run: 2 repeats, 2 validations, fewer samples")
     args = parser.parse_args()
+    if args.quick:
+        args.repeats, args.validations = min(args.repeats, 2), min(args.validations, 2)
+    starts, samples = ((4, 2) if args.quick else (12, 6)), (50 if args.quick else 200)
     lines: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp) / "repo"
@@ -291,7 +298,7 @@ def main() -> None:
                   "| code | validate-kernel --no-time | replaying the card | ratio |", "|---|---:|---:|---:|"]
         lines += [f"| {name} ({args.before_ref if name == 'before' else 'this tree'}) | {t['validate']:.2f} s | "
                   f"{t['replay']:.2f} s | {t['validate'] / t['replay']:.2f}x |" for name, t in cli.items()]
-        forked, fresh = ready_times(12, True), ready_times(6, False)
+        forked, fresh = ready_times(starts[0], True), ready_times(starts[1], False)
         lines += ["", "## Time to a ready candidate process", "", "| started | p50 | p90 |", "|---|---:|---:|",
                   f"| forked from a template | {_median(forked) * 1e3:.0f} ms | {_pct(forked, 0.9) * 1e3:.0f} ms |",
                   f"| fresh (MODULELENS_FORK_SERVER=0) | {_median(fresh) * 1e3:.0f} ms | {_pct(fresh, 0.9) * 1e3:.0f} ms |"]
@@ -312,7 +319,7 @@ def main() -> None:
             lines += [f"| {name} | {s * 1e3:.3f} ms | yes |" for name, s in checker_and_arena_costs(scratch).items()]
         finally:
             remove_tree(scratch)
-        calls = per_call(200)
+        calls = per_call(samples)
         lines += ["", "## Per call", "", "| call | round trip |", "|---|---:|",
                   f"| checked (inputs in, outputs back through the arena, ops traced) | {calls['checked'] * 1e3:.3f} ms |",
                   f"| bare (a repeat request of one call) | {calls['bare'] * 1e3:.3f} ms |"]

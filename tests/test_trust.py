@@ -193,17 +193,39 @@ def test_replaying_or_exporting_a_crafted_capture_is_refused_untrusted(cli, craf
     assert not marker.exists()
 
 
-def test_no_private_tmp_when_python_or_modulelens_lives_under_tmp(monkeypatch):
+def test_a_private_tmp_binds_back_the_folders_under_tmp_the_candidate_needs(monkeypatch, tmp_path):
+    """A checkout, a virtualenv or a build folder under /tmp no longer turns the private /tmp off:
+    the tmpfs covers the host's /tmp and only the folders the candidate needs are bound back in,
+    each from a descriptor opened before the tmpfs covered it (outermost folders only)."""
+    import tempfile
+    from pathlib import Path
+
     from modulelens.sandbox import containment
 
-    class NoMount:
-        def mount(self, *args):
-            raise AssertionError("must not mount a private /tmp over the candidate's own code")
+    base = Path(tempfile.mkdtemp(dir="/tmp"))
+    (base / "checkout" / "modulelens").mkdir(parents=True)
+    (base / "build").mkdir()
+    calls = []
+
+    class Recording:
+        def mount(self, source, target, fstype, flags, data):
+            calls.append((source, target, fstype))
+            return 0
+
+        def umount2(self, target, flags):
+            raise AssertionError("nothing to undo")
 
     monkeypatch.setattr(containment.os, "getpid", lambda: 1)  # as PID 1 of its namespace
-    monkeypatch.setattr(containment, "_libc", NoMount())
-    layer = containment.private_tmp(["/usr/lib/python3", "/tmp/checkout/modulelens", "/srv/scratch"])
-    assert not layer.in_force
-    assert layer.detail == "/tmp/checkout/modulelens is under /tmp and a private /tmp would hide it", layer.detail
-    iso = containment.Isolation(layers=[layer])
-    assert "not in force: private /tmp (/tmp/checkout/modulelens is under /tmp" in iso.summary()
+    monkeypatch.setattr(containment, "_libc", Recording())
+    try:
+        layer = containment.private_tmp(["/usr/lib/python3", str(base / "checkout" / "modulelens"),
+                                         str(base / "checkout"), str(base / "build"), "/srv/scratch"])
+    finally:
+        import shutil
+
+        shutil.rmtree(base)
+    assert layer.in_force, layer.detail
+    assert calls[0] == (b"tmpfs", b"/tmp", b"tmpfs")
+    bound = [(target.decode(), source.decode().startswith("/proc/self/fd/")) for source, target, _ in calls[1:]]
+    assert bound == [(str(base / "build"), True), (str(base / "checkout"), True)], calls
+    assert layer.detail == f"its own tmpfs; bound in from the host's /tmp: {base / 'build'}, {base / 'checkout'}"

@@ -20,10 +20,21 @@ only when its checksum matches (:func:`published_build`). What the checker publi
 * the **file** is found from the candidate's scratch folder by opening each step relative to the
   previous folder's descriptor with ``O_NOFOLLOW`` (a link anywhere on the way is refused), must be
   a regular file holding an ELF shared object of a sane size, and is copied from that descriptor
-  (nothing swapped after the check is read); its sha256 is of the bytes copied.
+  (nothing swapped after the check is read); its sha256 is of the bytes copied;
+* it must be **the inode the candidate's process mapped** (:func:`read_loaded_build`): the kernel's
+  ``/proc/PID/maps`` of that process names the same file, not `` (deleted)``, with the same device
+  and inode as the descriptor read, every mapped range within the file's size and inside one of
+  the loadable segments of the bytes read. A build its static initialiser deleted, replaced or
+  truncated after it was loaded is never published.
 
 A candidate can therefore put in the cache only the build of its own source, under its own
 address: it cannot replace another kernel's entry, nor make the checker copy any other file.
+Not seen from outside: a rewrite *in place* (same inode) that keeps the segment layout; the pages
+the checks then ran are those the page cache holds, i.e. the rewritten bytes published.
+
+An entry is verified before every use (its sha256 against the bytes, :func:`published_build`;
+:func:`published_mismatch` says why not), and an entry that fails is replaced by the next verified
+build of the same address (:func:`publish_build`), never trusted.
 """
 
 from __future__ import annotations
@@ -161,54 +172,176 @@ def _open_below(root: Path, parts: list[str]) -> int:
 def read_build(root: Path, parts: list[str]) -> bytes:
     """The bytes of the built library at ``root/parts...`` (see the module docstring: no link
     followed, a regular file, an ELF shared object). Raises ValueError saying why not."""
+    return _read_checked(root, parts, None)
+
+
+def read_loaded_build(root: Path, parts: list[str], maps_text: str) -> bytes:
+    """The bytes of the built library at ``root/parts...`` as :func:`read_build` reads them, and
+    only when they are the very file mapped in the process whose ``/proc/PID/maps`` is
+    ``maps_text`` (:func:`mapping_problem`), still so after reading. Raises ValueError saying why not."""
+    return _read_checked(root, parts, maps_text)
+
+
+def _read_checked(root: Path, parts: list[str], maps_text: str | None) -> bytes:
     import stat
 
+    shown = "/".join(parts)
     try:
         fd = _open_below(root, parts)
     except OSError as e:
-        raise ValueError(f"{'/'.join(parts)} cannot be opened without following links ({e.strerror})") from None
+        raise ValueError(f"{shown} cannot be opened without following links ({e.strerror})") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"{'/'.join(parts)} is not a regular file")
+            raise ValueError(f"{shown} is not a regular file")
         if st.st_size > MAX_LIBRARY_BYTES:
-            raise ValueError(f"{'/'.join(parts)} is {st.st_size} bytes, over the {MAX_LIBRARY_BYTES} allowed")
+            raise ValueError(f"{shown} is {st.st_size} bytes, over the {MAX_LIBRARY_BYTES} allowed")
         chunks, size = [], 0
         while chunk := os.read(fd, 1 << 20):
             chunks.append(chunk)
             size += len(chunk)
             if size > MAX_LIBRARY_BYTES:
-                raise ValueError(f"{'/'.join(parts)} grew past {MAX_LIBRARY_BYTES} bytes while read")
+                raise ValueError(f"{shown} grew past {MAX_LIBRARY_BYTES} bytes while read")
         data = b"".join(chunks)
+        after = os.fstat(fd)
     finally:
         os.close(fd)
     if len(data) < 64 or data[:4] != b"\x7fELF" or int.from_bytes(data[16:18], "little" if data[5] == 1 else "big") != 3:
-        raise ValueError(f"{'/'.join(parts)} is not an ELF shared object")
+        raise ValueError(f"{shown} is not an ELF shared object")
+    if maps_text is not None:
+        if (after.st_size, after.st_mtime_ns, after.st_ctime_ns) != (st.st_size, st.st_mtime_ns, st.st_ctime_ns) \
+                or len(data) != st.st_size:
+            raise ValueError(f"{shown} changed while the checker read it")
+        problem = mapping_problem(maps_text, os.path.join(os.path.realpath(root), *parts), st, data)
+        if problem:
+            raise ValueError(problem)
     return data
 
 
+def _mappings_of(maps_text: str, path: str) -> list[tuple[int, int, str, int, str, int, bool]]:
+    """(start, end, permissions, offset, device, inode, deleted) of each mapping of ``path`` in a
+    ``/proc/PID/maps`` text (the kernel marks a file unlinked since with `` (deleted)``)."""
+    found = []
+    for line in maps_text.splitlines():
+        fields = line.split(None, 5)
+        if len(fields) != 6:
+            continue
+        name = fields[5]
+        deleted = name.endswith(" (deleted)")
+        if name.removesuffix(" (deleted)") != path:
+            continue
+        start, _, end = fields[0].partition("-")
+        try:
+            found.append((int(start, 16), int(end, 16), fields[1], int(fields[2], 16), fields[3], int(fields[4]),
+                          deleted))
+        except ValueError:
+            continue
+    return found
+
+
+def _load_ranges(data: bytes) -> list[tuple[int, int]] | None:
+    """File ranges ``[offset, end)`` of the loadable segments of the ELF ``data``, page-aligned as
+    the dynamic linker maps them; None for a layout this does not read (not 64-bit little-endian)."""
+    if data[4] != 2 or data[5] != 1:
+        return None
+    page = os.sysconf("SC_PAGE_SIZE")
+    phoff = int.from_bytes(data[0x20:0x28], "little")
+    phentsize, phnum = int.from_bytes(data[0x36:0x38], "little"), int.from_bytes(data[0x38:0x3A], "little")
+    ranges = []
+    for i in range(phnum):
+        ph = data[phoff + i * phentsize: phoff + (i + 1) * phentsize]
+        if len(ph) < 56:
+            return []
+        if int.from_bytes(ph[0:4], "little") != 1:  # PT_LOAD
+            continue
+        offset, filesz = int.from_bytes(ph[8:16], "little"), int.from_bytes(ph[32:40], "little")
+        ranges.append((offset - offset % page, -(-(offset + filesz) // page) * page))
+    return ranges
+
+
+def mapping_problem(maps_text: str, path: str, st: os.stat_result, data: bytes) -> str:
+    """Why the file ``path`` -- opened by the checker, ``st`` the descriptor's status and ``data``
+    the bytes read from it -- is not what is mapped at that path in the process whose
+    ``/proc/PID/maps`` is ``maps_text`` ('' when it is): no mapping of it, a mapping of a file
+    deleted or replaced since, another device or inode (the device is compared where the file's
+    own is a real one: overlayfs and btrfs report an anonymous device to ``stat``), a mapped range
+    past the end of the file (truncated after loading), or one outside every loadable segment of
+    the bytes read (rewritten with another layout)."""
+    name = os.path.basename(path)
+    if not maps_text:
+        return f"{name}: the candidate's memory map could not be read, so the file cannot be matched to what it loaded"
+    mapped = _mappings_of(maps_text, path)
+    if not mapped:
+        return f"{name} is not mapped in the candidate's process (it loaded another file)"
+    if any(m[6] for m in mapped):
+        return f"{name} was deleted or replaced after it was loaded"
+    page = os.sysconf("SC_PAGE_SIZE")
+    end_of_file = -(-st.st_size // page) * page
+    ranges = _load_ranges(data)
+    for start, end, perms, offset, device, inode, _ in mapped:
+        major, _, minor = device.partition(":")
+        same_device = os.major(st.st_dev) == 0 or (int(major, 16), int(minor or "0", 16)) == (
+            os.major(st.st_dev), os.minor(st.st_dev))
+        if inode != st.st_ino or not same_device:
+            return f"{name} was replaced after it was loaded (mapped inode {device} {inode}, on disk now " \
+                   f"{os.major(st.st_dev):x}:{os.minor(st.st_dev):02x} {st.st_ino})"
+        if offset + (end - start) > end_of_file:
+            return f"{name} was truncated after it was loaded (mapped up to byte {offset + end - start}, " \
+                   f"{st.st_size} bytes now)"
+        if ranges is not None and perms[:3] != "---" and not any(
+                lo <= offset and offset + (end - start) <= hi for lo, hi in ranges):
+            return f"{name} was rewritten after it was loaded (a mapped range at offset {offset:#x} is in no " \
+                   "loadable segment of the file now)"
+    return ""
+
+
+def published_mismatch(shared: Path, address: str, filename: str) -> str:
+    """Why the shared cache's entry at ``address`` (in the build folder ``shared``) does not hold
+    the build its recorded sha256 names: '' when it does, or when there is no entry at all."""
+    entry = publish_dir(shared) / address
+    if not entry.exists():
+        return ""
+    try:
+        want = (entry / CHECKSUM).read_text().strip()
+    except OSError:
+        return f"the shared cache's entry {address} has no checksum (an interrupted publication)"
+    try:
+        got = hashlib.sha256((entry / filename).read_bytes()).hexdigest()
+    except OSError as e:
+        return f"the shared cache's build {address}/{filename} cannot be read ({e.strerror})"
+    if got != want:
+        return (f"the shared cache's build {address}/{filename} does not match the sha256 recorded when it was "
+                f"published ({got[:12]}... instead of {want[:12]}...)")
+    return ""
+
+
 def publish_build(shared: Path, address: str, data: bytes, filename: str) -> Path | None:
-    """Store ``data`` (verified by :func:`read_build`) as ``filename`` at ``address`` in the shared
-    cache of the build folder ``shared``, with its sha256, atomically; an existing entry is kept.
-    Returns the published file, or None when it could not be written."""
+    """Store ``data`` (verified by :func:`read_loaded_build`) as ``filename`` at ``address`` in the
+    shared cache of the build folder ``shared``, with its sha256, atomically; an existing entry is
+    kept when it verifies (:func:`published_mismatch`), replaced otherwise. Returns the published
+    file, or None when it could not be written."""
     import shutil
 
     root = publish_dir(shared)
     target = root / address
     if not (address.replace("_", "").isalnum() and filename.replace("_", "").replace(".", "").isalnum()):
         return None
-    if (target / CHECKSUM).exists():
+    if (target / CHECKSUM).exists() and not published_mismatch(shared, address, filename):
         return target / filename
     tmp = root / f".{address}.{os.getpid()}.tmp"
+    stale = root / f".{address}.{os.getpid()}.stale"
     try:
         tmp.mkdir(parents=True)
         (tmp / filename).write_bytes(data)
         (tmp / CHECKSUM).write_text(hashlib.sha256(data).hexdigest())
-        if target.exists():  # a folder without checksum: an interrupted publication
-            shutil.rmtree(target, ignore_errors=True)
+        if target.exists():  # an interrupted publication, or an entry that no longer verifies
+            os.replace(target, stale)
         os.replace(tmp, target)
         return target / filename
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
-        return target / filename if (target / CHECKSUM).exists() else None
+        return target / filename if (target / CHECKSUM).exists() and not published_mismatch(
+            shared, address, filename) else None
+    finally:
+        shutil.rmtree(stale, ignore_errors=True)
 

@@ -27,13 +27,13 @@ _FACE = {
     "WorkerResult": "worker_messages",
     # Contained candidate processes.
     "CandidateDied": "candidate_process", "CandidateProcess": "candidate_process",
-    "scratch_parent": "candidate_process",
+    "scratch_parent": "candidate_process", "MASKED_VARIABLE": "candidate_process",
     # The containment layers a candidate process applies to itself, and what is in force.
     "CHECKER": "containment", "FOREIGN_LIBRARIES": "containment", "Isolation": "containment", "Layer": "containment",
     "apply_landlock": "containment", "apply_rlimits": "containment", "confine_checker": "containment",
     "foreign_in": "containment", "hand_over_maps": "containment", "not_dumpable": "containment",
     "private_tmp": "containment", "readable_roots": "containment", "restrict_reading": "containment",
-    "secrets_layer": "containment", "private_dev": "mounts",
+    "secrets_layer": "containment", "private_dev": "mounts", "mask_paths": "mounts", "MASKED": "containment",
     "apply_seccomp": "seccomp", "install_filter": "seccomp", "machine_arch": "seccomp", "no_exec_program": "seccomp",
     # The shared-memory arena tensors travel through.
     "MappedArena": "shm", "TensorSlot": "shm", "aligned": "shm", "decode_value": "shm", "encode_value": "shm",

@@ -25,6 +25,7 @@ started, ``setsid`` ones too.
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import signal
@@ -46,6 +47,7 @@ from modulelens.sandbox.pool import scrubbed_environment, template_environment
 from modulelens.sandbox.shm import SharedArena
 
 PREFIX = "modulelens-candidate-"
+MASKED_VARIABLE = "MODULELENS_MASKED"  # the paths the harness covers in its mount namespace (a JSON list)
 
 
 class CandidateDied(Exception):
@@ -183,15 +185,18 @@ class _Forked:
 class CandidateProcess:
     """A contained process that runs one candidate under ``harness`` (a module inside modulelens
     with ``main(argv)``), whose replies are read as ``replies``. ``read_only`` are folders it may
-    read (the shared build cache); its scratch folder goes under ``parent`` (see
-    :func:`scratch_parent`). :attr:`layers` says how it was made (forked or fresh) and whether
+    read (the shared build cache); ``masked`` are paths it must find empty whatever else it may
+    read (the repository, the signing key: the harness covers them in its mount namespace,
+    :func:`modulelens.sandbox.mounts.mask_paths`, told by :data:`MASKED_VARIABLE`); its scratch
+    folder goes under ``parent`` (see :func:`scratch_parent`). :attr:`layers` says how it was made (forked or fresh) and whether
     its arena is sealed, for the isolation report."""
 
     def __init__(self, harness: str, replies: TypeAdapter[Any], *, memory_limit_mb: int, read_only: list[Path],
-                 parent: Path):
+                 parent: Path, masked: list[Path] = ()):
         harness = forkserver._module_name(harness)  # before anything is started
         self.replies = replies
         self.read_only = list(read_only)
+        self.masked = list(masked)
         self.scratch = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{this_process()}-", dir=parent))
         for sub in ("tmp", "build", "cache"):
             (self.scratch / sub).mkdir()
@@ -203,6 +208,8 @@ class CandidateProcess:
         self._reply_r, reply_w = os.pipe()
         self._maps: int | None = None
         env = _scrubbed_environment(self.scratch)
+        if self.masked:
+            env[MASKED_VARIABLE] = json.dumps([str(p) for p in self.masked])
         fds = [req_child, reply_w, self.arena.fd]
         rest = [str(self.scratch), str(memory_limit_mb), *map(str, read_only)]
         self.layers: list[Layer] = []

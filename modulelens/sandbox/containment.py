@@ -111,21 +111,58 @@ def namespace_prefix() -> tuple[list[str], str]:
 
 _libc = ctypes.CDLL(None, use_errno=True) if platform.system() == "Linux" else None
 _MS_NOSUID, _MS_NODEV = 2, 4
+USER_NAMESPACES_HINT = ("what to do: allow unprivileged user namespaces, e.g. sysctl kernel.unprivileged_userns_clone=1 "
+                        "or kernel.apparmor_restrict_unprivileged_userns=0")
 
 
 def private_tmp(needed: list[str]) -> Layer:
-    """Mount a fresh tmpfs on /tmp (only meaningful inside a mount namespace: PID 1 there). Not
-    done when a folder the candidate needs (``needed``: Python's installation, modulelens, its
-    scratch) lies under /tmp, which the tmpfs would hide: a checkout or virtualenv in /tmp."""
+    """Mount a fresh tmpfs on /tmp (only meaningful inside a mount namespace: PID 1 there), then
+    bind back in, at the same paths, the folders of ``needed`` (its scratch, the build cache,
+    Python's installation, its import path) that lie under the host's /tmp: a build folder or a
+    checkout in /tmp stays usable, and nothing else of the host's /tmp is visible. Each folder is
+    held by a descriptor opened before the tmpfs covers it, so no path is looked up in the new
+    tmpfs on the way; a folder that cannot be bound back leaves the host's /tmp as it was."""
+    name = "private /tmp"
     if _libc is None or os.getpid() != 1:
-        return Layer(name="private /tmp", in_force=False, detail="no mount namespace")
-    hidden = sorted(p for p in needed if Path(os.path.realpath(p)).is_relative_to("/tmp"))
-    if hidden:
-        return Layer(name="private /tmp", in_force=False,
-                     detail=f"{hidden[0]} is under /tmp and a private /tmp would hide it")
-    if _libc.mount(b"tmpfs", b"/tmp", b"tmpfs", _MS_NOSUID | _MS_NODEV, b"size=1g,mode=1777") != 0:
-        return Layer(name="private /tmp", in_force=False, detail=os.strerror(ctypes.get_errno()))
-    return Layer(name="private /tmp", in_force=True)
+        return Layer(name=name, in_force=False, detail=f"no mount namespace ({USER_NAMESPACES_HINT})")
+    under = sorted({os.path.realpath(p) for p in needed if Path(os.path.realpath(p)).is_relative_to("/tmp")
+                    and os.path.realpath(p) != "/tmp" and os.path.exists(p)})
+    top = [p for p in under if not any(p != q and Path(p).is_relative_to(q) for q in under)]
+    if "/tmp" in {os.path.realpath(p) for p in needed}:
+        return Layer(name=name, in_force=False, detail="/tmp itself is a folder it needs")
+    held: dict[str, int] = {}
+    try:
+        for path in top:
+            held[path] = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        if _libc.mount(b"tmpfs", b"/tmp", b"tmpfs", _MS_NOSUID | _MS_NODEV, b"size=1g,mode=1777") != 0:
+            return Layer(name=name, in_force=False, detail=os.strerror(ctypes.get_errno()))
+        for path, fd in held.items():
+            why = _bind_back(path, fd)
+            if why:
+                _libc.umount2(b"/tmp", _MNT_DETACH)
+                return Layer(name=name, in_force=False, detail=f"binding {path} back in: {why}")
+    except OSError as e:
+        return Layer(name=name, in_force=False, detail=f"{e.strerror}: {e.filename}")
+    finally:
+        for fd in held.values():
+            os.close(fd)
+    return Layer(name=name, in_force=True, detail="its own tmpfs" + (
+        f"; bound in from the host's /tmp: {', '.join(top)}" if top else ""))
+
+
+_MS_BIND, _MS_REC, _MNT_DETACH = 4096, 16384, 2
+
+
+def _bind_back(path: str, fd: int) -> str:
+    """Bind the folder (or file) held by ``fd`` onto ``path`` in the fresh tmpfs on /tmp; why not, or ''."""
+    if os.path.isdir(f"/proc/self/fd/{fd}"):
+        os.makedirs(path, mode=0o755, exist_ok=True)
+    else:
+        os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+        Path(path).touch(mode=0o644)
+    if _libc.mount(f"/proc/self/fd/{fd}".encode(), path.encode(), None, _MS_BIND | _MS_REC, None) != 0:
+        return os.strerror(ctypes.get_errno())
+    return ""
 
 
 def apply_rlimits(memory_mb: int, limit_address_space: bool, max_processes: int = 512) -> Layer:
@@ -387,30 +424,42 @@ def foreign_in(files: set[str] | list[str]) -> list[str]:
             for name, names in sorted(found.items())]
 
 
-def secrets_layer(isolation: Isolation, read_only: list[Path], secrets: dict[str, Path]) -> Layer:
+MASKED = "secrets masked"  # the candidate's layer: the secrets covered in its mount namespace
+
+
+def secrets_layer(isolation: Isolation, read_only: list[Path], secrets: dict[str, Path],
+                  masked: list[Path] = ()) -> Layer:
     """Whether the candidate can read ``secrets`` (what -> path: this machine's signing key folder,
-    the repository with its reference outputs): only Landlock keeps them out, and only when none
-    lies under a folder the candidate may read (:func:`readable_roots`, computed here by the same
-    rule the candidate process applies) -- or under /tmp with a private /tmp in force."""
+    the repository with its reference outputs). A secret is out of its reach when it is one of
+    ``masked`` and the candidate's :data:`MASKED` layer is in force (covered in its own mount
+    namespace, whatever it may read), or when Landlock is in force and the secret lies under no
+    folder the candidate may read (:func:`readable_roots`, computed here by the same rule the
+    candidate process applies), or when it lies in the host's /tmp and a private /tmp is in force
+    (which binds back only those folders). Otherwise the detail says what the user can do."""
     name = "signing key and repository unreadable"
     layers = {x.name: x.in_force for x in isolation.layers}
-    if not layers.get("landlock"):
-        return Layer(name=name, in_force=False, detail="no Landlock: the candidate can read "
-                     + " and ".join(f"{what} {path}" for what, path in secrets.items()))
+    hidden = {os.path.realpath(p) for p in masked} if layers.get(MASKED) else set()
     roots = readable_roots([str(p) for p in read_only])
-    exposed = []
+    exposed, how = [], []
     for what, path in secrets.items():
         real = Path(os.path.realpath(path))
-        if layers.get("private /tmp") and real.is_relative_to("/tmp"):
-            continue  # hidden under the candidate's own /tmp
         under = [r for r in roots if real.is_relative_to(r)]
-        if under:
+        if str(real) in hidden:
+            how.append(f"{what} {real} masked in its mount namespace")
+        elif not under and layers.get("landlock"):
+            how.append(f"{what} {real} outside the folders Landlock lets it read")
+        elif not under and layers.get("private /tmp") and real.is_relative_to("/tmp"):
+            how.append(f"{what} {real} hidden by its private /tmp")
+        elif under:
             exposed.append(f"{what} {real} lies under the readable {under[0]}")
+        else:
+            exposed.append(f"{what} {real}: no Landlock to keep it out")
     if exposed:
-        return Layer(name=name, in_force=False, detail="; ".join(exposed))
-    return Layer(name=name, in_force=True, detail="Landlock lets the candidate read only system and Python folders, "
-                 "its scratch and the build cache: " + " and ".join(f"{what} {path}" for what, path in secrets.items())
-                 + " are outside them")
+        fix = USER_NAMESPACES_HINT + " (they are then masked)" if not layers.get(MASKED) else (
+            "what to do: keep the repository (--repo, MODULELENS_HOME) and the signing key (MODULELENS_CONFIG_DIR) "
+            "outside the folders a candidate may read")
+        return Layer(name=name, in_force=False, detail="; ".join(exposed) + f" ({fix})")
+    return Layer(name=name, in_force=True, detail="; ".join(how))
 
 
 # -- the checker's own layers ----------------------------------------------------------------------
@@ -428,7 +477,11 @@ def confine_checker(readable: list[str], writable: list[str], secrets: dict[str,
     by trying to open it. Returns the layers, each named ``checker: ...``."""
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     layers = [not_dumpable()]
-    layers.append(apply_landlock(writable, readable_roots(readable), scope_signals=False,
+    # folders it reads besides those it was given (system, Python, import path) never include a
+    # secret: a project folder on the import path holding the repository is read without it
+    implied = [r for r in readable_roots([]) if r not in {os.path.realpath(p) for p in readable}]
+    roots = sorted({*paths_beneath_except(implied, list(secrets.values())), *map(os.path.realpath, readable)})
+    layers.append(apply_landlock(writable, roots, scope_signals=False,
                                  what="writes only in its scratch, candidate scratch and the build cache's publish "
                                       "folder"))
     layers.append(_unreachable(secrets))

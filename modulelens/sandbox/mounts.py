@@ -14,21 +14,28 @@ the ``fd``/``stdin``/``stdout``/``stderr`` links, and a private ``/dev/shm`` (it
 Nothing written under it reaches the host: no ``/dev/kmsg``, no host ``/dev/shm`` file, no
 terminal. The nodes are bound from ``/proc/self/fd/N`` descriptors opened before ``/dev`` is
 covered, so no path is looked up in the new tmpfs on the way.
+
+:func:`mask_paths` covers the secrets the checker names (the repository, the signing key) in the
+candidate's mount namespace before any candidate code exists: an empty read-only tmpfs on a
+folder, an empty file from its private /tmp on a file. Whatever the candidate may read otherwise
+(a project folder on its import path holding ``.modulelens``), they show nothing, and seccomp
+(installed after) refuses the ``umount2`` and ``mount`` calls that could uncover them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import platform
 from pathlib import Path
 
-from modulelens.sandbox.containment import DEVICES, Layer, gpu_nodes
+from modulelens.sandbox.containment import DEVICES, MASKED, USER_NAMESPACES_HINT, Layer, gpu_nodes
 
 _libc = ctypes.CDLL(None, use_errno=True) if platform.system() == "Linux" else None
 CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = (0x00020000, 0x08000000, 0x10000000,
                                                                           0x20000000, 0x40000000)
-_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_BIND, _MS_REC, _MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_BIND, _MS_REC, _MS_PRIVATE = 1, 2, 4, 8, 4096, 16384, 1 << 18
 SHM_SIZE = "64m"
 
 
@@ -109,3 +116,44 @@ def private_dev() -> Layer:
     gpu = [n for n in nodes if "nvidia" in n]
     return Layer(name=name, in_force=True, detail=f"a tmpfs with {', '.join(DEVICES)}"
                  + (f", {len(gpu)} NVIDIA node(s)" if gpu else "") + f" and its own /dev/shm ({SHM_SIZE})")
+
+
+EMPTY_FILE = "/tmp/.modulelens-masked"  # in the candidate's private /tmp: bound over masked files
+
+
+def mask_paths(paths: list[str], needed: list[str], private_tmp: bool) -> Layer:
+    """Cover each of ``paths`` in this process's own mount namespace (PID 1 there): a folder by an
+    empty read-only tmpfs, a file by an empty file of its private /tmp (``private_tmp``: in force).
+    A path that does not exist here (hidden by the private /tmp, or not made yet) needs nothing; one
+    holding a folder of ``needed`` (its scratch, the build cache) is left, and the layer is then
+    not in force. In force when every path that exists is covered."""
+    if _libc is None or os.getpid() != 1:
+        return Layer(name=MASKED, in_force=False, detail=f"no mount namespace ({USER_NAMESPACES_HINT})")
+    covered, absent = [], []
+    for path in dict.fromkeys(os.path.realpath(p) for p in paths):
+        if not os.path.lexists(path):
+            absent.append(path)
+            continue
+        holds = [n for n in needed if Path(os.path.realpath(n)).is_relative_to(path)]
+        if holds:
+            return Layer(name=MASKED, in_force=False, detail=f"{path} holds {holds[0]}, which the candidate needs "
+                         "(keep the build folder, MODULELENS_BUILD_DIR, outside the repository)")
+        if os.path.isdir(path):
+            done = _libc.mount(b"tmpfs", path.encode(), b"tmpfs", _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
+                               b"size=4k,mode=0555")
+        elif private_tmp:
+            if not os.path.exists(EMPTY_FILE):
+                with open(EMPTY_FILE, "x"):
+                    pass
+                os.chmod(EMPTY_FILE, 0o444)
+            done = _libc.mount(EMPTY_FILE.encode(), path.encode(), None, _MS_BIND, None)
+        else:
+            return Layer(name=MASKED, in_force=False, detail=f"{path} is a file and there is no private /tmp to "
+                         "take an empty one from")
+        if done != 0:
+            return Layer(name=MASKED, in_force=False, detail=f"covering {path}: {_errno_text()}")
+        covered.append(path)
+    with contextlib.suppress(OSError):
+        os.unlink(EMPTY_FILE)  # the mounts hold it
+    return Layer(name=MASKED, in_force=True, detail="covered in its mount namespace: " + (", ".join(covered) or "none")
+                 + (f"; not present here: {', '.join(absent)}" if absent else ""))

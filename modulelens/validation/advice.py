@@ -31,10 +31,16 @@ def report_warnings(report: ValidationReport) -> list[str]:
         out.append(f"accepted against the float64 oracle: eager itself is off by up to {a.eager_max_abs:.3g} here "
                    f"(the candidate by {a.candidate_max_abs:.3g}; {a.case})")
     if report.isolation is not None:
-        missing = [layer.name for layer in report.isolation.layers if not layer.in_force]
+        missing = [f"{x.name} ({_short(x.detail)})" if x.detail else x.name
+                   for x in report.isolation.layers if not x.in_force]
         if missing:
-            out.append(f"sandbox layers not in force: {', '.join(missing)}")
+            out.append(f"sandbox layers not in force: {'; '.join(missing)}")
     return out
+
+
+def _short(text: str, limit: int = 240) -> str:
+    """``text`` cut to ``limit`` characters: a layer's why and what to do, as a warning shows it."""
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _interval(interval: list[float] | None) -> str:

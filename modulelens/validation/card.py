@@ -30,7 +30,7 @@ import torch
 
 from modulelens.device import DeviceUnavailable, require
 from modulelens.errors import ModuleLensError
-from modulelens.kernels import LIB_SUFFIX, declared_rule, get_backend, publish_build, published_build, read_build
+from modulelens.kernels import LIB_SUFFIX, declared_rule, get_backend, published_build
 from modulelens.kernels.backends.triton import interpreting
 from modulelens.ops import OpCard, open_card, resolve_op, sample_call
 from modulelens.repo import Repository
@@ -270,9 +270,10 @@ class _Validator(CandidateChecker):
     def _publish(self, loaded: Loaded, shared: Path) -> Path | None:
         """The candidate's extension library, found by the address this checker computes from the
         candidate's source (never the name or path the candidate reports): the shared cache's
-        entry when there is one, else the candidate's fresh build in its scratch folder, read
-        while the candidate is stopped (each step opened without following links; a regular ELF
-        shared object) and published under that address. None for backends that build nothing.
+        entry when it verifies and the candidate used it, else the candidate's fresh build in its
+        scratch folder, published only when it is the inode the candidate's process mapped, read
+        while the candidate is stopped (:meth:`share_fresh_build`). An entry that fails its
+        checksum is named in the checks and replaced. None for backends that build nothing.
         Raises CandidateFailed when a build it must have cannot be verified."""
         cand = self.task.candidate
         address = get_backend(cand.backend).build_name(cand.source, cand.entry)
@@ -282,15 +283,19 @@ class _Validator(CandidateChecker):
         found = published_build(address, filename, shared)
         if found is not None and not loaded.fresh_build:
             return found
+        if found is None:
+            self.note_stale_build(shared, address, filename, "build")
         self.proc.pause()
         try:
-            data = read_build(self.proc.scratch, ["build", address, filename])
+            published = self.share_fresh_build(shared, address, filename, self.proc.maps())
         except ValueError as e:
             self.check("build verified", False, str(e))
             raise CandidateFailed(f"its build cannot be verified: {e}") from None
         finally:
             self.proc.resume()
-        return found or publish_build(shared, address, data, filename)
+        self.check("build verified", True, f"the inode its process mapped, shared as {address}" if published
+                   else "the inode its process mapped; not shared: the build cache could not be written")
+        return published
 
     def _evidence(self, scanned: bool) -> str:
         parts = ["aten ops recorded by the profiler in the candidate's process, all threads (reported by that "

@@ -14,7 +14,14 @@ from typing import Any
 import torch
 
 from modulelens.errors import ModuleLensError
-from modulelens.kernels import LIB_SUFFIX, default_build_dir, module_build_address, publish_build, read_build
+from modulelens.kernels import (
+    LIB_SUFFIX,
+    default_build_dir,
+    module_build_address,
+    publish_build,
+    published_mismatch,
+    read_loaded_build,
+)
 from modulelens.sandbox import (
     CandidateDied,
     CandidateProcess,
@@ -62,10 +69,11 @@ def start_candidate(memory_limit_mb: int, read_only: list[Path], harness: str = 
     """A new contained candidate process running ``harness`` (default :data:`HARNESS`): forked from
     the template this checker's worker is (or a standalone one), else started fresh; see
     :class:`CandidateProcess` for what it offers (requests, arena, pause/resume, maps, logs, close).
-    ``read_only``: folders it may read (the shared build cache, ...). The eager reference side of
+    ``read_only``: folders it may read (the shared build cache, ...); the :data:`SECRETS` are masked
+    in its mount namespace. The eager reference side of
     a timing and a rerun in a fresh process are started the same way, so all sides start alike."""
     return CandidateProcess(harness, CANDIDATE_REPLIES, memory_limit_mb=memory_limit_mb, read_only=read_only,
-                            parent=scratch_parent(candidates_folder()))
+                            parent=scratch_parent(candidates_folder()), masked=list(SECRETS.values()))
 
 
 def time_calls(proc: CandidateProcess, request: CallRequest, timeout: float) -> tuple[float, Called]:
@@ -150,29 +158,53 @@ class CandidateChecker(ReportKeeper):
     def publish_extensions(self, loaded: Loaded, source: str, shared: Path) -> None:
         """Publish the ``load_inline`` extensions a module candidate built (names it claims), each
         found at the address this checker computes from ``source`` and the name, read while the
-        candidate is stopped without following links (see :func:`~modulelens.kernels.build_cache.read_build`); what
-        cannot be verified is simply not shared. Each extension gets a line in the checks."""
+        candidate is stopped without following links and only when it is the inode its process
+        mapped (see :meth:`share_fresh_build`); what cannot be verified is simply not shared. Each
+        extension gets a line in the checks."""
         for name in loaded.shared_extensions:
             self.check(f"extension {name}", True, "taken from the shared build cache")
             self._note_extension(shared, source, name)
         self.proc.pause()
         try:
+            maps = self.proc.maps()
             for name in dict.fromkeys(loaded.fresh_extensions):
                 if not name.isidentifier():
                     continue
-                address, filename = module_build_address(source, name), f"{name}{LIB_SUFFIX}"
+                address = module_build_address(source, name)
+                stale = self.note_stale_build(shared, address, f"{name}{LIB_SUFFIX}", f"extension {name}")
                 try:
-                    data = read_build(self.proc.scratch, ["build", address, filename])
+                    shared_as = self.share_fresh_build(shared, address, f"{name}{LIB_SUFFIX}", maps)
                 except ValueError as e:
                     self.check(f"extension {name}", True, f"built, not shared: {e}")
                     continue
-                shared_as = publish_build(shared, address, data, filename)
-                self.check(f"extension {name}", True, f"built, verified and shared as {address}" if shared_as
+                self.check(f"extension {name}", True,
+                           (f"built, verified and shared as {address}" + (" (replacing the entry that failed its "
+                            "checksum)" if stale else "")) if shared_as
                            else "built, not shared: the build cache could not be written")
                 if shared_as:
                     self._note_extension(shared, source, name)
         finally:
             self.proc.resume()
+
+    def share_fresh_build(self, shared: Path, address: str, filename: str, maps: str) -> Path | None:
+        """Publish the candidate's fresh build ``build/ADDRESS/FILENAME`` of its scratch folder at
+        ``address`` in the shared cache of the build folder ``shared``: exactly the bytes of the
+        inode its process mapped (``maps``: its ``/proc/PID/maps``, read with the process stopped,
+        as it must stay until this returns), never a build deleted, replaced, truncated or
+        rewritten with another layout since it was loaded (see
+        :func:`~modulelens.kernels.build_cache.read_loaded_build`). Returns the published file
+        (None: the cache could not be written). Raises ValueError saying why it is not the build loaded."""
+        data = read_loaded_build(self.proc.scratch, ["build", address, filename], maps)
+        return publish_build(shared, address, data, filename)
+
+    def note_stale_build(self, shared: Path, address: str, filename: str, what: str) -> str:
+        """When the shared cache's entry at ``address`` fails its checksum (a build both this
+        checker and the candidate's process refuse to use), say so in the checks, under ``what``:
+        the candidate was built from source instead. Returns the mismatch ('' when none)."""
+        stale = published_mismatch(shared, address, filename)
+        if stale:
+            self.check(f"{what}: shared build cache", True, f"{stale}: not used, built from source again")
+        return stale
 
     def _note_extension(self, shared: Path, source: str, name: str) -> None:
         """Record in the report the published build of extension ``name`` (address and checksum as
@@ -208,7 +240,8 @@ class CandidateChecker(ReportKeeper):
         iso.add("process separation", True, "the candidate runs in its own process; reference outputs, "
                 "comparison, the clock and verdict stay in the checker; eager is timed in a reference process "
                 "of its own")
-        iso.layers.append(secrets_layer(iso, self.proc.read_only, dict(SECRETS) or {"the repository": repo_root}))
+        iso.layers.append(secrets_layer(iso, self.proc.read_only, dict(SECRETS) or {"the repository": repo_root},
+                                        self.proc.masked))
         iso.layers.extend(x.model_copy() for x in self.proc.layers)
         iso.layers.extend(x.model_copy() for x in CHECKER_LAYERS)
         return iso

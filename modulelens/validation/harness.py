@@ -23,6 +23,7 @@ class), so whatever the process, the pipes and the arena cost falls on both side
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import traceback
@@ -44,11 +45,13 @@ def _contain(req_fd: int, scratch: Path, memory_mb: int, read_only: list[str]) -
     import torch
 
     from modulelens.sandbox import (
+        MASKED_VARIABLE,
         Isolation,
         apply_landlock,
         apply_rlimits,
         apply_seccomp,
         hand_over_maps,
+        mask_paths,
         not_dumpable,
         private_dev,
         private_tmp,
@@ -62,7 +65,11 @@ def _contain(req_fd: int, scratch: Path, memory_mb: int, read_only: list[str]) -
     in_namespaces = os.getpid() == 1 and bool(described)
     iso.add("namespaces", in_namespaces, described if in_namespaces else (missing or "not started in new namespaces"))
     readable = readable_roots([str(scratch), *read_only])
-    iso.layers.append(private_tmp(readable))
+    tmp = private_tmp(readable)
+    iso.layers.append(tmp)
+    masked = json.loads(os.environ.pop(MASKED_VARIABLE, "[]"))  # the repository, the signing key
+    if masked:
+        iso.layers.append(mask_paths(masked, [str(scratch), *read_only], private_tmp=tmp.in_force))
     dev = private_dev()
     iso.layers.append(dev)
     iso.layers.append(apply_rlimits(memory_mb, limit_address_space=not torch.cuda.is_available()))

@@ -15,7 +15,9 @@ arguments at 16 + 8 i, little-endian on both supported architectures):
   no path-based or abstract Unix socket of the host (``socketpair`` stays: Python's
   multiprocessing uses it); ``clone`` answers ``EPERM`` when its flags ask for a new namespace; ``clone3``, whose
   flags the filter cannot read (they are behind a pointer), answers ``ENOSYS``, on which glibc
-  falls back to ``clone``.
+  falls back to ``clone``; ``prctl(PR_TASK_PERF_EVENTS_DISABLE/ENABLE)`` answers ``EPERM`` (it
+  would switch off the sampler the checker watches a denial process with:
+  :mod:`modulelens.validation.sampling`).
 
 :func:`filter_program` is pure (the instructions for one architecture); :func:`apply_seccomp`
 installs it on every thread of the calling process (``SECCOMP_FILTER_FLAG_TSYNC``) and says
@@ -47,7 +49,9 @@ DENIED: dict[str, tuple[int, int]] = {
     "userfaultfd": (323, 282), "io_uring_setup": (425, 425), "personality": (135, 92),
 }
 # calls the filter looks into: (x86_64, aarch64)
-SOCKET, CLONE, CLONE3, SECCOMP = (41, 198), (56, 220), (435, 435), (317, 277)
+SOCKET, CLONE, CLONE3, SECCOMP, PRCTL = (41, 198), (56, 220), (435, 435), (317, 277), (157, 167)
+# prctl options that switch the process's perf events (the checker's CPU-time sampler) off or on
+PR_TASK_PERF_EVENTS_DISABLE, PR_TASK_PERF_EVENTS_ENABLE = 31, 32
 ARCHES: dict[str, int] = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}  # AUDIT_ARCH_*
 X32_BIT = 0x40000000
 CLONE_NAMESPACES = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
@@ -102,6 +106,11 @@ def filter_program(arch: str) -> list[Instruction]:
         (JEQ_K, "deny", None, SOCKET[i]),
         (JEQ_K, "clone", None, CLONE[i]),
         (JEQ_K, "enosys", None, CLONE3[i]),
+        (JEQ_K, "prctl", None, PRCTL[i]),
+        (RET_K, None, None, RET_ALLOW),
+        "prctl:", (LD_W_ABS, None, None, OFFSET_ARG0),
+        (JEQ_K, "deny", None, PR_TASK_PERF_EVENTS_DISABLE),
+        (JEQ_K, "deny", None, PR_TASK_PERF_EVENTS_ENABLE),
         (RET_K, None, None, RET_ALLOW),
         "clone:", (LD_W_ABS, None, None, OFFSET_ARG0),
         (JSET_K, "deny", None, CLONE_NAMESPACES),
@@ -127,7 +136,7 @@ def filter_program(arch: str) -> list[Instruction]:
 def denied_summary() -> str:
     """What the filter denies, in words (the detail of the seccomp layer when it is in force)."""
     calls = [*DENIED, "socket (every family: no TCP/UDP, no path-based or abstract Unix socket)",
-             "clone(new namespaces)"]
+             "clone(new namespaces)", "prctl(PR_TASK_PERF_EVENTS_DISABLE/ENABLE)"]
     return (f"deny list of {len(calls)} calls (EPERM): {', '.join(calls)}; clone3 answers ENOSYS (callers fall back "
             "to clone); a call of another architecture kills the process")
 

@@ -34,12 +34,15 @@ How:
   torch's library loaded from elsewhere, symbols kept) counts as compute too.
 
 What remains unseen: compute code copied out of torch into a file of the candidate's own and
-stripped of its names (it counts as the candidate's own code); a candidate spending so much of
-its own time elsewhere that torch's compute is under :data:`COMPUTE_SHARE` of its samples (it is
-then at least that many times slower than the code it wraps); computation done by another
-process (none is reachable from a candidate process: no sockets, its own PID namespace).
-Copying torch's code into new anonymous executable memory is stopped by the denial's seccomp
-rule (no page made executable: :func:`~modulelens.sandbox.no_exec_program`).
+stripped of its names (it counts as the candidate's own code: the file's mapping is named, not
+judged); a candidate spending so much of its own time elsewhere that torch's compute is under
+:data:`COMPUTE_SHARE` of its samples (it is then some thirty times slower than the code it wraps);
+computation done by another process (none is reachable from a candidate process: no sockets, its
+own PID namespace; its own children are sampled, and a majority of samples there is named);
+kernel-mode time (not sampled: none of torch's compute runs there). Copying torch's code into fresh
+anonymous memory is refused by the denial's seccomp rule (neither ``mprotect`` to ``PROT_EXEC`` nor
+an anonymous executable ``mmap``: :func:`~modulelens.sandbox.no_exec_program`); samples in anonymous
+executable memory that existed before count as compute.
 """
 
 from __future__ import annotations
@@ -299,7 +302,7 @@ def attribute(ips: list[int], maps_text: str) -> Attribution:
     starts = [m[0] for m in mappings]
     per: Counter[tuple[str, str]] = Counter()
     by_file: dict[str, list[int]] = {}
-    other = 0
+    other = fresh = 0
     import bisect
 
     for ip in ips:
@@ -308,17 +311,27 @@ def attribute(ips: list[int], maps_text: str) -> Attribution:
             other += 1
             continue
         lo, _, offset, path = mappings[i]
+        if not path:
+            fresh += 1
+            continue
         by_file.setdefault(path, []).append(ip - lo + offset)
     for path, offsets in by_file.items():
+        if not path.startswith("/"):
+            per[(path, "")] += len(offsets)  # [vdso], [vsyscall]: the kernel's own
+            continue
         names = _functions_at(path, offsets)
         for name in names:
             per[(path, name)] += 1
     places = []
     for (path, name), n in per.most_common():
-        compute = _is_compute(path, name)
+        compute = path.startswith("/") and _is_compute(path, name)
         places.append(Place(library=os.path.basename(path), function=_short(name), samples=n, compute=compute))
+    if fresh:  # no anonymous executable memory can be had under the denial's seccomp rule: counted against it
+        places.append(Place(library="(anonymous executable memory)", function="code written at run time",
+                            samples=fresh, compute=True))
     if other:
-        places.append(Place(library="(anonymous memory)", function="", samples=other, compute=False))
+        places.append(Place(library="(no executable mapping)", function="", samples=other, compute=False))
+    places.sort(key=lambda p: -p.samples)
     return Attribution(total=len(ips), compute=sum(p.samples for p in places if p.compute), places=places)
 
 
@@ -346,12 +359,15 @@ def _short(name: str) -> str:
 
 
 def _executable_mappings(maps_text: str) -> list[tuple[int, int, int, str]]:
+    """(start, end, file offset, path) of the executable mappings; path '' for anonymous memory,
+    ``[vdso]`` and the like for the kernel's own."""
     out = []
     for line in maps_text.splitlines():
         parts = line.split(None, 5)
-        if len(parts) == 6 and parts[1][2] == "x" and parts[5].startswith("/"):
+        if len(parts) >= 5 and parts[1][2] == "x":
             lo, hi = (int(x, 16) for x in parts[0].split("-"))
-            out.append((lo, hi, int(parts[2], 16), parts[5].strip().removesuffix(" (deleted)")))
+            path = parts[5].strip().removesuffix(" (deleted)") if len(parts) == 6 else ""
+            out.append((lo, hi, int(parts[2], 16), path))
     return sorted(out)
 
 

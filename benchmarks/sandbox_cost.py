@@ -1,6 +1,6 @@
 """What the contained sandbox costs, what the fork server saves and what the new layers add, in one run.
 
-    python benchmarks/sandbox_cost.py [--before-ref e9f1fc3] [--repeats 5] [--validations 8]
+    python benchmarks/sandbox_cost.py [--before-ref e9f1fc3] [--repeats 5] [--validations 8] [--quick]
 
 Everything validates an already-built C++ template candidate for a captured ``LayerNorm(256)``
 card (so no compile time is measured) and is taken in this one run, side by side:
@@ -280,7 +280,10 @@ def main() -> None:
     parser.add_argument("--before-ref", default="e9f1fc3", help="the code before the fork server and new layers")
     parser.add_argument("--repeats", type=int, default=5, help="CLI runs of each command per tree")
     parser.add_argument("--validations", type=int, default=8, help="validations per throughput figure")
+    parser.add_argument("--quick", action="store_true", help="only the CLI table, 2 runs each, printed (not published)")
     args = parser.parse_args()
+    if args.quick:
+        args.repeats = min(args.repeats, 2)
     lines: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp) / "repo"
@@ -291,6 +294,9 @@ def main() -> None:
                   "| code | validate-kernel --no-time | replaying the card | ratio |", "|---|---:|---:|---:|"]
         lines += [f"| {name} ({args.before_ref if name == 'before' else 'this tree'}) | {t['validate']:.2f} s | "
                   f"{t['replay']:.2f} s | {t['validate'] / t['replay']:.2f}x |" for name, t in cli.items()]
+        if args.quick:
+            print("\n".join(lines + ["", f"load average {os.getloadavg()[0]:.1f} when done"]))
+            return
         forked, fresh = ready_times(12, True), ready_times(6, False)
         lines += ["", "## Time to a ready candidate process", "", "| started | p50 | p90 |", "|---|---:|---:|",
                   f"| forked from a template | {_median(forked) * 1e3:.0f} ms | {_pct(forked, 0.9) * 1e3:.0f} ms |",

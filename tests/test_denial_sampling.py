@@ -62,7 +62,7 @@ def test_time_in_a_torch_kernel_is_compute_and_named(sampler, name, fn, kernel):
 def test_what_honest_candidates_run_in_torch_is_not_compute(sampler, name, fn):
     got, seen = _watch(sampler, fn)
     assert seen.total > 100
-    assert seen.compute_share() < 0.03, [p for p in seen.places if p.compute][:5]
+    assert seen.compute_share() < 0.005, [p for p in seen.places if p.compute][:5]
 
 
 def test_a_sampler_that_saw_far_less_cpu_time_than_the_process_used_is_named():

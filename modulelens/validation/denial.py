@@ -122,6 +122,9 @@ def prepare_denial(*, backend: str, memory_limit_mb: int, read_only: list[Path],
         return PreparedDenial(run, "nothing (the denial could not be set up)",
                               f"the denial could not be set up: {getattr(reply, 'error', reply.kind)}")
     denied = _described(reply, numpy, keep)
+    if run.proc.sampler_fds() and not keep:
+        denied += ("; where its CPU time goes is sampled by the kernel (a perf task-clock event per CPU on the process "
+                   "and every thread it starts, handed to the checker before any candidate code)")
     if numpy == "memory" and executable_ranges(run.proc.maps(), numerical_library_paths()):
         return PreparedDenial(run, denied, "numpy's code could not be made unusable in the denial process")
     return PreparedDenial(run, denied, None)
@@ -215,8 +218,8 @@ def watch_time(run: _DenialRun, case: Case) -> tuple[str, str]:
     if seen.compute >= MIN_COMPUTE_SAMPLES and share >= COMPUTE_SHARE:
         return "fails", (f"its CPU time goes to the reference's own code, called past the denied dispatcher: "
                          f"{seen.route()} (over {calls} calls)")
-    return "computes itself", (f"{100 * share:.0f}% of its sampled CPU time in torch's compute code "
-                               f"({seen.total} samples over {calls} calls)")
+    return "computes itself", (f"{100 * share:.1f}% of its sampled CPU time in torch's compute code "
+                               f"({seen.compute} of {seen.total} samples over {calls} calls)")
 
 
 def _sampled_calls(run: _DenialRun, sampler: TaskSampler, case: Case) -> tuple[Samples, int]:

@@ -36,7 +36,7 @@ How:
 What remains unseen: compute code copied out of torch into a file of the candidate's own and
 stripped of its names (it counts as the candidate's own code: the file's mapping is named, not
 judged); a candidate spending so much of its own time elsewhere that torch's compute is under
-:data:`COMPUTE_SHARE` of its samples (it is then some thirty times slower than the code it wraps);
+:data:`COMPUTE_SHARE` of its samples (it is then some hundred times slower than the code it wraps);
 computation done by another process (none is reachable from a candidate process: no sockets, its
 own PID namespace; its own children are sampled, and a majority of samples there is named);
 kernel-mode time (not sampled: none of torch's compute runs there). Copying torch's code into fresh
@@ -63,7 +63,7 @@ import numpy as np
 PERIOD_NS = 50_000  # one sample per 50 us of the process's CPU time
 RING_BUDGET_PAGES = 128  # data pages of all the ring buffers together (512 KiB, the unprivileged perf mlock)
 MAX_CPUS = 200  # descriptors handed over in one message (SCM_MAX_FD is 253)
-COMPUTE_SHARE = 0.03  # a share of samples in torch's compute code at least this -> wrapper (honest: about 0)
+COMPUTE_SHARE = 0.01  # a share of samples in torch's compute code at least this -> wrapper (honest: about 0)
 MIN_COMPUTE_SAMPLES = 20
 COVERAGE = 0.5  # the sampler must have seen at least this share of the CPU time the process used
 

@@ -55,7 +55,8 @@ DENIAL_EVIDENCE = ("a run in a fresh contained process where every computing ope
                    "and numpy's code is unusable before any candidate code loads (decided by the checker from "
                    "the outputs' bytes, the process's death and its memory map), and where the kernel samples "
                    "which code its CPU time goes to (torch's compute code called by address is seen there)")
-SAMPLED_CPU_S = 0.1  # CPU time the candidate is watched for (about 2,000 samples)
+SAMPLED_CPU_S = 0.05  # CPU time the candidate is watched for (about 2,000 samples)
+PROBE_CALLS = 32  # the first sampled batch, which sizes the second
 MAX_SAMPLED_CALLS = 4096
 MAX_SAMPLED_WALL_S = 10.0
 _DENIED_OP = re.compile(r"modulelens denial: (\S+) is denied here")
@@ -223,14 +224,16 @@ def watch_time(run: _DenialRun, case: Case) -> tuple[str, str]:
 
 
 def _sampled_calls(run: _DenialRun, sampler: TaskSampler, case: Case) -> tuple[Samples, int]:
-    """Call ``case`` in batches, the sampler enabled around each, until about
-    :data:`SAMPLED_CPU_S` of CPU (bounded by what one ring holds), :data:`MAX_SAMPLED_CALLS` calls
-    or :data:`MAX_SAMPLED_WALL_S`: every batch's samples together, and the calls made."""
+    """Call ``case`` in batches, the sampler enabled around each: :data:`PROBE_CALLS` calls, then
+    as many as make about :data:`SAMPLED_CPU_S` of CPU in all (bounded by what one ring holds and
+    :data:`MAX_SAMPLED_CALLS`), then more only while the CPU seen is under half of it (a call
+    whose cost varies) and :data:`MAX_SAMPLED_WALL_S` has not passed: every batch's samples
+    together, and the calls made."""
     import time
 
     label, args, kwargs, want, module_call = case
     target_ns = min(SAMPLED_CPU_S * 1e9, 0.5 * sampler.capacity() * PERIOD_NS)
-    total, calls, n, seed = Samples(), 0, 1, 1
+    total, calls, n, seed = Samples(), 0, PROBE_CALLS, 1
     t0 = time.monotonic()
     while True:
         request, _ = run.encode_call(args, kwargs, want, False, module_call, calls=n, seed=seed)
@@ -247,12 +250,11 @@ def _sampled_calls(run: _DenialRun, sampler: TaskSampler, case: Case) -> tuple[S
         total.cpu_ns += got.cpu_ns
         calls += n
         seed += 1
-        if (total.sampled_ns >= target_ns or calls >= MAX_SAMPLED_CALLS
-                or time.monotonic() - t0 > MAX_SAMPLED_WALL_S):
+        enough = total.sampled_ns >= (target_ns if seed == 2 else 0.5 * target_ns)
+        if enough or calls >= MAX_SAMPLED_CALLS or time.monotonic() - t0 > MAX_SAMPLED_WALL_S:
             return total, calls
         per_call = max(got.sampled_ns / n, 1.0)
-        n = int(min(max(2 * n, (target_ns - total.sampled_ns) / per_call), MAX_SAMPLED_CALLS - calls, 8 * n))
-        n = max(n, 1)
+        n = max(1, int(min((target_ns - total.sampled_ns) / per_call, MAX_SAMPLED_CALLS - calls)))
 
 
 def _failure(error: str, run: _DenialRun) -> str:

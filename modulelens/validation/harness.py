@@ -37,7 +37,8 @@ from modulelens.sandbox import CONTAINMENT_RUNTIME
 PRELOAD = ("modulelens.validation.candidate_messages", *CONTAINMENT_RUNTIME, *CANDIDATE_RUNTIME, "torch.utils.cpp_extension",
            "safetensors.torch", "triton.language", "triton.runtime.interpreter")
 # Work a fork server template does while idle, whose result every fork can use (introspection only).
-WARM = ("modulelens.validation.poison:denial_plan", "modulelens.validation.poison:numerical_library_paths")
+WARM = ("modulelens.validation.poison:denial_plan", "modulelens.validation.poison:numerical_library_paths",
+        "modulelens.validation.sampling:warm_symbols")
 
 
 def _contain(req_fd: int, scratch: Path, memory_mb: int, read_only: list[str]) -> tuple[Any, list[str]]:

@@ -356,7 +356,12 @@ def _short(name: str) -> str:
         elif depth == 0:
             out.append(ch)
     text = re.sub(r"\s+", " ", "".join(out)).strip()
-    return (text or name)[:120]
+    if "callback_fn" in text or "function_ref" in text:  # a loop body: name the kernel it belongs to
+        kernel = (re.search(r"\w+(?<!Operator)(?<!Boxed)Kernel(?:Impl)?\b|\b\w+_kernel\b", name)
+                  or re.search(r"callback_fn<([\w:]+)", name))
+        if kernel:
+            text += f" of {kernel.group(kernel.lastindex or 0)}"
+    return (text or name)[:160]
 
 
 def _executable_mappings(maps_text: str) -> list[tuple[int, int, int, str]]:

@@ -84,6 +84,14 @@ def test_forbidden_calls_answer_eperm_in_the_sandbox(softmax_card):
             seen.append(f"{name}={errno.errorcode.get(ctypes.get_errno(), '?') if rc != 0 else 'ok'}")
         note("ptrace", libc.ptrace(16, os.getppid() or 1, 0, 0))  # PTRACE_ATTACH
         note("unshare", libc.unshare(0x40000000))  # CLONE_NEWNET
+        note("perf_off", libc.prctl(31, 0, 0, 0, 0))  # PR_TASK_PERF_EVENTS_DISABLE: the checker's sampler
+        links = []  # the sampler's descriptors went to the checker: none is left here
+        for fd in range(1024):
+            try:
+                links.append(os.readlink(f"/proc/self/fd/{fd}"))
+            except OSError:
+                pass
+        seen.append(f"perf_fds={sum('perf_event' in link for link in links)}" if links else "perf_fds=unreadable")
         for name, family in (("inet", socket.AF_INET), ("inet6", socket.AF_INET6), ("unix", socket.AF_UNIX)):
             try:
                 socket.socket(family, socket.SOCK_STREAM).close()
@@ -101,7 +109,7 @@ def test_forbidden_calls_answer_eperm_in_the_sandbox(softmax_card):
     r = validate_kernel(ValidateKernelRequest(source_text=source, target=card_id, backend="triton"),
                         ToolContext(repo_root=repo))
     assert r.verdict == "rejected"
-    for part in ("ptrace=EPERM", "unshare=EPERM", "inet=EPERM", "inet6=EPERM", "unix=EPERM", "pair=ok", "child=ran"):
+    for part in ("ptrace=EPERM", "unshare=EPERM", "perf_off=EPERM", "perf_fds=0", "inet=EPERM", "inet6=EPERM", "unix=EPERM", "pair=ok", "child=ran"):
         assert part in r.reason, (part, r.reason)
     # the reply keeps the layer's name; its detail is in the stored report the reply points to
     seccomp = next(x for x in r.isolation.layers if x.name == "seccomp")
@@ -123,6 +131,6 @@ def test_layer_reports_what_is_in_force_or_why_not():
 
     layer = Layer.model_validate_json(done.stdout.strip().splitlines()[-1])
     if machine_arch() in ARCHES:
-        assert layer.in_force and layer.detail.startswith(f"deny list of {len(DENIED) + 2} calls (EPERM): ptrace,")
+        assert layer.in_force and layer.detail.startswith(f"deny list of {len(DENIED) + 3} calls (EPERM): ptrace,")
     else:
         assert not layer.in_force and machine_arch() in layer.detail

@@ -197,7 +197,8 @@ def test_paths_beneath_except_leaves_out_only_the_denied_hierarchies(tmp_path):
 
 def test_the_denial_layers_hold_in_a_process_of_their_own(tmp_path):
     """A further Landlock layer leaves a folder unreadable and a sibling readable; the stacked
-    seccomp filter refuses PROT_EXEC from mprotect but not PROT_READ."""
+    seccomp filter refuses PROT_EXEC from mprotect but not PROT_READ, and anonymous executable pages
+    from mmap but not anonymous data pages."""
     from modulelens.sandbox.containment import landlock_abi
 
     if landlock_abi() < 1 or sys.platform != "linux":
@@ -225,6 +226,11 @@ def test_the_denial_layers_hold_in_a_process_of_their_own(tmp_path):
         addr = ctypes.addressof(ctypes.c_char.from_buffer(page))
         assert libc.mprotect(addr, 4096, 1 | 2) == 0
         assert libc.mprotect(addr, 4096, 1 | 4) == -1 and ctypes.get_errno() == 1  # EPERM
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+        assert libc.mmap(None, 4096, 1 | 2 | 4, 0x02 | 0x20, -1, 0) == 2**64 - 1  # no fresh code: MAP_FAILED
+        assert ctypes.get_errno() == 1
+        assert libc.mmap(None, 4096, 1 | 2, 0x02 | 0x20, -1, 0) != 2**64 - 1  # data pages still come
         print("held")
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)

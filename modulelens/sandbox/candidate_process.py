@@ -207,6 +207,7 @@ class CandidateProcess:
         req_child = theirs.detach()
         self._reply_r, reply_w = os.pipe()
         self._maps: int | None = None
+        self._sampler: list[int] = []
         env = _scrubbed_environment(self.scratch)
         if self.masked:
             env[MASKED_VARIABLE] = json.dumps([str(p) for p in self.masked])
@@ -297,13 +298,19 @@ class CandidateProcess:
             except OSError:
                 fds = []
             self._maps = fds[0] if fds else -1
-            for fd in fds[1:]:
-                os.close(fd)
+            self._sampler = fds[1:]
             try:
                 socket.socket(fileno=os.dup(self._req)).shutdown(socket.SHUT_RD)
             except OSError:
                 pass
         return self._maps if self._maps is not None and self._maps >= 0 else None
+
+    def sampler_fds(self) -> list[int]:
+        """The descriptors of the candidate process's sampling events (one per CPU, disabled),
+        sent with its maps descriptor before any candidate code ran; the candidate kept none.
+        Empty where its kernel refused them. They stay this handle's (closed by :meth:`close`)."""
+        self._maps_fd()
+        return list(self._sampler)
 
     def maps(self) -> str:
         """The candidate's ``/proc/PID/maps`` now (written by the kernel: the candidate cannot forge
@@ -385,6 +392,12 @@ class CandidateProcess:
                     pass
         self._req = self._reply_r = -1
         self._maps = -1
+        for fd in self._sampler:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._sampler = []
 
     def remove(self) -> None:
         self.close()

@@ -291,11 +291,12 @@ def apply_landlock(writable: list[str], readable: list[str], private_dev: bool =
     return Layer(name="landlock", in_force=True, detail=f"ABI {abi}: " + ", ".join(parts))
 
 
-def hand_over_maps(channel: int) -> None:
+def hand_over_maps(channel: int, also: list[int] = ()) -> None:
     """(In a candidate process, before any candidate code) send the checker, over the Unix socket
     ``channel``, a descriptor of this process's ``/proc/self/maps``: once the process is not
     dumpable, the checker may not open it by path (unless it holds CAP_SYS_PTRACE), but reads
-    through a descriptor opened by the process itself keep working. One byte, one descriptor."""
+    through a descriptor opened by the process itself keep working. One byte, the maps
+    descriptor first, then ``also`` (the sampling events of :mod:`modulelens.validation.sampling`)."""
     import array
     import socket
 
@@ -306,7 +307,7 @@ def hand_over_maps(channel: int) -> None:
     try:
         sock = socket.socket(fileno=os.dup(channel))
         try:
-            sock.sendmsg([b"m"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
+            sock.sendmsg([b"m"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd, *also]))])
         finally:
             sock.close()
     except OSError:

@@ -15,7 +15,9 @@ arguments at 16 + 8 i, little-endian on both supported architectures):
   no path-based or abstract Unix socket of the host (``socketpair`` stays: Python's
   multiprocessing uses it); ``clone`` answers ``EPERM`` when its flags ask for a new namespace; ``clone3``, whose
   flags the filter cannot read (they are behind a pointer), answers ``ENOSYS``, on which glibc
-  falls back to ``clone``.
+  falls back to ``clone``; ``prctl(PR_TASK_PERF_EVENTS_DISABLE/ENABLE)`` answers ``EPERM`` (it
+  would switch off the sampler the checker watches a denial process with:
+  :mod:`modulelens.validation.sampling`).
 
 :func:`filter_program` is pure (the instructions for one architecture); :func:`apply_seccomp`
 installs it on every thread of the calling process (``SECCOMP_FILTER_FLAG_TSYNC``) and says
@@ -47,7 +49,9 @@ DENIED: dict[str, tuple[int, int]] = {
     "userfaultfd": (323, 282), "io_uring_setup": (425, 425), "personality": (135, 92),
 }
 # calls the filter looks into: (x86_64, aarch64)
-SOCKET, CLONE, CLONE3, SECCOMP = (41, 198), (56, 220), (435, 435), (317, 277)
+SOCKET, CLONE, CLONE3, SECCOMP, PRCTL = (41, 198), (56, 220), (435, 435), (317, 277), (157, 167)
+# prctl options that switch the process's perf events (the checker's CPU-time sampler) off or on
+PR_TASK_PERF_EVENTS_DISABLE, PR_TASK_PERF_EVENTS_ENABLE = 31, 32
 ARCHES: dict[str, int] = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}  # AUDIT_ARCH_*
 X32_BIT = 0x40000000
 CLONE_NAMESPACES = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
@@ -102,6 +106,11 @@ def filter_program(arch: str) -> list[Instruction]:
         (JEQ_K, "deny", None, SOCKET[i]),
         (JEQ_K, "clone", None, CLONE[i]),
         (JEQ_K, "enosys", None, CLONE3[i]),
+        (JEQ_K, "prctl", None, PRCTL[i]),
+        (RET_K, None, None, RET_ALLOW),
+        "prctl:", (LD_W_ABS, None, None, OFFSET_ARG0),
+        (JEQ_K, "deny", None, PR_TASK_PERF_EVENTS_DISABLE),
+        (JEQ_K, "deny", None, PR_TASK_PERF_EVENTS_ENABLE),
         (RET_K, None, None, RET_ALLOW),
         "clone:", (LD_W_ABS, None, None, OFFSET_ARG0),
         (JSET_K, "deny", None, CLONE_NAMESPACES),
@@ -110,6 +119,12 @@ def filter_program(arch: str) -> list[Instruction]:
         "deny:", (RET_K, None, None, RET_ERRNO | errno.EPERM),
         "kill:", (RET_K, None, None, RET_KILL_PROCESS),
     ]
+    return _assembled(code)
+
+
+def _assembled(code: list) -> list[Instruction]:
+    """Instructions from ``(code, label if true, label if false, k)`` items and ``"label:"`` marks
+    (a label None falls through); every jump goes forward and fits in a byte."""
     labels: dict[str, int] = {}
     program = []
     for item in code:
@@ -127,7 +142,7 @@ def filter_program(arch: str) -> list[Instruction]:
 def denied_summary() -> str:
     """What the filter denies, in words (the detail of the seccomp layer when it is in force)."""
     calls = [*DENIED, "socket (every family: no TCP/UDP, no path-based or abstract Unix socket)",
-             "clone(new namespaces)"]
+             "clone(new namespaces)", "prctl(PR_TASK_PERF_EVENTS_DISABLE/ENABLE)"]
     return (f"deny list of {len(calls)} calls (EPERM): {', '.join(calls)}; clone3 answers ENOSYS (callers fall back "
             "to clone); a call of another architecture kills the process")
 
@@ -145,30 +160,38 @@ def apply_seccomp() -> Layer:
     return Layer(name="seccomp", in_force=ok, detail=f"{denied_summary()}; on {how}" if ok else how)
 
 
-# mprotect and pkey_mprotect: (x86_64, aarch64); PROT_EXEC
-MPROTECT, PKEY_MPROTECT, PROT_EXEC = (10, 226), (329, 288), 4
+# mprotect, pkey_mprotect and mmap: (x86_64, aarch64); PROT_EXEC, MAP_ANONYMOUS
+MPROTECT, PKEY_MPROTECT, MMAP, PROT_EXEC, MAP_ANONYMOUS = (10, 226), (329, 288), (9, 222), 4, 0x20
 
 
 def no_exec_program(arch: str) -> list[Instruction]:
     """A filter stacked on :func:`filter_program` where code must stay as it is: ``mprotect`` and
-    ``pkey_mprotect`` asking for ``PROT_EXEC`` answer ``EPERM`` (pages made unusable stay so;
-    libraries still load, ``mmap`` being untouched)."""
+    ``pkey_mprotect`` asking for ``PROT_EXEC`` answer ``EPERM`` (pages made unusable stay so), and
+    so does an anonymous ``mmap`` asking for it (no code written at run time, no copy of a
+    library's code into fresh memory); libraries still load (a file's ``mmap`` is untouched)."""
     if arch not in ARCHES:
         raise ValueError(f"no seccomp filter for architecture {arch!r}")
     i = 0 if arch == "x86_64" else 1
-    return [
-        Instruction(LD_W_ABS, 0, 0, OFFSET_ARCH),
-        Instruction(JEQ_K, 0, 8, ARCHES[arch]),        # else kill
-        Instruction(LD_W_ABS, 0, 0, OFFSET_NR),
-        Instruction(JEQ_K, 2, 0, MPROTECT[i]),         # to the prot check
-        Instruction(JEQ_K, 1, 0, PKEY_MPROTECT[i]),
-        Instruction(RET_K, 0, 0, RET_ALLOW),
-        Instruction(LD_W_ABS, 0, 0, OFFSET_ARG0 + 16),  # prot, the third argument
-        Instruction(JSET_K, 1, 0, PROT_EXEC),
-        Instruction(RET_K, 0, 0, RET_ALLOW),
-        Instruction(RET_K, 0, 0, RET_ERRNO | errno.EPERM),
-        Instruction(RET_K, 0, 0, RET_KILL_PROCESS),
+    code: list = [
+        (LD_W_ABS, None, None, OFFSET_ARCH),
+        (JEQ_K, None, "kill", ARCHES[arch]),
+        (LD_W_ABS, None, None, OFFSET_NR),
+        (JEQ_K, "protect", None, MPROTECT[i]),
+        (JEQ_K, "protect", None, PKEY_MPROTECT[i]),
+        (JEQ_K, "map", None, MMAP[i]),
+        (RET_K, None, None, RET_ALLOW),
+        "protect:", (LD_W_ABS, None, None, OFFSET_ARG0 + 16),  # prot, the third argument
+        (JSET_K, "deny", None, PROT_EXEC),
+        (RET_K, None, None, RET_ALLOW),
+        "map:", (LD_W_ABS, None, None, OFFSET_ARG0 + 16),  # prot
+        (JSET_K, None, "allow", PROT_EXEC),
+        (LD_W_ABS, None, None, OFFSET_ARG0 + 24),  # flags, the fourth argument
+        (JSET_K, "deny", None, MAP_ANONYMOUS),
+        "allow:", (RET_K, None, None, RET_ALLOW),
+        "deny:", (RET_K, None, None, RET_ERRNO | errno.EPERM),
+        "kill:", (RET_K, None, None, RET_KILL_PROCESS),
     ]
+    return _assembled(code)
 
 
 def install_filter(program: list[Instruction]) -> tuple[bool, str]:

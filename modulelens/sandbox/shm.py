@@ -23,6 +23,7 @@ import ctypes
 import fcntl
 import mmap
 import os
+import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -147,6 +148,14 @@ class SharedArena:
         self.fd, self.size = fd, size
         self.generation += 1
 
+    def elements(self, slot: TensorSlot, fmt: str) -> memoryview:
+        """The slot's bytes in place as a memoryview of ``fmt`` items (a struct format such as
+        ``I``): element moves without torch or numpy (numpy's code is unusable in a denial process)."""
+        if slot.offset + slot.nbytes > self.size:
+            raise ValueError("slot outside the arena")
+        size = struct.calcsize(fmt)
+        return memoryview(self._map)[slot.offset:slot.offset + slot.nbytes // size * size].cast(fmt)
+
     def put(self, t: torch.Tensor, offset: int) -> TensorSlot:
         """Write ``t`` (any device, its strides kept) at ``offset``; returns its slot."""
         src, slot = _placed(t, offset, self.size)
@@ -220,6 +229,14 @@ class MappedArena:
             return torch.empty_strided(slot.shape, slot.stride or [1] * len(slot.shape), dtype=dtype)
         flat = torch.frombuffer(self._map, dtype=dtype, count=count, offset=slot.offset)
         return flat.as_strided(slot.shape, slot.stride)
+
+    def elements(self, slot: TensorSlot, fmt: str) -> memoryview:
+        """The slot's bytes in place as a memoryview of ``fmt`` items (a struct format such as
+        ``I``): element moves without torch or numpy (numpy's code is unusable in a denial process)."""
+        if slot.offset + slot.nbytes > self.size:
+            raise ValueError("slot outside the arena")
+        size = struct.calcsize(fmt)
+        return memoryview(self._map)[slot.offset:slot.offset + slot.nbytes // size * size].cast(fmt)
 
     def put(self, t: torch.Tensor, offset: int) -> TensorSlot:
         """Write ``t`` (any device, its strides kept) at ``offset``; returns its slot."""

@@ -38,7 +38,8 @@ from modulelens.sandbox import CONTAINMENT_RUNTIME
 PRELOAD = ("modulelens.validation.candidate_messages", *CONTAINMENT_RUNTIME, *CANDIDATE_RUNTIME, "torch.utils.cpp_extension",
            "safetensors.torch", "triton.language", "triton.runtime.interpreter")
 # Work a fork server template does while idle, whose result every fork can use (introspection only).
-WARM = ("modulelens.validation.poison:denial_plan", "modulelens.validation.poison:numerical_library_paths")
+WARM = ("modulelens.validation.poison:denial_plan", "modulelens.validation.poison:numerical_library_paths",
+        "modulelens.validation.sampling:warm_symbols")
 
 
 def _contain(req_fd: int, scratch: Path, memory_mb: int, read_only: list[str]) -> tuple[Any, list[str]]:
@@ -57,8 +58,12 @@ def _contain(req_fd: int, scratch: Path, memory_mb: int, read_only: list[str]) -
         private_tmp,
         readable_roots,
     )
+    from modulelens.validation.sampling import open_task_sampler
 
-    hand_over_maps(req_fd)  # first: the checker reads it from outside, before any candidate code
+    sampler = open_task_sampler()  # before seccomp (which refuses perf_event_open) and any candidate code
+    hand_over_maps(req_fd, sampler)  # first: the checker reads it from outside, before any candidate code
+    for fd in sampler:  # the checker holds them now: candidate code finds no descriptor of its sampler
+        os.close(fd)
     iso = Isolation()
     described = os.environ.pop("MODULELENS_NAMESPACES", "")
     missing = os.environ.pop("MODULELENS_NAMESPACES_MISSING", "")
@@ -345,19 +350,16 @@ class _Harness:
 
     def _swaps(self, inputs: list, slots: list, seed: int) -> Any:
         """The swaps between the calls of a batch over the floating inputs: on the arena's bytes
-        (numpy views of each input's whole span as integers of its element size) for CPU inputs,
-        on the device copy otherwise."""
-        from modulelens.validation.perturb import Swaps, perturbed
+        (memoryviews of each input's whole span as integers of its element size: no numpy, which
+        a denial process has made unusable) for CPU inputs, on the device copy otherwise."""
+        from modulelens.validation.perturb import Swaps, item_format, perturbed
 
-        ints = {1: "torch.uint8", 2: "torch.int16", 4: "torch.int32", 8: "torch.int64"}
         spans = []
         for t, slot in zip(inputs, slots):
             if not perturbed(t):
                 continue
             if t.device.type == "cpu":
-                n = slot.nbytes // t.element_size()
-                flat = slot.model_copy(update={"dtype": ints[t.element_size()], "shape": [n], "stride": [1]})
-                spans.append(self.arena.view(flat).numpy())
+                spans.append(self.arena.elements(slot, item_format(t.element_size())))
             else:
                 spans.append(_DeviceSpan(t))
         return Swaps(spans, seed)

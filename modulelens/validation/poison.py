@@ -20,7 +20,11 @@ still correct there computes by itself.
 * **numpy, for Triton's CPU interpreter** (:func:`python_numpy_denial`): the interpreter computes
   with numpy, so numpy stays; ``import numpy`` gives code outside torch, Triton and numpy itself a
   module whose every attribute raises, and the torch<->numpy crossings raise. A claim-level
-  denial: a candidate digging numpy out of the interpreter's globals is not stopped.
+  denial: a candidate digging numpy out of the interpreter's globals is not stopped. The seccomp
+  filter that makes no page executable is stacked here too (:func:`no_fresh_code`).
+* **no fresh code** either way: no page becomes executable (``mprotect``) and no anonymous
+  executable memory is mapped, so torch's compute code cannot be copied where the checker's CPU
+  time sampler would not name it; a file mapped executable is named by its own symbols.
 """
 
 from __future__ import annotations
@@ -229,4 +233,18 @@ def python_numpy_denial() -> str:
     torch.Tensor.__array__ = refuse("Tensor.__array__", torch.Tensor.__array__)
     torch.from_numpy = refuse("torch.from_numpy", torch.from_numpy)
     return ("numpy kept for Triton's CPU interpreter; denied at the Python level to other code (import numpy, "
-            "Tensor.numpy, __array__, from_numpy)")
+            "Tensor.numpy, __array__, from_numpy); " + no_fresh_code())
+
+
+def no_fresh_code() -> str:
+    """Stack the seccomp filter that makes no page executable (no ``mprotect`` to ``PROT_EXEC``, no
+    anonymous executable ``mmap``: :func:`~modulelens.sandbox.no_exec_program`), so that torch's
+    code cannot be copied into fresh memory where the sampler (:mod:`.sampling`) would not name it.
+    Returns what is in force, in words."""
+    from modulelens.sandbox import install_filter, machine_arch, no_exec_program
+
+    try:
+        ok, how = install_filter(no_exec_program(machine_arch()))
+    except ValueError as e:
+        ok, how = False, str(e)
+    return "seccomp: no page made executable" + ("" if ok else f" (not in force: {how})")

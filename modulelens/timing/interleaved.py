@@ -65,8 +65,9 @@ CLEAN_ENOUGH = 8  # undisturbed rounds that are enough to use them alone
 
 class Side(Protocol):
     """One side of a comparison. ``prepare`` readies a batch (inputs written: not timed, not
-    watched), ``batch`` runs ``calls`` calls (round ``round_index``: sides given the same index see
-    the same input values) and returns their wall seconds by the caller's clock; ``pids`` are the
+    watched), ``batch`` runs ``calls`` calls (round ``round_index``: the n-th batches of the sides
+    in one round see the same input values, two batches of one side never do; calibration
+    batches have negative indices) and returns their wall seconds by the caller's clock; ``pids`` are the
     processes doing the work (their scheduler counters are read); ``hold``/``release`` stop and
     resume it while another side is timed; ``set_threads`` sets its intra-op thread count;
     ``timer`` says in words how it is timed."""
@@ -404,7 +405,7 @@ def _rounds(sides: list[Side], plan: TimingPlan, probe: Probe, attempt: _Attempt
             start: float, on_round: Callable[[int], Any] | None) -> list[SpeedupMeasurement]:
     candidates = sides[1:]
     retimed, retime_why = False, ""
-    attempt.calls = _calibrate(sides, plan, 0, probe)
+    attempt.calls = _calibrate(sides, plan, -1, probe)  # calibration rounds are numbered apart from the rounds
     round_index = 0
     while True:
         for i in _order(len(candidates), round_index):
@@ -433,7 +434,7 @@ def _rounds(sides: list[Side], plan: TimingPlan, probe: Probe, attempt: _Attempt
                 for s in sides:
                     s.set_threads(fewer.threads)
                 probe.cpus = probe.quietest(fewer.threads)
-                attempt.calls = _calibrate(sides, plan, round_index, probe)
+                attempt.calls = _calibrate(sides, plan, -2, probe)
                 retimed = True
                 retime_why = (f"retimed with {fewer.threads} thread(s) because {why}" if fewer is not before
                               else f"rounds started over because {why}")

@@ -49,7 +49,7 @@ from typing import Any
 import torch
 
 from modulelens.sandbox import CandidateDied, CandidateProcess
-from modulelens.timing import SpeedupMeasurement, Timing, TimingPlan
+from modulelens.timing import SpeedupMeasurement, Timing, TimingPlan, TreeClock
 from modulelens.validation.candidate_messages import FetchRequest
 from modulelens.validation.checker import CandidateChecker, CandidateFailed, ModuleCall, time_calls
 from modulelens.validation.compare import same_bits
@@ -148,6 +148,7 @@ class TimedProcess:
         self._pid: int | None = None
         self._pending: Any = None
         self._batches_in: dict[int, int] = {}  # round -> batches this side ran in it
+        self._cpu_clock: TreeClock | None = None
         self.verified = 0
         self.last_calls = 1
 
@@ -174,8 +175,11 @@ class TimedProcess:
         request, args, kwargs, seed, slots = fields
         self.last_calls = calls
         label = f"a timed batch of {calls} call(s)"
+        clock = self.cpu_clock
         try:
+            clock.start()
             seconds, reply = time_calls(self.proc, request, self.checker.call_timeout)
+            clock.stop(seconds)
             outputs, _, _ = self.checker.read_reply(reply, label, self.proc)
         except CandidateDied as e:
             if self.reference:
@@ -211,10 +215,19 @@ class TimedProcess:
             if problem:
                 raise CandidateFailed(f"{who}its timed outputs disagree with the reference: {problem}")
 
+    @property
+    def cpu_clock(self) -> TreeClock:
+        """The CPU-time clock of this side's process tree (:mod:`modulelens.timing.cputime`)."""
+        if self._cpu_clock is None:
+            self._cpu_clock = TreeClock.of(self.pids()[0])
+        return self._cpu_clock
+
     def _fetch(self, offset: int, call: int, label: str) -> list[torch.Tensor]:
-        """The outputs call ``call`` of the last batch returned, copied out by the candidate's process."""
+        """The outputs call ``call`` of the last batch returned, copied out by the candidate's process
+        (work the checker asked for: not counted as work outside the batches)."""
         try:
-            reply = self.proc.request(FetchRequest(output_offset=offset, call=call), self.checker.call_timeout)
+            with self.cpu_clock.excused():
+                reply = self.proc.request(FetchRequest(output_offset=offset, call=call), self.checker.call_timeout)
         except CandidateDied as e:
             raise CandidateFailed(f"the {self.label} process {e.reason} while its timed outputs were read") from None
         outputs, _, _ = self.checker.read_reply(reply, f"the outputs of {label}", self.proc)
@@ -226,7 +239,8 @@ class TimedProcess:
             return
         request, args, kwargs, seed, slots = self._call_fields(calls, round_index, 0)
         try:
-            _, reply = time_calls(self.proc, request, self.checker.call_timeout)
+            with self.cpu_clock.excused():
+                _, reply = time_calls(self.proc, request, self.checker.call_timeout)
         except CandidateDied as e:
             raise CandidateFailed(f"the {self.label} process {e.reason} during a checked batch") from None
         outputs, _, _ = self.checker.read_reply(reply, f"a batch of {calls} call(s) like the timed ones", self.proc)

@@ -9,7 +9,9 @@ twins are not.
 * ``one_call_in_k.py``: a module candidate that reads its place in the batch from the harness's
   stack and computes only every 4th call, the batch's last always (below the 10x flag);
 * ``cross_batch_cache.py``: an exact cache across batches (always right when it hits), with slow
-  honest work: timed on a cache if two batches of one side ever see the same inputs.
+  honest work: timed on a cache if two batches of one side ever see the same inputs;
+* ``helper_thread.py``: half the work done by a helper thread that moves itself off the CPU the
+  timing pinned the process to (issue 37: not timed faster than its honest twin on either clock).
 
 A timed batch is one ``CallRequest`` handled by the same harness function as a check; every batch
 gets fresh values and a fresh swap seed (the n-th batches of both sides of a round the same ones)
@@ -58,7 +60,7 @@ def _module(repo: Path, name: str, honest: bool):
     source = (HERE / name).read_text()
     if honest:
         source = (source.replace("STALE = True", "STALE = False").replace("CACHE = True", "CACHE = False")
-                  .replace("K = 4", "K = 1"))
+                  .replace("K = 4", "K = 1").replace("HELP = True", "HELP = False"))
     return validate_source(repo, source, time=True)
 
 
@@ -100,6 +102,22 @@ def test_a_cache_across_batches_is_not_timed_faster_than_its_honest_twin(repo):
         assert r.correct and r.verdict != "rejected", r.reason
         assert r.candidate is not None, r.timing_reason
     assert cached.candidate.median_s > 0.6 * honest.candidate.median_s, (cached.candidate, honest.candidate)
+
+
+def test_a_helper_thread_on_another_cpu_is_not_timed_faster_than_its_honest_twin(repo):
+    """With a free core the helper halves the wall time of a batch; the batches then used more CPU
+    time than wall time allows for one thread, so the wall clock is refused and the CPU time of the
+    process tree (which counts the helper) decides: no gain on either clock."""
+    helped = _module(repo, "helper_thread.py", honest=False)
+    honest = _module(repo, "helper_thread.py", honest=True)
+    for r in (helped, honest):
+        assert r.correct and r.verdict != "rejected", r.reason
+    if helped.speedup_vs_eager is not None:
+        ceiling = honest.speedup_vs_eager or honest.eager.median_s / honest.candidate.median_s
+        assert helped.speedup_vs_eager <= 1.25 * ceiling, (helped.timing_note, honest.timing_note)
+    parallel = [f for f in helped.measurement.findings if f.kind == "cpus"]
+    if parallel:  # the helper ran beside the main thread: the wall clock could not decide
+        assert helped.measurement.clock == "cpu" or helped.speedup_vs_eager is None, helped.timing_note
 
 
 def test_a_cpp_kernel_caching_on_sampled_values_is_rejected_and_its_twin_is_not(repo):

@@ -41,6 +41,15 @@ this process (``check_pack``, :class:`CallableSide`). :func:`measure_speedups` d
 6. **Verdict**: ``ok`` with the point and interval, or ``undetermined`` (the speedup is null)
    with the interval and the reason: too few rounds, too wide, straddling 1, two modes, or too
    few undisturbed rounds on a preempted machine.
+7. **Clocks**: a side may carry a CPU-time clock of its whole process tree (``cpu_clock``, a
+   :class:`~modulelens.timing.cputime.TreeClock`: validation's contained processes do). When the
+   wall-clock rounds fail the noise checks with descheduling among the findings (preempted
+   batches, lost time slices, load), or a side's batches used more CPUs than its threads, the
+   same estimate and decision run on the CPU-time rounds (single-threaded sides whose trees are
+   known complete, no work hidden from the clock; two modes and drift still block), and the
+   result says which clock decided and why (``clock``, ``clock_why``). When one side is PID 1 of
+   its own namespace and single-threaded, a preempted first attempt is not started over: the CPU
+   clock answers preemption.
 """
 
 from __future__ import annotations
@@ -418,7 +427,8 @@ def _measurement(attempt: _Attempt, sides: list[Side], j: int, plan: TimingPlan,
                 ok, reason, interval, point, clock = True, f"CPU time: {c_reason}", c_interval, c_est.point, "cpu"
                 found = found + [f for f in c_found if f not in found]
                 ratios, base_s, cand_s = c_ratios, c_base, c_cand
-                cpu_timer = f"CPU time of its process tree ({_cpu_clock(sides[0]).why})"  # type: ignore[union-attr]
+                cpu_timer = (f"CPU time of its process tree ({_cpu_clock(sides[0]).why}), read by the checker "  # type: ignore[union-attr]
+                             "from /proc around each batch's request")
                 timer = (cpu_timer, cpu_timer)
                 clock_why = (f"the wall-clock rounds were descheduled or used more CPUs than allowed ({desched[0]}); "
                              "the CPU time of each side's process tree counts neither time spent waiting for a CPU "

@@ -22,8 +22,8 @@ checked calls.
   candidate that computes one call in k and returns an earlier result for the others (however it
   learns where a batch ends, e.g. from the harness's stack) is caught on a drawn call that it
   skipped: "its timed outputs disagree with the reference: ... on call j of a timed batch". At
-  least :data:`MIN_VERIFIED` batches per measurement are checked (extra untimed ones if the
-  timing ended early).
+  least :data:`MIN_VERIFIED` batches of several calls per measurement are checked (extra untimed
+  ones, built the same way, when the timed batches held one call each or the timing ended early).
 * What output checks cannot see: a candidate that rewrites the harness in its own process so that
   copying a call's outputs out *computes* them (lazily, after the batch's clock stopped). That
   needs code running in the fetch, which an honest candidate never has; it is beyond what this
@@ -150,6 +150,7 @@ class TimedProcess:
         self._batches_in: dict[int, int] = {}  # round -> batches this side ran in it
         self._cpu_clock: TreeClock | None = None
         self.verified = 0
+        self.verified_batches_of_several = 0
         self.last_calls = 1
 
     def _call_fields(self, calls: int, round_index: int, n: int) -> tuple[Any, list, dict, int, list]:
@@ -207,6 +208,7 @@ class TimedProcess:
                 raise CandidateFailed(f"{who}its timed batches change their inputs: input {i} after a {what} of "
                                       f"{calls} call(s) is not what the checker wrote (with the swaps between calls)")
         self.verified += 1
+        self.verified_batches_of_several += calls > 1
         for j in sorted(_RANDOM.sample(range(calls), min(VERIFIED_CALLS, calls))):
             label = f"call {j + 1} of a {what} of {calls} call(s)"
             outputs = last if j == calls - 1 else self._fetch(request.output_offset, j, label)
@@ -264,12 +266,17 @@ class TimedProcess:
             self.checker.threads = ThreadChoice(threads=threads, why=f"{threads}, set for the timing")
 
 
+EXTRA_CALLS = 8  # calls of an extra checked batch at least (a batch of one call has no call to skip)
+
+
 def settle_verification(side: TimedProcess) -> None:
-    """Check extra batches (as long as the last timed one) until :data:`MIN_VERIFIED` of the
-    candidate's were checked."""
+    """Check extra batches (as long as the last timed one, and at least :data:`EXTRA_CALLS`
+    calls) until :data:`MIN_VERIFIED` of the candidate's batches of several calls were checked:
+    on a machine so busy that the timed batches held one call each, a candidate skipping calls
+    is still caught."""
     r = 1 << 20
-    while side.verify is not None and side.verified < MIN_VERIFIED:
-        side.check_extra(r, side.last_calls)
+    while side.verify is not None and side.verified_batches_of_several < MIN_VERIFIED:
+        side.check_extra(r, max(side.last_calls, EXTRA_CALLS))
         r += 1
 
 

@@ -10,8 +10,9 @@ twins are not.
   stack and computes only every 4th call, the batch's last always (below the 10x flag);
 * ``cross_batch_cache.py``: an exact cache across batches (always right when it hits), with slow
   honest work: timed on a cache if two batches of one side ever see the same inputs;
-* ``helper_thread.py``: half the work done by a helper thread that moves itself off the CPU the
-  timing pinned the process to (issue 37: not timed faster than its honest twin on either clock).
+* ``helper_thread.py`` / ``helper_process.py``: half the work done by a helper thread, or a forked
+  helper process, that moves itself off the CPU the timing pinned the process to (issue 37: not
+  timed faster than its honest twin on either clock).
 
 A timed batch is one ``CallRequest`` handled by the same harness function as a check; every batch
 gets fresh values and a fresh swap seed (the n-th batches of both sides of a round the same ones)
@@ -20,6 +21,7 @@ random calls drawn by the checker are copied out and checked against the referen
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -84,10 +86,11 @@ def test_the_honest_twin_is_correct_and_its_timed_batches_were_checked(repo, nam
 
 def test_a_candidate_computing_one_call_in_k_is_rejected_on_a_call_it_skipped(repo):
     r = _module(repo, "one_call_in_k.py", honest=False)
-    assert r.verdict == "rejected" and not r.correct, r.reason
-    assert DISAGREE in r.reason and "of a timed batch of" in r.reason, r.reason
-    skipped = int(r.reason.split(" of a timed batch of ")[0].rsplit("call ", 1)[1])
-    calls = int(r.reason.split(" of a timed batch of ")[1].split()[0])
+    assert r.verdict == "rejected" and not r.correct, (r.reason, r.timing_note, r.timing_reason)
+    # caught on a timed batch, or (batches of one call on a busy machine) on an extra one built like them
+    found = re.search(r"call (\d+) of a (?:timed batch|batch like the timed ones) of (\d+) call", r.reason)
+    assert DISAGREE in r.reason and found, r.reason
+    skipped, calls = int(found.group(1)), int(found.group(2))
     assert (calls - skipped) % 4, f"call {skipped} of {calls} was one it computed: {r.reason}"
     assert r.speedup_vs_eager is None
 
@@ -101,15 +104,20 @@ def test_a_cache_across_batches_is_not_timed_faster_than_its_honest_twin(repo):
     for r in (cached, honest):
         assert r.correct and r.verdict != "rejected", r.reason
         assert r.candidate is not None, r.timing_reason
-    assert cached.candidate.median_s > 0.6 * honest.candidate.median_s, (cached.candidate, honest.candidate)
+    # each report's base and candidate come from one clock (wall, or CPU time under load): compare their ratios
+    cached_ratio = cached.eager.median_s / cached.candidate.median_s
+    honest_ratio = honest.eager.median_s / honest.candidate.median_s
+    assert cached_ratio < 1.6 * honest_ratio, (cached.timing_note, honest.timing_note)
 
 
-def test_a_helper_thread_on_another_cpu_is_not_timed_faster_than_its_honest_twin(repo):
+@pytest.mark.parametrize("name", ["helper_thread.py", "helper_process.py"])
+def test_a_helper_on_another_cpu_is_not_timed_faster_than_its_honest_twin(repo, name):
     """With a free core the helper halves the wall time of a batch; the batches then used more CPU
     time than wall time allows for one thread, so the wall clock is refused and the CPU time of the
-    process tree (which counts the helper) decides: no gain on either clock."""
-    helped = _module(repo, "helper_thread.py", honest=False)
-    honest = _module(repo, "helper_thread.py", honest=True)
+    process tree (which counts the helper: a thread, or a child in the candidate's PID namespace)
+    decides: no gain on either clock."""
+    helped = _module(repo, name, honest=False)
+    honest = _module(repo, name, honest=True)
     for r in (helped, honest):
         assert r.correct and r.verdict != "rejected", r.reason
     if helped.speedup_vs_eager is not None:

@@ -202,3 +202,12 @@ def test_work_between_batches_is_counted_outside_and_excused_work_is_not():
 
 def test_this_test_process_is_not_pid_1_of_a_namespace():
     assert not own_pid_namespace(os.getpid()) and not TreeClock.of(os.getpid()).complete
+
+
+def test_gpu_sides_are_never_decided_by_cpu_time():
+    clock, rng = FakeClock(), random.Random(5)
+    base = CpuSide(clock, 40e-6, 40e-6, _descheduled_wall(rng))
+    cand = CpuSide(clock, 10e-6, 10e-6, _descheduled_wall(rng))
+    base.device = cand.device = "cuda"
+    m = _measure(base, cand, clock)
+    assert m.clock == "wall" and "GPU work" in m.clock_why, m.clock_why

@@ -363,6 +363,8 @@ def _clock_findings(sides: list[Side], j: int, threads: int) -> tuple[list[noise
     both: list[noise.Finding] = []
     wall: list[noise.Finding] = []
     why = None if threads == 1 else f"{threads} threads a side (CPU time would count idle pool threads spinning)"
+    if is_cuda(sides[0].device) or is_cuda(sides[j].device):
+        why = "GPU work: the CPU time of a process waiting on the device says nothing of the kernel"
     for i, who in ((0, "base side: "), (j, "candidate side: ")):
         clock = _cpu_clock(sides[i])
         if clock is None:

@@ -507,3 +507,24 @@ def test_rounds_that_drift_leave_the_figure_undetermined_however_wide_the_target
     m = measurement_from_rounds([1.0] * 12, [1 / r for r in two[::2] + two[1::2]], target_width=2.0, method="t",
                                 threads=TWO, timer="wall")
     assert m.status == "undetermined" and any(f.kind == "bimodal" for f in m.findings)
+
+
+def test_every_batch_gets_its_own_values_and_swaps_paired_across_sides():
+    """The n-th batch of a round is the same for every side (the ratio compares like with like);
+    two batches of one side never are (issue 33: a cache filled in a side's first batch served its
+    second); a second feed (another validation) draws other values."""
+    import torch
+
+    from modulelens.validation.timed import TimingFeed
+
+    x = torch.randn(4, 8)
+    feed = TimingFeed([x], {})
+    first, again, second = feed.batch(3, 0), feed.batch(3, 0), feed.batch(3, 1)
+    assert torch.equal(first[0][0], again[0][0]) and first[2] == again[2]
+    assert not torch.equal(first[0][0], second[0][0]) and first[2] != second[2]
+    for _ in range(10):  # evicted and asked for again: derived, not redrawn
+        feed.batch(9, _)
+    assert torch.equal(feed.batch(3, 0)[0][0], first[0][0]) and feed.batch(3, 0)[2] == first[2]
+    other = TimingFeed([x], {}).batch(3, 0)
+    assert not torch.equal(other[0][0], first[0][0]) and other[2] != first[2]
+    assert not torch.equal(first[0][0], x) and first[0][0].shape == x.shape

@@ -13,10 +13,13 @@ without pulling in anything else of modulelens.
   (null when undetermined), 95% ``interval``, ``reason``, threads and why, ``method``;
 * :func:`estimate_ratio` / :func:`decide` - the estimator and the decision on per-round ratios
   (for callers that pair rounds themselves, like ``run --compare``);
+* :class:`TreeClock` - the CPU-time clock of a side's whole process tree (:mod:`.cputime`),
+  beside the wall clock: it may decide when the wall-clock rounds were descheduled;
 * :mod:`.noise` - the detectors; :mod:`.threads` - the thread policy (:func:`choose_threads`).
 """
 
 from modulelens.timing.callables import CallableSide
+from modulelens.timing.cputime import TreeClock
 from modulelens.timing.estimate import (
     RatioEstimate,
     decide,
@@ -40,6 +43,6 @@ from modulelens.timing.samples import Timing, percentile, time_callable
 from modulelens.timing.threads import ThreadChoice, choose_threads, fewer_threads, thread_choice, user_threads
 
 __all__ = ["CallableSide", "Finding", "MeasurementDetail", "Probe", "RatioEstimate", "Side", "SpeedupMeasurement", "ThreadChoice",
-           "Timing", "TimingPlan", "choose_threads", "decide", "estimate_ratio", "fewer_threads", "measure_speedup",
+           "Timing", "TimingPlan", "TreeClock", "choose_threads", "decide", "estimate_ratio", "fewer_threads", "measure_speedup",
            "measure_speedups", "measurement_from_rounds", "median_interval", "percentile", "round_ratios", "surely_above_one", "thread_choice", "time_callable",
            "user_threads"]

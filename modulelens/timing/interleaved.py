@@ -41,6 +41,15 @@ this process (``check_pack``, :class:`CallableSide`). :func:`measure_speedups` d
 6. **Verdict**: ``ok`` with the point and interval, or ``undetermined`` (the speedup is null)
    with the interval and the reason: too few rounds, too wide, straddling 1, two modes, or too
    few undisturbed rounds on a preempted machine.
+7. **Clocks**: a side may carry a CPU-time clock of its whole process tree (``cpu_clock``, a
+   :class:`~modulelens.timing.cputime.TreeClock`: validation's contained processes do). When the
+   wall-clock rounds fail the noise checks with descheduling among the findings (preempted
+   batches, lost time slices, load), or a side's batches used more CPUs than its threads, the
+   same estimate and decision run on the CPU-time rounds (single-threaded sides whose trees are
+   known complete, no work hidden from the clock; two modes and drift still block), and the
+   result says which clock decided and why (``clock``, ``clock_why``). When one side is PID 1 of
+   its own namespace and single-threaded, a preempted first attempt is not started over: the CPU
+   clock answers preemption.
 """
 
 from __future__ import annotations
@@ -55,6 +64,7 @@ from pydantic import BaseModel, Field
 
 from modulelens.device import is_cuda
 from modulelens.timing import noise
+from modulelens.timing.cputime import TreeClock
 from modulelens.timing.estimate import MIN_ROUNDS, decide, estimate_ratio, round_ratios
 from modulelens.timing.samples import Timing, percentile
 from modulelens.timing.threads import ThreadChoice, fewer_threads
@@ -65,8 +75,9 @@ CLEAN_ENOUGH = 8  # undisturbed rounds that are enough to use them alone
 
 class Side(Protocol):
     """One side of a comparison. ``prepare`` readies a batch (inputs written: not timed, not
-    watched), ``batch`` runs ``calls`` calls (round ``round_index``: sides given the same index see
-    the same input values) and returns their wall seconds by the caller's clock; ``pids`` are the
+    watched), ``batch`` runs ``calls`` calls (round ``round_index``: the n-th batches of the sides
+    in one round see the same input values, two batches of one side never do; calibration
+    batches have negative indices) and returns their wall seconds by the caller's clock; ``pids`` are the
     processes doing the work (their scheduler counters are read); ``hold``/``release`` stop and
     resume it while another side is timed; ``set_threads`` sets its intra-op thread count;
     ``timer`` says in words how it is timed."""
@@ -110,6 +121,9 @@ class MeasurementDetail(BaseModel):
     threads: int = Field(1, description="Intra-op threads of both sides.")
     retimed: bool = Field(False, description="The first attempt was disturbed and the rounds were started over.")
     findings: list[noise.Finding] = Field(default_factory=list)
+    clock: Literal["wall", "cpu"] = Field("wall", description="The clock whose rounds decided: wall time, or the CPU "
+                                          "time of each side's process tree (when the wall rounds were descheduled).")
+    clock_why: str = Field("", description="Why that clock decided (or why neither did), in one sentence.")
 
 
 class SpeedupMeasurement(MeasurementDetail):
@@ -146,7 +160,8 @@ class SpeedupMeasurement(MeasurementDetail):
         """One line: what was timed, how, with which threads, and why it is or is not determined."""
         verdict = (f"{self.speedup:.3g}x" if self.status == "ok" and self.speedup is not None else "undetermined")
         why = self.reason.split(" (", 1)[0]  # the findings are in the reason and the findings list
-        return f"{what}: {self.method}; {self.threads} thread(s) ({self.threads_why}); {verdict}: {why}"
+        by = "; decided by CPU time" if self.clock == "cpu" else ""
+        return f"{what}: {self.method}; {self.threads} thread(s) ({self.threads_why}){by}; {verdict}: {why}"
 
 
 @dataclass
@@ -156,6 +171,7 @@ class _Batch:
     calls: int
     seconds: float
     disturbed: bool
+    cpu: float | None = None  # CPU seconds of the side's process tree (None: no CPU clock)
 
 
 @dataclass
@@ -181,7 +197,14 @@ class Probe:
     cpus: list[int] = field(default_factory=list)
 
 
-def _timed(side: Side, others: list[Side], calls: int, round_index: int, probe: Probe) -> tuple[float, bool]:
+def _cpu_clock(side: Side) -> TreeClock | None:
+    """The side's CPU-time clock (``cpu_clock``: a :class:`~modulelens.timing.cputime.TreeClock`
+    that its ``batch`` starts and stops around the timed request), None for a side without one."""
+    return getattr(side, "cpu_clock", None)
+
+
+def _timed(side: Side, others: list[Side], calls: int, round_index: int,
+           probe: Probe) -> tuple[float, bool, float | None]:
     side.prepare(calls, round_index)
     probe.pin(side.pids(), probe.cpus)
     for o in others:
@@ -194,7 +217,8 @@ def _timed(side: Side, others: list[Side], calls: int, round_index: int, probe: 
     finally:
         for o in others:
             o.release()
-    return seconds, noise.disturbed(after.since(before), seconds)
+    clock = _cpu_clock(side)
+    return seconds, noise.disturbed(after.since(before), seconds), clock.last_s if clock is not None else None
 
 
 def _calibrate(sides: list[Side], plan: TimingPlan, round_index: int, probe: Probe) -> int:
@@ -316,28 +340,115 @@ def _ratio_range(ok: bool, interval: list[float] | None, ratios: list[float]) ->
     return [min(ratios), max(ratios)] if not ok and interval is None and ratios else None
 
 
+DESCHEDULED = ("preempted", "tick", "load")  # findings of time lost waiting for a CPU: what CPU time does not count
+
+
+def _cpu_per_round(attempt: _Attempt, side: int) -> dict[int, float] | None:
+    """round -> the faster batch's CPU seconds per call (None when a batch has no CPU reading)."""
+    out: dict[int, float] = {}
+    for b in attempt.batches:
+        if b.side != side:
+            continue
+        if b.cpu is None:
+            return None
+        value = b.cpu / b.calls
+        out[b.round] = min(value, out.get(b.round, value))
+    return out
+
+
+def _clock_findings(sides: list[Side], j: int, threads: int) -> tuple[list[noise.Finding], list[noise.Finding],
+                                                                      str | None]:
+    """What the CPU-time clocks of the base and candidate saw (:meth:`TreeClock.findings`):
+    (blocking both clocks, blocking the wall clock, why the CPU clock may not decide or None)."""
+    both: list[noise.Finding] = []
+    wall: list[noise.Finding] = []
+    why = None if threads == 1 else f"{threads} threads a side (CPU time would count idle pool threads spinning)"
+    if is_cuda(sides[0].device) or is_cuda(sides[j].device):
+        why = "GPU work: the CPU time of a process waiting on the device says nothing of the kernel"
+    for i, who in ((0, "base side: "), (j, "candidate side: ")):
+        clock = _cpu_clock(sides[i])
+        if clock is None:
+            why = why or f"{who}no CPU-time clock"
+            continue
+        if not clock.complete:
+            why = why or f"{who}{clock.why}"
+        b, w = clock.findings(who, threads)
+        both += b
+        wall += w
+    return both, wall, why
+
+
+def _cpu_decision(attempt: _Attempt, j: int, plan: TimingPlan, both: list[noise.Finding]) -> tuple[
+        bool, str, list[float] | None, Any, list[float], list[float], list[float], list[noise.Finding]]:
+    """The same estimate and decision on the CPU-time rounds: (ok, reason, interval, estimate,
+    ratios, base per call, candidate per call, findings). Two modes and drift still block: CPU
+    time cannot subtract a neighbour's memory-bandwidth or cache pressure."""
+    base, cand = _cpu_per_round(attempt, 0) or {}, _cpu_per_round(attempt, j) or {}
+    rounds = sorted(set(base) & set(cand))
+    b, c = [base[r] for r in rounds], [cand[r] for r in rounds]
+    ratios = round_ratios(b, c)
+    est = estimate_ratio(ratios)
+    found = both + [f for f in (noise.bimodal(ratios), noise.rounds_disagree(ratios)) if f]
+    ok, reason, interval = _decided(est, plan.target_width, found, ratios)
+    return ok, reason, interval, est, ratios, b, c, found
+
+
 def _measurement(attempt: _Attempt, sides: list[Side], j: int, plan: TimingPlan, retimed: bool,
                  seconds: float, retime_why: str, probe: Probe) -> SpeedupMeasurement:
+    """One candidate's result: the wall-clock rounds decide when they pass the noise checks; when
+    they were judged noisy by descheduling (and the CPU clocks are complete, single-threaded and
+    clean), the CPU-time rounds may decide instead. The result says which clock and why."""
     pairs = _pairs(attempt, j)
     ratios = round_ratios(pairs.base, pairs.cand)
     est = estimate_ratio(ratios)
-    found = _findings(attempt, j, pairs, ratios, probe)
+    both, wall_only, cpu_barred = _clock_findings(sides, j, attempt.threads.threads)
+    found = _findings(attempt, j, pairs, ratios, probe) + both + wall_only
     ok, reason, interval = _decided(est, plan.target_width, found, ratios)
     mine = [b for b in attempt.batches if b.side in (0, j)]
     calls = attempt.calls
+    threads = attempt.threads.threads
     what = (f"{len(ratios)} {'undisturbed ' if pairs.used_clean_only else ''}rounds of "
             f"{'ABBA' if len(sides) == 2 else 'mirrored'} batches of {calls} call(s) each side, "
             f"timed by {sides[0].timer}" + (f"; {retime_why}" if retimed else ""))
+    point, clock, clock_why = est.point, "wall", "the wall-clock rounds passed the noise checks"
+    base_s, cand_s, timer = pairs.base, pairs.cand, (sides[0].timer, sides[j].timer)
+    desched = [f.detail for f in found if f.kind in DESCHEDULED]
+    if not ok:
+        clock_why = "the wall-clock rounds failed the noise checks"
+        desched += [f.detail for f in wall_only]  # more CPUs than allowed: CPU time counts them all
+        if not desched:
+            clock_why += " for other reasons than descheduling: CPU time was not tried"
+        elif cpu_barred:
+            clock_why += f" (descheduled); CPU time could not decide: {cpu_barred}"
+        elif any(f.kind in ("outside", "unseen") for f in both):
+            clock_why += "; CPU time could not decide: work was hidden from it"
+        else:
+            c_ok, c_reason, c_interval, c_est, c_ratios, c_base, c_cand, c_found = _cpu_decision(
+                attempt, j, plan, both)
+            if c_ok:
+                ok, reason, interval, point, clock = True, f"CPU time: {c_reason}", c_interval, c_est.point, "cpu"
+                found = found + [f for f in c_found if f not in found]
+                ratios, base_s, cand_s = c_ratios, c_base, c_cand
+                cpu_timer = (f"CPU time of its process tree ({_cpu_clock(sides[0]).why}), read by the checker "  # type: ignore[union-attr]
+                             "from /proc around each batch's request")
+                timer = (cpu_timer, cpu_timer)
+                clock_why = (f"the wall-clock rounds were descheduled or used more CPUs than allowed ({desched[0]}); "
+                             "the CPU time of each side's process tree counts neither time spent waiting for a CPU "
+                             "nor makes work on other CPUs free")
+            else:
+                clock_why += f" (descheduled), and so did the CPU-time rounds: {c_reason}"
+                reason += f"; CPU time: {c_reason}"
     return SpeedupMeasurement(
-        status="ok" if ok else "undetermined", speedup=est.point if ok else None,
+        status="ok" if ok else "undetermined", speedup=point if ok else None,
         interval=interval, ratio_range=_ratio_range(ok, interval, ratios),
         reason=reason, rounds=len(ratios), clean_rounds=pairs.clean, batches=len(mine),
-        disturbed_batches=sum(b.disturbed for b in mine), threads=attempt.threads.threads,
-        threads_why=attempt.threads.why, retimed=retimed, method=what, findings=found,
-        base=_timing(pairs.base, calls * len(pairs.base), sides[0].timer, sides[0].device, attempt.threads.threads,
-                     plan.warmup_batches) if pairs.base else None,
-        candidate=_timing(pairs.cand, calls * len(pairs.cand), sides[j].timer, sides[j].device,
-                          attempt.threads.threads, plan.warmup_batches) if pairs.cand else None,
+        disturbed_batches=sum(b.disturbed for b in mine), threads=threads,
+        threads_why=attempt.threads.why, retimed=retimed, method=what, findings=found, clock=clock,
+        clock_why=clock_why,
+        base=_timing(base_s, calls * len(base_s), timer[0], sides[0].device, threads,
+                     plan.warmup_batches) if base_s else None,
+        candidate=_timing(cand_s, calls * len(cand_s), timer[1], sides[j].device,
+                          threads, plan.warmup_batches) if cand_s else None,
         seconds=seconds)
 
 
@@ -350,6 +461,13 @@ def _settled(attempt: _Attempt, k: int, plan: TimingPlan, probe: Probe) -> bool:
         if not decide(estimate_ratio(ratios), plan.target_width, blocking)[0]:
             return False
     return True
+
+
+def _cpu_answers(sides: list[Side], attempt: _Attempt) -> bool:
+    """Single-threaded sides with complete CPU-time clocks: preemption is what that clock does not
+    count, so starting the rounds over would only throw half of them away."""
+    clocks = [_cpu_clock(s) for s in sides]
+    return attempt.threads.threads == 1 and all(c is not None and c.complete for c in clocks)
 
 
 def _should_retime(attempt: _Attempt, k: int) -> str | None:
@@ -404,13 +522,13 @@ def _rounds(sides: list[Side], plan: TimingPlan, probe: Probe, attempt: _Attempt
             start: float, on_round: Callable[[int], Any] | None) -> list[SpeedupMeasurement]:
     candidates = sides[1:]
     retimed, retime_why = False, ""
-    attempt.calls = _calibrate(sides, plan, 0, probe)
+    attempt.calls = _calibrate(sides, plan, -1, probe)  # calibration rounds are numbered apart from the rounds
     round_index = 0
     while True:
         for i in _order(len(candidates), round_index):
             others = sides[:i] + sides[i + 1:]
-            seconds, dist = _timed(sides[i], others, attempt.calls, round_index, probe)
-            attempt.batches.append(_Batch(i, round_index, attempt.calls, seconds, dist))
+            seconds, dist, cpu = _timed(sides[i], others, attempt.calls, round_index, probe)
+            attempt.batches.append(_Batch(i, round_index, attempt.calls, seconds, dist, cpu))
         attempt.rounds += 1
         if attempt.rounds in (2, 4):
             attempt.calls = _recalibrated(attempt, plan, len(sides))
@@ -424,7 +542,7 @@ def _rounds(sides: list[Side], plan: TimingPlan, probe: Probe, attempt: _Attempt
             continue
         if _settled(attempt, len(candidates), plan, probe):
             break
-        if not retimed and spent >= plan.budget_s / 2:
+        if not retimed and spent >= plan.budget_s / 2 and not _cpu_answers(sides, attempt):
             why = _should_retime(attempt, len(candidates))
             if why:
                 before = attempt.threads
@@ -433,7 +551,7 @@ def _rounds(sides: list[Side], plan: TimingPlan, probe: Probe, attempt: _Attempt
                 for s in sides:
                     s.set_threads(fewer.threads)
                 probe.cpus = probe.quietest(fewer.threads)
-                attempt.calls = _calibrate(sides, plan, round_index, probe)
+                attempt.calls = _calibrate(sides, plan, -2, probe)
                 retimed = True
                 retime_why = (f"retimed with {fewer.threads} thread(s) because {why}" if fewer is not before
                               else f"rounds started over because {why}")

@@ -8,10 +8,10 @@ candidate (:class:`LoadRequest` -> :class:`Loaded`; a module-level candidate wit
 and loads the captured weights; the reference operator itself, for the symmetric timing of eager,
 with :class:`LoadOpRequest`), call it on inputs in the shared arena (:class:`CallRequest`
 -> :class:`Called`): once for a check, ``calls`` times for a timed batch, by the same function
-either way (a timed call is a checked call: the checker verifies the outputs of a random sample
-of timed batches, see :mod:`modulelens.validation.perturb`), copy the last call's outputs into
+either way (a timed call is a checked call: the checker verifies the outputs of random calls of
+every timed batch, see :mod:`modulelens.validation.timed`), copy the last call's outputs into
 the arena again (:class:`FetchRequest` -> :class:`Called`: after the checker rewrote the inputs,
-an output that changed shares their memory), load other parameters and buffers into a module
+an output that changed shares their memory), or the outputs of any one call of the last batch, load other parameters and buffers into a module
 candidate (:class:`StateRequest` -> :class:`StateLoaded`), copy its buffers into the arena after
 training calls (:class:`BuffersRequest` -> :class:`BuffersRead`), or deny the reference library before
 any candidate code loads (:class:`DenyRequest` -> :class:`Denied`). Everything a candidate process reports is
@@ -87,16 +87,21 @@ class CallRequest(BaseModel):
     grad_outputs: list[Any] | None = Field(
         None, description="Encoded output gradients: backward after the call, gradients returned (module calls).")
     calls: int = Field(1, ge=1, description="Calls in a row; before each after the first the floating inputs "
-                       "get the swaps of `seed` (perturb.Swaps). The outputs are the last call's.")
+                       "get the swaps of `seed` (perturb.Swaps). The outputs in the reply are the last call's; "
+                       "every call's outputs are kept until the next call request (see FetchRequest.call).")
     seed: int = Field(0, ge=0, description="Where the swaps between calls go.")
     threads: int | None = Field(None, ge=1, description="torch intra-op threads for the calls (None: leave).")
 
 
 class FetchRequest(BaseModel):
-    """Copy the outputs of the last call into the arena again (same slots), without calling."""
+    """Copy the outputs of the last call into the arena again (same slots), without calling; or,
+    with ``call``, the outputs call ``call`` (0-based) of the last request returned (a timed
+    batch's calls are verified after the fact, drawn by the checker once the batch answered)."""
 
     kind: Literal["fetch"] = "fetch"
     output_offset: int
+    call: int | None = Field(None, ge=0, description="Which call of the last request (None: the last, with the "
+                             "device copies of the inputs rewritten first).")
 
 
 class StateRequest(BaseModel):

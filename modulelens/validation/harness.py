@@ -10,8 +10,9 @@ after the checker rewrote the inputs), load other parameters into a module candi
 buffers out (after training calls), or deny the reference library before any candidate code loads
 (a denial process, :mod:`modulelens.validation.poison`). A check and a timed batch are the same
 request handled by the same function at the same line (:meth:`_Harness.call`): nothing on the stack or in the
-arguments but the number of calls tells them apart, and timed batches are checked too (a random
-sample of them, by the checker, after the fact). It holds no reference output, no checker and no
+arguments but the number of calls tells them apart, and timed calls are checked too (random calls
+of every batch, drawn by the checker after the batch answered: every call's result is kept until
+the next request). It holds no reference output, no checker and no
 verdict: the worst a candidate can do here is lie about itself, and the checker treats what this
 process says as claims.
 
@@ -104,6 +105,7 @@ class _Harness:
         self.readable = readable
         self.entry: Any = None
         self.last_outputs: list = []  # the last call's output tensors, copied out again on request
+        self.call_outputs: list = []  # what every call of the last request returned (FetchRequest.call)
         self.device_inputs: list = []  # (slot, device copy) of the last call: refreshed before a fetch
 
     def ready(self, req) -> Any:
@@ -201,7 +203,10 @@ class _Harness:
     def call(self, req) -> Any:
         """One request, check or timed batch alike: ``req.calls`` calls in a row (the floating
         inputs swapped between them, see :mod:`modulelens.validation.perturb`), the last call's
-        outputs copied into the arena."""
+        outputs copied into the arena. Every call's result is kept (a reference in a list sized
+        before the loop: no copy, nothing timed but the store) until the next request, so that the
+        checker can have any call's outputs copied out after the batch (:meth:`fetch`): each call
+        answers for its own outputs, and one returning memory a later call overwrites shows."""
         import contextlib
 
         import torch
@@ -211,6 +216,8 @@ class _Harness:
 
         if req.threads and torch.get_num_threads() != req.threads:
             torch.set_num_threads(req.threads)
+        self.call_outputs = []  # the previous request's results go before this one's are made
+        self.last_outputs = []
         inputs: list = []
         input_slots: list = []
         self.device_inputs = []
@@ -237,12 +244,13 @@ class _Harness:
             poison = torch.full((max(n // 4, 1),), float("nan"), dtype=torch.float32, device=device)
             del poison
         ops = None
+        results: list = [None] * req.calls
         try:
             with _NumpyBridges() as bridges, (_OpTrace() if req.trace else contextlib.nullcontext()) as trace:
                 for i in range(req.calls):
                     if i:
                         swaps(i)
-                    out = invoke()
+                    results[i] = out = invoke()
             ops = trace.names if req.trace else None
             if inputs and inputs[0].is_cuda:
                 torch.cuda.synchronize()
@@ -253,6 +261,7 @@ class _Harness:
             text = str(e).strip().splitlines()[0] if str(e).strip() else ""
             oom = isinstance(e, RuntimeError) and ("allocate" in text or "memory" in text.lower())
             return Called(error=f"{type(e).__name__}: {text[:500]}", out_of_memory=oom)
+        self.call_outputs = results
         self.last_outputs = _tensors(out)
         try:
             slots, offset = self._put_outputs(req.output_offset)
@@ -266,21 +275,31 @@ class _Harness:
                 return Called(error=f"gradients too large: {e}")
         return reply
 
-    def _put_outputs(self, offset: int) -> tuple[list, int]:
-        """Copy the last call's outputs into the arena from ``offset``: (slots, offset after them)."""
+    def _put_outputs(self, offset: int, outputs: list | None = None) -> tuple[list, int]:
+        """Copy ``outputs`` (default: the last call's) into the arena from ``offset``: (slots,
+        offset after them)."""
         from modulelens.sandbox import aligned
 
         slots = []
-        for o in self.last_outputs:
+        for o in self.last_outputs if outputs is None else outputs:
             slots.append(self.arena.put(o, offset))
             offset = aligned(offset + slots[-1].nbytes)
         return slots, offset
 
     def fetch(self, req) -> Any:
         """The last call's outputs copied into the arena again, without calling: the checker rewrote
-        the inputs in between, so an output sharing their memory (however it was mapped) changed."""
+        the inputs in between, so an output sharing their memory (however it was mapped) changed.
+        With ``req.call``: the outputs that call of the last request returned, as they are now."""
         from modulelens.validation.candidate_messages import Called
 
+        if req.call is not None:
+            if req.call >= len(self.call_outputs):
+                return Called(error=f"the last request made {len(self.call_outputs)} call(s), not {req.call + 1}")
+            try:
+                slots, _ = self._put_outputs(req.output_offset, _tensors(self.call_outputs[req.call]))
+            except ValueError as e:
+                return Called(error=f"output too large: {e}")
+            return Called(outputs=slots)
         for slot, dev in self.device_inputs:  # inputs on a device are copies: rewrite them too
             dev.copy_(self.arena.view(slot))
         try:

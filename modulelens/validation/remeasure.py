@@ -22,7 +22,14 @@ from modulelens.validation.card import _Validator
 from modulelens.validation.checker import CandidateFailed, start_candidate
 from modulelens.validation.inputs import tensors
 from modulelens.validation.messages import RemeasuredResult, RemeasureTask, ValidateCardTask
-from modulelens.validation.timed import ReferenceFailed, TimedProcess, TimingFeed, settle_verification, timing_plan
+from modulelens.validation.timed import (
+    ReferenceFailed,
+    TimedProcess,
+    TimingFeed,
+    retained_calls,
+    settle_verification,
+    timing_plan,
+)
 
 
 def _load(checker: _Validator, shared: Path, args: list, kwargs: dict, want: list) -> str | None:
@@ -73,6 +80,7 @@ def remeasure(task: RemeasureTask) -> RemeasuredResult:
         load = LoadOpRequest(op=card.op, positional=len(args), kw_names=list(kwargs))
         eager = checkers[0]._reference_side(reference, load, "eager", device, feed, want, args, kwargs)
         plan = timing_plan(task.min_run_time, task.timing_budget_s, task.target_width)
+        plan = plan.model_copy(update={"max_calls": retained_calls(want, plan.max_calls)})
         got = iter(measure_speedups(eager, sides, plan, threads))
         for side in sides:
             settle_verification(side)

@@ -523,7 +523,9 @@ def fusion_plan(module: torch.nn.Module, args: list, kwargs: dict) -> FusionPlan
     except NotFusable:
         raise
     except Exception as e:  # noqa: BLE001 - any tracing failure: nothing we can fuse
-        raise NotFusable(f"its forward cannot be traced to aten operators ({type(e).__name__}: {str(e)[:200]})") from None
+        raise NotFusable(f"its forward cannot be traced to aten operators with its one tensor input ({type(e).__name__}: "
+                         f"{str(e)[:200]}; a module that needs more inputs, such as rotary position embeddings, is "
+                         "not covered)") from None
     finally:
         module.train(was_training)
     return _plan(gm, names, state, params, sizes, probe)

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The main demo: capture one transformer block from the unmodified example training script,
 # replay it alone with two strategies, write a standalone KernelBench-style repro, record its
-# operator cards, generate + validate a C++ kernel for its softmax, pack it and run the training
-# script with the pack applied (guarded dispatch), comparing step time and losses with eager.
+# operator cards, generate + validate a C++ kernel for its softmax, optimize the block at module level
+# (the fusing template), pack the winners and run the training script with the pack applied (guarded
+# dispatch), comparing step time and losses with eager.
 # Installs what is missing first (./.venv). CPU only; uses a local repository.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -32,9 +33,14 @@ card=$(modulelens list cards demo-block --limit 100 --json | python -c "import j
 cand=$(modulelens generate-kernel "$card" --backend cpp --provider template --json | python -c "import json,sys; print(json.load(sys.stdin)['candidate_id'])")
 modulelens validate-kernel "$cand"
 
-say "7. pack the validated kernel and run the unmodified training script with it, against eager"
-modulelens pack "$cand" --out "$ROOT/repros/demo.pack"
+say "7. optimize the block at module level: the fused template keeps its matrix products and attention, fuses the rest (forward and backward)"
+winners=$(modulelens optimize demo-block --max-evals 2 --top 1 --json | python -c "import json,sys; r=json.load(sys.stdin); [print(m['capture'], m['best_candidate'], m['speedup_interval'], m['template_note'], file=sys.stderr) for m in r['modules']]; print(' '.join(c for c in r['pack_candidates'] if c != sys.argv[1]))" "$cand")
+echo "surely faster than eager, for the pack: ${winners:-none beyond $cand}"
+
+say "8. pack the validated kernels (the fused block when surely faster) and run the unmodified training script with them, against eager"
+# shellcheck disable=SC2086  # one word per candidate
+modulelens pack "$cand" $winners --out "$ROOT/repros/demo.pack"
 modulelens run examples/tinyformer/train.py --pack "$ROOT/repros/demo.pack" --compare -- --steps 16  # 2 warm-up steps, then 7 pairs with and without: enough for an interval
 
-say "8. what the repository ($MODULELENS_HOME) holds"
+say "9. what the repository ($MODULELENS_HOME) holds"
 modulelens list captures

@@ -41,6 +41,9 @@ _FACE = {
     "template_params": "templates:variant_params",
     "MODULE_TEMPLATE_FAMILY": "module_templates:FAMILY", "MODULE_TEMPLATE_VARIANTS": "module_templates:VARIANTS",
     "NotFusable": "module_templates", "pointwise_chain": "module_templates", "render_pointwise": "module_templates",
+    # The fusing family: library calls kept, the pointwise and normalisation segments between them fused.
+    "FUSION_TEMPLATE_FAMILY": "fusion_template:FAMILY", "FUSION_TEMPLATE_VARIANTS": "fusion_template:VARIANTS",
+    "FusionPlan": "fusion_template", "fusion_plan": "fusion_template", "render_fused": "fusion_template",
 }
 __all__ = ["CANDIDATE_RUNTIME", *_FACE]
 __getattr__, __dir__ = lazy_face(__name__, _FACE)

@@ -2,7 +2,9 @@
 module itself, beside the search over its top cards.
 
 Children of the module level: with the template provider, each variant of a module template that
-fits the module (:mod:`modulelens.kernels.module_templates`; at most ``max_evals`` of them, each
+fits the module (:mod:`modulelens.kernels.module_templates` for a pointwise chain, else
+:mod:`modulelens.kernels.fusion_template` for a block whose pointwise and normalisation segments
+between library calls can be fused; at most ``max_evals`` of them, each
 evaluated once: a rerun finds them stored and reuses their reports). With an LLM provider
 (``anthropic``, ``sampling``), ``ModelNew`` sources written from the capture
 (:mod:`modulelens.providers.module_request`): the first a fresh one; then a child of the best
@@ -49,22 +51,41 @@ def _module_candidates(repo: Repository, capture: Artifact) -> list[tuple[Artifa
     return out
 
 
-def _template_sources(capture: Artifact) -> tuple[list[str], str | None]:
-    """The module template sources for the captured module (one per variant), or why none fits."""
+def _template_sources(capture: Artifact) -> tuple[list[tuple[str, str, int]], str | None]:
+    """The module template sources for the captured module, as (source, family, variant): the
+    pointwise-chain family when the module is one chain, else the fusing family
+    (:mod:`modulelens.kernels.fusion_template`: library calls kept, the segments between them
+    fused); or none, with why neither fits (the note names both reasons)."""
     from modulelens.capture import LoadedCapture
+    from modulelens.kernels import (
+        FUSION_TEMPLATE_FAMILY,
+        FUSION_TEMPLATE_VARIANTS,
+        NotFusable,
+        fusion_plan,
+        pointwise_chain,
+        render_fused,
+        render_pointwise,
+    )
+    from modulelens.kernels import MODULE_TEMPLATE_FAMILY as FAMILY
     from modulelens.kernels import MODULE_TEMPLATE_VARIANTS as VARIANTS
-    from modulelens.kernels import NotFusable, pointwise_chain, render_pointwise
 
     loaded = LoadedCapture(capture)
     args, kwargs = loaded.inputs()
     try:
         module, _, _, _ = loaded.with_strategy("auto", False, lambda m: m)
-        chain = pointwise_chain(module, args, kwargs)
-    except NotFusable as e:
-        return [], f"no module template fits: {e}"
     except ModuleLensError as e:
         return [], f"the module could not be rebuilt to match a template: {e.message}"
-    return [render_pointwise(chain, v) for v in range(len(VARIANTS))], None
+    try:
+        chain = pointwise_chain(module, args, kwargs)
+        return [(render_pointwise(chain, v), FAMILY, v) for v in range(len(VARIANTS))], None
+    except NotFusable as e:
+        chain_why = str(e)
+    try:
+        plan = fusion_plan(module, args, kwargs)
+    except NotFusable as e:
+        return [], f"no module template fits: not a pointwise chain ({chain_why}); not fusable ({e})"
+    return ([(render_fused(plan, v), FUSION_TEMPLATE_FAMILY, v) for v in range(len(FUSION_TEMPLATE_VARIANTS))],
+            f"{FUSION_TEMPLATE_FAMILY}: {plan.summary()}")
 
 
 def _rank(report: ValidationReport | None) -> float | None:
@@ -177,7 +198,6 @@ def search_module(repo: Repository, capture_ref: str, settings: SearchSettings,
     ``spent_usd`` is what the rest of the search has spent."""
     from modulelens.capture import KIND as CAPTURES
     from modulelens.capture import capture_manifest
-    from modulelens.kernels import MODULE_TEMPLATE_FAMILY as FAMILY
     from modulelens.kernels import ModuleCandidate, ModuleTarget, save_module_candidate
     from modulelens.validation import validate_stored_module
 
@@ -189,13 +209,13 @@ def search_module(repo: Repository, capture_ref: str, settings: SearchSettings,
     known = {cand.sha256 for _, cand in stored}
     if settings.provider == "template" and provider is None:
         sources, outcome.template_note = _template_sources(capture)
-        for variant, source in enumerate(sources[:settings.max_evals]):
+        for i, (source, family, variant) in enumerate(sources[:settings.max_evals]):
             cand = ModuleCandidate(source=source, claims_training=manifest.training, provider="template",
-                                   provenance={"template": FAMILY, "variant": variant})
+                                   provenance={"template": family, "variant": variant})
             if cand.sha256 in known:
                 continue
             art = save_module_candidate(repo, target, capture, cand)
-            progress(variant, len(sources), f"module level: validating {art.ref} ({FAMILY} variant {variant})")
+            progress(i, len(sources), f"module level: validating {art.ref} ({family} variant {variant})")
             validate_stored_module(repo, art, cand, target, seeds=settings.seeds, timeout=settings.timeout_s)
             stored.append((art, cand))
             outcome.evaluations += 1

@@ -24,6 +24,10 @@ ALLOWED_OPS = frozenset({
     "data_ptr", "_unsafe_view", "_reshape_alias", "_copy_from", "_copy_from_and_resize",
     "_has_compatible_shallow_copy_type", "_version", "record_stream",
 })
+# Random fills: how eager draws dropout masks (empty_like(x).bernoulli_(1 - p)); a candidate that
+# draws them the same way (so its masks match eager's under the same RNG state) computes nothing with them.
+RANDOM_FILLS = frozenset({"uniform_", "normal_", "random_", "exponential_", "cauchy_", "log_normal_", "geometric_",
+                          "bernoulli_"})
 # Library symbols a compiled candidate must not import: vendor libraries and ATen's kernels called
 # past the dispatcher (at::cpu::gelu, at::native::...), which no dispatcher trace can see.
 # dlsym and friends too: a library that looks its calls up at run time hides them from this list.
@@ -50,7 +54,7 @@ def computing_ops(names: list[str]) -> list[str]:
         if not name.startswith("aten::"):
             continue
         base, _, overload_name = name.split("::", 1)[1].partition(".")
-        if base in ALLOWED_OPS:
+        if base in ALLOWED_OPS or base in RANDOM_FILLS:
             continue
         packet = getattr(torch.ops.aten, base, None)
         names = [overload_name or "default"] if packet is None or overload_name else packet.overloads()

@@ -38,11 +38,10 @@ import warnings
 from typing import Any
 
 from modulelens.sandbox import FOREIGN_LIBRARIES, Layer, restrict_reading
-from modulelens.validation.evidence import ALLOWED_OPS
+from modulelens.validation.evidence import ALLOWED_OPS, RANDOM_FILLS
 
 # Operators a candidate may run in a denial process: allocation, copies, views, metadata, random fills.
-ALLOWED = ALLOWED_OPS | {"uniform_", "normal_", "random_", "exponential_", "cauchy_", "log_normal_", "geometric_",
-                         "bernoulli_", "_nested_tensor_size"}
+ALLOWED = ALLOWED_OPS | RANDOM_FILLS | {"_nested_tensor_size"}
 CPU_KEYS = ("CPU", "QuantizedCPU", "SparseCPU", "SparseCsrCPU", "MkldnnCPU", "NestedTensorCPU")
 CUDA_KEYS = ("CUDA", "QuantizedCUDA", "SparseCUDA", "SparseCsrCUDA", "NestedTensorCUDA")
 PROC_FILES = ("/proc/cpuinfo", "/proc/meminfo", "/proc/stat", "/proc/sys", "/proc/filesystems", "/proc/version",

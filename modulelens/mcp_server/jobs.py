@@ -52,7 +52,9 @@ class JobStatus(ToolReply):
 
 def job_status_of(record: JobRecord) -> JobStatus:
     """The job's record as ``start_job`` and ``job_status`` answer it, with its next call: poll a
-    running job; once done, the next calls of its result; otherwise a warning saying why it ended."""
+    running job; once done, the warnings and next calls of its result, lifted to the top level
+    where an agent reads them first (``result`` keeps them too); otherwise a warning saying why it
+    ended."""
     error = (error_text(ModuleLensError(record.error, record.hint), kind=record.error_type)
              if record.error is not None else None)
     status = JobStatus(job=record.job, tool=record.tool, state=record.state, started_at=record.started_at,
@@ -61,6 +63,7 @@ def job_status_of(record: JobRecord) -> JobStatus:
     if status.state == "running":
         status.next = [call("job_status", job=status.job, wait=MAX_WAIT_S)]
     elif status.state == "done" and status.result:
+        status.warnings = [w for w in status.result.get("warnings", []) if isinstance(w, str)]
         status.next = [NextCall.model_validate(n) for n in status.result.get("next", [])]
     else:
         status.warnings = [f"the job {status.state}: {status.error or 'no reason recorded'}"]

@@ -8,7 +8,7 @@ from modulelens.dispatch.check import CaptureCheck
 from modulelens.dispatch.runtime import DEFAULT_MECHANISM, Mechanism
 from modulelens.listing import MAX_ITEMS, LeftOut, keep_first, keep_first_each
 from modulelens.registry import ToolContext, tool
-from modulelens.replies import ToolReply
+from modulelens.replies import NextCall, ToolReply, call
 from modulelens.repo import Repository
 
 
@@ -64,7 +64,32 @@ def check_pack(req: CheckPackRequest, ctx: ToolContext) -> CheckPackResult:
                         for c in checks if c.hits and c.timing_status == "undetermined"][:3]
     result.warnings += [f"{x} (ok needs every testable entry hit)" for x in not_hit[:3]]
     result.recorded = _record(repo, runtime.pack.sha256, result, req.captures)
+    result.next = check_pack_next(result, req.pack, [_script_of(repo, c.capture) for c in checks])
+    if result.ok and result.next and "script" not in result.next[0].arguments:
+        result.warnings.append("the captures were not made by a script run here: give run the training script "
+                               "([--script FILE]) to time the pack in it")
     return keep_check_lists(result, req.limit)
+
+
+def _script_of(repo: Repository, capture: str) -> tuple[str, list[str]] | None:
+    """(script, its arguments) that made ``capture``, or None (the Python API, a KernelBench file)."""
+    from modulelens.capture import KIND as CAPTURES
+    from modulelens.capture import capture_manifest
+
+    source = capture_manifest(repo.open(CAPTURES, capture)).source
+    return (source.script, list(source.argv)) if source.kind == "script" and source.script else None
+
+
+def check_pack_next(result: CheckPackResult, pack: str, scripts: list[tuple[str, list[str]] | None]) -> list[NextCall]:
+    """The call after a check: a passing one leads to ``run`` with ``compare`` (the pack timed in
+    the training script itself), on the script that made the first capture when one did; a failing
+    one to the pack's view (which entries are used, their verdicts and last results)."""
+    if not result.ok:
+        return [call("show", kind="pack", ref=pack)]
+    script = next((s for s in scripts if s is not None), None)
+    if script is None:
+        return [call("run", pack=pack, compare=True)]
+    return [call("run", script=script[0], script_args=script[1] or None, pack=pack, compare=True)]
 
 
 def _record(repo: Repository, sha256: str, result: CheckPackResult, captures: list[str]) -> str | None:

@@ -114,7 +114,9 @@ def _candidate(repo: Repository, req: ShowRequest) -> CandidateView:
         view.next = [call("validate_kernel", candidate=cid)]
     else:
         view.warnings = report_warnings(view.report)
-        view.next = report_next(view.report, cid, card)
+        view.next = report_next(view.report, cid, view.entry.target or card,
+                                view.provenance.get("source_file"), provider=view.entry.provider or "agent",
+                                module=view.entry.kind == "module")
     return view
 
 

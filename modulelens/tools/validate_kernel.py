@@ -33,7 +33,7 @@ from modulelens.kernels import (
 from modulelens.listing import MAX_ITEMS, LeftOut, keep_first
 from modulelens.paths import outside_warnings, source_file
 from modulelens.registry import ToolContext, tool
-from modulelens.replies import ToolReply, call
+from modulelens.replies import NextCall, ToolReply
 from modulelens.repo import Artifact, Repository
 from modulelens.sandbox import DEFAULT_MEMORY_LIMIT_MB
 from modulelens.validation import (
@@ -45,7 +45,6 @@ from modulelens.validation import (
     ValidationSettings,
     report_next,
     report_warnings,
-    surely_faster,
     validate_candidate,
     validate_stored_module,
 )
@@ -136,8 +135,8 @@ def _validate_module(req: ValidateKernelRequest, repo: Repository, ctx: ToolCont
     result = ValidateModuleResult(**dict(report), candidate_id=art.ref, target=target.capture, report=rep.ref,
                                   source_file=str(path) if path else None,
                                   warnings=outside_warnings(path, ctx.project, ctx.repo_root) + report_warnings(report))
-    if surely_faster(report):
-        result.next = [call("pack", candidates=[art.ref], out=f"{art.name.split('.', 1)[0]}.pack")]
+    result.next = report_next(report, art.ref, target.capture, str(path) if path else None, module=True)
+    result.warnings += _source_again(result.next)
     return _brief(result, req.limit, str(repo.open(REPORTS, rep.ref).file(REPORT_FILE)))
 
 
@@ -179,6 +178,14 @@ def _brief(reply: R, limit: int, full: str) -> R:
     return reply.model_copy(update={**update, "left_out": [*reply.left_out, *cut]}) if cut else reply
 
 
+def _source_again(calls: list[NextCall]) -> list[str]:
+    """The warning for a suggested validation of fixed code that was given as text: no file can
+    be named, so the caller gives the fixed text."""
+    if any(c.tool == "validate_kernel" and "target" in c.arguments and "source" not in c.arguments for c in calls):
+        return ["fix the source and validate it again, giving the fixed text as [--source-text TEXT]"]
+    return []
+
+
 @tool
 def validate_kernel(req: ValidateKernelRequest, ctx: ToolContext) -> ValidateKernelResult | ValidateModuleResult:
     """Validate a card's kernel or a capture's ModelNew in a sandbox, on real and adversarial inputs, timed vs
@@ -201,5 +208,6 @@ def validate_kernel(req: ValidateKernelRequest, ctx: ToolContext) -> ValidateKer
     reply = ValidateKernelResult(**dict(result), source_file=str(path) if path else None,
                                  warnings=outside_warnings(path, ctx.project, ctx.repo_root) + report_warnings(result),
                                  next=report_next(result, result.candidate_id, result.target,
-                                                  str(path) if path else None))
+                                                  str(path) if path else None, provider=src.provider))
+    reply.warnings += _source_again(reply.next)
     return _brief(reply, req.limit, str(repo.open(REPORTS, result.report).file(REPORT_FILE)))

@@ -62,14 +62,27 @@ def surely_faster(report: ValidationReport) -> bool:
     return report.verdict == "custom" and report.correct and surely_above_one(report.speedup_interval)
 
 
-def report_next(report: ValidationReport, candidate_id: str, card_id: str | None,
-                source: str | None = None) -> list[NextCall]:
-    """The calls after a validation: when rejected, validating the fixed source again (``source``:
-    the file it came from, when it came from one) and a repair; a pack when it is a usable kernel."""
-    if report.verdict == "rejected" and card_id:
-        again = [call("validate_kernel", source=source, target=card_id, backend=report.backend)]
-        return again + [call("generate_kernel", card=card_id, parent=candidate_id)]
+def report_next(report: ValidationReport, candidate_id: str, target: str | None, source: str | None = None, *,
+                provider: str = "agent", module: bool = False) -> list[NextCall]:
+    """The call after a validation, at each fork (``target``: the card, or the capture of a module
+    candidate; ``source``: the file the candidate came from, when it came from one; ``provider``:
+    who wrote it, ``agent`` for code given by the caller):
+
+    * surely faster than eager: pack it;
+    * correct but not timed, or its speed undetermined: validate the stored candidate again, timed;
+    * rejected, a wrapper, or correct but not faster: the caller's own code (``agent``, and every
+      module candidate) is fixed by the caller and validated again from its source (a provider's
+      repair would replace it with that provider's code, so none is suggested); a provider's
+      candidate is repaired or improved by the same provider, named, with it as parent.
+    """
     if surely_faster(report):
         name = candidate_id.split(".", 1)[0]
         return [call("pack", candidates=[candidate_id], out=f"{name}.pack")]
-    return []
+    if report.correct and report.verdict == "custom" and (report.timing_status is None
+                                                           or report.timing_status == "undetermined"):
+        return [call("validate_kernel", candidate=candidate_id, time=True)]
+    if not target:
+        return []
+    if module or provider == "agent":
+        return [call("validate_kernel", source=source, target=target, backend=None if module else report.backend)]
+    return [call("generate_kernel", card=target, parent=candidate_id, provider=provider, backend=report.backend)]

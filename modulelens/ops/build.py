@@ -156,7 +156,8 @@ def record_opset(repo: Repository, capture_ref: str, options: RecordOptions) -> 
     views_share = sum(seconds[v.key] for v in variants if v.kind == "view") / module_time
 
     sink = TensorSink("", options.max_tensor_bytes)
-    cards = [_card(v, i, seconds[v.key], module_time, sink) for i, v in enumerate(listed)]
+    # A card's index is its call site (the variant's first-call order), its rank its place by time share.
+    cards = [_card(v, v.first_seen, rank, seconds[v.key], module_time, sink) for rank, v in enumerate(listed)]
 
     def write(folder: Path) -> OpSetManifest:
         if sink.tensors:
@@ -172,7 +173,7 @@ def record_opset(repo: Repository, capture_ref: str, options: RecordOptions) -> 
     return repo.create(KIND, art.name, write)
 
 
-def _card(v: Variant, index: int, seconds: float, module_time: float, sink: TensorSink) -> OpCard:
+def _card(v: Variant, index: int, rank: int, seconds: float, module_time: float, sink: TensorSink) -> OpCard:
     samples = []
     for j, s in enumerate(v.samples):
         prefix = f"c{index}.s{j}."
@@ -186,7 +187,7 @@ def _card(v: Variant, index: int, seconds: float, module_time: float, sink: Tens
         samples.append(sample)
     sink.prefix = ""
     return OpCard(
-        index=index, op=v.op, kind=v.kind, phase=v.phase,
+        index=index, rank=rank, op=v.op, kind=v.kind, phase=v.phase,
         shapes=[t["shape"] for t in v.tensors], dtypes=[t["dtype"] for t in v.tensors],
         strides=[t["stride"] for t in v.tensors], contiguous=[t["contiguous"] for t in v.tensors],
         device=v.tensors[0]["device"] if v.tensors else "cpu", args=v.others, calls=v.calls,

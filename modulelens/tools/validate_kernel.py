@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 from modulelens.capture import KIND as CAPTURES
 from modulelens.capture import capture_manifest
 from modulelens.device import require
-from modulelens.errors import ModuleLensError
+from modulelens.errors import ModuleLensError, tool_call
 from modulelens.kernels import (
     CANDIDATES,
     BackendName,
@@ -30,7 +30,9 @@ from modulelens.kernels import (
     save_agent_candidate,
     save_module_candidate,
 )
+from modulelens.kernels.entry_arity import operator_mismatch
 from modulelens.listing import MAX_ITEMS, LeftOut, keep_first
+from modulelens.ops import open_card
 from modulelens.paths import outside_warnings, source_file
 from modulelens.registry import ToolContext, tool
 from modulelens.replies import NextCall, ToolReply
@@ -95,6 +97,11 @@ def _candidate(req: ValidateKernelRequest, repo: Repository, path: Path | None,
                               "e.g. [--source k.cpp] [--target blk/6] [--backend cpp]")
     src = KernelSource(backend=req.backend, source=text, provider="agent",
                        provenance={"source_file": str(path) if path else None})
+    _, card = open_card(repo, req.target)
+    mismatch = operator_mismatch(card, src)
+    if mismatch is not None:  # before anything is stored or compiled
+        raise ModuleLensError(mismatch, "give the card of the operator the kernel is for as [--target CARD]; "
+                              f"list the cards with {tool_call('list', kind='cards', of=card.card_id.rpartition('/')[0])}")
     return save_agent_candidate(repo, req.target, src), src
 
 

@@ -31,7 +31,7 @@ from modulelens.kernels import (
     save_module_candidate,
 )
 from modulelens.kernels.entry_arity import operator_mismatch
-from modulelens.listing import MAX_ITEMS, LeftOut, keep_first
+from modulelens.listing import MAX_ITEMS, MAX_REPLY_CHARS, LeftOut
 from modulelens.ops import open_card
 from modulelens.paths import outside_warnings, source_file
 from modulelens.registry import ToolContext, tool
@@ -45,6 +45,7 @@ from modulelens.validation import (
     CandidateValidation,
     ValidationReport,
     ValidationSettings,
+    brief_report,
     report_next,
     report_warnings,
     validate_candidate,
@@ -57,7 +58,7 @@ class ValidateKernelRequest(BaseModel):
                                   json_schema_extra={"cli": "argument"})
     source: str | None = Field(None, description="Or: your source file.")
     source_text: str | None = Field(None, description="Or: the source itself.")
-    allow_outside: bool = Field(False, description="Read a source outside the project and the repository.")
+    allow_outside: bool = Field(False, description="Read or write a path outside the project and the repository.")
     target: str | None = Field(None, description="With a source: a card id (kernel) or capture (ModelNew).")
     backend: BackendName | None = Field(None, description="With a kernel source.")
     class_name: str = Field("ModelNew")
@@ -144,7 +145,7 @@ def _validate_module(req: ValidateKernelRequest, repo: Repository, ctx: ToolCont
                                   warnings=outside_warnings(path, ctx.project, ctx.repo_root) + report_warnings(report))
     result.next = report_next(report, art.ref, target.capture, str(path) if path else None, module=True)
     result.warnings += _source_again(result.next)
-    return _brief(result, req.limit, str(repo.open(REPORTS, rep.ref).file(REPORT_FILE)))
+    return _brief(result, req, str(repo.open(REPORTS, rep.ref).file(REPORT_FILE)))
 
 
 class ValidateKernelResult(CandidateValidation, ToolReply):
@@ -155,34 +156,14 @@ class ValidateKernelResult(CandidateValidation, ToolReply):
 R = TypeVar("R", ValidateKernelResult, ValidateModuleResult)
 
 
-EDGE_CASES_SHOWN = 0  # edge cases listed by name in a reply (left_out counts them); a failing one is named in its check
-PASSED_DETAIL_CHARS = 160  # a passed check's detail in a reply; the stored report has it whole
-
-
-def _brief(reply: R, limit: int, full: str) -> R:
-    """``reply`` cut to a size an agent reads (a validation under load notes more, so the cut keeps
-    room): its failed checks first, then the passed ones, ``limit`` in all; the first
-    ``EDGE_CASES_SHOWN`` edge cases that ran (a failing one is named in its check); passed checks' detail
-    cut to ``PASSED_DETAIL_CHARS``; only the isolation
-    layers that were *not* in force keep their detail (what is missing and why); the standing text
-    on what the wrapper decision can and cannot see is left out. The stored report ``full`` has it
-    all, and ``left_out`` says what was cut."""
-    failed_first = [c if not c.passed or len(c.detail) <= PASSED_DETAIL_CHARS
-                    else c.model_copy(update={"detail": c.detail[:PASSED_DETAIL_CHARS - 1] + "…"})
-                    for c in sorted(reply.checks, key=lambda c: c.passed)]  # stable: each group keeps its order
-    reply = keep_first(reply.model_copy(update={"checks": failed_first}), "checks", limit, full)
-    reply = keep_first(reply, "edge_cases", EDGE_CASES_SHOWN, full)
-    update: dict = {}
-    cut = []
-    if reply.wrapper_evidence:
-        update["wrapper_evidence"] = ""
-        cut.append(LeftOut(field="wrapper_evidence", shown=0, total=1, full=full))
-    if reply.isolation is not None and any(x.detail for x in reply.isolation.layers if x.in_force):
-        layers = [x if not x.in_force else x.model_copy(update={"detail": ""}) for x in reply.isolation.layers]
-        update["isolation"] = reply.isolation.model_copy(update={"layers": layers})
-        cut.append(LeftOut(field="isolation.layers.detail", shown=sum(1 for x in layers if x.detail),
-                           total=len(layers), full=full))
-    return reply.model_copy(update={**update, "left_out": [*reply.left_out, *cut]}) if cut else reply
+def _brief(reply: R, req: ValidateKernelRequest, full: str) -> R:
+    """``reply`` cut to a size an agent reads (see :func:`modulelens.validation.brief.brief_report`):
+    ``limit`` checks, and, unless ``limit`` was given, fewer when that is what keeps it within
+    ``MAX_REPLY_CHARS`` (a validation under load notes more); ``left_out`` says what was cut and the
+    stored report ``full`` has it all."""
+    budget = None if "limit" in req.model_fields_set else MAX_REPLY_CHARS
+    brief, cut = brief_report(reply, req.limit, full, budget=budget)
+    return brief.model_copy(update={"left_out": [*reply.left_out, *cut]}) if cut else brief
 
 
 def _source_again(calls: list[NextCall]) -> list[str]:
@@ -217,4 +198,4 @@ def validate_kernel(req: ValidateKernelRequest, ctx: ToolContext) -> ValidateKer
                                  next=report_next(result, result.candidate_id, result.target,
                                                   str(path) if path else None, provider=src.provider))
     reply.warnings += _source_again(reply.next)
-    return _brief(reply, req.limit, str(repo.open(REPORTS, result.report).file(REPORT_FILE)))
+    return _brief(reply, req, str(repo.open(REPORTS, result.report).file(REPORT_FILE)))

@@ -28,6 +28,7 @@ from modulelens.errors import ModuleLensError
 from modulelens.jobs import JobRecord, JobState, JobTable
 from modulelens.jobs.table import LONG_TOOLS, job_subject
 from modulelens.mcp_server.calls import error_text, validation_text
+from modulelens.paths import refuse_outside_outputs
 from modulelens.registry import Tool, ToolContext, ToolRegistry, tool
 from modulelens.replies import NextCall, ToolReply, call
 
@@ -105,6 +106,7 @@ def job_tools(tools: ToolRegistry) -> list[Tool]:
         except ValidationError as exc:
             raise ModuleLensError(validation_text(exc), None) from None
         data = checked.model_dump(mode="json", exclude_unset=True)
+        refuse_outside_outputs(checked.model_dump(), ctx.project, ctx.repo_root)  # before the job starts
         subject = job_subject(data)
         record = JobTable(ctx.repo_root).start(chosen.name, data, label=f"{chosen.name} {subject}".strip(),
                                                subject=subject)

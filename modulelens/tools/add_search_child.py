@@ -21,7 +21,7 @@ class AddSearchChildRequest(BaseModel):
     target: str = Field("0", description="Card id or target index.")
     source: str | None = Field(None, description="Or: your source file.")
     source_text: str | None = Field(None, description="Or: the source itself.")
-    allow_outside: bool = Field(False, description="Read a source outside the project and the repository.")
+    allow_outside: bool = Field(False, description="Read or write a path outside the project and the repository.")
 
 
 class AddSearchChildResult(NodeRecord, ToolReply):

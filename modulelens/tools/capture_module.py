@@ -7,7 +7,7 @@ import time
 from pydantic import Field
 
 from modulelens.capture import KIND, CaptureSummary, ScriptCaptureOptions, capture_script, capture_warnings, summarize
-from modulelens.paths import input_path
+from modulelens.paths import input_script
 from modulelens.registry import ToolContext, tool
 from modulelens.replies import ToolReply, call
 from modulelens.repo import Repository
@@ -34,7 +34,7 @@ def capture_module(req: CaptureModuleRequest, ctx: ToolContext) -> CaptureModule
     repo = Repository(ctx.repo_root)
     if req.push:
         check_push_target(req.push)  # before the run: a bad address or missing login fails fast
-    script = input_path(req.script, ctx.project, "script")
+    script = input_script(req.script, ctx.project, "script")
     ctx.progress(0, 1, f"running {script.name} until {req.module or 'the model'} is called")
     t0 = time.perf_counter()
     done = capture_script(req.model_copy(update={"script": str(script)}), repo, workdir=ctx.project)

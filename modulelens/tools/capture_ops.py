@@ -9,7 +9,7 @@ from pydantic import Field
 from modulelens.capture import ScriptCaptureOptions, capture_script
 from modulelens.listing import MAX_ITEMS
 from modulelens.ops import OpSetSummary, RecordOptions, record_opset, summarize_opset
-from modulelens.paths import input_path
+from modulelens.paths import input_script
 from modulelens.registry import ToolContext, tool
 from modulelens.replies import call
 from modulelens.repo import Repository
@@ -28,7 +28,7 @@ class CaptureOpsRequest(RecordOptions):
 
 def _capture_first(req: CaptureOpsRequest, ctx: ToolContext) -> str:
     """Capture the module from the script named by ``req.ref`` first; returns the capture's ref."""
-    script = input_path(req.ref, ctx.project, "ref")
+    script = input_script(req.ref, ctx.project, "ref")
     options = ScriptCaptureOptions(script=str(script), script_args=req.script_args, module=req.module,
                                    max_tensor_bytes=req.max_tensor_bytes, backward=req.backward)
     return capture_script(options, Repository(ctx.repo_root), workdir=ctx.project).ref

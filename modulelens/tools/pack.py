@@ -19,6 +19,7 @@ class PackRequest(BaseModel):
     candidates: list[str] = Field(json_schema_extra={"cli": "argument"})
     out: str | None = Field(None, description="Also write this file.")
     force: bool = Field(False, description="Use entries even when not surely faster than eager.")
+    allow_outside: bool = Field(False, description="Read or write a path outside the project and the repository.")
 
 
 class PackedEntry(BaseModel):

@@ -23,7 +23,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
-from modulelens.arguments import parse_json_text, unknown_names
+from modulelens.arguments import loose_booleans, parse_json_text, unknown_names
 from modulelens.errors import ModuleLensError
 from modulelens.jobs import JobRecord, JobState, JobTable
 from modulelens.jobs.table import LONG_TOOLS, job_subject
@@ -72,7 +72,7 @@ def job_status_of(record: JobRecord) -> JobStatus:
 
 
 class StartJobRequest(BaseModel):
-    tool: str = Field(description="A long tool (capture_module, validate_kernel, ...).")
+    tool: str = Field(description="A long tool: " + ", ".join(LONG_TOOLS) + ".")
     arguments: dict[str, Any] = Field(default_factory=dict, description="Its arguments.")
 
 
@@ -98,7 +98,7 @@ def job_tools(tools: ToolRegistry) -> list[Tool]:
             raise ModuleLensError(f"start_job cannot run {request.tool!r}",
                                   f"it runs: {', '.join(sorted(long_tools))}")
         arguments = parse_json_text(chosen.request, request.arguments)
-        unknown = unknown_names(chosen.request, arguments)
+        unknown = unknown_names(chosen.request, arguments) or loose_booleans(chosen.request, arguments)
         if unknown is not None:
             raise ModuleLensError(f"invalid arguments for {chosen.name}: {unknown}", None)
         try:

@@ -107,6 +107,8 @@ SHARED_ARGUMENTS: dict[str, str] = {
     "name": "Only this name's versions.",
     "pack": "Pack file or stored pack NAME[:vN].",
     "force": "Use entries even when not surely faster than eager.",
+    "mechanism": "How calls reach the pack's kernels: library (default; kernels for the packed operators only, "
+                 "cheaper) or mode (a dispatch mode that sees every aten call).",
 }
 
 

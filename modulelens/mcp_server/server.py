@@ -39,7 +39,7 @@ from mcp.types import CallToolResult, InputRequiredResult, TextContent
 from mcp.types import Tool as MCPTool
 from pydantic import BaseModel, ValidationError
 
-from modulelens.arguments import parse_json_text, unknown_names
+from modulelens.arguments import loose_booleans, parse_json_text, unknown_names
 from modulelens.errors import ModuleLensError
 from modulelens.mcp_server.calls import call_tool, error_text, validation_text
 from modulelens.mcp_server.jobs import job_tools
@@ -101,6 +101,9 @@ def _argument_problem(tool: Tool, arguments: dict[str, Any]) -> tuple[BaseModel 
     unknown = unknown_names(tool.request, arguments)
     if unknown is not None:
         return None, f"invalid arguments for {tool.name}: {unknown}"
+    loose = loose_booleans(tool.request, arguments)
+    if loose is not None:
+        return None, f"invalid arguments for {tool.name}: {loose}"
     try:
         return tool.request.model_validate(arguments), None
     except ValidationError as exc:

@@ -7,7 +7,7 @@ import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, Field
@@ -35,12 +35,13 @@ TIMER = ("time.perf_counter around each operator call (CUDA synchronised) inside
 class RecordOptions(BaseModel):
     """How to record a capture's operators (the capture-ops tool's request extends this)."""
 
-    strategy: str = Field("auto")
+    strategy: Literal["auto", "source", "export", "pickle"] = Field("auto")
     trust_pickle: bool = Field(False)
     backward: bool = Field(False, description="Also backward operators.")
     samples: int = Field(2, ge=1, le=16, description="Sample calls kept per card.")
     repeats: int = Field(15, ge=3, description="Timed runs (medians).")
-    max_tensor_bytes: int = Field(64 * 1024 * 1024, ge=0, description="Larger samples are stored shape-only.")
+    max_tensor_bytes: int = Field(64 * 1024 * 1024, ge=0, le=1 << 40,
+                                  description="Larger samples are stored shape-only.")
     include_views: bool = Field(False)
     allow_synthesized: bool = Field(False, description="Allow shape-only capture inputs.")
 

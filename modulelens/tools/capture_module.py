@@ -13,9 +13,15 @@ from modulelens.replies import ToolReply, call
 from modulelens.repo import Repository
 from modulelens.team.handover import check_push_target, push
 
+MAX_TENSOR_BYTES = 1 << 40  # a bound on max_tensor_bytes (1 TiB): a larger value is a mistake
+
 
 class CaptureModuleRequest(ScriptCaptureOptions):
     # the other fields are the capture package's options; no docstring, so none in the JSON schema
+    script: str = Field(description="Training script, run as is; or a KernelBench file.",
+                        json_schema_extra={"cli": "argument"})
+    max_tensor_bytes: int | None = Field(None, ge=0, le=MAX_TENSOR_BYTES,
+                                         description="Larger tensors are stored shape-only.")
     push: str | None = Field(None, description="Then push it to wandb://ENTITY/PROJECT.")
 
 

@@ -16,7 +16,9 @@ class CheckPackRequest(BaseModel):
     pack: str = Field(description="Pack file or stored pack NAME[:vN].", json_schema_extra={"cli": "argument"})
     captures: list[str] = Field(default_factory=list, description="Default: the pack's.", json_schema_extra={"cli": "argument"})
     allow_env_mismatch: bool = Field(False, description="Allow another torch, device or compiler.")
-    mechanism: Mechanism = Field(DEFAULT_MECHANISM)
+    mechanism: Mechanism = Field(DEFAULT_MECHANISM, description="How calls reach the pack's kernels: library "
+                                 "(default; kernels for the packed operators only, cheaper) or mode (a dispatch mode "
+                                 "that sees every aten call).")
     min_run_time: float = Field(0.3, gt=0, description="Seconds at least.")
     limit: int = Field(8, ge=1, le=MAX_ITEMS, description="Entries listed.")
 

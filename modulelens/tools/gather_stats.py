@@ -27,7 +27,7 @@ from modulelens.stats.worker import StatsWorkerRequest, gather_script_stats
 class GatherStatsRequest(BaseModel):
     script: str | None = Field(
         None,
-        description="optimizer.step() ends a step.",
+        description="Training script, run as is; each optimizer.step() ends a step.",
         json_schema_extra={"cli": "argument"},
     )
     script_args: list[str] = Field(

@@ -34,7 +34,9 @@ class RunRequest(BaseModel):
     atol: float = Field(1e-4, ge=0)
     allow_env_mismatch: bool = Field(False, description="Allow another torch, device or compiler.")
     expect_sha256: str | None = Field(None, description="Refuse any other pack.")
-    mechanism: Mechanism = Field(DEFAULT_MECHANISM)
+    mechanism: Mechanism = Field(DEFAULT_MECHANISM, description="How calls reach the pack's kernels: library "
+                                 "(default; kernels for the packed operators only, cheaper) or mode (a dispatch mode "
+                                 "that sees every aten call).")
     timeout: float = Field(1800.0, gt=0, description="Seconds per run.")
     limit: int = Field(10, ge=1, le=MAX_ITEMS, description="Entries listed.")
 

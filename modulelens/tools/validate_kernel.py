@@ -70,7 +70,8 @@ class ValidateKernelRequest(BaseModel):
     rtol: float | None = Field(None, ge=0, description="Default: per dtype.")
     atol: float | None = Field(None, ge=0, description="Default: per dtype.")
     timeout: float = Field(DEFAULT_TIMEOUT_S, gt=0, description="Seconds.")
-    memory_limit_mb: int = Field(DEFAULT_MEMORY_LIMIT_MB, ge=256)
+    memory_limit_mb: int = Field(DEFAULT_MEMORY_LIMIT_MB, ge=256, le=262_144, description="Of the "
+                                 "candidate process, MiB.")
     limit: int = Field(20, ge=1, le=MAX_ITEMS, description="Entries listed.")
 
 

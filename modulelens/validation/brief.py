@@ -47,7 +47,8 @@ def brief_report(report: R, limit: int, full: str, prefix: str = "",
     kept = checks[:limit]
     brief = report.model_copy(update={**update, "checks": kept})
     if budget is not None:
-        allowance = budget - 120 * (len(cut) + 1)  # the left_out entries added to the reply
+        # room for the left_out entries the reply gets (the one for checks included) and argument markers
+        allowance = budget - 200 - sum(len(c.model_dump_json()) + 1 for c in cut) - (len(full) + 80)
         while kept and kept[-1].passed and len(brief.model_dump_json()) > allowance:
             kept = kept[:-1]
             brief = brief.model_copy(update={"checks": kept})

@@ -207,10 +207,11 @@ def is_inside(path: Path, base: Path, repo_root: Path) -> bool:
 
 def outside_warnings(path: Path | None, base: Path, repo_root: Path) -> list[str]:
     """The warning a reply carries when its source was read from outside the project (with
-    ``allow_outside``): where it was read from."""
+    ``allow_outside``, or typed by a person): where it was read from."""
     if path is None or is_inside(path, base, repo_root):
         return []
-    return [f"the source was read from {path}, outside the project ({arg('allow_outside')} was given)"]
+    return [f"the source was read from {path}, outside the project (where paths come from an agent, only with "
+            f"{arg('allow_outside')})"]
 
 
 def _outside_outputs(values: Mapping[str, Any], base: Path, repo_root: Path) -> list[tuple[str, str, Path]]:

@@ -38,7 +38,7 @@ def add_search_child(req: AddSearchChildRequest, ctx: ToolContext) -> AddSearchC
                               "e.g. [--parent 2] [--source my_kernel.cpp]")
     text, path = req.source_text or "", None
     if req.source:
-        path = source_file(req.source, ctx.project, ctx.repo_root, req.allow_outside)
+        path = source_file(req.source, ctx.project, ctx.repo_root, req.allow_outside or ctx.paths_typed_by_person)
         text = read_source_file(path)  # named like a source, at most 1 MiB
     repo = Repository(ctx.repo_root)
     search = open_search(repo, req.search_id)

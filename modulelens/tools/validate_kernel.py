@@ -79,7 +79,7 @@ def _source(req: ValidateKernelRequest, ctx: ToolContext) -> tuple[Path | None, 
     """(the file read, symlinks followed, or None for ``source_text``; the source's text)."""
     if not req.source:
         return None, req.source_text or ""
-    path = source_file(req.source, ctx.project, ctx.repo_root, req.allow_outside)
+    path = source_file(req.source, ctx.project, ctx.repo_root, req.allow_outside or ctx.paths_typed_by_person)
     return path, read_source_file(path)  # named like a source, at most 1 MiB: no host file read over MCP
 
 

@@ -75,3 +75,23 @@ def test_the_cli_counts_checks_over_every_one_that_ran():
     assert "at most 29/49 passed" in str(checks_cell(only_failures).forms[0])
     whole = reply.model_copy(update={"checks": checks[1:], "left_out": []})
     assert "19/19 passed" in str(checks_cell(whole).forms[0])
+
+
+def test_capture_ops_says_what_it_is_doing(tmp_path):
+    from conftest import capture_tanh_scale
+
+    repo = tmp_path / ".modulelens"
+    capture_tanh_scale(repo)
+    seen: list[str | None] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append(message)
+
+    async def main():
+        async with Client(build_server(all_tools(), repo_root=repo)) as client:
+            r = await client.call_tool("capture_ops", {"ref": "scale", "repeats": 3}, progress_callback=on_progress)
+            assert not r.is_error, r.content
+
+    anyio.run(main)
+    assert any(m and m.startswith("recording and timing the operators of scale") for m in seen), seen
+    assert any(m and m.startswith("recorded scale:v1") for m in seen), seen

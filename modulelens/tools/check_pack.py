@@ -46,6 +46,8 @@ def check_pack(req: CheckPackRequest, ctx: ToolContext) -> CheckPackResult:
 
     repo = Repository(ctx.repo_root)
     pack_path = pack_file(repo, req.pack, ctx.project)
+    replayed = ", ".join(req.captures) or "the pack's captures"
+    ctx.progress(0, 1, f"replaying {replayed} with and without {req.pack}")
     checks, runtime = check(repo, str(pack_path), req.captures,
                             allow_env_mismatch=req.allow_env_mismatch, mechanism=req.mechanism,
                             min_run_time=req.min_run_time, progress=lambda m: ctx.progress(0, 1, m))

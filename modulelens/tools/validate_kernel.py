@@ -26,11 +26,11 @@ from modulelens.kernels import (
     is_module_candidate,
     load_candidate,
     load_module_candidate,
+    operator_mismatch,
     read_source_file,
     save_agent_candidate,
     save_module_candidate,
 )
-from modulelens.kernels.entry_arity import operator_mismatch
 from modulelens.listing import MAX_ITEMS, MAX_REPLY_CHARS, LeftOut
 from modulelens.ops import open_card
 from modulelens.paths import outside_warnings, source_file

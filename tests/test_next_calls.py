@@ -30,6 +30,7 @@ REJECTED = _report("rejected", False)
 WRAPPER = _report("wrapper", True, "ok", [0.9, 1.1])
 NOT_TIMED = _report("custom", True)
 UNDETERMINED = _report("custom", True, "undetermined", [0.8, 1.6])
+NOT_TIMEABLE = _report("custom", True).model_copy(update={"timing_note": "no GPU: the interpreter is not timed"})
 SLOWER = _report("custom", True, "ok", [0.7, 0.9])
 FASTER = _report("custom", True, "ok", [1.3, 1.5])
 
@@ -48,6 +49,7 @@ VALIDATIONS = [
     ("sampled kernel a wrapper", WRAPPER, "sampling", None, False,
      [("generate_kernel", {"card": "blk/3", "parent": CID, "provider": "sampling", "backend": "cpp"})]),
     ("custom, not timed", NOT_TIMED, "template", None, False, [("validate_kernel", {"candidate": CID, "time": True})]),
+    ("custom, not timeable here", NOT_TIMEABLE, "agent", "k.py", False, []),
     ("custom, speed undetermined", UNDETERMINED, "agent", "k.cpp", False,
      [("validate_kernel", {"candidate": CID, "time": True})]),
     ("custom, surely faster", FASTER, "agent", "k.cpp", False, [("pack", {"candidates": [CID], "out": "blk.pack"})]),

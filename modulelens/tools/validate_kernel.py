@@ -144,7 +144,8 @@ def _validate_module(req: ValidateKernelRequest, repo: Repository, ctx: ToolCont
     result = ValidateModuleResult(**dict(report), candidate_id=art.ref, target=target.capture, report=rep.ref,
                                   source_file=str(path) if path else None,
                                   warnings=outside_warnings(path, ctx.project, ctx.repo_root) + report_warnings(report))
-    result.next = report_next(report, art.ref, target.capture, str(path) if path else None, module=True)
+    result.next = report_next(report, art.ref, target.capture, str(path) if path else None, module=True,
+                              timed=req.time)
     result.warnings += _source_again(result.next)
     return _brief(result, req, str(repo.open(REPORTS, rep.ref).file(REPORT_FILE)))
 
@@ -197,6 +198,7 @@ def validate_kernel(req: ValidateKernelRequest, ctx: ToolContext) -> ValidateKer
     reply = ValidateKernelResult(**dict(result), source_file=str(path) if path else None,
                                  warnings=outside_warnings(path, ctx.project, ctx.repo_root) + report_warnings(result),
                                  next=report_next(result, result.candidate_id, result.target,
-                                                  str(path) if path else None, provider=src.provider))
+                                                  str(path) if path else None, provider=src.provider,
+                                                  timed=req.time))
     reply.warnings += _source_again(reply.next)
     return _brief(reply, req, str(repo.open(REPORTS, result.report).file(REPORT_FILE)))

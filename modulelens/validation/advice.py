@@ -63,13 +63,15 @@ def surely_faster(report: ValidationReport) -> bool:
 
 
 def report_next(report: ValidationReport, candidate_id: str, target: str | None, source: str | None = None, *,
-                provider: str = "agent", module: bool = False) -> list[NextCall]:
+                provider: str = "agent", module: bool = False, timed: bool | None = None) -> list[NextCall]:
     """The call after a validation, at each fork (``target``: the card, or the capture of a module
     candidate; ``source``: the file the candidate came from, when it came from one; ``provider``:
     who wrote it, ``agent`` for code given by the caller):
 
     * surely faster than eager: pack it;
-    * correct but not timed, or its speed undetermined: validate the stored candidate again, timed;
+    * correct but not timed (``timed`` False: timing was off; None: unknown, taken as off when the
+      report gives no reason it could not be timed), or its speed undetermined: validate the stored
+      candidate again, timed; correct but not timeable here (a Triton kernel without a GPU): none;
     * rejected, a wrapper, or correct but not faster: the caller's own code (``agent``, and every
       module candidate) is fixed by the caller and validated again from its source (a provider's
       repair would replace it with that provider's code, so none is suggested); a provider's
@@ -78,9 +80,11 @@ def report_next(report: ValidationReport, candidate_id: str, target: str | None,
     if surely_faster(report):
         name = candidate_id.split(".", 1)[0]
         return [call("pack", candidates=[candidate_id], out=f"{name}.pack")]
-    if report.correct and report.verdict == "custom" and (report.timing_status is None
-                                                           or report.timing_status == "undetermined"):
-        return [call("validate_kernel", candidate=candidate_id, time=True)]
+    if report.correct and report.verdict == "custom" and report.timing_status != "ok":
+        timing_was_off = timed is False or (timed is None and not report.timing_note)
+        if report.timing_status == "undetermined" or timing_was_off:
+            return [call("validate_kernel", candidate=candidate_id, time=True)]
+        return []  # it cannot be timed here: nothing to do but use it where it can
     if not target:
         return []
     if module or provider == "agent":

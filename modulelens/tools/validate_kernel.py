@@ -59,7 +59,8 @@ class ValidateKernelRequest(BaseModel):
     source: str | None = Field(None, description="Or: your source file.")
     source_text: str | None = Field(None, description="Or: the source itself.")
     allow_outside: bool = Field(False, description="Read or write a path outside the project and the repository.")
-    target: str | None = Field(None, description="With a source: a card id (kernel) or capture (ModelNew).")
+    target: str | None = Field(None, description="With source or source_text (not a candidate id): a card id "
+                               "(blk/6: a kernel) or a capture (blk: a ModelNew).")
     backend: BackendName | None = Field(None, description="With a kernel source.")
     class_name: str = Field("ModelNew")
     claims_training: bool = Field(False, description="ModelNew: correct in training too.")

@@ -122,3 +122,13 @@ def argument_errors(exc: ValidationError, label: Label = str, front: Front = "ar
         else:
             whole.append(_allowed(dict(err), front))
     return [_field_line(field, errors, label, front) for field, errors in by_field.items()] + whole
+
+
+def loose_booleans(model: type[BaseModel], data: dict[str, Any]) -> str | None:
+    """The refusal of ``data`` (after :func:`parse_json_text`) giving a boolean field of ``model``
+    anything but true or false (``"yes"``, ``1``, ``"on"``, which pydantic would take as true), or
+    None when there is none: an agent's yes is not a flag's value."""
+    bad = [f"{name}: give true or false, not {_shown(value)}" for name, value in data.items()
+           if (field := model.model_fields.get(name)) is not None and field.annotation in (bool, bool | None)
+           and value is not None and not isinstance(value, bool)]
+    return "; ".join(bad) or None

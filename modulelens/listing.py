@@ -9,7 +9,11 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, Field
 from pydantic.fields import FieldInfo
 
-__all__ = ["MAX_ITEMS", "LeftOut", "everything", "keep_first", "keep_first_each"]
+__all__ = ["MAX_ITEMS", "MAX_REPLY_CHARS", "LeftOut", "everything", "keep_first", "keep_first_each"]
+
+MAX_REPLY_CHARS = 8_000
+"""The most characters of one reply or resource (its compact JSON, what an agent reads): what is
+longer is cut, and its ``left_out`` says what was cut and where the whole is."""
 
 MAX_ITEMS = 100
 """The most items a reply lists from one list (the maximum of every ``top`` and ``limit``): a

@@ -12,6 +12,12 @@ exist yet; anything else is refused with one line before anything is written. :f
 writes a file atomically (a temporary file next to it, then a rename) and removes the temporary
 file on any failure, and an ``OSError`` becomes a one-line error naming the path and the cause.
 
+An output outside the project folder and the repository is refused where paths come from an
+agent (MCP calls, their jobs, the UI) unless the request passes ``allow_outside``
+(:func:`refuse_outside_outputs`, run by those front ends before the tool), and only warned about
+where a person typed it (the CLI, :func:`outside_output_warnings`): an agent's ``out="/"`` or
+``"../x"`` must not write beside the project without a word.
+
 **Inputs** (:func:`input_path`): a file or folder a tool reads (a training script, a pack file),
 resolved by the same rule; it must exist and be of the kind asked for (a regular file, or a
 folder), else one line names the argument, the path as resolved and the fix. It may lie outside
@@ -29,12 +35,18 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from modulelens.errors import ModuleLensError, arg
 
-__all__ = ["SYSTEM_FOLDERS", "input_path", "is_inside", "output_file", "output_folder", "outside_warnings", "project_folder",
-           "resolve", "source_file", "write_text"]
+__all__ = ["OUTPUT_FIELDS", "SYSTEM_FOLDERS", "input_path", "input_script", "is_inside", "output_file", "output_folder",
+           "outside_output_warnings", "outside_warnings", "project_folder", "refuse_outside_outputs", "resolve",
+           "source_file", "write_text"]
+
+OUTPUT_FIELDS = ("out",)
+"""Request fields that name a path a tool writes (a file or a folder), in every tool that has one."""
 
 SYSTEM_FOLDERS = (Path("/proc"), Path("/sys"), Path("/dev"))
 """Folders no output may be under (pseudo-filesystems and devices, whatever a symlink says)."""
@@ -153,6 +165,23 @@ def input_path(given: str, base: Path, field: str, folder: bool = False) -> Path
     return path
 
 
+def input_script(given: str, base: Path, field: str = "script") -> Path:
+    """The Python file ``given`` names (see :func:`input_path`), checked to be Python before it
+    runs: a file that is not (a pack, a binary, a text) is refused with one line naming the file
+    and the line where it stops being Python, not a line of modulelens's."""
+    path = input_path(given, base, field)
+    try:
+        compile(path.read_bytes(), str(path), "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        where = f"{path}:{exc.lineno}" if exc.lineno else str(path)
+        raise ModuleLensError(f"{field} {given!r} is not a Python file: {where}: {exc.msg}",
+                              "give the Python script to run (a training script or a KernelBench file)") from None
+    except (ValueError, OSError) as exc:  # NUL bytes, unreadable
+        raise ModuleLensError(f"{field} {given!r} is not a Python file: {path}: {exc}",
+                              "give the Python script to run (a training script or a KernelBench file)") from None
+    return path
+
+
 def source_file(given: str, base: Path, repo_root: Path, allow_outside: bool = False,
                 field: str = "source") -> Path:
     """The regular file that ``given`` (request field ``field``) leads to, symlinks followed.
@@ -178,7 +207,47 @@ def is_inside(path: Path, base: Path, repo_root: Path) -> bool:
 
 def outside_warnings(path: Path | None, base: Path, repo_root: Path) -> list[str]:
     """The warning a reply carries when its source was read from outside the project (with
-    ``allow_outside``): where it was read from."""
+    ``allow_outside``, or typed by a person): where it was read from."""
     if path is None or is_inside(path, base, repo_root):
         return []
-    return [f"the source was read from {path}, outside the project ({arg('allow_outside')} was given)"]
+    return [f"the source was read from {path}, outside the project (where paths come from an agent, only with "
+            f"{arg('allow_outside')})"]
+
+
+def _outside_outputs(values: Mapping[str, Any], base: Path, repo_root: Path) -> list[tuple[str, str, Path]]:
+    """(field, path as given, resolved) of each output of a request (its :data:`OUTPUT_FIELDS`)
+    outside the project folder ``base`` and the repository; a path that cannot be resolved, or
+    lies under a system folder, is left to the tool's own checks."""
+    out = []
+    for field in OUTPUT_FIELDS:
+        given = values.get(field)
+        if not isinstance(given, str) or not given.strip() or "\x00" in given:
+            continue
+        try:
+            path = resolve(given, base)
+        except ModuleLensError:
+            continue
+        if any(path == system or path.is_relative_to(system) for system in SYSTEM_FOLDERS):
+            continue  # the tool's own check says so (a system folder)
+        if not is_inside(path, base, repo_root):
+            out.append((field, given, path))
+    return out
+
+
+def refuse_outside_outputs(values: Mapping[str, Any], base: Path, repo_root: Path) -> None:
+    """Refuse a request (its field values, defaults included) from an agent whose output lies
+    outside the project folder ``base`` and the repository, unless it passes ``allow_outside`` (a
+    tool without that field writes only inside); before anything runs."""
+    if values.get("allow_outside"):
+        return
+    for field, given, path in _outside_outputs(values, base, repo_root):
+        allow = f", or pass {arg('allow_outside')} if you mean to write there" if "allow_outside" in values else ""
+        raise ModuleLensError(f"{arg(field)} {given!r} is {path}, outside the project folder {Path(base).resolve()} "
+                              "and the repository: nothing is written there",
+                              f"give a path inside the project (relative paths are taken from it){allow}")
+
+
+def outside_output_warnings(values: Mapping[str, Any], base: Path, repo_root: Path) -> list[str]:
+    """What a reply says of a request's outputs a person typed outside the project (written there)."""
+    return [f"{arg(field)} {given!r} was written at {path}, outside the project folder {Path(base).resolve()}"
+            for field, given, path in _outside_outputs(values, base, repo_root)]

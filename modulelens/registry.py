@@ -58,6 +58,13 @@ class ToolContext:
     workdir: Path | None = None
 
     @property
+    def paths_typed_by_person(self) -> bool:
+        """Whether the request's paths were typed by a person (the CLI, the Python API: ``workdir``
+        set), who may read a source from anywhere; not where an agent or a web page sends them
+        (MCP, its jobs, the UI), where a source outside the project needs ``allow_outside``."""
+        return self.workdir is not None
+
+    @property
     def project(self) -> Path:
         """The project folder of this call (``workdir``, else the folder holding the repository)."""
         return Path(self.workdir).absolute() if self.workdir is not None else project_folder(self.repo_root)

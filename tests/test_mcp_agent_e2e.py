@@ -1,8 +1,8 @@
 """The whole loop as an agent drives it: the MCP server as a stdio subprocess, driven by the Python
 SDK's stdio client on the example training script (capture, replay, export_repro, capture_ops,
-generate_kernel, validate_kernel, pack, run, gather_stats, list, show): every reply's structured
-content carries ``warnings`` and ``next``, its text is the same data as compact JSON within the size
-an agent can read (8k characters), a pack run in which no kernel ran says so and claims no speedup,
+generate_kernel, validate_kernel, pack, run, gather_stats, list, show, and the capture and schema
+resources): every reply's structured content carries ``warnings`` and ``next``, its text is the
+same data as compact JSON within the size an agent can read (8k characters, resources too), a pack run in which no kernel ran says so and claims no speedup,
 and ``tools/list`` holds at most 24 tools in at most 15k characters.
 
 One server session runs every step in order (each step uses what the one before made).
@@ -41,11 +41,18 @@ class Agent:
         self.session = session
         self.sizes: dict[str, int] = {}
 
+    async def read(self, uri: str) -> dict:
+        """A resource, which fits the same budget (recorded under its URI)."""
+        (content,) = (await self.session.read_resource(uri)).contents
+        self.sizes[uri] = len(content.text)
+        assert len(content.text) <= MAX_REPLY, f"{uri} is {len(content.text)} characters"
+        return json.loads(content.text)
+
     async def call(self, tool: str, arguments: dict) -> dict:
         result = await self.session.call_tool(tool, arguments)
         assert not result.is_error, f"{tool}: {result.content}"
         size = reply_size(result)
-        self.sizes[tool] = size
+        self.sizes[tool] = max(size, self.sizes.get(tool, 0))  # each tool's largest reply
         assert size <= MAX_REPLY, f"{tool} replied {size} characters: " + ", ".join(
             f"{k} {len(json.dumps(v))}" for k, v in sorted(result.structured_content.items(), key=lambda kv: -len(json.dumps(kv[1])))[:6])
         (block,) = result.content
@@ -87,6 +94,12 @@ async def _run_loop(repo: Path, out: Path) -> dict:
         seen["run"] = await agent.call("run", {"script": str(TRAIN), "script_args": ["--steps", "3"],
                                                "pack": pack_file, "compare": True})
         seen["listed_candidates"] = await agent.call("list", {"kind": "candidates"})
+        seen["candidate_shown"] = await agent.call("show", {"kind": "candidate", "ref": gen["candidate_id"]})
+        seen["report_shown"] = await agent.call("show", {"kind": "report", "ref": seen["validated"]["report"]})
+        seen["capture_resource"] = await agent.read("modulelens://captures/blk")
+        seen["schema_resource"] = await agent.read("modulelens://schemas/validate_kernel")
+        for cut in seen["schema_resource"].get("left_out", []):
+            await agent.read(cut["full"])
         seen["stats"] = await agent.call("gather_stats", {"script": str(TRAIN), "script_args": ["--steps", "3"],
                                                           "every": 1})
         seen["stats_shown"] = await agent.call("show", {"kind": "stats", "ref": seen["stats"]["run_id"]})
@@ -139,9 +152,12 @@ def test_results_say_what_to_do_next_and_what_could_mislead(loop):
     untimed = loop["untimed"]
     assert untimed["correct"] and untimed["speedup_vs_eager"] is None
     assert any(w.startswith("not timed") for w in untimed["warnings"]), untimed["warnings"]
+    assert untimed["next"] == [{"tool": "validate_kernel", "arguments": {"candidate": untimed["candidate_id"],
+                                                                          "time": True}}]
     pack = loop["pack"]
     assert [e["dispatched"] for e in pack["entries"]] == [False]
     assert pack["warnings"][0] == "no entry of this pack will be used: every call will run eager"
+    assert pack["next"] == untimed["next"]  # what makes its entry usable
 
 
 def test_a_pack_run_in_which_no_kernel_ran_says_so_and_claims_no_speedup(loop):
@@ -163,8 +179,11 @@ def test_stats_reply_and_views_fit(loop):
 
 def test_every_reply_fits(loop):
     assert set(loop["sizes"]) >= {"capture_module", "replay_module", "export_repro", "capture_ops",
-                                  "generate_kernel", "validate_kernel", "gather_stats"}
+                                  "generate_kernel", "validate_kernel", "gather_stats", "pack", "run", "list", "show",
+                                  "modulelens://captures/blk", "modulelens://schemas/validate_kernel"}
     assert max(loop["sizes"].values()) <= MAX_REPLY, loop["sizes"]
+    assert loop["schema_resource"]["left_out"]  # its models have pages of their own, read above
+    assert loop["report_shown"]["left_out"] and loop["candidate_shown"]["entry"]["kind"] == "card"
 
 
 def test_misspelt_argument_is_refused_with_did_you_mean(loop):

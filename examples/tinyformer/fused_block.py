@@ -9,7 +9,7 @@ every step: it trains), with one fusion: causal attention as masked_fill + softm
 mask has none). Validate it with::
 
     modulelens capture-module examples/tinyformer/train.py --module blocks.1 --backward -- --steps 1
-    modulelens validate-module --source examples/tinyformer/fused_block.py --target blocks.1 --claims-training
+    modulelens validate-kernel --source examples/tinyformer/fused_block.py --target blocks.1 --claims-training
 """
 
 import math

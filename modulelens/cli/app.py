@@ -44,6 +44,7 @@ from modulelens.cli.progress import ProgressReporter, progress_mode
 from modulelens.cli.views import generic_view, left_out_notes, view_for
 from modulelens.errors import CallWriter, ModuleLensError, render
 from modulelens.jobs.process import run_as_job
+from modulelens.paths import outside_output_warnings
 from modulelens.registry import Tool, ToolContext, ToolRegistry
 from modulelens.replies import NextCall, rendered_reply
 from modulelens.repo import default_repo_root
@@ -117,6 +118,9 @@ def _run_tool(tool: Tool, data: dict[str, Any], specs: dict[str, FieldSpec], com
             result = run_as_job(tool, request, ctx)  # a long call is listed as a job meanwhile (the UI shows it)
     except ModuleLensError as exc:
         _fail(exc.message, exc.hint, type(exc).__name__, common.as_json, tools)
+    outside = outside_output_warnings(request.model_dump(), ctx.project, ctx.repo_root)  # a person's path: said, not refused
+    if outside and isinstance(getattr(result, "warnings", None), list):
+        result = result.model_copy(update={"warnings": [*outside, *result.warnings]})
     if common.as_json:
         click.echo(json.dumps(rendered_reply(result, "cli", _call_writer(tools)), indent=2))
         return

@@ -93,6 +93,19 @@ def show_candidate_view(r: CandidateView, wide: bool) -> RenderableType:
     return kv_table(rows, title=f"candidate {e.candidate_id}")
 
 
+def checks_cell(r: CandidateValidation) -> Cell:
+    """``29/49 passed; stage reached: done``, counted over every check the validation ran (a reply
+    lists failed checks first and leaves the rest to ``left_out``: with more failures than it lists,
+    the passed ones are counted as at most the rest)."""
+    total = next((c.total for c in getattr(r, "left_out", []) if c.field == "checks"), len(r.checks))
+    failed = sum(not c.passed for c in r.checks)
+    every_failure_listed = failed < len(r.checks) or total == len(r.checks)
+    passed = total - failed
+    count = f"{passed}/{total}" if every_failure_listed else f"at most {passed}/{total}"
+    return Cell((f"{count} passed; stage reached: {r.stage}",),
+                style=GOOD if passed == total and total and every_failure_listed else WARN)
+
+
 def validate_kernel_view(r: CandidateValidation, wide: bool) -> RenderableType:
     head = Text.assemble((r.verdict, f"bold {VERDICT_STYLE[r.verdict]}"), f" {r.candidate_id} for {r.target} ({r.backend})")
     rows: list[tuple[str, str | Cell]] = [("reason", r.reason)]
@@ -105,9 +118,7 @@ def validate_kernel_view(r: CandidateValidation, wide: bool) -> RenderableType:
             rows.append((label, f"{seconds(t.median_s)} (p20 {seconds(t.p20_s)}, p80 {seconds(t.p80_s)})"))
     if r.timing_note:
         rows.append(("timing", r.timing_note))
-    passed = sum(c.passed for c in r.checks)
-    rows.append(("checks", Cell((f"{passed}/{len(r.checks)} passed; stage reached: {r.stage}",),
-                                style=GOOD if passed == len(r.checks) and r.checks else WARN)))
+    rows.append(("checks", checks_cell(r)))
     rows += [("flag", Cell((f,), style=WARN)) for f in r.flags]
     rows += [("error", Cell((e,), style=BAD)) for e in (r.errors if wide else r.errors[:3])]
     rows.append(("report", r.report))

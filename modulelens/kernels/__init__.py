@@ -14,6 +14,7 @@ CANDIDATE_RUNTIME = ("modulelens.kernels.backends", "modulelens.kernels.module_c
 _FACE = {
     # Kernel sources and the candidate contract (the docstring of each module states it).
     "BackendName": "source", "CPP_KEYWORDS": "source", "KernelSource": "source", "read_source_file": "source",
+    "operator_mismatch": "entry_arity",
     "CANDIDATE_CONTRACT": "source:__doc__", "MODULE_CANDIDATE_CONTRACT": "module_candidates:__doc__",
     # Backends and their builds.
     "CompileError": "backends", "get_backend": "backends", "LIB_SUFFIX": "backends.compiler",

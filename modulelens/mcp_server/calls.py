@@ -20,6 +20,7 @@ from pydantic import BaseModel, ValidationError
 from modulelens.arguments import argument_errors
 from modulelens.cancellation import cancellable
 from modulelens.errors import ModuleLensError
+from modulelens.paths import refuse_outside_outputs
 from modulelens.registry import Tool, ToolContext
 from modulelens.repo import default_repo_root
 
@@ -134,6 +135,7 @@ async def call_tool(
         stdout_is_protocol=True,
         sample=thread_sampler(ctx) if ctx is not None else None,
     )
+    refuse_outside_outputs(request.model_dump(), tool_ctx.project, tool_ctx.repo_root)  # before anything runs
     try:
         return await run_cancellable(tool, request, tool_ctx, relay)
     except SamplingInputRequired as need:

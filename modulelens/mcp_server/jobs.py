@@ -23,11 +23,12 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
-from modulelens.arguments import parse_json_text, unknown_names
+from modulelens.arguments import loose_booleans, parse_json_text, unknown_names
 from modulelens.errors import ModuleLensError
 from modulelens.jobs import JobRecord, JobState, JobTable
 from modulelens.jobs.table import LONG_TOOLS, job_subject
 from modulelens.mcp_server.calls import error_text, validation_text
+from modulelens.paths import refuse_outside_outputs
 from modulelens.registry import Tool, ToolContext, ToolRegistry, tool
 from modulelens.replies import NextCall, ToolReply, call
 
@@ -52,7 +53,9 @@ class JobStatus(ToolReply):
 
 def job_status_of(record: JobRecord) -> JobStatus:
     """The job's record as ``start_job`` and ``job_status`` answer it, with its next call: poll a
-    running job; once done, the next calls of its result; otherwise a warning saying why it ended."""
+    running job; once done, the warnings and next calls of its result, lifted to the top level
+    where an agent reads them first (``result`` keeps them too); otherwise a warning saying why it
+    ended."""
     error = (error_text(ModuleLensError(record.error, record.hint), kind=record.error_type)
              if record.error is not None else None)
     status = JobStatus(job=record.job, tool=record.tool, state=record.state, started_at=record.started_at,
@@ -61,6 +64,7 @@ def job_status_of(record: JobRecord) -> JobStatus:
     if status.state == "running":
         status.next = [call("job_status", job=status.job, wait=MAX_WAIT_S)]
     elif status.state == "done" and status.result:
+        status.warnings = [w for w in status.result.get("warnings", []) if isinstance(w, str)]
         status.next = [NextCall.model_validate(n) for n in status.result.get("next", [])]
     else:
         status.warnings = [f"the job {status.state}: {status.error or 'no reason recorded'}"]
@@ -68,7 +72,7 @@ def job_status_of(record: JobRecord) -> JobStatus:
 
 
 class StartJobRequest(BaseModel):
-    tool: str = Field(description="A long tool (capture_module, validate_kernel, ...).")
+    tool: str = Field(description="A long tool: " + ", ".join(LONG_TOOLS) + ".")
     arguments: dict[str, Any] = Field(default_factory=dict, description="Its arguments.")
 
 
@@ -94,7 +98,7 @@ def job_tools(tools: ToolRegistry) -> list[Tool]:
             raise ModuleLensError(f"start_job cannot run {request.tool!r}",
                                   f"it runs: {', '.join(sorted(long_tools))}")
         arguments = parse_json_text(chosen.request, request.arguments)
-        unknown = unknown_names(chosen.request, arguments)
+        unknown = unknown_names(chosen.request, arguments) or loose_booleans(chosen.request, arguments)
         if unknown is not None:
             raise ModuleLensError(f"invalid arguments for {chosen.name}: {unknown}", None)
         try:
@@ -102,6 +106,7 @@ def job_tools(tools: ToolRegistry) -> list[Tool]:
         except ValidationError as exc:
             raise ModuleLensError(validation_text(exc), None) from None
         data = checked.model_dump(mode="json", exclude_unset=True)
+        refuse_outside_outputs(checked.model_dump(), ctx.project, ctx.repo_root)  # before the job starts
         subject = job_subject(data)
         record = JobTable(ctx.repo_root).start(chosen.name, data, label=f"{chosen.name} {subject}".strip(),
                                                subject=subject)

@@ -1,6 +1,7 @@
 """Resources over the ``list`` and ``show`` tools for one kind (captures, statistics runs), as JSON:
 as much data as the tools give (``top``/``limit`` at their maximum, see
-:func:`modulelens.listing.everything`)."""
+:func:`modulelens.listing.everything`) within the size of a reply (compact JSON; what the tool cuts
+is named in its ``left_out``)."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def add_listing_resources(
             raise ResourceError(error_text(exc)) from exc
         except ValidationError as exc:
             raise ResourceError(validation_text(exc)) from exc
-        return json.dumps(rendered_reply(result, "args"), indent=2)
+        return json.dumps(rendered_reply(result, "args"), separators=(",", ":"))  # compact, as tool replies
 
     @server.resource(
         uri,

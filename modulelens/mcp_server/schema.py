@@ -14,10 +14,14 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from modulelens.errors import render
+from modulelens.errors import ModuleLensError, render
+from modulelens.listing import MAX_REPLY_CHARS, LeftOut
 from modulelens.registry import Tool
 
 SCHEMA_TEMPLATE = "modulelens://schemas/{tool}"
+# One model of a tool's result schema (a ``$defs`` entry the tool's page left out): the template's
+# ``tool`` written as ``TOOL.MODEL`` (tool names hold no dot).
+SCHEMA_MODEL_URI = "modulelens://schemas/{tool}.{model}"
 
 
 def describe(tool: Tool) -> str:
@@ -98,11 +102,13 @@ SHARED_ARGUMENTS: dict[str, str] = {
     "compile_baseline": "Also time torch.compile.",
     "source": "Or: your source file.",
     "source_text": "Or: the source itself.",
-    "allow_outside": "Read a source outside the project and the repository.",
+    "allow_outside": "Read or write a path outside the project and the repository.",
     "allow_env_mismatch": "Allow another torch, device or compiler.",
     "name": "Only this name's versions.",
     "pack": "Pack file or stored pack NAME[:vN].",
     "force": "Use entries even when not surely faster than eager.",
+    "mechanism": "How calls reach the pack's kernels: library (default; kernels for the packed operators only, "
+                 "cheaper) or mode (a dispatch mode that sees every aten call).",
 }
 
 
@@ -140,3 +146,35 @@ def input_schema(tool: Tool) -> dict[str, Any]:
             del prop["cli"]
     schema = json.loads(render(json.dumps(schema), "args"))
     return without_shared_descriptions(compact_schema(schema))
+
+
+def _size(value: Any) -> int:
+    return len(json.dumps(value, separators=(",", ":")))
+
+
+def result_schema_page(tool: Tool, model: str | None = None) -> dict[str, Any]:
+    """What the schema resource serves, within ``MAX_REPLY_CHARS``: for ``model`` None, the
+    result schema of ``tool`` (:func:`result_schema`) with as many of its ``$defs`` as fit,
+    smallest first, and a ``left_out`` entry for each one left out, naming its own page
+    (:data:`SCHEMA_MODEL_URI`); for a ``model``, that ``$defs`` entry alone (its references name
+    other entries, each with its page)."""
+    schema = result_schema(tool)
+    defs: dict[str, Any] = schema.pop("$defs", {})
+    if model is not None:
+        if model not in defs:
+            raise ModuleLensError(f"the result schema of {tool.name} has no model {model!r}",
+                                  f"its models: {', '.join(sorted(defs)) or 'none'}")
+        return defs[model]
+    kept: dict[str, Any] = {}
+    left_out: list[dict[str, Any]] = []
+    room = MAX_REPLY_CHARS - _size(schema) - 200 * len(defs)  # each left_out entry takes under 200 characters
+    for name in sorted(defs, key=lambda n: (_size(defs[n]), n)):
+        if _size(defs[name]) + len(name) + 4 <= room:
+            kept[name] = defs[name]
+            room -= _size(defs[name]) + len(name) + 4
+        else:
+            cut = LeftOut(field=f"$defs.{name}", shown=0, total=1,
+                          full=SCHEMA_MODEL_URI.format(tool=tool.name, model=name))
+            left_out.append(cut.model_dump())
+    page = {**schema, "$defs": dict(sorted(kept.items()))} if kept else schema
+    return {**page, "left_out": left_out} if left_out else page

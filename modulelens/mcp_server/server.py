@@ -39,7 +39,7 @@ from mcp.types import CallToolResult, InputRequiredResult, TextContent
 from mcp.types import Tool as MCPTool
 from pydantic import BaseModel, ValidationError
 
-from modulelens.arguments import parse_json_text, unknown_names
+from modulelens.arguments import loose_booleans, parse_json_text, unknown_names
 from modulelens.errors import ModuleLensError
 from modulelens.mcp_server.calls import call_tool, error_text, validation_text
 from modulelens.mcp_server.jobs import job_tools
@@ -48,7 +48,7 @@ from modulelens.mcp_server.schema import (
     SCHEMA_TEMPLATE,
     describe,
     input_schema,
-    result_schema,
+    result_schema_page,
     shared_arguments_text,
 )
 from modulelens.registry import Tool, ToolRegistry
@@ -101,6 +101,9 @@ def _argument_problem(tool: Tool, arguments: dict[str, Any]) -> tuple[BaseModel 
     unknown = unknown_names(tool.request, arguments)
     if unknown is not None:
         return None, f"invalid arguments for {tool.name}: {unknown}"
+    loose = loose_booleans(tool.request, arguments)
+    if loose is not None:
+        return None, f"invalid arguments for {tool.name}: {loose}"
     try:
         return tool.request.model_validate(arguments), None
     except ValidationError as exc:
@@ -146,13 +149,18 @@ def _add_schema_resource(server: MCPServer, tools: ToolRegistry) -> None:
     @server.resource(
         SCHEMA_TEMPLATE,
         name="result_schema",
-        description="The JSON schema of a tool's result, every field described.",
+        description="The JSON schema of a tool's result, every field described (a model its page leaves out: TOOL.MODEL).",
         mime_type="application/json",
     )
     async def schema(tool: str) -> str:
-        if tool not in tools:
-            raise ResourceNotFoundError(f"no tool named {tool!r}; tools: {', '.join(tools.names())}")
-        return json.dumps(result_schema(tools.get(tool)), separators=(",", ":"))
+        name, _, model = tool.partition(".")  # TOOL, or TOOL.MODEL: one model its page left out
+        if name not in tools:
+            raise ResourceNotFoundError(f"no tool named {name!r}; tools: {', '.join(tools.names())}")
+        try:
+            page = result_schema_page(tools.get(name), model or None)
+        except ModuleLensError as exc:
+            raise ResourceNotFoundError(error_text(exc)) from exc
+        return json.dumps(page, separators=(",", ":"))
 
 
 def build_server(tools: Iterable[Tool], repo_root: Path | None = None) -> MCPServer:

@@ -7,7 +7,7 @@ import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, Field
@@ -35,12 +35,13 @@ TIMER = ("time.perf_counter around each operator call (CUDA synchronised) inside
 class RecordOptions(BaseModel):
     """How to record a capture's operators (the capture-ops tool's request extends this)."""
 
-    strategy: str = Field("auto")
+    strategy: Literal["auto", "source", "export", "pickle"] = Field("auto")
     trust_pickle: bool = Field(False)
     backward: bool = Field(False, description="Also backward operators.")
     samples: int = Field(2, ge=1, le=16, description="Sample calls kept per card.")
     repeats: int = Field(15, ge=3, description="Timed runs (medians).")
-    max_tensor_bytes: int = Field(64 * 1024 * 1024, ge=0, description="Larger samples are stored shape-only.")
+    max_tensor_bytes: int = Field(64 * 1024 * 1024, ge=0, le=1 << 40,
+                                  description="Larger samples are stored shape-only.")
     include_views: bool = Field(False)
     allow_synthesized: bool = Field(False, description="Allow shape-only capture inputs.")
 
@@ -156,7 +157,8 @@ def record_opset(repo: Repository, capture_ref: str, options: RecordOptions) -> 
     views_share = sum(seconds[v.key] for v in variants if v.kind == "view") / module_time
 
     sink = TensorSink("", options.max_tensor_bytes)
-    cards = [_card(v, i, seconds[v.key], module_time, sink) for i, v in enumerate(listed)]
+    # A card's index is its call site (the variant's first-call order), its rank its place by time share.
+    cards = [_card(v, v.first_seen, rank, seconds[v.key], module_time, sink) for rank, v in enumerate(listed)]
 
     def write(folder: Path) -> OpSetManifest:
         if sink.tensors:
@@ -172,7 +174,7 @@ def record_opset(repo: Repository, capture_ref: str, options: RecordOptions) -> 
     return repo.create(KIND, art.name, write)
 
 
-def _card(v: Variant, index: int, seconds: float, module_time: float, sink: TensorSink) -> OpCard:
+def _card(v: Variant, index: int, rank: int, seconds: float, module_time: float, sink: TensorSink) -> OpCard:
     samples = []
     for j, s in enumerate(v.samples):
         prefix = f"c{index}.s{j}."
@@ -186,7 +188,7 @@ def _card(v: Variant, index: int, seconds: float, module_time: float, sink: Tens
         samples.append(sample)
     sink.prefix = ""
     return OpCard(
-        index=index, op=v.op, kind=v.kind, phase=v.phase,
+        index=index, rank=rank, op=v.op, kind=v.kind, phase=v.phase,
         shapes=[t["shape"] for t in v.tensors], dtypes=[t["dtype"] for t in v.tensors],
         strides=[t["stride"] for t in v.tensors], contiguous=[t["contiguous"] for t in v.tensors],
         device=v.tensors[0]["device"] if v.tensors else "cpu", args=v.others, calls=v.calls,

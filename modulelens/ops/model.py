@@ -5,8 +5,10 @@ is an :class:`OpSetManifest`: the cards ranked by time share, with their sample 
 ``samples.safetensors``. Every reader goes through these models
 (``artifact.manifest_as(OpSetManifest)``); nothing reads the stored JSON by string key.
 
-A card is addressed as ``<opset ref>/<index>`` (``blk/0``: latest opset of ``blk``, first card;
-``blk:v2/3``; ``blk@prod/1``). The id is not stored: the opset's version is only known once the
+A card is addressed as ``<opset ref>/<index>`` (``blk/0``: latest opset of ``blk``, the card of
+call site 0; ``blk:v2/3``; ``blk@prod/1``). The index is the card's call site, not its rank (which
+a noisy timing may change): the same operator at the same call site of the same module has the
+same id in every repository and rerun. The id is not stored: the opset's version is only known once the
 store has written it. :func:`format_card_id` is the one place that builds an id and
 :func:`parse_card_id` the one place that reads one; :attr:`OpCard.card_id` derives a card's id
 from the opset that holds it. Opsets written before the id was derived stored ``card_id: "?/N"``
@@ -80,7 +82,12 @@ class OpCard(BaseModel):
 
     model_config = ConfigDict(extra="ignore", **_KEEP_NON_FINITE)  # ignores the "card_id": "?/N" older opsets stored
 
-    index: int = Field(0, description="Rank of the card in its opset (by time share).")
+    index: int = Field(0, description="Its call site: the place of its variant in the order the module first calls "
+                       "them (views counted, forward then backward), the same for the same operator at the same call "
+                       "site in every capture and rerun of the module. The card id ends with it. (Opsets written "
+                       "before call sites were numbered: its rank.)")
+    rank: int | None = Field(None, description="Its place by time share in its opset (0: the largest); it may "
+                             "change from run to run, the id does not. None until read from an opset.")
     op: str = Field(description="aten operator overload, e.g. aten.addmm.default.")
     kind: OpKind = Field("compute", description="memory (bandwidth-bound), compute (matmul/conv/attention) or view.")
     phase: Phase = "forward"
@@ -138,12 +145,16 @@ class OpSetManifest(ManifestBase):
     backward: bool = False
     module_time: ModuleTime
     views_time_share: float = Field(0.0, description="Share of the module's run spent in view/metadata operators.")
-    cards: list[OpCard] = Field(default_factory=list, description="Ranked by time share; card i has index i.")
+    cards: list[OpCard] = Field(default_factory=list, description="Ranked by time share (card i has rank i); "
+                                "each card's index is its call site (see OpCard.index).")
     notes: list[str] = Field(default_factory=list)
     timer: str = ""
 
     @model_validator(mode="after")
     def _bind_cards(self) -> OpSetManifest:
+        for rank, card in enumerate(self.cards):
+            if card.rank is None:  # written before ranks were stored: the list is in rank order
+                card.rank = rank
         if self.ref:  # empty while the manifest is being written: the store assigns the version
             for card in self.cards:
                 card.bind(self.ref)
@@ -155,10 +166,13 @@ class OpSetManifest(ManifestBase):
         return sum(c.time_share for c in self.cards)
 
     def card(self, index: int) -> OpCard:
-        """Card ``index``; a clear error when there is no such card."""
-        if not 0 <= index < len(self.cards):
+        """The card whose index (call site) is ``index``; a clear error when there is no such card."""
+        found = next((c for c in self.cards if c.index == index), None)
+        if found is None:
+            indexes = sorted(c.index for c in self.cards)
+            shown = ", ".join(map(str, indexes[:12])) + (", ..." if len(indexes) > 12 else "")
             raise ReferenceNotFound(
                 f"opset {self.ref} has no card {index}",
-                f"it has cards 0 to {len(self.cards) - 1}; list them with {tool_call('list', kind='cards', of=self.ref)}",
+                f"its cards are {shown or 'none'}; list them with {tool_call('list', kind='cards', of=self.ref)}",
             )
-        return self.cards[index]
+        return found

@@ -15,7 +15,9 @@ from modulelens.repo import MANIFEST, Repository
 
 
 class CardSummary(BaseModel):
-    card_id: str = Field(description="Use with show (kind card), replay_module, profile.")
+    card_id: str = Field(description="Use with show (kind card), replay_module, profile. The same for the same "
+                         "operator and call site in every capture of the module.")
+    rank: int | None = Field(None, description="Its place by time share (0: the largest); may change between runs.")
     op: str = Field(description="aten operator overload.")
     kind: OpKind = Field(description="memory (bandwidth-bound), compute (matmul/conv/attention) or view.")
     phase: Phase = Field(description="forward or backward.")
@@ -80,6 +82,22 @@ def time_share_warnings(m: OpSetManifest) -> list[str]:
     ]
 
 
+NOISY_SPREAD = 2.0
+"""A module whose plain runs' p80 is more than this many times their p20 was timed on a busy
+machine (or runs work that varies): its time shares, and so the cards' ranks, are noise."""
+
+
+def module_time_warnings(m: OpSetManifest) -> list[str]:
+    """A warning when the module's plain runs spread widely (see :data:`NOISY_SPREAD`); empty otherwise."""
+    mt = m.module_time
+    if mt.p20_s <= 0 or mt.p80_s / mt.p20_s <= NOISY_SPREAD:
+        return []
+    return [f"the module's run time is noisy: p20 {mt.p20_s * 1e3:.3g} ms to p80 {mt.p80_s * 1e3:.3g} ms "
+            f"({mt.p80_s / mt.p20_s:.0f}x) over {mt.repeats} repeats, so the time shares and the cards' rank are "
+            "not to be trusted (card ids do not depend on rank): run capture_ops again on a quieter machine or with "
+            "more repeats"]
+
+
 CopyBandwidth = Callable[[str], float | None]
 """device -> this machine's copy bandwidth in bytes per second, or None when unknown here."""
 
@@ -125,7 +143,7 @@ def summarize_opset(repo: Repository, ref: str, kind: str | None = None, top: in
         opset=art.ref, capture=m.capture, strategy=m.strategy, device=m.device, copy_bytes_per_s=ceiling,
         module_time_s=mt.median_s, module_time_p20_s=mt.p20_s, module_time_p80_s=mt.p80_s, repeats=mt.repeats,
         cards_time_share=m.cards_time_share, views_time_share=m.views_time_share,
-        cards=cards, notes=notes, warnings=time_share_warnings(m),
+        cards=cards, notes=notes, warnings=module_time_warnings(m) + time_share_warnings(m),
     )
     return keep_first(summary, "cards", top, str(art.path / MANIFEST))
 

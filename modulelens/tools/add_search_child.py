@@ -21,7 +21,7 @@ class AddSearchChildRequest(BaseModel):
     target: str = Field("0", description="Card id or target index.")
     source: str | None = Field(None, description="Or: your source file.")
     source_text: str | None = Field(None, description="Or: the source itself.")
-    allow_outside: bool = Field(False, description="Read a source outside the project and the repository.")
+    allow_outside: bool = Field(False, description="Read or write a path outside the project and the repository.")
 
 
 class AddSearchChildResult(NodeRecord, ToolReply):
@@ -38,7 +38,7 @@ def add_search_child(req: AddSearchChildRequest, ctx: ToolContext) -> AddSearchC
                               "e.g. [--parent 2] [--source my_kernel.cpp]")
     text, path = req.source_text or "", None
     if req.source:
-        path = source_file(req.source, ctx.project, ctx.repo_root, req.allow_outside)
+        path = source_file(req.source, ctx.project, ctx.repo_root, req.allow_outside or ctx.paths_typed_by_person)
         text = read_source_file(path)  # named like a source, at most 1 MiB
     repo = Repository(ctx.repo_root)
     search = open_search(repo, req.search_id)

@@ -7,15 +7,21 @@ import time
 from pydantic import Field
 
 from modulelens.capture import KIND, CaptureSummary, ScriptCaptureOptions, capture_script, capture_warnings, summarize
-from modulelens.paths import input_path
+from modulelens.paths import input_script
 from modulelens.registry import ToolContext, tool
 from modulelens.replies import ToolReply, call
 from modulelens.repo import Repository
 from modulelens.team.handover import check_push_target, push
 
+MAX_TENSOR_BYTES = 1 << 40  # a bound on max_tensor_bytes (1 TiB): a larger value is a mistake
+
 
 class CaptureModuleRequest(ScriptCaptureOptions):
     # the other fields are the capture package's options; no docstring, so none in the JSON schema
+    script: str = Field(description="Training script, run as is; or a KernelBench file.",
+                        json_schema_extra={"cli": "argument"})
+    max_tensor_bytes: int | None = Field(None, ge=0, le=MAX_TENSOR_BYTES,
+                                         description="Larger tensors are stored shape-only.")
     push: str | None = Field(None, description="Then push it to wandb://ENTITY/PROJECT.")
 
 
@@ -34,7 +40,7 @@ def capture_module(req: CaptureModuleRequest, ctx: ToolContext) -> CaptureModule
     repo = Repository(ctx.repo_root)
     if req.push:
         check_push_target(req.push)  # before the run: a bad address or missing login fails fast
-    script = input_path(req.script, ctx.project, "script")
+    script = input_script(req.script, ctx.project, "script")
     ctx.progress(0, 1, f"running {script.name} until {req.module or 'the model'} is called")
     t0 = time.perf_counter()
     done = capture_script(req.model_copy(update={"script": str(script)}), repo, workdir=ctx.project)

@@ -9,7 +9,7 @@ from pydantic import Field
 from modulelens.capture import ScriptCaptureOptions, capture_script
 from modulelens.listing import MAX_ITEMS
 from modulelens.ops import OpSetSummary, RecordOptions, record_opset, summarize_opset
-from modulelens.paths import input_path
+from modulelens.paths import input_script
 from modulelens.registry import ToolContext, tool
 from modulelens.replies import call
 from modulelens.repo import Repository
@@ -28,7 +28,7 @@ class CaptureOpsRequest(RecordOptions):
 
 def _capture_first(req: CaptureOpsRequest, ctx: ToolContext) -> str:
     """Capture the module from the script named by ``req.ref`` first; returns the capture's ref."""
-    script = input_path(req.ref, ctx.project, "ref")
+    script = input_script(req.ref, ctx.project, "ref")
     options = ScriptCaptureOptions(script=str(script), script_args=req.script_args, module=req.module,
                                    max_tensor_bytes=req.max_tensor_bytes, backward=req.backward)
     return capture_script(options, Repository(ctx.repo_root), workdir=ctx.project).ref
@@ -39,8 +39,12 @@ def capture_ops(req: CaptureOpsRequest, ctx: ToolContext) -> OpSetSummary:
     """Record a capture's aten operators as cards with samples, ranked by time share."""
     repo = Repository(ctx.repo_root)
     is_script = Path(req.ref).suffix == ".py" or (ctx.project / Path(req.ref).expanduser()).is_file()
+    if is_script:
+        ctx.progress(0, 2, f"capturing {req.module or 'the model'} from {Path(req.ref).name}")
     ref = _capture_first(req, ctx) if is_script else req.ref
+    ctx.progress(1 if is_script else 0, 2, f"recording and timing the operators of {ref} ({req.repeats} repeats)")
     opset = record_opset(repo, ref, req)
+    ctx.progress(2, 2, f"recorded {opset.ref}")
     summary = summarize_opset(repo, opset.ref, top=req.top)
     if summary.cards:
         top = summary.cards[0].card_id

@@ -8,7 +8,7 @@ from modulelens.dispatch.check import CaptureCheck
 from modulelens.dispatch.runtime import DEFAULT_MECHANISM, Mechanism
 from modulelens.listing import MAX_ITEMS, LeftOut, keep_first, keep_first_each
 from modulelens.registry import ToolContext, tool
-from modulelens.replies import ToolReply
+from modulelens.replies import NextCall, ToolReply, call
 from modulelens.repo import Repository
 
 
@@ -16,7 +16,9 @@ class CheckPackRequest(BaseModel):
     pack: str = Field(description="Pack file or stored pack NAME[:vN].", json_schema_extra={"cli": "argument"})
     captures: list[str] = Field(default_factory=list, description="Default: the pack's.", json_schema_extra={"cli": "argument"})
     allow_env_mismatch: bool = Field(False, description="Allow another torch, device or compiler.")
-    mechanism: Mechanism = Field(DEFAULT_MECHANISM)
+    mechanism: Mechanism = Field(DEFAULT_MECHANISM, description="How calls reach the pack's kernels: library "
+                                 "(default; kernels for the packed operators only, cheaper) or mode (a dispatch mode "
+                                 "that sees every aten call).")
     min_run_time: float = Field(0.3, gt=0, description="Seconds at least.")
     limit: int = Field(8, ge=1, le=MAX_ITEMS, description="Entries listed.")
 
@@ -44,6 +46,8 @@ def check_pack(req: CheckPackRequest, ctx: ToolContext) -> CheckPackResult:
 
     repo = Repository(ctx.repo_root)
     pack_path = pack_file(repo, req.pack, ctx.project)
+    replayed = ", ".join(req.captures) or "the pack's captures"
+    ctx.progress(0, 1, f"replaying {replayed} with and without {req.pack}")
     checks, runtime = check(repo, str(pack_path), req.captures,
                             allow_env_mismatch=req.allow_env_mismatch, mechanism=req.mechanism,
                             min_run_time=req.min_run_time, progress=lambda m: ctx.progress(0, 1, m))
@@ -64,7 +68,32 @@ def check_pack(req: CheckPackRequest, ctx: ToolContext) -> CheckPackResult:
                         for c in checks if c.hits and c.timing_status == "undetermined"][:3]
     result.warnings += [f"{x} (ok needs every testable entry hit)" for x in not_hit[:3]]
     result.recorded = _record(repo, runtime.pack.sha256, result, req.captures)
+    result.next = check_pack_next(result, req.pack, [_script_of(repo, c.capture) for c in checks])
+    if result.ok and result.next and "script" not in result.next[0].arguments:
+        result.warnings.append("the captures were not made by a script run here: give run the training script "
+                               "([--script FILE]) to time the pack in it")
     return keep_check_lists(result, req.limit)
+
+
+def _script_of(repo: Repository, capture: str) -> tuple[str, list[str]] | None:
+    """(script, its arguments) that made ``capture``, or None (the Python API, a KernelBench file)."""
+    from modulelens.capture import KIND as CAPTURES
+    from modulelens.capture import capture_manifest
+
+    source = capture_manifest(repo.open(CAPTURES, capture)).source
+    return (source.script, list(source.argv)) if source.kind == "script" and source.script else None
+
+
+def check_pack_next(result: CheckPackResult, pack: str, scripts: list[tuple[str, list[str]] | None]) -> list[NextCall]:
+    """The call after a check: a passing one leads to ``run`` with ``compare`` (the pack timed in
+    the training script itself), on the script that made the first capture when one did; a failing
+    one to the pack's view (which entries are used, their verdicts and last results)."""
+    if not result.ok:
+        return [call("show", kind="pack", ref=pack)]
+    script = next((s for s in scripts if s is not None), None)
+    if script is None:
+        return [call("run", pack=pack, compare=True)]
+    return [call("run", script=script[0], script_args=script[1] or None, pack=pack, compare=True)]
 
 
 def _record(repo: Repository, sha256: str, result: CheckPackResult, captures: list[str]) -> str | None:

@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from modulelens.capture import KIND as CAPTURES
 from modulelens.listing import MAX_ITEMS, LeftOut, keep_first
-from modulelens.paths import input_path
+from modulelens.paths import input_script
 from modulelens.registry import ToolContext, tool
 from modulelens.replies import ToolReply, call
 from modulelens.repo import Artifact, Repository, validate_name
@@ -27,7 +27,7 @@ from modulelens.stats.worker import StatsWorkerRequest, gather_script_stats
 class GatherStatsRequest(BaseModel):
     script: str | None = Field(
         None,
-        description="optimizer.step() ends a step.",
+        description="Training script, run as is; each optimizer.step() ends a step.",
         json_schema_extra={"cli": "argument"},
     )
     script_args: list[str] = Field(
@@ -163,7 +163,7 @@ def gather_stats(req: GatherStatsRequest, ctx: ToolContext) -> GatherStatsResult
 
     from modulelens.stats.artifact import default_stats_name
 
-    script = input_path(req.script or "", ctx.project, "script")
+    script = input_script(req.script or "", ctx.project, "script")
     name = validate_name(req.name) if req.name else default_stats_name(script)
     request = StatsWorkerRequest(
         script=str(script), script_args=req.script_args, name=name, repo=str(repo.root), workdir=str(ctx.project),

@@ -67,5 +67,5 @@ def generate_kernel(req: GenerateKernelRequest, ctx: ToolContext) -> GenerateKer
         result.next = [call("validate_kernel", candidate=cand.ref)]
     else:
         result.warnings = report_warnings(result.validation)
-        result.next = report_next(result.validation, cand.ref, result.card)
+        result.next = report_next(result.validation, cand.ref, result.card, provider=src.provider, timed=True)
     return result

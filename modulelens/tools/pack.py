@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field
 
 from modulelens.paths import output_file
 from modulelens.registry import ToolContext, tool
-from modulelens.replies import ToolReply, call
+from modulelens.replies import NextCall, ToolReply, call
 from modulelens.repo import Repository
 from modulelens.timing import surely_above_one
 
@@ -19,6 +19,7 @@ class PackRequest(BaseModel):
     candidates: list[str] = Field(json_schema_extra={"cli": "argument"})
     out: str | None = Field(None, description="Also write this file.")
     force: bool = Field(False, description="Use entries even when not surely faster than eager.")
+    allow_outside: bool = Field(False, description="Read or write a path outside the project and the repository.")
 
 
 class PackedEntry(BaseModel):
@@ -30,7 +31,9 @@ class PackedEntry(BaseModel):
     verdict: str
     speedup_vs_eager: float | None = Field(None, description="Measured at validation; null when not timed or undetermined.")
     speedup_interval: list[float] | None = Field(None, description="Its 95% interval at validation.")
-    shape_rule: str | None = Field(None, description="The checked shape rule calls are admitted by; null: exact shapes.")
+    shape_rule: str | None = Field(None, description="The checked shape rule calls are admitted by, per variable "
+                                    "dimension: A.D (argument A, dimension D), its captured size and the sizes admitted; "
+                                    "null: exact shapes.")
     dispatched: bool = Field(description="Whether it will be used: only entries validated correct whose speedup "
                              "interval's lower bound is above 1 (or forced).")
     forced: bool = Field(False, description="Used because of force, whatever its speedup interval says.")
@@ -89,6 +92,23 @@ def pack(req: PackRequest, ctx: ToolContext) -> PackResult:
                         f"({_interval(e.speedup_interval)})" for e in forced]
     if not any(e.dispatched for e in result.entries):
         result.warnings.insert(0, "no entry of this pack will be used: every call will run eager")
-    else:
-        result.next = [call("check_pack", pack=result.ref)]
+    result.next = pack_next(result.entries, req, result.ref)
     return result
+
+
+def pack_next(entries: list[PackedEntry], req: PackRequest, ref: str) -> list[NextCall]:
+    """The calls after packing: check the pack when an entry will be used; when none will, what
+    makes them usable: validating again (timed) the entries that have no speedup interval, showing
+    the entries not validated correct (their report says what to fix), and, for entries correct
+    but not surely faster, packing them again with ``force`` (the warnings say what that means)."""
+    if any(e.dispatched for e in entries):
+        return [call("check_pack", pack=ref)]
+    unused = [e for e in entries if not e.dispatched]
+    wrong = [e for e in unused if e.verdict == "rejected" or (e.skip_reason or "").startswith("not validated correct")]
+    untimed = [e for e in unused if e not in wrong and not e.speedup_interval]
+    slow = [e for e in unused if e not in wrong and e not in untimed]
+    out = [call("validate_kernel", candidate=e.candidate_id, time=True) for e in untimed[:2]]
+    out += [call("show", kind="candidate", ref=e.candidate_id) for e in wrong[:1]]
+    if slow:
+        out.append(call("pack", candidates=req.candidates, out=req.out, force=True))
+    return out

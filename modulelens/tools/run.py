@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 
 from modulelens.dispatch.runtime import DEFAULT_MECHANISM, EntryReport, Mechanism
 from modulelens.listing import MAX_ITEMS, LeftOut, keep_first
-from modulelens.paths import input_path
+from modulelens.paths import input_script
 from modulelens.registry import ToolContext, tool
 from modulelens.replies import ToolReply, call
 
@@ -34,7 +34,9 @@ class RunRequest(BaseModel):
     atol: float = Field(1e-4, ge=0)
     allow_env_mismatch: bool = Field(False, description="Allow another torch, device or compiler.")
     expect_sha256: str | None = Field(None, description="Refuse any other pack.")
-    mechanism: Mechanism = Field(DEFAULT_MECHANISM)
+    mechanism: Mechanism = Field(DEFAULT_MECHANISM, description="How calls reach the pack's kernels: library "
+                                 "(default; kernels for the packed operators only, cheaper) or mode (a dispatch mode "
+                                 "that sees every aten call).")
     timeout: float = Field(1800.0, gt=0, description="Seconds per run.")
     limit: int = Field(10, ge=1, le=MAX_ITEMS, description="Entries listed.")
 
@@ -85,13 +87,15 @@ def hits_summary(hits: int, by_phase: dict[str, int], fallbacks: int) -> str:
 @tool
 def run(req: RunRequest, ctx: ToolContext) -> RunResult:
     """Run a script with a pack: hits per phase, fallbacks, step times; with [--compare], vs no pack."""
+    from modulelens.dispatch.pack import read_pack
     from modulelens.dispatch.script import ScriptRunRequest, outputs_agree, run_script, typical_step
     from modulelens.repo import Repository
     from modulelens.team.packs import pack_file
 
-    script = input_path(req.script, ctx.project, "script")
+    script = input_script(req.script, ctx.project, "script")
     repo = Repository(ctx.repo_root)
     pack_path = pack_file(repo, req.pack, ctx.project)
+    read_pack(pack_path, allow_env_mismatch=req.allow_env_mismatch, expect_sha256=req.expect_sha256)  # before the script
     base = ScriptRunRequest(script=str(script), script_args=req.script_args, workdir=str(ctx.project), pack=None,
                             allow_env_mismatch=req.allow_env_mismatch, expect_sha256=req.expect_sha256,
                             mechanism=req.mechanism)

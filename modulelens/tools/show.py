@@ -7,6 +7,7 @@ definitions of statistics). Reading only: nothing is computed or run."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Literal
 
@@ -17,17 +18,20 @@ from modulelens.capture import CaptureSummary, capture_manifest, capture_warning
 from modulelens.dispatch.pack import STORED_PACK_FILE, PackEnvironment
 from modulelens.dispatch.results import PackUse
 from modulelens.errors import tool_call
-from modulelens.listing import MAX_ITEMS, LeftOut, keep_first
+from modulelens.listing import MAX_ITEMS, MAX_REPLY_CHARS, LeftOut, keep_first
 from modulelens.ops import CardDetail, describe_card
 from modulelens.registry import ToolContext, tool
 from modulelens.replies import ToolReply, call
-from modulelens.repo import Repository, is_trusted
+from modulelens.repo import MANIFEST, Repository, is_trusted
 from modulelens.search.summary import SearchSummary, search_summary
 from modulelens.stats.runs import StatsRunView, TensorStatsRow, capture_tensor_rows, stats_view, thin_steps
 from modulelens.team.packs import PACKS, PackedEntryView, PackManifest, entry_views
 from modulelens.validation import (
+    REPORT_FILE,
+    REPORTS,
     CandidateView,
     ValidationReport,
+    brief_report,
     candidate_view,
     first_source_lines,
     report_next,
@@ -37,7 +41,7 @@ from modulelens.validation import (
 
 ShowKind = Literal["capture", "card", "candidate", "search", "stats", "pack", "report"]
 MAX_POINTS = 2000
-DEFAULT_TOP = {"capture": 20, "search": 12, "stats": 3, "report": 20}
+DEFAULT_TOP = {"capture": 20, "search": 12, "stats": 3, "report": 20, "candidate": 8}
 DEFAULT_STATS = ["std", "zero_frac", "mean", "rms", "kurtosis"]
 SOURCE_LINES = 40  # of a candidate's source, without full
 # What to show, for one kind only (how much to show, ``top``, ``points`` and ``full``, is ignored
@@ -63,7 +67,8 @@ class ShowRequest(BaseModel):
 
 
 class ShowCaptureResult(CaptureSummary, ToolReply):
-    manifest: dict[str, Any] = Field(default_factory=dict, description="With full: the whole manifest.")
+    manifest: dict[str, Any] = Field(default_factory=dict, description="With full: the manifest (fields that do "
+                                     "not fit are named in left_out; the manifest file has them).")
     tensors: list[TensorStatsRow] = Field(
         default_factory=list, description="With tensors: inputs, outputs, weights (and gradients when captured), in "
         "that order. std is the population std; kurtosis is the excess kurtosis.")
@@ -86,7 +91,8 @@ class ShowPackResult(ToolReply):
 
 class ShowReportResult(ValidationReport, ToolReply):
     ref: str = Field(description="name:vN of the report.")
-    left_out: list[LeftOut] = Field(default_factory=list, description="Checks cut to `top` items.")
+    left_out: list[LeftOut] = Field(default_factory=list, description="What was cut: checks past `top`, edge "
+                                    "cases, details of layers in force, the wrapper evidence; the stored report has it.")
 
 
 ShowResult = (ShowCaptureResult | CardDetail | CandidateView | SearchSummary | StatsRunView | ShowPackResult
@@ -96,25 +102,55 @@ ShowResult = (ShowCaptureResult | CardDetail | CandidateView | SearchSummary | S
 def _capture(repo: Repository, req: ShowRequest, top: int) -> ShowCaptureResult:
     art = repo.open(CAPTURES, req.ref)
     aliases = sorted(k for k, v in repo.aliases(CAPTURES, art.name).items() if v == art.version)
-    manifest = capture_manifest(art).model_dump(mode="json") if req.full else {}
+    manifest, cut = _manifest_within(capture_manifest(art).model_dump(mode="json"), str(art.path / MANIFEST)) \
+        if req.full else ({}, [])
     rows, notes = [], []
     if req.tensors:
         _, rows, notes = capture_tensor_rows(repo, art.ref)
-    result = ShowCaptureResult(**dict(summarize(art, aliases)), manifest=manifest, tensors=rows, tensor_notes=notes)
+    result = ShowCaptureResult(**dict(summarize(art, aliases)), manifest=manifest, tensors=rows, tensor_notes=notes,
+                               left_out=cut)
     result.warnings = capture_warnings(result)
     result.next = [call("replay_module", ref=art.ref), call("capture_ops", ref=art.ref)]
     return keep_first(result, "tensors", top, f"modulelens://captures/{art.ref}")
 
 
-def _candidate(repo: Repository, req: ShowRequest) -> CandidateView:
+MANIFEST_CHARS = 6_000  # of a capture's manifest in a reply (with full); the manifest file has it all
+
+
+def _manifest_within(manifest: dict[str, Any], file: str) -> tuple[dict[str, Any], list[LeftOut]]:
+    """``manifest`` with its fields, smallest first, while they fit in ``MANIFEST_CHARS``
+    characters of JSON; each field left out is named in a :class:`LeftOut` pointing to ``file``."""
+    sizes = {k: len(json.dumps(v, separators=(",", ":"))) + len(k) + 4 for k, v in manifest.items()}
+    kept: dict[str, Any] = {}
+    cut: list[LeftOut] = []
+    room = MANIFEST_CHARS
+    for key in sorted(manifest, key=lambda k: sizes[k]):
+        if sizes[key] <= room:
+            kept[key], room = manifest[key], room - sizes[key]
+        else:
+            value = manifest[key]
+            cut.append(LeftOut(field=f"manifest.{key}", shown=0,
+                               total=len(value) if isinstance(value, list | dict) else 1, full=file))
+    return {k: kept[k] for k in manifest if k in kept}, cut
+
+
+def _candidate(repo: Repository, req: ShowRequest, top: int) -> CandidateView:
     view = first_source_lines(candidate_view(repo, req.ref), None if req.full else SOURCE_LINES)
     cid, card = view.entry.candidate_id, view.entry.card_id
+    if view.report is not None and view.entry.report is not None:  # the stored report has it all
+        full = str(repo.open(REPORTS, view.entry.report).file(REPORT_FILE))
+        rest = len(view.model_copy(update={"report": None}).model_dump_json()) + 600  # with warnings and next
+        budget = None if req.top is not None else MAX_REPLY_CHARS - rest  # a top asked for is given
+        brief, cut = brief_report(view.report, top, full, prefix="report.", budget=budget)
+        view = view.model_copy(update={"report": brief, "left_out": [*view.left_out, *cut]})
     if view.report is None:
         view.warnings = ["never validated: its correctness and speed are unknown"]
         view.next = [call("validate_kernel", candidate=cid)]
     else:
         view.warnings = report_warnings(view.report)
-        view.next = report_next(view.report, cid, card)
+        view.next = report_next(view.report, cid, view.entry.target or card,
+                                view.provenance.get("source_file"), provider=view.entry.provider or "agent",
+                                module=view.entry.kind == "module")
     return view
 
 
@@ -138,11 +174,12 @@ def _pack(repo: Repository, ref: str) -> ShowPackResult:
     return result
 
 
-def _report(repo: Repository, ref: str, top: int) -> ShowReportResult:
+def _report(repo: Repository, ref: str, top: int, budget: int | None) -> ShowReportResult:
     name, report = stored_report(repo, ref)
     result = ShowReportResult(**dict(report), ref=name)
     result.warnings = report_warnings(report)
-    return keep_first(result, "checks", top, f"{repo.root / 'reports' / name.replace(':', '/')}")
+    brief, cut = brief_report(result, top, str(repo.open(REPORTS, name).file(REPORT_FILE)), budget=budget)
+    return brief.model_copy(update={"left_out": cut})
 
 
 @tool
@@ -157,7 +194,7 @@ def show(req: ShowRequest, ctx: ToolContext) -> ShowResult:
         card.next = [call("generate_kernel", card=card.card_id), call("list", kind="candidates", of=card.card_id)]
         return card
     if req.kind == "candidate":
-        return _candidate(repo, req)
+        return _candidate(repo, req, top)
     if req.kind == "search":
         summary = search_summary(repo, req.ref, top)
         summary.next = [call("optimize", targets=[t.target for t in summary.targets], search_id=summary.search_id)]
@@ -166,7 +203,7 @@ def show(req: ShowRequest, ctx: ToolContext) -> ShowResult:
         return _stats(repo, req, top)
     if req.kind == "pack":
         return _pack(repo, req.ref)
-    return _report(repo, req.ref, top)
+    return _report(repo, req.ref, top, None if req.top is not None else MAX_REPLY_CHARS)  # a top asked for is given
 
 
 def _stats(repo: Repository, req: ShowRequest, top: int) -> StatsRunView:

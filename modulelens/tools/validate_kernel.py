@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 from modulelens.capture import KIND as CAPTURES
 from modulelens.capture import capture_manifest
 from modulelens.device import require
-from modulelens.errors import ModuleLensError
+from modulelens.errors import ModuleLensError, tool_call
 from modulelens.kernels import (
     CANDIDATES,
     BackendName,
@@ -26,14 +26,16 @@ from modulelens.kernels import (
     is_module_candidate,
     load_candidate,
     load_module_candidate,
+    operator_mismatch,
     read_source_file,
     save_agent_candidate,
     save_module_candidate,
 )
-from modulelens.listing import MAX_ITEMS, LeftOut, keep_first
+from modulelens.listing import MAX_ITEMS, MAX_REPLY_CHARS, LeftOut
+from modulelens.ops import open_card
 from modulelens.paths import outside_warnings, source_file
 from modulelens.registry import ToolContext, tool
-from modulelens.replies import ToolReply, call
+from modulelens.replies import NextCall, ToolReply
 from modulelens.repo import Artifact, Repository
 from modulelens.sandbox import DEFAULT_MEMORY_LIMIT_MB
 from modulelens.validation import (
@@ -43,9 +45,9 @@ from modulelens.validation import (
     CandidateValidation,
     ValidationReport,
     ValidationSettings,
+    brief_report,
     report_next,
     report_warnings,
-    surely_faster,
     validate_candidate,
     validate_stored_module,
 )
@@ -56,8 +58,9 @@ class ValidateKernelRequest(BaseModel):
                                   json_schema_extra={"cli": "argument"})
     source: str | None = Field(None, description="Or: your source file.")
     source_text: str | None = Field(None, description="Or: the source itself.")
-    allow_outside: bool = Field(False, description="Read a source outside the project and the repository.")
-    target: str | None = Field(None, description="With a source: a card id (kernel) or capture (ModelNew).")
+    allow_outside: bool = Field(False, description="Read or write a path outside the project and the repository.")
+    target: str | None = Field(None, description="With source or source_text (not a candidate id): a card id "
+                               "(blk/6: a kernel) or a capture (blk: a ModelNew).")
     backend: BackendName | None = Field(None, description="With a kernel source.")
     class_name: str = Field("ModelNew")
     claims_training: bool = Field(False, description="ModelNew: correct in training too.")
@@ -68,7 +71,8 @@ class ValidateKernelRequest(BaseModel):
     rtol: float | None = Field(None, ge=0, description="Default: per dtype.")
     atol: float | None = Field(None, ge=0, description="Default: per dtype.")
     timeout: float = Field(DEFAULT_TIMEOUT_S, gt=0, description="Seconds.")
-    memory_limit_mb: int = Field(DEFAULT_MEMORY_LIMIT_MB, ge=256)
+    memory_limit_mb: int = Field(DEFAULT_MEMORY_LIMIT_MB, ge=256, le=262_144, description="Of the "
+                                 "candidate process, MiB.")
     limit: int = Field(20, ge=1, le=MAX_ITEMS, description="Entries listed.")
 
 
@@ -76,7 +80,7 @@ def _source(req: ValidateKernelRequest, ctx: ToolContext) -> tuple[Path | None, 
     """(the file read, symlinks followed, or None for ``source_text``; the source's text)."""
     if not req.source:
         return None, req.source_text or ""
-    path = source_file(req.source, ctx.project, ctx.repo_root, req.allow_outside)
+    path = source_file(req.source, ctx.project, ctx.repo_root, req.allow_outside or ctx.paths_typed_by_person)
     return path, read_source_file(path)  # named like a source, at most 1 MiB: no host file read over MCP
 
 
@@ -96,6 +100,11 @@ def _candidate(req: ValidateKernelRequest, repo: Repository, path: Path | None,
                               "e.g. [--source k.cpp] [--target blk/6] [--backend cpp]")
     src = KernelSource(backend=req.backend, source=text, provider="agent",
                        provenance={"source_file": str(path) if path else None})
+    _, card = open_card(repo, req.target)
+    mismatch = operator_mismatch(card, src)
+    if mismatch is not None:  # before anything is stored or compiled
+        raise ModuleLensError(mismatch, "give the card of the operator the kernel is for as [--target CARD]; "
+                              f"list the cards with {tool_call('list', kind='cards', of=card.card_id.rpartition('/')[0])}")
     return save_agent_candidate(repo, req.target, src), src
 
 
@@ -136,11 +145,10 @@ def _validate_module(req: ValidateKernelRequest, repo: Repository, ctx: ToolCont
     result = ValidateModuleResult(**dict(report), candidate_id=art.ref, target=target.capture, report=rep.ref,
                                   source_file=str(path) if path else None,
                                   warnings=outside_warnings(path, ctx.project, ctx.repo_root) + report_warnings(report))
-    if surely_faster(report):
-        result.next = [call("pack", candidates=[art.ref], out=f"{art.name.split('.', 1)[0]}.pack")]
-    else:
-        result.next = report_next(report, art.ref, None, str(path) if path else None, capture=target.capture)
-    return _brief(result, req.limit, str(repo.open(REPORTS, rep.ref).file(REPORT_FILE)))
+    result.next = report_next(report, art.ref, target.capture, str(path) if path else None, module=True,
+                              timed=req.time)
+    result.warnings += _source_again(result.next)
+    return _brief(result, req, str(repo.open(REPORTS, rep.ref).file(REPORT_FILE)))
 
 
 class ValidateKernelResult(CandidateValidation, ToolReply):
@@ -151,34 +159,22 @@ class ValidateKernelResult(CandidateValidation, ToolReply):
 R = TypeVar("R", ValidateKernelResult, ValidateModuleResult)
 
 
-EDGE_CASES_SHOWN = 0  # edge cases listed by name in a reply (left_out counts them); a failing one is named in its check
-PASSED_DETAIL_CHARS = 160  # a passed check's detail in a reply; the stored report has it whole
+def _brief(reply: R, req: ValidateKernelRequest, full: str) -> R:
+    """``reply`` cut to a size an agent reads (see :func:`modulelens.validation.brief.brief_report`):
+    ``limit`` checks, and, unless ``limit`` was given, fewer when that is what keeps it within
+    ``MAX_REPLY_CHARS`` (a validation under load notes more); ``left_out`` says what was cut and the
+    stored report ``full`` has it all."""
+    budget = None if "limit" in req.model_fields_set else MAX_REPLY_CHARS
+    brief, cut = brief_report(reply, req.limit, full, budget=budget)
+    return brief.model_copy(update={"left_out": [*reply.left_out, *cut]}) if cut else brief
 
 
-def _brief(reply: R, limit: int, full: str) -> R:
-    """``reply`` cut to a size an agent reads (a validation under load notes more, so the cut keeps
-    room): its failed checks first, then the passed ones, ``limit`` in all; the first
-    ``EDGE_CASES_SHOWN`` edge cases that ran (a failing one is named in its check); passed checks' detail
-    cut to ``PASSED_DETAIL_CHARS``; only the isolation
-    layers that were *not* in force keep their detail (what is missing and why); the standing text
-    on what the wrapper decision can and cannot see is left out. The stored report ``full`` has it
-    all, and ``left_out`` says what was cut."""
-    failed_first = [c if not c.passed or len(c.detail) <= PASSED_DETAIL_CHARS
-                    else c.model_copy(update={"detail": c.detail[:PASSED_DETAIL_CHARS - 1] + "…"})
-                    for c in sorted(reply.checks, key=lambda c: c.passed)]  # stable: each group keeps its order
-    reply = keep_first(reply.model_copy(update={"checks": failed_first}), "checks", limit, full)
-    reply = keep_first(reply, "edge_cases", EDGE_CASES_SHOWN, full)
-    update: dict = {}
-    cut = []
-    if reply.wrapper_evidence:
-        update["wrapper_evidence"] = ""
-        cut.append(LeftOut(field="wrapper_evidence", shown=0, total=1, full=full))
-    if reply.isolation is not None and any(x.detail for x in reply.isolation.layers if x.in_force):
-        layers = [x if not x.in_force else x.model_copy(update={"detail": ""}) for x in reply.isolation.layers]
-        update["isolation"] = reply.isolation.model_copy(update={"layers": layers})
-        cut.append(LeftOut(field="isolation.layers.detail", shown=sum(1 for x in layers if x.detail),
-                           total=len(layers), full=full))
-    return reply.model_copy(update={**update, "left_out": [*reply.left_out, *cut]}) if cut else reply
+def _source_again(calls: list[NextCall]) -> list[str]:
+    """The warning for a suggested validation of fixed code that was given as text: no file can
+    be named, so the caller gives the fixed text."""
+    if any(c.tool == "validate_kernel" and "target" in c.arguments and "source" not in c.arguments for c in calls):
+        return ["fix the source and validate it again, giving the fixed text as [--source-text TEXT]"]
+    return []
 
 
 @tool
@@ -203,5 +199,7 @@ def validate_kernel(req: ValidateKernelRequest, ctx: ToolContext) -> ValidateKer
     reply = ValidateKernelResult(**dict(result), source_file=str(path) if path else None,
                                  warnings=outside_warnings(path, ctx.project, ctx.repo_root) + report_warnings(result),
                                  next=report_next(result, result.candidate_id, result.target,
-                                                  str(path) if path else None))
-    return _brief(reply, req.limit, str(repo.open(REPORTS, result.report).file(REPORT_FILE)))
+                                                  str(path) if path else None, provider=src.provider,
+                                                  timed=req.time))
+    reply.warnings += _source_again(reply.next)
+    return _brief(reply, req, str(repo.open(REPORTS, result.report).file(REPORT_FILE)))

@@ -29,6 +29,7 @@ from modulelens.arguments import argument_errors
 from modulelens.errors import Front, ModuleLensError, ReferenceNotFound
 from modulelens.jobs import CANCEL_WAIT_S, JobRecord, JobTable
 from modulelens.listing import MAX_ITEMS, everything
+from modulelens.paths import refuse_outside_outputs
 from modulelens.tools import get_tool
 
 LOG_LINES = 40
@@ -194,6 +195,7 @@ class UiJobs:
         except ValidationError as exc:
             raise ModuleLensError(f"invalid {action_name} request: {_describe(exc)}", "check the form's values")
         data = request.model_dump(mode="json", exclude_unset=True)
+        refuse_outside_outputs(data, self.project_root, self.repo_root)  # a page's form is not a person's shell
         subject = action.subject(data)
         record = self.table.start(tool.name, data, label=action.label.format(subject=subject), subject=subject,
                                   action=action.name, cwd=self.project_root)

@@ -32,7 +32,7 @@ _FACE = {
     # The verdict and its settings; what an agent is told about it.
     "ValidationReport": "report", "ExtensionBuild": "report", "ValidationSettings": "report", "RemeasuredResult": "messages",
     "MAX_BELIEVABLE_SPEEDUP": "plausibility",
-    "report_next": "advice", "report_warnings": "advice", "surely_faster": "advice",
+    "report_next": "advice", "report_warnings": "advice", "surely_faster": "advice", "brief_report": "brief",
     # Stored verdicts and the catalog of stored candidates.
     "REPORTS": "stored_reports", "REPORT_FILE": "stored_reports", "ReportManifest": "stored_reports",
     "latest_report": "stored_reports", "latest_verdict": "stored_reports", "report_name": "stored_reports", "save_report": "stored_reports",

@@ -14,8 +14,6 @@ def report_warnings(report: ValidationReport) -> list[str]:
     out = [f"flagged: {flag}" for flag in report.flags]
     if report.compiled and not report.ran:
         out.append("compiled only: the kernel never ran here, so it is not shown correct or fast")
-    if report.correct and report.edge_cases_note:
-        out.append(report.edge_cases_note.split(". Not run:")[0])
     if report.correct:
         out += _timing_warnings(report)
     if report.verdict == "wrapper" and report.backend_calls:
@@ -31,16 +29,10 @@ def report_warnings(report: ValidationReport) -> list[str]:
         out.append(f"accepted against the float64 oracle: eager itself is off by up to {a.eager_max_abs:.3g} here "
                    f"(the candidate by {a.candidate_max_abs:.3g}; {a.case})")
     if report.isolation is not None:
-        missing = [f"{x.name} ({_short(x.detail)})" if x.detail else x.name
-                   for x in report.isolation.layers if not x.in_force]
+        missing = [layer.name for layer in report.isolation.layers if not layer.in_force]
         if missing:
-            out.append(f"sandbox layers not in force: {'; '.join(missing)}")
+            out.append(f"sandbox layers not in force: {', '.join(missing)}")
     return out
-
-
-def _short(text: str, limit: int = 240) -> str:
-    """``text`` cut to ``limit`` characters: a layer's why and what to do, as a warning shows it."""
-    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _interval(interval: list[float] | None) -> str:
@@ -70,21 +62,34 @@ def surely_faster(report: ValidationReport) -> bool:
     return report.verdict == "custom" and report.correct and surely_above_one(report.speedup_interval)
 
 
-def report_next(report: ValidationReport, candidate_id: str, card_id: str | None,
-                source: str | None = None, capture: str | None = None) -> list[NextCall]:
-    """The calls after a validation: when rejected, validating the fixed source again (``source``:
-    the file it came from, when it came from one) and a repair, but only validating again when an
-    edge case exposed it (the source is to be fixed for that case: a new template draw is no fix);
-    a module candidate (``capture``: its capture) rejected on an edge case likewise; a pack when it
-    is a usable kernel."""
-    if report.verdict == "rejected" and card_id:
-        again = [call("validate_kernel", source=source, target=card_id, backend=report.backend)]
-        if report.failed_edge_case:
-            return again
-        return again + [call("generate_kernel", card=card_id, parent=candidate_id)]
-    if report.verdict == "rejected" and capture and report.failed_edge_case:
-        return [call("validate_kernel", source=source, target=capture)]
+def report_next(report: ValidationReport, candidate_id: str, target: str | None, source: str | None = None, *,
+                provider: str = "agent", module: bool = False, timed: bool | None = None) -> list[NextCall]:
+    """The call after a validation, at each fork (``target``: the card, or the capture of a module
+    candidate; ``source``: the file the candidate came from, when it came from one; ``provider``:
+    who wrote it, ``agent`` for code given by the caller):
+
+    * surely faster than eager: pack it;
+    * correct but not timed (``timed`` False: timing was off; None: unknown, taken as off when the
+      report gives no reason it could not be timed), or its speed undetermined: validate the stored
+      candidate again, timed; correct but not timeable here (a Triton kernel without a GPU): none;
+    * rejected, a wrapper, or correct but not faster: the caller's own code (``agent``, and every
+      module candidate) is fixed by the caller and validated again from its source (a provider's
+      repair would replace it with that provider's code, so none is suggested); a provider's
+      candidate is repaired or improved by the same provider, named, with it as parent, except a
+      template rejected on an edge case (drawing it again is no fix: none is suggested).
+    """
     if surely_faster(report):
         name = candidate_id.split(".", 1)[0]
         return [call("pack", candidates=[candidate_id], out=f"{name}.pack")]
-    return []
+    if report.correct and report.verdict == "custom" and report.timing_status != "ok":
+        timing_was_off = timed is False or (timed is None and not report.timing_note)
+        if report.timing_status == "undetermined" or timing_was_off:
+            return [call("validate_kernel", candidate=candidate_id, time=True)]
+        return []  # it cannot be timed here: nothing to do but use it where it can
+    if not target:
+        return []
+    if module or provider == "agent":
+        return [call("validate_kernel", source=source, target=target, backend=None if module else report.backend)]
+    if provider == "template" and report.failed_edge_case:
+        return []  # a template draws the same code again: no repair for the case that exposed it
+    return [call("generate_kernel", card=target, parent=candidate_id, provider=provider, backend=report.backend)]

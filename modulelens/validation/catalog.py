@@ -125,7 +125,8 @@ class CandidateView(ToolReply):
     params: dict[str, Any] = Field(default_factory=dict)
     provenance: dict[str, Any] = Field(default_factory=dict)
     report: ValidationReport | None = Field(None, description="The latest complete validation report in full.")
-    left_out: list[LeftOut] = Field(default_factory=list, description="What was cut (source lines).")
+    left_out: list[LeftOut] = Field(default_factory=list, description="What was cut: source lines; of the report, "
+                                    "checks past `top`, edge cases, details of layers in force, the wrapper evidence.")
 
 
 def first_source_lines(view: CandidateView, lines: int | None) -> CandidateView:

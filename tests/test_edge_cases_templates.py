@@ -48,3 +48,13 @@ def test_every_triton_variant_of_the_norms_passes_their_edge_cases():
     for r in rows:
         assert not r.failed, (r.family, r.variant, r.failed)
         assert "structural: constant rows" in r.structural and "structural: NaN and infinities" in r.structural
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_the_cpp_variants_that_compute_otherwise_pass_their_edge_cases_too():
+    """Beyond the grain (when rows run in parallel, the same arithmetic), these cpp variants compute
+    otherwise: GELU's accurate and libm erf, layer norm's one-pass statistics."""
+    bench = _bench()
+    for name, variant in (("elementwise (gelu)", 3), ("elementwise (gelu)", 4), ("layer_norm", 3)):
+        r = bench.run_family(name, "cpp", variant)
+        assert r.structural and not r.failed, (name, variant, r.failed)

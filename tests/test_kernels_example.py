@@ -69,14 +69,17 @@ def _assert_timed(rep: dict) -> None:
 def test_triton_templates_validate_correct_under_the_interpreter(cli, cards, op):
     repo, by_op = cards
     gen = _generate(cli, repo, by_op[op], "triton")
-    code, rep, r = cli("validate-kernel", gen["candidate_id"], "--repo", repo, "--json")
+    # one seed of fresh draws under the interpreter (seconds a call); every variant's numerics are
+    # checked in-process by test_kernels_templates and the edge-case benchmark
+    seeds = [] if torch.cuda.is_available() else ["--seeds", "1"]
+    code, rep, r = cli("validate-kernel", gen["candidate_id"], *seeds, "--repo", repo, "--json")
     assert code == 0, r.output
     assert rep["correct"] is True and rep["verdict"] == "custom", rep["reason"]
     if not torch.cuda.is_available():
         assert rep["speedup_vs_eager"] is None and "TRITON_INTERPRET" in rep["timing_note"]
         # a few edge cases under the interpreter (seconds a call), the others named in the note and a warning
         (cut,) = [x for x in rep["left_out"] if x["field"] == "edge_cases"]
-        assert cut["total"] == 4 and "edge cases not run: at most 4 under the Triton interpreter" in rep["edge_cases_note"]
+        assert cut["total"] == 3 and "edge cases not run: at most 3 under the Triton interpreter" in rep["edge_cases_note"]
         assert any("under the Triton interpreter" in w for w in rep["warnings"]), rep["warnings"]
 
 

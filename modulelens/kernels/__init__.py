@@ -22,6 +22,7 @@ _FACE = {
     "default_build_dir": "build_cache", "publish_dir": "build_cache", "published_build": "build_cache",
     "read_build": "build_cache", "read_loaded_build": "build_cache", "published_mismatch": "build_cache",
     "BUILD_CHECKSUM": "build_cache:CHECKSUM", "publish_build": "build_cache", "use_shared_builds": "build_cache",
+    "triton_interpreting": "backends.triton:interpreting",
     "builds_in_process": "build_cache", "module_build_address": "module_builds", "route_load_inline": "module_builds",
     # Stored candidates: op kernels and whole modules (ModelNew).
     "CANDIDATES": "candidates", "CandidateManifest": "candidates", "candidate_manifest": "candidates",

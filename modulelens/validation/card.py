@@ -2,8 +2,8 @@
 
 Checks, in order: compiles; runs; output count, shape, dtype, device, layout; values on every
 captured sample, on the operator's own edge cases (:mod:`.edge_cases`: masked rows, constant rows,
-exp overflow, NaN and infinities, -0 and denormals, OpInfo samples; a Triton kernel under the
-interpreter gets at most :data:`~.edge_cases.INTERPRETER_LIMIT` of them, and the report's
+exp overflow, NaN and infinities, -0 and denormals, OpInfo samples; a ``@triton.jit`` kernel under
+the interpreter gets at most :data:`~.edge_cases.INTERPRETER_LIMIT` of them, and the report's
 ``edge_cases_note`` names the others) and on fresh inputs (several
 seeds and distributions: normal, uniform, heavy-tailed, special values; every floating tensor argument is redrawn, weights and biases
 included, and the report's ``varied`` names them) with per-dtype tolerances plus a check relative
@@ -30,8 +30,7 @@ import torch
 
 from modulelens.device import DeviceUnavailable, require
 from modulelens.errors import ModuleLensError
-from modulelens.kernels import LIB_SUFFIX, declared_rule, get_backend, published_build
-from modulelens.kernels.backends.triton import interpreting
+from modulelens.kernels import LIB_SUFFIX, declared_rule, get_backend, published_build, triton_interpreting
 from modulelens.ops import OpCard, open_card, resolve_op, sample_call
 from modulelens.repo import Repository
 from modulelens.timing import Timing, measure_speedup, thread_choice
@@ -156,7 +155,8 @@ class _Validator(CandidateChecker):
                                   "heavy-tailed, special values), weights and biases like the other arguments")
         # the operator's own edge cases before the random draws: a failure names the case
         edges = edge_cases(card.op, base_args, base_kwargs, seed=self.task.seeds[0] if self.task.seeds else 0)
-        if cand.backend == "triton" and interpreting():  # seconds a call: a few of them, and the report says so
+        if cand.backend == "triton" and "triton.jit" in cand.source and triton_interpreting():
+            # an interpreted Triton kernel takes seconds a call: a few edge cases, and the report says so
             edges, self.report.edge_cases_note = capped_for_interpreter(edges)
         cases += [(e.label, e.args, e.kwargs) for e in edges]
         self.report.edge_cases = [described(e) for e in edges]

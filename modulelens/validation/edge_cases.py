@@ -337,7 +337,7 @@ def opinfo_cases(op_name: str, args: list, kwargs: dict, limit: int = OPINFO_LIM
     return out
 
 
-INTERPRETER_LIMIT = 4
+INTERPRETER_LIMIT = 3
 """At most this many edge cases for a Triton kernel under the interpreter (``TRITON_INTERPRET=1``,
 no GPU), where each call takes seconds: see :func:`capped_for_interpreter`."""
 

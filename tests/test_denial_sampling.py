@@ -74,3 +74,14 @@ def test_a_sampler_that_saw_far_less_cpu_time_than_the_process_used_is_named():
     assert "5000 of 8000 samples were lost" in coverage_problem(lossy)
     fine = Samples(ips=[1] * 8000, pids=[1] * 8000, sampled_ns=400_000_000, cpu_ns=400_000_000)
     assert coverage_problem(fine) is None
+    full = Samples(ips=[1] * 10, pids=[1] * 10, sampled_ns=400_000_000, cpu_ns=400_000_000, overflowed=True)
+    assert coverage_problem(full) is None  # a full ring drops later samples: not tampering
+
+
+def test_a_window_longer_than_the_ring_is_seen_to_overflow(sampler):
+    from modulelens.validation.sampling import PERIOD_NS
+
+    got, seen = _watch(sampler, lambda: X.clone(), cpu_s=1.5 * sampler.capacity() * PERIOD_NS / 1e9)
+    assert got.overflowed and coverage_problem(got) is None
+    got, _ = _watch(sampler, lambda: X.clone(), cpu_s=0.02)
+    assert not got.overflowed

@@ -56,7 +56,7 @@ DENIAL_EVIDENCE = ("a run in a fresh contained process where every computing ope
                    "the outputs' bytes, the process's death and its memory map), and where the kernel samples "
                    "which code its CPU time goes to (torch's compute code called by address is seen there)")
 SAMPLED_CPU_S = 0.05  # CPU time the candidate is watched for (about 2,000 samples)
-PROBE_CALLS = 32  # the first sampled batch, which sizes the second
+PROBE_CALLS = 1  # the first sampled batch, which sizes the next (a call may take a second: Triton's interpreter)
 MAX_SAMPLED_CALLS = 4096
 MAX_SAMPLED_WALL_S = 10.0
 _DENIED_OP = re.compile(r"modulelens denial: (\S+) is denied here")
@@ -225,10 +225,10 @@ def watch_time(run: _DenialRun, case: Case) -> tuple[str, str]:
 
 def _sampled_calls(run: _DenialRun, sampler: TaskSampler, case: Case) -> tuple[Samples, int]:
     """Call ``case`` in batches, the sampler enabled around each: :data:`PROBE_CALLS` calls, then
-    as many as make about :data:`SAMPLED_CPU_S` of CPU in all (bounded by what one ring holds and
-    :data:`MAX_SAMPLED_CALLS`), then more only while the CPU seen is under half of it (a call
-    whose cost varies) and :data:`MAX_SAMPLED_WALL_S` has not passed: every batch's samples
-    together, and the calls made."""
+    each batch as many as the CPU per call seen so far says make up about :data:`SAMPLED_CPU_S` of
+    CPU in all (bounded by what one ring holds), until most of it is seen, :data:`MAX_SAMPLED_CALLS`
+    calls are made or :data:`MAX_SAMPLED_WALL_S` has passed: every batch's samples together, and
+    the calls made."""
     import time
 
     label, args, kwargs, want, module_call = case
@@ -250,8 +250,9 @@ def _sampled_calls(run: _DenialRun, sampler: TaskSampler, case: Case) -> tuple[S
         total.cpu_ns += got.cpu_ns
         calls += n
         seed += 1
-        enough = total.sampled_ns >= (target_ns if seed == 2 else 0.5 * target_ns)
-        if enough or calls >= MAX_SAMPLED_CALLS or time.monotonic() - t0 > MAX_SAMPLED_WALL_S:
+        total.overflowed |= got.overflowed
+        if (total.sampled_ns >= 0.8 * target_ns or calls >= MAX_SAMPLED_CALLS
+                or time.monotonic() - t0 > MAX_SAMPLED_WALL_S):
             return total, calls
         per_call = max(got.sampled_ns / n, 1.0)
         n = max(1, int(min((target_ns - total.sampled_ns) / per_call, MAX_SAMPLED_CALLS - calls)))

@@ -39,8 +39,9 @@ FOREIGN_EVIDENCE = ("foreign numerical libraries (scipy, numba, jax, tensorflow,
                     "checker from /proc/PID/maps (the kernel writes it; the candidate cannot forge it); crossings "
                     "between torch and numpy during the calls (Tensor.numpy, __array__, from_numpy, "
                     "as_tensor/tensor of an ndarray), counted in the candidate's process (a claim)")
-NOT_SEEN = ("not seen: functions a library finds at run time without importing dlsym (which is itself flagged), "
-            "and Python code reaching the BLAS inside torch's own library through ctypes; numpy's core shows only "
+NOT_SEEN = ("not seen: how a candidate finds torch's own kernels or BLAS at run time (dlsym, ctypes, parsing the "
+            "ELF): where the reference library is denied, the CPU time it spends in them is seen instead; compute "
+            "code copied into a file of its own and stripped of its names; GPU time; numpy's core shows only "
             "through the crossings and the denial run (torch maps it at import)")
 LIBRARY_EVIDENCE = ("the libraries the candidate built and loaded (its process's memory map, read by the checker: "
                     "shared objects in its scratch folder or the build cache), their imported symbols read by the "

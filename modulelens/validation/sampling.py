@@ -153,6 +153,7 @@ class Samples:
     ips: list[int] = field(default_factory=list)
     pids: list[int] = field(default_factory=list)  # the process of each sample, as the sampled process names it
     lost: int = 0
+    overflowed: bool = False  # a ring filled up: the kernel dropped the window's later samples (uncounted)
     sampled_ns: int = 0  # the event's own count of task time while enabled
     cpu_ns: int = 0  # CPU time the kernel accounts to the process over the same window (/proc/PID/stat)
 
@@ -231,6 +232,8 @@ def _drain_ring(ring: mmap.mmap, data_pages: int, out: Samples) -> None:
             return ring[at:at + n]
         return ring[at:end] + ring[data_offset:data_offset + n - (end - at)]
 
+    if head - tail > data_size - 64:  # full: later samples were dropped, and the kernel could write no record of it
+        out.overflowed = True
     pos = tail
     while pos + 8 <= head:
         kind, _, size = struct.unpack("IHH", read(pos, 8))
@@ -506,7 +509,7 @@ def coverage_problem(samples: Samples) -> str | None:
     if samples.sampled_ns < COVERAGE * cpu:
         return (f"the sampler counted {samples.sampled_ns / 1e6:.0f} ms of the {cpu / 1e6:.0f} ms of CPU the process "
                 "used (switched off, or threads it does not cover)")
-    if (len(samples.ips) + samples.lost) * PERIOD_NS < 0.25 * samples.sampled_ns:
+    if not samples.overflowed and (len(samples.ips) + samples.lost) * PERIOD_NS < 0.25 * samples.sampled_ns:
         return (f"the sampler wrote {len(samples.ips)} samples for {samples.sampled_ns / 1e6:.0f} ms of CPU "
                 f"(one per {PERIOD_NS // 1000} us expected)")
     if samples.lost > len(samples.ips):

@@ -135,3 +135,22 @@ def test_under_the_triton_interpreter_a_few_edge_cases_run_the_family_case_and_n
                            "interpreter"), note
     assert all(c.label in note for c in cases if c not in kept)
     assert capped_for_interpreter(cases[:2], limit=3) == (cases[:2], "")
+
+
+def test_opinfo_values_are_not_cached_empty_where_op_db_cannot_be_imported(tmp_path):
+    """A validation on a machine without expecttest must not leave the operator without OpInfo
+    samples for good: once expecttest is installed, the next validation finds them."""
+    import os
+    import subprocess
+    import sys
+
+    blocker = tmp_path / "blocker"
+    blocker.mkdir()
+    (blocker / "expecttest.py").write_text("raise ImportError('expecttest is not installed here')\n")
+    env = {**os.environ, "MODULELENS_BUILD_DIR": str(tmp_path / "build"), "OMP_NUM_THREADS": "1"}
+    fill = [sys.executable, "-m", "modulelens.validation.edge_cases", "relu"]
+    subprocess.run(fill, env={**env, "PYTHONPATH": str(blocker)}, check=True, timeout=300)
+    assert not list((tmp_path / "build" / "opinfo").glob("relu-*.pt"))
+    subprocess.run(fill, env=env, check=True, timeout=300)
+    (cached,) = (tmp_path / "build" / "opinfo").glob("relu-*.pt")
+    assert any(torch.load(cached, weights_only=True).values())

@@ -250,12 +250,18 @@ def _cache_file(name: str) -> Path:
     return opinfo_cache_dir() / f"{name}-{OPINFO_LIMIT}.pt"
 
 
-def _opinfo_entry(name: str):
-    """The OpInfo entry for aten base name ``name``, or None (also when op_db cannot be imported)."""
+def _op_db() -> list | None:
+    """torch's OpInfo database, or None when it cannot be imported (expecttest missing, or a torch
+    without its test internals)."""
     try:
         from torch.testing._internal.common_methods_invocations import op_db
-    except Exception:  # noqa: BLE001 - expecttest missing, or a torch without the test internals
+    except Exception:  # noqa: BLE001
         return None
+    return op_db
+
+
+def _opinfo_entry(op_db: list, name: str):
+    """The OpInfo entry of ``op_db`` for aten base name ``name``, or None."""
     wanted = [OPINFO_NAMES.get(name, name), name.lstrip("_"), f"nn.functional.{name.lstrip('_')}"]
     for w in wanted:
         for entry in op_db:
@@ -286,8 +292,13 @@ def _opinfo_samples(entry, dtype: torch.dtype, limit: int) -> list[tuple[str, to
 
 def fill_opinfo_cache(name: str) -> None:
     """Write the OpInfo values of aten base name ``name`` for :data:`OPINFO_DTYPES` into the cache
-    (an empty table when there is no entry or no op_db: kept too, so that nobody asks again)."""
-    entry = _opinfo_entry(name)
+    (an empty table when op_db has no entry: kept too, so that nobody asks again). Where op_db
+    cannot be imported nothing is written, so a later validation, after ``pip install expecttest``,
+    asks again instead of finding the operator without samples for good."""
+    op_db = _op_db()
+    if op_db is None:
+        return
+    entry = _opinfo_entry(op_db, name)
     table = {str(d): _opinfo_samples(entry, d, OPINFO_LIMIT) if entry is not None else [] for d in OPINFO_DTYPES}
     path = _cache_file(name)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -54,9 +54,6 @@ from modulelens.kernels.shape_rules import ShapeRule, VariableDim, declaration
 FAMILY = "fused_segments"
 VARIANTS = ({"math": "vectorised"}, {"math": "libm"})
 GRAIN = 16384  # elements below which a loop runs on one thread
-# GCC if-converts the selects of the vectorisable math (ml_exp's range clamps) only when it may
-# assume floating-point operations do not trap; values are unchanged (IEEE results, no fast-math).
-_CFLAGS = ["-fno-trapping-math"]
 _FLOATS = (torch.float32, torch.float64)
 
 # Library calls kept, with the aten operators eager runs for them (declared in the header).
@@ -1088,7 +1085,7 @@ def render_fused(plan: FusionPlan, variant: int = 0) -> str:
         for f in ("exp", "erf", "tanh"):
             loops = loops.replace(f"ml_{f}(", f"std::{f}(")
     source_cpp = CPP_PRELUDE + CPP_MATH + _OMP + loops
-    digest = hashlib.sha256((source_cpp + " ".join(_CFLAGS)).encode()).hexdigest()[:12]
+    digest = hashlib.sha256((source_cpp + " ".join(cpp.cflags())).encode()).hexdigest()[:12]
     rule = ShapeRule(dims=[VariableDim(at=[(0, d)]) for d in range(plan.input_dims - 1)])
     by_seg = {s.index: (len(s.e_inputs), len(s.c_inputs)) for s in plan.segments}
     lines = "\n".join(f"#   loop {s.index}: {s.describe()} ({len(s.e_inputs)} row input(s), {len(s.c_inputs)} "
@@ -1106,7 +1103,7 @@ from torch.utils.cpp_extension import load_inline
 
 CPP = {source_cpp!r}
 
-_ext = load_inline(name="modulelens_fused_{digest}", cpp_sources=[CPP], extra_cflags={cpp.cflags() + _CFLAGS!r},
+_ext = load_inline(name="modulelens_fused_{digest}", cpp_sources=[CPP], extra_cflags={cpp.cflags()!r},
                    extra_ldflags={cpp.ldflags()!r}, no_implicit_headers=True, verbose=False)
 
 STATE = {plan.state!r}

@@ -1,10 +1,14 @@
 """CPU C++ backend: ``torch.utils.cpp_extension.load_inline``, cached by source hash.
 
-Flags: ``-O3 -march=native -mprefer-vector-width=512 -fopenmp`` on x86-64 Linux (``-mcpu=native``
+Flags: ``-O3 -fno-trapping-math -march=native -mprefer-vector-width=512 -fopenmp`` on x86-64 Linux (``-mcpu=native``
 on ARM, no OpenMP runtime on macOS). ``-march=native`` builds code for this CPU only, so the cache
 key includes a fingerprint of the CPU (model and feature flags): a build directory shared between
 machines never hands one machine another's binary. Override the architecture flags with
-``MODULELENS_CPP_ARCH_FLAGS`` (for example ``"-march=x86-64-v3"``).
+``MODULELENS_CPP_ARCH_FLAGS`` (for example ``"-march=x86-64-v3"``). ``-fno-trapping-math``: GCC
+if-converts (and so vectorises) loops with the selects of the templates' range-clamped math only
+when it may assume floating-point operations do not trap; results are unchanged (IEEE arithmetic,
+no fast-math): only floating-point exception flags, which nothing here reads, may differ. Without
+it the softmax template ran at 0.33x of eager on [64, 1024] at one thread, with it 1.1x.
 
 Sources are compiled as ``load_inline`` compiles them: ``#include <torch/extension.h>`` is put in
 front, unless the source contains the line ``// modulelens: no-implicit-headers`` and includes its
@@ -69,7 +73,7 @@ class CppBackend:
     name = "cpp"
 
     def cflags(self) -> list[str]:
-        return ["-O3", *_arch_flags(), *_openmp_flags()[0]]
+        return ["-O3", "-fno-trapping-math", *_arch_flags(), *_openmp_flags()[0]]
 
     def ldflags(self) -> list[str]:
         return _openmp_flags()[1]

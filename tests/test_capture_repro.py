@@ -21,7 +21,7 @@ FIXTURES = Path(__file__).parent / "fixtures"
 def _evaluate(expr: str, imports: set[str], tmp_path: Path):
     """Evaluate a rendered expression after the generated file's header (its helpers and imports)."""
     namespace = {"__file__": str(tmp_path / "repro.py"), "__name__": "repro"}
-    header = _HEADER.format(ref="x:v1", class_path="m:C", module_path="", data_name="data", needs="",
+    header = _HEADER.format(ref="x:v1", class_path="m:C", module_path="", data_name="data", needs="", future="",
                             imports="".join(f"import {m}\n" for m in sorted(imports)))
     exec(compile(header, "repro.py", "exec"), namespace)
     return eval(expr, namespace)

@@ -24,13 +24,10 @@ from modulelens.repo import Artifact, Repository
 
 class ExportReproRequest(BaseModel):
     ref: str = Field(description="Capture ref.", json_schema_extra={"cli": "argument"})
-    out: str = Field("repros", description="Folder to write into.")
-    flavor: Literal["auto", "source", "export"] = Field("auto", description="source: inline code; export: the program.")
-    verify: bool = Field(True, description="Run it once to check it.")
-    check_seconds: float | None = Field(
-        None, gt=0, le=86_400,
-        description="Time limit of the check run in seconds (default: 60 plus 50 times the captured call's time). "
-                    "Past it the file is kept, reported as written but not checked.")
+    out: str = Field("repros", description="Folder to write in.")
+    flavor: Literal["auto", "source", "export"] = Field("auto", description="source: inline code; export: program.")
+    verify: bool = Field(True, description="Run it to check it.")
+    check_seconds: float | None = Field(None, description="Check time limit (s).")
 
 
 class ExportReproResult(ToolReply):
@@ -39,8 +36,7 @@ class ExportReproResult(ToolReply):
     data_dir: str
     flavor: str = Field(description="source or export.")
     skipped: list[str] = Field(default_factory=list, description="Why other flavours were not used.")
-    verified: bool | None = Field(None, description="The file ran and reproduced the captured outputs "
-                                                     "(None: not run, or stopped at the check's time limit).")
+    verified: bool | None = Field(None, description="The file ran and reproduced the captured outputs (None: not run).")
     max_abs_error: float | None = None
     check_output: str = ""
 
@@ -91,6 +87,9 @@ def export_repro(req: ExportReproRequest, ctx: ToolContext) -> ExportReproResult
     """Write a standalone KernelBench-format file (+ data) for a capture, and run it once to check
     that it reproduces the capture. A file that fails its check is removed with its data (the error
     says why); one whose check outran its time limit is kept and reported as written, not checked."""
+    if req.check_seconds is not None and not 0 < req.check_seconds <= 86_400:
+        raise ModuleLensError(f"{arg('check_seconds')} must be a number of seconds above 0 (at most a day), "
+                              f"not {req.check_seconds:g}", "leave it out for a limit scaled to the captured call")
     out = output_folder(req.out, ctx.project)
     art = Repository(ctx.repo_root).open(KIND, req.ref)
     folder_made = not out.exists()

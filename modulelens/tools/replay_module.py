@@ -25,7 +25,7 @@ from modulelens.capture import (
     replayed_state,
     set_rng_states,
 )
-from modulelens.device import processor_name, require, synchronize
+from modulelens.device import is_cuda, processor_name, require, synchronize
 from modulelens.errors import ModuleLensError, ReplayFailed, arg
 from modulelens.numerics import diff, short_repr, tolerances
 from modulelens.ops import CardReplay, replay_card
@@ -216,7 +216,7 @@ def _elsewhere_notes(manifest: CaptureManifest, device: str) -> list[str]:
                      "per processor, so results can differ in the last bits; replay on the capture's machine for "
                      "bit-for-bit equality")
     threads = torch.get_num_threads()
-    if env.num_threads and env.num_threads != threads and not device.startswith("cuda"):
+    if env.num_threads and env.num_threads != threads and not is_cuda(device):
         notes.append(f"captured with {env.num_threads} CPU threads, replayed with {threads}: reductions split "
                      f"differently; set OMP_NUM_THREADS={env.num_threads} for bit-for-bit equality")
     return notes

@@ -14,6 +14,8 @@ def report_warnings(report: ValidationReport) -> list[str]:
     out = [f"flagged: {flag}" for flag in report.flags]
     if report.compiled and not report.ran:
         out.append("compiled only: the kernel never ran here, so it is not shown correct or fast")
+    if report.correct and report.edge_cases_note:
+        out.append(report.edge_cases_note.split(". Not run:")[0])
     if report.correct:
         out += _timing_warnings(report)
     if report.verdict == "wrapper" and report.backend_calls:
@@ -29,10 +31,16 @@ def report_warnings(report: ValidationReport) -> list[str]:
         out.append(f"accepted against the float64 oracle: eager itself is off by up to {a.eager_max_abs:.3g} here "
                    f"(the candidate by {a.candidate_max_abs:.3g}; {a.case})")
     if report.isolation is not None:
-        missing = [layer.name for layer in report.isolation.layers if not layer.in_force]
+        missing = [f"{x.name} ({_short(x.detail)})" if x.detail else x.name
+                   for x in report.isolation.layers if not x.in_force]
         if missing:
-            out.append(f"sandbox layers not in force: {', '.join(missing)}")
+            out.append(f"sandbox layers not in force: {'; '.join(missing)}")
     return out
+
+
+def _short(text: str, limit: int = 240) -> str:
+    """``text`` cut to ``limit`` characters: a layer's why and what to do, as a warning shows it."""
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _interval(interval: list[float] | None) -> str:

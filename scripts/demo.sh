@@ -34,12 +34,19 @@ cand=$(modulelens generate-kernel "$card" --backend cpp --provider template --js
 modulelens validate-kernel "$cand"
 
 say "7. optimize the block at module level: the fused template keeps its matrix products and attention, fuses the rest (forward and backward)"
-winners=$(modulelens optimize demo-block --max-evals 2 --top 1 --json | python -c "import json,sys; r=json.load(sys.stdin); [print(m['capture'], m['best_candidate'], m['speedup_interval'], m['template_note'], file=sys.stderr) for m in r['modules']]; print(' '.join(c for c in r['pack_candidates'] if c != sys.argv[1]))" "$cand")
-echo "surely faster than eager, for the pack: ${winners:-none beyond $cand}"
+# the pack takes optimize's winners, and step 6's kernel unless a winner is for the same card (one per card)
+packed=$(modulelens optimize demo-block --max-evals 2 --top 1 --json | python -c "
+import json, sys
+r, cand = json.load(sys.stdin), sys.argv[1]
+for m in r['modules']:
+    print(m['capture'], m['best_candidate'], m['speedup_interval'], m['template_note'], file=sys.stderr)
+winners = r['pack_candidates']
+print(' '.join(winners + ([] if any(w.split(':')[0] == cand.split(':')[0] for w in winners) else [cand])))" "$cand")
+echo "for the pack (optimize's winners surely faster than eager, else step 6's kernel): $packed"
 
 say "8. pack the validated kernels (the fused block when surely faster) and run the unmodified training script with them, against eager"
 # shellcheck disable=SC2086  # one word per candidate
-modulelens pack "$cand" $winners --out "$ROOT/repros/demo.pack"
+modulelens pack $packed --out "$ROOT/repros/demo.pack"
 modulelens run examples/tinyformer/train.py --pack "$ROOT/repros/demo.pack" --compare -- --steps 16  # 2 warm-up steps, then 7 pairs with and without: enough for an interval
 
 say "9. what the repository ($MODULELENS_HOME) holds"

@@ -118,6 +118,16 @@ def _placed(t: torch.Tensor, offset: int, size: int) -> tuple[torch.Tensor, Tens
     return (t.cpu() if t.device.type != "cpu" else t), slot
 
 
+def _elements(mapped, size: int, slot: TensorSlot, fmt: str) -> memoryview:
+    """The slot's bytes of ``mapped`` (an arena of ``size`` bytes) in place as a memoryview of
+    ``fmt`` items (a struct format such as ``I``): element moves without torch or numpy (numpy's
+    code is unusable in a denial process)."""
+    if slot.offset + slot.nbytes > size:
+        raise ValueError("slot outside the arena")
+    item = struct.calcsize(fmt)
+    return memoryview(mapped)[slot.offset:slot.offset + slot.nbytes // item * item].cast(fmt)
+
+
 class SharedArena:
     """The checker's side: a sealed shared memory file, read and written by offset, never mapped
     here. ``fd`` is what the candidate process is given; ``generation`` grows whenever
@@ -149,12 +159,8 @@ class SharedArena:
         self.generation += 1
 
     def elements(self, slot: TensorSlot, fmt: str) -> memoryview:
-        """The slot's bytes in place as a memoryview of ``fmt`` items (a struct format such as
-        ``I``): element moves without torch or numpy (numpy's code is unusable in a denial process)."""
-        if slot.offset + slot.nbytes > self.size:
-            raise ValueError("slot outside the arena")
-        size = struct.calcsize(fmt)
-        return memoryview(self._map)[slot.offset:slot.offset + slot.nbytes // size * size].cast(fmt)
+        """See :func:`_elements`."""
+        return _elements(self._map, self.size, slot, fmt)
 
     def put(self, t: torch.Tensor, offset: int) -> TensorSlot:
         """Write ``t`` (any device, its strides kept) at ``offset``; returns its slot."""
@@ -231,12 +237,8 @@ class MappedArena:
         return flat.as_strided(slot.shape, slot.stride)
 
     def elements(self, slot: TensorSlot, fmt: str) -> memoryview:
-        """The slot's bytes in place as a memoryview of ``fmt`` items (a struct format such as
-        ``I``): element moves without torch or numpy (numpy's code is unusable in a denial process)."""
-        if slot.offset + slot.nbytes > self.size:
-            raise ValueError("slot outside the arena")
-        size = struct.calcsize(fmt)
-        return memoryview(self._map)[slot.offset:slot.offset + slot.nbytes // size * size].cast(fmt)
+        """See :func:`_elements`."""
+        return _elements(self._map, self.size, slot, fmt)
 
     def put(self, t: torch.Tensor, offset: int) -> TensorSlot:
         """Write ``t`` (any device, its strides kept) at ``offset``; returns its slot."""

@@ -43,8 +43,9 @@ W = torch.randn(512, 128)
     ("gelu", lambda: torch.nn.functional.gelu(X), "gelu"),
     ("matmul", lambda: X @ W, "gemm"),
 ])
-def test_time_in_a_torch_kernel_is_compute_and_named(sampler, name, fn, kernel):
-    torch.backends.mkldnn.enabled = False
+def test_time_in_a_torch_kernel_is_compute_and_named(sampler, name, fn, kernel, monkeypatch):
+    # Restored after the test: a process-wide switch left off changes later tests' kernels.
+    monkeypatch.setattr(torch.backends.mkldnn, "enabled", False)
     got, seen = _watch(sampler, fn)
     assert coverage_problem(got) is None
     assert seen.compute_share() > 0.5, seen.places[:5]

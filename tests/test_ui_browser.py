@@ -106,7 +106,7 @@ def test_every_page_shows_real_content(demo):
         "capture": ["data-captured", "attn.qkv.weight", "args.0", "8×32×64", demo.opset],
         "opsets": [demo.opset, demo.capture],
         "cards": ["aten._safe_softmax.default", "aten.addmm.default", "kind-compute", "roofline", demo.candidate],
-        "candidates": [demo.candidate, "verdict-custom", "softmax", "×"],
+        "candidates": [demo.candidate, "verdict-custom", "softmax"],
         "candidate": ["verdict-custom", "tok-kw", "forward", "output 0 values (captured sample 0)"],
         "stats_runs": [demo.stats_run.split(":")[0], "faults/train.py", "badge-bad"],
         "stats_run": ["dead_activation", "blocks.2.act", 'id="stats-data"', "report.html"],
@@ -120,6 +120,8 @@ def test_every_page_shows_real_content(demo):
             assert r.status_code == 200, (path, r.text[-2000:])
             for text in expected[name]:
                 assert text in r.text, (name, text)
+            if name == "candidates":  # a speedup, or why there is none (a loaded machine)
+                assert "×" in r.text or "undetermined" in r.text, r.text[-2000:]
         page = c.get(f"/stats/{demo.stats_run}").text
         data = json.loads(page.split('id="stats-data">')[1].split("</script>")[0])
         assert [m["name"] for m in data["modules"]][:3] == ["", "inp", "blocks.0"]

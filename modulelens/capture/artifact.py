@@ -38,6 +38,7 @@ from modulelens.capture.manifest import (
     RunSource,
     StoredSource,
 )
+from modulelens.capture.numerics import current_settings
 from modulelens.capture.spec import ModuleSpec
 from modulelens.capture.spec_walk import referenced_modules
 from modulelens.capture.tracer import CapturedCall
@@ -184,6 +185,7 @@ def _environment(captured: CapturedCall) -> CaptureEnvironment:
         device=device,
         num_threads=torch.get_num_threads(),
         processor=processor_name(device),
+        numerics=current_settings(),
     )
 
 

@@ -149,6 +149,11 @@ class CaptureEnvironment(BaseModel):
     device: str = "cpu"
     num_threads: int = 0
     processor: str = Field("", exclude_if=_unset, description="the processor model the call ran on (CPU model name, GPU name)")
+    numerics: dict[str, bool | str] = Field(
+        default_factory=dict, exclude_if=_unset,
+        description="PyTorch's numeric settings at the call (oneDNN, TF32, matmul precision, deterministic "
+        "algorithms): a replay runs under them",
+    )
 
 
 class CaptureManifest(ManifestBase):

@@ -25,6 +25,7 @@ from modulelens.capture import (
     replayed_state,
     set_rng_states,
 )
+from modulelens.capture.numerics import describe, recorded_settings
 from modulelens.device import is_cuda, processor_name, require, synchronize
 from modulelens.errors import ModuleLensError, ReplayFailed, arg
 from modulelens.numerics import diff, short_repr, tolerances
@@ -260,9 +261,13 @@ def replay_module(req: ReplayModuleRequest, ctx: ToolContext) -> ReplayModuleRes
     def run(module: torch.nn.Module):
         return module, *_run(loaded, module, req.backward, device)
 
-    (module, args, out, run_s), strategy, build_s, tried = loaded.with_strategy(req.strategy, req.trust_pickle, run)
+    numerics = loaded.manifest.environment.numerics
+    with recorded_settings(numerics) as changed:
+        (module, args, out, run_s), strategy, build_s, tried = loaded.with_strategy(req.strategy, req.trust_pickle, run)
     attempts = [StrategyAttempt(strategy=s, error=e) for s, e in tried]
     notes = list(loaded.manifest.notes)
+    if changed:
+        notes.append(f"replayed under the capture's numeric settings: {describe(changed)}")
     stored = loaded.manifest.activations
     if stored is not None and stored.mode != "full":
         notes.append(f"replayed on what the capture stored ({stored.mode}): {stored.reason}")
@@ -308,7 +313,8 @@ def replay_module(req: ReplayModuleRequest, ctx: ToolContext) -> ReplayModuleRes
         notes += _elsewhere_notes(loaded.manifest, device)
     backward = None
     if req.backward:
-        backward = _backward(loaded, module, args[0], out, req, dtype is not None, compute)
+        with recorded_settings(numerics):
+            backward = _backward(loaded, module, args[0], out, req, dtype is not None, compute)
     warnings = [f"not compared: {n}" for n in notes if "not comparable" in n]
     if compared and not match:
         warnings.append(f"outputs differ from the captured ones (max abs error {max_abs:.3g}); see notes")

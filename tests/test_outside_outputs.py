@@ -46,22 +46,23 @@ def _mcp(repo: Path, calls: list[tuple[str, dict[str, Any]]]) -> list[Any]:
 def test_outputs_outside_the_project_are_refused_over_mcp(project: Path):
     repo = project / ".modulelens"
     root_before = set(Path("/").iterdir())
-    repro, packed, started, allowed = _mcp(repo, [
+    repro, packed, started, allowed, _exported = _mcp(repo, [
         ("export_repro", {"ref": "blk", "out": "/", "verify": False}),
         ("pack", {"candidates": ["blk.card0:v1"], "out": "../x.pack"}),
         ("start_job", {"tool": "export_repro", "arguments": {"ref": "blk", "out": "/tmp"}}),
         ("pack", {"candidates": ["blk.card0:v1"], "out": "../x.pack", "allow_outside": True}),
+        ("export_repro", {"ref": "blk", "out": "../repros", "verify": False, "allow_outside": True}),
     ])
     for r in (repro, packed, started):
         text = r.content[0].text
         assert r.is_error and "outside the project folder" in text and "nothing is written" in text, text
         assert len(text.splitlines()) <= 2, text
-    assert "allow_outside" in packed.content[0].text  # pack takes it; export_repro does not
-    assert "allow_outside" not in repro.content[0].text
+    assert "allow_outside" in packed.content[0].text and "allow_outside" in repro.content[0].text  # both take it
     assert set(Path("/").iterdir()) == root_before and not (project.parent / "x.pack").exists()
     assert not (repo / "packs").exists() and not (repo / ".jobs").exists()  # no pack stored, no job started
     text = allowed.content[0].text  # allowed: the tool itself runs (and fails on the missing candidate)
     assert allowed.is_error and "outside the project" not in text and "blk.card0" in text, text
+    assert (project.parent / "repros" / "blk_v1.py").is_file()  # export_repro with allow_outside writes there
 
 
 def test_the_cli_writes_an_output_a_person_typed_outside_the_project_and_says_where(app, project: Path, monkeypatch):

@@ -28,6 +28,7 @@ class ExportReproRequest(BaseModel):
     flavor: Literal["auto", "source", "export"] = Field("auto", description="source: inline code; export: program.")
     verify: bool = Field(True, description="Run it to check it.")
     check_seconds: float | None = Field(None, description="Check time limit (s).")
+    allow_outside: bool = Field(False, description="Write outside the project and the repository.")
 
 
 class ExportReproResult(ToolReply):
@@ -84,9 +85,9 @@ def _remove(written: ReproFile, folder_made: bool) -> None:
 
 @tool
 def export_repro(req: ExportReproRequest, ctx: ToolContext) -> ExportReproResult:
-    """Write a standalone KernelBench-format file (+ data) for a capture, and run it once to check
-    that it reproduces the capture. A file that fails its check is removed with its data (the error
-    says why); one whose check outran its time limit is kept and reported as written, not checked."""
+    """Write a standalone KernelBench-format file (+ data) for a capture and run it once to check it
+    reproduces the capture: one that fails is removed (the error says why), one past its time limit
+    kept, unchecked."""
     if req.check_seconds is not None and not 0 < req.check_seconds <= 86_400:
         raise ModuleLensError(f"{arg('check_seconds')} must be a number of seconds above 0 (at most a day), "
                               f"not {req.check_seconds:g}", "leave it out for a limit scaled to the captured call")

@@ -47,8 +47,8 @@ class GatherStatsRequest(BaseModel):
     eager: bool = Field(True, description="No torch.compile (false: on sampled steps only).")
     params: bool = Field(True, description="Also weight and update statistics.")
     fx: bool = Field(True)
-    sample: int = Field(DEFAULT_SAMPLE, ge=0, description="Moments of larger tensors from a strided sample of N elements (0: all); "
-                        "contiguous float CPU tensors are always read whole.")
+    sample: int = Field(DEFAULT_SAMPLE, ge=0, description="Moments of larger tensors from N strided elements "
+                        "(0: all; contiguous float CPU ones: all).")
     plots: bool = Field(True)
     thresholds: dict[str, float] = Field(
         default_factory=dict,

@@ -49,7 +49,7 @@ def _tool_function(name: str, **preset: Any):
 capture_module = _tool_function("capture_module")
 replay_module = _tool_function("replay_module")
 list_captures = _tool_function("list", kind="captures")
-show_capture = _tool_function("show", kind="capture")
+show_capture = _tool_function("show", kind="captures")
 export_repro = _tool_function("export_repro")
 capture_ops = _tool_function("capture_ops")
 profile = _tool_function("profile")
@@ -60,7 +60,7 @@ pack = _tool_function("pack")
 run = _tool_function("run")
 check_pack = _tool_function("check_pack")
 list_packs = _tool_function("list", kind="packs")
-show_pack = _tool_function("show", kind="pack")
+show_pack = _tool_function("show", kind="packs")
 optimize = _tool_function("optimize")
 
 __all__ = [

@@ -413,24 +413,31 @@ def test_a_huge_limit_is_refused_in_one_line_naming_the_maximum(tmp_path):
     assert r.content[0].text == "invalid arguments:\nlimit: got 1000000, expected less than or equal to 100"
 
 
-def test_list_and_show_check_their_kind_strictly(tmp_path):
+def test_list_and_show_check_their_kind_one_spelling_with_the_singular_as_alias(tmp_path):
     from modulelens.tools import all_tools
 
     async def main():
         async with Client(build_server(all_tools(), repo_root=tmp_path)) as c:
-            return [await c.call_tool("list", {"kind": "captures"}),
-                    await c.call_tool("list", {"kind": "capture"}),
-                    await c.call_tool("list", {"kind": "cards"}),
-                    await c.call_tool("show", {"kind": "card", "ref": "blk/0", "tensors": True}),
-                    await c.call_tool("list", {"kind": "searches", "of_": "x"}),
-                    await c.call_tool("show", {"kind": "pack", "ref": "nothing"})]
+            listed = await c.list_tools()
+            return listed, [await c.call_tool("list", {"kind": "captures"}),
+                            await c.call_tool("list", {"kind": "capture"}),
+                            await c.call_tool("list", {"kind": "cards"}),
+                            await c.call_tool("show", {"kind": "card", "ref": "blk/0", "tensors": True}),
+                            await c.call_tool("list", {"kind": "searches", "of_": "x"}),
+                            await c.call_tool("show", {"kind": "pack", "ref": "nothing"}),
+                            await c.call_tool("list", {"kind": "capturez"})]
 
-    empty, singular, cards, tensors, misspelt, missing = anyio.run(main)
+    listed, (empty, singular, cards, tensors, misspelt, missing, wrong) = anyio.run(main)
+    kinds = {t.name: t.input_schema["properties"]["kind"]["enum"] for t in listed.tools
+             if t.name in ("list", "show", "push", "trust")}
+    assert set(kinds) == {"list", "show", "push", "trust"}
+    assert all(k.endswith("s") for enum in kinds.values() for k in enum), kinds  # one spelling: plural
     assert not empty.is_error and empty.structured_content["captures"] == []
     assert empty.structured_content["warnings"] == [f"no captures in {tmp_path}: is this the repository you meant?"]
-    assert singular.is_error and "(did you mean 'captures'?)" in singular.content[0].text
+    assert not singular.is_error and singular.structured_content == empty.structured_content  # an alias
     assert cards.is_error and "kind cards needs the opset" in cards.content[0].text
-    assert tensors.is_error and "tensors goes with kind capture, not card" in tensors.content[0].text
+    assert tensors.is_error and "tensors goes with kind captures, not cards" in tensors.content[0].text
+    assert wrong.is_error and "(did you mean 'captures'?)" in wrong.content[0].text
     assert misspelt.is_error and "did you mean of?" in misspelt.content[0].text
     assert missing.is_error and "nothing" in missing.content[0].text
 

@@ -82,10 +82,10 @@ PACKS = [
     ("none used: not timed", [UNTIMED], [("validate_kernel", {"candidate": UNTIMED.candidate_id, "time": True})]),
     ("none used: not faster", [SLOW],
      [("pack", {"candidates": ["x"], "out": "p.pack", "force": True})]),
-    ("none used: rejected", [WRONG], [("show", {"kind": "candidate", "ref": WRONG.candidate_id})]),
+    ("none used: rejected", [WRONG], [("show", {"kind": "candidates", "ref": WRONG.candidate_id})]),
     ("none used: each reason", [WRONG, SLOW, UNTIMED],
      [("validate_kernel", {"candidate": UNTIMED.candidate_id, "time": True}),
-      ("show", {"kind": "candidate", "ref": WRONG.candidate_id}),
+      ("show", {"kind": "candidates", "ref": WRONG.candidate_id}),
       ("pack", {"candidates": ["x"], "out": "p.pack", "force": True})]),
 ]
 
@@ -100,7 +100,7 @@ CHECKS = [
     ("passing, captured from a script", True, [("train.py", ["--steps", "2"])],
      [("run", {"script": "train.py", "script_args": ["--steps", "2"], "pack": "p:v1", "compare": True})]),
     ("passing, captured with the Python API", True, [None], [("run", {"pack": "p:v1", "compare": True})]),
-    ("failing", False, [("train.py", [])], [("show", {"kind": "pack", "ref": "p:v1"})]),
+    ("failing", False, [("train.py", [])], [("show", {"kind": "packs", "ref": "p:v1"})]),
 ]
 
 

@@ -48,7 +48,7 @@ def test_show_search_cuts_nodes_shared_among_targets():
                      reason="correct on captured and fresh inputs; faster than eager") for n in range(200)])
         for t in range(3)])
     assert _size(summary) > 10 * BUDGET
-    cut = keep_first_each(summary, "targets", "nodes", DEFAULT_TOP["search"], lambda i, t: f"/j/{i}")
+    cut = keep_first_each(summary, "targets", "nodes", DEFAULT_TOP["searches"], lambda i, t: f"/j/{i}")
     assert _size(cut) <= BUDGET
     assert [(c.field, c.shown, c.total, c.full) for c in cut.left_out] == [
         (f"targets.{i}.nodes", 4, 200, f"/j/{i}") for i in range(3)]

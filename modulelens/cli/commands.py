@@ -34,6 +34,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from modulelens.kinds import singular_aliases
+
 __all__ = ["CliType", "CommandGroup", "FieldSpec", "HelpArgument", "ToolCommand", "cli_type", "convert",
            "field_parameter", "is_argument_field"]
 
@@ -80,6 +82,18 @@ _SCALARS: dict[Any, tuple[click.ParamType, str]] = {str: (click.STRING, "<str>")
                                                     float: (click.FLOAT, "<float>")}
 
 
+class _KindChoice(click.Choice):
+    """A choice that also takes the singular of a kind name among its choices (``show capture``
+    as ``show captures``, see :mod:`modulelens.kinds`); the help lists only the choices."""
+
+    def __init__(self, choices: list[str]) -> None:
+        super().__init__(choices)
+        self.aliases = singular_aliases(choices)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        return super().convert(self.aliases.get(value, value), param, ctx)
+
+
 def _scalar(tp: Any) -> CliType | None:
     tp = _strip_optional(tp)
     if tp is bool:
@@ -90,7 +104,7 @@ def _scalar(tp: Any) -> CliType | None:
         return CliType(click.Path(path_type=Path), "<path>")
     if get_origin(tp) is Literal:
         choices = [str(v) for v in get_args(tp)]
-        return CliType(click.Choice(choices), f"<{'|'.join(choices)}>")
+        return CliType(_KindChoice(choices), f"<{'|'.join(choices)}>")
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         choices = [str(m.value) for m in tp]
         return CliType(click.Choice(choices), f"<{'|'.join(choices)}>")

@@ -14,7 +14,7 @@ EXAMPLES: dict[str, str] = {
     "capture_module": "examples/tinyformer/train.py --module blocks.1 --name demo-block -- --steps 3",
     "replay_module": "demo-block --strategy export",
     "list": "cards demo-block --op-kind memory --limit 5",
-    "show": "capture demo-block:v1 --tensors",
+    "show": "captures demo-block:v1 --tensors",
     "tag_capture": "demo-block:v1 prod",
     "trust": "demo-block:v1",
     "push": "demo-block@prod --to wandb://my-team/kernels",

@@ -51,5 +51,5 @@ def add_search_child(req: AddSearchChildRequest, ctx: ToolContext) -> AddSearchC
         result.warnings.append(f"rejected: {node.reason}")
     elif node.speedup_vs_eager is None:
         result.warnings.append("correct, but its speed was not determined here")
-    result.next = [call("show", kind="search", ref=req.search_id)]
+    result.next = [call("show", kind="searches", ref=req.search_id)]
     return result

@@ -89,7 +89,7 @@ def check_pack_next(result: CheckPackResult, pack: str, scripts: list[tuple[str,
     the training script itself), on the script that made the first capture when one did; a failing
     one to the pack's view (which entries are used, their verdicts and last results)."""
     if not result.ok:
-        return [call("show", kind="pack", ref=pack)]
+        return [call("show", kind="packs", ref=pack)]
     script = next((s for s in scripts if s is not None), None)
     if script is None:
         return [call("run", pack=pack, compare=True)]

@@ -8,12 +8,13 @@ nothing is computed or run."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
 from modulelens.capture import CaptureEntry, capture_entries
 from modulelens.errors import tool_call
+from modulelens.kinds import AcceptSingular
 from modulelens.listing import MAX_ITEMS, LeftOut, keep_first
 from modulelens.ops import OpsetEntry, OpSetSummary, opset_entries, summarize_opset
 from modulelens.profiling.bandwidth import copy_bytes_per_s
@@ -32,7 +33,7 @@ _RESOURCES = {"captures": "modulelens://captures", "stats": "modulelens://stats"
 
 
 class ListRequest(BaseModel):
-    kind: ListKind = Field(json_schema_extra={"cli": "argument"})
+    kind: Annotated[ListKind, AcceptSingular] = Field(json_schema_extra={"cli": "argument"})
     of: str | None = Field(None, description="A name, or the capture/opset/card/candidate they belong to "
                            "(cards: their opset, required).",
                            json_schema_extra={"cli": "argument"})
@@ -96,7 +97,7 @@ def _cards(repo: Repository, req: ListRequest) -> ListCardsResult:
     result = ListCardsResult(**dict(summary))
     if result.cards:
         top = result.cards[0].card_id
-        result.next = [call("generate_kernel", card=top), call("show", kind="card", ref=top)]
+        result.next = [call("generate_kernel", card=top), call("show", kind="cards", ref=top)]
     return result
 
 
@@ -118,7 +119,7 @@ def _advice(result: Listing) -> None:
         result.warnings += [f"{c.ref} holds shape-only data: its replays synthesise inputs and cannot compare "
                             "outputs" for c in result.captures if c.shape_only][:3]
         last = result.captures[-1].ref
-        result.next = [call("show", kind="capture", ref=last), call("replay_module", ref=last)]
+        result.next = [call("show", kind="captures", ref=last), call("replay_module", ref=last)]
     elif isinstance(result, ListOpsetsResult) and result.opsets:
         result.next = [call("list", kind="cards", of=result.opsets[-1].ref)]
     elif isinstance(result, ListCandidatesResult) and result.candidates:
@@ -129,20 +130,20 @@ def _advice(result: Listing) -> None:
         if unvalidated:
             result.next = [call("validate_kernel", candidate=unvalidated[0])]
         elif readable:
-            result.next = [call("show", kind="candidate", ref=readable[-1].candidate_id)]
+            result.next = [call("show", kind="candidates", ref=readable[-1].candidate_id)]
     elif isinstance(result, ListSearchesResult) and result.searches:
-        result.next = [call("show", kind="search", ref=result.searches[-1].search_id)]
+        result.next = [call("show", kind="searches", ref=result.searches[-1].search_id)]
     elif isinstance(result, ListPacksResult) and result.packs:
         result.warnings += [f"pack {p.ref} is not trusted here: review it with {tool_call('trust', ref=p.ref, kind='packs')}, "
                             f"then trust it with {tool_call('trust', ref=p.ref, kind='packs', yes=True)} before using it"
                             for p in result.packs if not p.trusted][:3]
         result.warnings += [f"pack {p.ref}: none of its {p.entries} entries will be used (none was validated correct "
                             "and faster than eager)" for p in result.packs if not p.dispatched][:3]
-        result.next = [call("show", kind="pack", ref=result.packs[-1].ref)]
+        result.next = [call("show", kind="packs", ref=result.packs[-1].ref)]
     elif isinstance(result, ListStatsRunsResult) and result.runs:
         result.next = [call("show", kind="stats", ref=result.runs[-1].run_id)]
     elif isinstance(result, ListReportsResult) and result.reports:
-        result.next = [call("show", kind="report", ref=result.reports[-1].report)]
+        result.next = [call("show", kind="reports", ref=result.reports[-1].report)]
 
 
 @tool

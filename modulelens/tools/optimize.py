@@ -74,7 +74,7 @@ def optimize(req: OptimizeRequest, ctx: ToolContext) -> SearchResult:
                                    + (f" ({t.stopped_because})" if t.stopped_because else ""))
         elif not t.remeasured:
             result.warnings.append(f"{t.target}: the best speedup was not re-measured at the end; treat it as a hint")
-    result.next = [call("show", kind="search", ref=result.search_id)]
+    result.next = [call("show", kind="searches", ref=result.search_id)]
     if result.pack_candidates:
         result.next.append(call("pack", candidates=result.pack_candidates))
     return result

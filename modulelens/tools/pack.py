@@ -108,7 +108,7 @@ def pack_next(entries: list[PackedEntry], req: PackRequest, ref: str) -> list[Ne
     untimed = [e for e in unused if e not in wrong and not e.speedup_interval]
     slow = [e for e in unused if e not in wrong and e not in untimed]
     out = [call("validate_kernel", candidate=e.candidate_id, time=True) for e in untimed[:2]]
-    out += [call("show", kind="candidate", ref=e.candidate_id) for e in wrong[:1]]
+    out += [call("show", kind="candidates", ref=e.candidate_id) for e in wrong[:1]]
     if slow:
         out.append(call("pack", candidates=req.candidates, out=req.out, force=True))
     return out

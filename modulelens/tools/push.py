@@ -3,8 +3,11 @@ team repository (W&B)."""
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from pydantic import BaseModel, Field
 
+from modulelens.kinds import AcceptSingular
 from modulelens.registry import ToolContext, tool
 from modulelens.replies import ToolReply
 from modulelens.repo import Repository
@@ -16,7 +19,7 @@ from modulelens.team.packs import PACKS, given_pack_file
 class PushRequest(BaseModel):
     ref: str = Field(description="Ref to push.", json_schema_extra={"cli": "argument"})
     to: str = Field(description="wandb://ENTITY/PROJECT.")
-    kind: PushKind = Field("captures")
+    kind: Annotated[PushKind, AcceptSingular] = Field("captures")
 
 
 class PushResult(PushOutcome, ToolReply):

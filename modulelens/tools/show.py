@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -18,6 +18,7 @@ from modulelens.capture import CaptureSummary, capture_manifest, capture_warning
 from modulelens.dispatch.pack import STORED_PACK_FILE, PackEnvironment
 from modulelens.dispatch.results import PackUse
 from modulelens.errors import tool_call
+from modulelens.kinds import AcceptSingular
 from modulelens.listing import MAX_ITEMS, MAX_REPLY_CHARS, LeftOut, keep_first
 from modulelens.ops import CardDetail, describe_card
 from modulelens.registry import ToolContext, tool
@@ -39,18 +40,18 @@ from modulelens.validation import (
     stored_report,
 )
 
-ShowKind = Literal["capture", "card", "candidate", "search", "stats", "pack", "report"]
+ShowKind = Literal["captures", "cards", "candidates", "searches", "stats", "packs", "reports"]
 MAX_POINTS = 2000
-DEFAULT_TOP = {"capture": 20, "search": 12, "stats": 3, "report": 20, "candidate": 8}
+DEFAULT_TOP = {"captures": 20, "searches": 12, "stats": 3, "reports": 20, "candidates": 8}
 DEFAULT_STATS = ["std", "zero_frac", "mean", "rms", "kurtosis"]
 SOURCE_LINES = 40  # of a candidate's source, without full
 # What to show, for one kind only (how much to show, ``top``, ``points`` and ``full``, is ignored
 # where it means nothing, so that one request can ask for everything of any kind).
-_ONLY = {"tensors": ("capture",), "stats": ("stats",)}
+_ONLY = {"tensors": ("captures",), "stats": ("stats",)}
 
 
 class ShowRequest(BaseModel):
-    kind: ShowKind = Field(json_schema_extra={"cli": "argument"})
+    kind: Annotated[ShowKind, AcceptSingular] = Field(json_schema_extra={"cli": "argument"})
     ref: str = Field(description="Its ref or id.", json_schema_extra={"cli": "argument"})
     top: int | None = Field(None, ge=1, le=MAX_ITEMS, description="Items per list (default per kind).")
     tensors: bool = Field(False, description="capture: tensor statistics.")
@@ -187,21 +188,21 @@ def show(req: ShowRequest, ctx: ToolContext) -> ShowResult:
     """Show one stored artifact (a candidate with its report, a search as its tree)."""
     repo = Repository(ctx.repo_root)
     top = req.top or DEFAULT_TOP.get(req.kind, 20)
-    if req.kind == "capture":
+    if req.kind == "captures":
         return _capture(repo, req, top)
-    if req.kind == "card":
+    if req.kind == "cards":
         card = describe_card(repo, req.ref)
         card.next = [call("generate_kernel", card=card.card_id), call("list", kind="candidates", of=card.card_id)]
         return card
-    if req.kind == "candidate":
+    if req.kind == "candidates":
         return _candidate(repo, req, top)
-    if req.kind == "search":
+    if req.kind == "searches":
         summary = search_summary(repo, req.ref, top)
         summary.next = [call("optimize", targets=[t.target for t in summary.targets], search_id=summary.search_id)]
         return summary
     if req.kind == "stats":
         return _stats(repo, req, top)
-    if req.kind == "pack":
+    if req.kind == "packs":
         return _pack(repo, req.ref)
     return _report(repo, req.ref, top, None if req.top is not None else MAX_REPLY_CHARS)  # a top asked for is given
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
+from modulelens.kinds import AcceptSingular
 from modulelens.registry import ToolContext, tool
 from modulelens.replies import ToolReply, call
 from modulelens.repo import Repository, TrustReview
@@ -15,7 +16,7 @@ from modulelens.repo import trust_artifact as sign
 
 class TrustRequest(BaseModel):
     ref: str = Field(description="Artifact ref.", json_schema_extra={"cli": "argument"})
-    kind: Literal["captures", "opsets", "candidates", "reports", "stats", "packs"] = Field(
+    kind: Annotated[Literal["captures", "opsets", "candidates", "reports", "stats", "packs"], AcceptSingular] = Field(
         "captures")
     yes: bool = Field(False)
 

@@ -99,7 +99,7 @@ def _continue_search(params: dict[str, Any], jobs: UiJobs) -> dict[str, Any]:
     from modulelens.registry import ToolContext
 
     show = get_tool("show")
-    summary = show(show.request.model_validate({**everything(show.request), "kind": "search",
+    summary = show(show.request.model_validate({**everything(show.request), "kind": "searches",
                                                 "ref": params["search_id"]}), ToolContext(repo_root=jobs.repo_root))
     try:
         more = int(params.get("more", DEFAULT_MORE_EVALS))

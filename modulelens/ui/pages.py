@@ -31,7 +31,7 @@ def captures_page(request: Request) -> HTMLResponse:
 
 def capture_page(request: Request) -> HTMLResponse:
     ui = ui_state(request)
-    summary = ui.call("show", kind="capture", ref=request.path_params["ref"], tensors=True)
+    summary = ui.call("show", kind="captures", ref=request.path_params["ref"], tensors=True)
     opsets = ui.call("list", kind="opsets", of=summary.ref).opsets
     weights = [ParamLeaf(t.key, t.shape, t.dtype) for t in summary.tensors if t.group == "weight"]
     groups = {g: [t for t in summary.tensors if t.group == g] for g in TENSOR_GROUPS}
@@ -65,7 +65,7 @@ def candidates_page(request: Request) -> HTMLResponse:
 
 def candidate_page(request: Request) -> HTMLResponse:
     ui = ui_state(request)
-    view = ui.call("show", kind="candidate", ref=request.path_params["ref"])
+    view = ui.call("show", kind="candidates", ref=request.path_params["ref"])
     return ui.page("candidate.html", "candidates", title=view.entry.candidate_id, view=view,
                    source_url=repo_file(view.source_path, ui.settings.repo_root))
 
@@ -93,7 +93,7 @@ def searches_page(request: Request) -> HTMLResponse:
 def _report_facts(ui: Any, ref: str) -> dict[str, Any]:
     """The flags and timing of the stored report ``ref`` (nothing when it cannot be read)."""
     try:
-        report = ui.call("show", kind="report", ref=ref).model_dump(mode="json")
+        report = ui.call("show", kind="reports", ref=ref).model_dump(mode="json")
     except ModuleLensError:
         return {}
     return {k: report[k] for k in REPORT_FIELDS if report.get(k) is not None}
@@ -103,7 +103,7 @@ def search_page(request: Request) -> HTMLResponse:
     """One search: per target, the best result and the tree, each node with its verdict, speedup
     (interval when timed that way) and the flags of its report; continue and stop."""
     ui = ui_state(request)
-    search = ui.call("show", kind="search", ref=request.path_params["ref"]).model_dump(mode="json")
+    search = ui.call("show", kind="searches", ref=request.path_params["ref"]).model_dump(mode="json")
     facts: dict[str, dict[str, Any]] = {}
     for target in search["targets"]:
         for node in target["nodes"]:
@@ -124,7 +124,7 @@ def packs_page(request: Request) -> HTMLResponse:
     entries: dict[str, list[Any]] = {}
     for p in packs:
         try:
-            entries[p.ref] = ui.call("show", kind="pack", ref=p.ref).entries
+            entries[p.ref] = ui.call("show", kind="packs", ref=p.ref).entries
         except ModuleLensError:  # listed but unreadable now (removed meanwhile): shown without its entries
             entries[p.ref] = []
     return ui.page("packs.html", "packs", title="Packs", packs=packs, entries=entries)

@@ -152,14 +152,15 @@ class WorkerRun(Generic[Res]):
 
 def launch_worker(
     module: str, request: BaseModel, result_model: type[Res], *, what: str, timeout: float,
-    timeout_error: ModuleLensError, cwd: str | os.PathLike[str], nproc: int = 1,
+    timeout_error: ModuleLensError, cwd: str | os.PathLike[str], nproc: int = 1, relay_prefix: str = "",
 ) -> WorkerRun[Res]:
     """Run ``python -m module REQUEST.json OUT_DIR`` (``nproc`` processes under torchrun when > 1)
     in the folder ``cwd`` to its end, ``request`` written to REQUEST.json in a temporary OUT_DIR, its
     output relayed to stderr, and read the result each process wrote there (:func:`worker_main` on
     the other side).
 
-    ``what`` names the worker in errors (``capture``, ``statistics``). Raises the first failure a
+    ``what`` names the worker in errors (``capture``, ``statistics``); ``relay_prefix`` starts each
+    relayed line (which of several runs printed it). Raises the first failure a
     process reported (its ModuleLensError, in rank order), ``timeout_error`` when it ran longer than
     ``timeout`` seconds, :class:`~modulelens.cancellation.CallCancelled` when the call was
     cancelled, and :class:`WorkerDied` when no process wrote a result."""
@@ -168,7 +169,8 @@ def launch_worker(
         request_file = out_dir / REQUEST_FILE
         request_file.write_text(request.model_dump_json())
         done = run_worker_process(module_command(module, [str(request_file), tmp], nproc=nproc), cwd=cwd,
-                                  relay_to_stderr=True, timeout=timeout, timeout_error=timeout_error)
+                                  relay_to_stderr=True, timeout=timeout, timeout_error=timeout_error,
+                                  relay_prefix=relay_prefix)
         results = read_worker_results(out_dir, result_model)
     run = WorkerRun(what=what, results=results, exit_code=done.code, output_tail=done.output_tail)
     if not results:
@@ -178,11 +180,11 @@ def launch_worker(
 
 def run_worker_process(
     cmd: list[str], *, relay_to_stderr: bool, timeout: float, timeout_error: ModuleLensError,
-    cwd: str | os.PathLike[str] | None = None,
+    cwd: str | os.PathLike[str] | None = None, relay_prefix: str = "",
 ) -> WorkerExit:
     """Run a worker command to its end in the folder ``cwd`` (None: ours), its stdout and stderr
     relayed line by line to our stderr when ``relay_to_stderr`` (never to our stdout: with MCP over
-    stdio, stdout is the protocol). A ``cwd`` that is not a folder is a one-line ModuleLensError.
+    stdio, stdout is the protocol), each line after ``relay_prefix`` (the tail keeps them as printed). A ``cwd`` that is not a folder is a one-line ModuleLensError.
 
     Raises ``timeout_error`` after killing the worker when it runs longer than ``timeout`` seconds,
     and :class:`~modulelens.cancellation.CallCancelled` after killing it when the call is cancelled.
@@ -204,7 +206,7 @@ def run_worker_process(
         for line in proc.stdout:
             tail.append(line.rstrip("\n"))
             if relay_to_stderr:
-                sys.stderr.write(line)
+                sys.stderr.write(relay_prefix + line)
                 sys.stderr.flush()
 
     relay = threading.Thread(target=pump, daemon=True)

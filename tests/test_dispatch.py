@@ -473,6 +473,21 @@ def test_a_run_with_no_hits_says_so_first_and_claims_no_speedup(cli, tmp_path):
     assert r["recorded"] is None  # the pack was never stored in this repository
 
 
+def test_run_compare_prints_the_scripts_output_once_per_run_labelled(cli, tmp_path):
+    path = _write(tmp_path / "p.pack", [_op_entry(torch.randn(4, 8))])
+    script = tmp_path / "s.py"
+    script.write_text("import torch\nfor i in range(2):\n    torch.softmax(torch.randn(4, 16), -1)\n"
+                      "    print(f'step {i} done')\n")
+    code, _, res = cli("run", script, "--pack", path, "--compare", "--repo", tmp_path)
+    assert code == 0, res.output
+    printed = [line for line in res.stderr.splitlines() if "done" in line and "step" in line]
+    assert printed == ["[run 1/2: with the pack] step 0 done", "[run 1/2: with the pack] step 1 done",
+                       "[run 2/2: without the pack] step 0 done", "[run 2/2: without the pack] step 1 done"], res.stderr
+    code, _, res = cli("run", script, "--pack", path, "--repo", tmp_path)  # one run: printed as the script printed it
+    assert [line for line in res.stderr.splitlines() if "done" in line and "step" in line] == ["step 0 done",
+                                                                                          "step 1 done"]
+
+
 MUL_KERNEL = """
 import torch
 def forward(a, b):

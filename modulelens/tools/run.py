@@ -21,6 +21,8 @@ from modulelens.paths import input_script
 from modulelens.registry import ToolContext, tool
 from modulelens.replies import ToolReply, call
 
+# With compare, each line the script prints (relayed to stderr) starts with its run's label.
+WITH_LABEL, WITHOUT_LABEL = "run 1/2: with the pack", "run 2/2: without the pack"
 OUTPUT_TAIL_CHARS = 2000  # of the script's output, in the result (all of it went to stderr)
 
 
@@ -102,7 +104,8 @@ def run(req: RunRequest, ctx: ToolContext) -> RunResult:
     ctx.progress(0, 2 if req.compare else 1, f"running {script.name} with {req.pack}"
                  + (" (switched off in alternate steps)" if req.compare else ""))
     with_pack, tail = run_script(base.model_copy(update={"pack": str(pack_path), "toggle": req.compare}), req.timeout,
-                                 progress=lambda m: ctx.progress(0, 2 if req.compare else 1, m))
+                                 progress=lambda m: ctx.progress(0, 2 if req.compare else 1, m),
+                                 label=WITH_LABEL if req.compare else "")
     report = with_pack.report
     assert report is not None
     by_phase: dict[str, int] = {}
@@ -120,7 +123,7 @@ def run(req: RunRequest, ctx: ToolContext) -> RunResult:
     if req.compare:
         compare_steps(result, with_pack.step_seconds, with_pack.step_pack_on)
         ctx.progress(1, 2, f"running {script.name} without the pack")
-        without, _ = run_script(base, req.timeout)
+        without, _ = run_script(base, req.timeout, label=WITHOUT_LABEL)
         result.exit_code_without = without.exit_code
         result.outputs_without = without.outputs
         result.outputs_match, result.max_output_difference = outputs_agree(with_pack.outputs, without.outputs,

@@ -105,3 +105,21 @@ def test_progress_mode_and_line():
     assert progress_line("validate-kernel", "compile", 1, 5, 3.2) == "validate-kernel: compile [1/5, 3 s]"
     assert progress_line("capture-ops", None, 0, None, 12.6) == "capture-ops: working [13 s]"
     assert progress_line("profile", "done", 1, 1, 2) == "profile: done [2 s]"
+
+
+def test_the_profilers_own_lines_do_not_break_the_profile_progress_line(app, tmp_path, capfd):
+    """torch.profiler's C++ log lines (``USDT:... profiler_start``) go straight to file descriptor
+    2, past the progress display; ``profile`` holds them off stderr, and its progress lines stay
+    whole."""
+    from conftest import capture_tanh_scale
+
+    capture_tanh_scale(tmp_path, "sm")
+    capfd.readouterr()
+    r = CliRunner().invoke(app, ["profile", "sm", "--min-run-time", "1.2", "--warmup", "1",
+                                 "--repo", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    native = capfd.readouterr().err  # what reached fd 2 itself, past sys.stderr
+    assert "profiler_start" not in native and "Completed Stage" not in native, native
+    assert "profiler_start" not in r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert lines and all(line.startswith("profile: ") for line in lines), r.stderr

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
-from collections.abc import Callable
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -18,6 +23,40 @@ class OpTime(BaseModel):
     calls_per_run: float
     self_s_per_run: float = Field(description="Self time per profiled run, seconds.")
     share: float = Field(description="Fraction of all self time.")
+
+
+# The profiler's own log lines (kineto, written by C++ straight to file descriptor 2):
+# "USDT:2026-12-07 12:47:45 8495:8495 SyncActivityProfilerHandler.cpp:52] profiler_start".
+_PROFILER_CHATTER = re.compile(r"^(USDT|STAGE|INFO):\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \d+:\d+ \w+\.cpp:\d+\] ")
+
+
+@contextlib.contextmanager
+def profiler_chatter_held() -> Iterator[None]:
+    """Hold what is written to file descriptor 2 while the profiler runs (its log lines come from
+    C++, past ``sys.stderr``, and would break a progress line drawn there); afterwards the lines
+    that are not the profiler's own chatter (its warnings and errors, anything else) are written to
+    ``sys.stderr`` whole, where the progress display puts them on lines of their own. Where fd 2
+    cannot be redirected, nothing is held."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):
+        yield
+        return
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            text = held.read().decode(errors="replace")
+    kept = [line for line in text.splitlines()
+            if line.strip() and "\x1b" not in line and not _PROFILER_CHATTER.match(line)]  # \x1b: a display's own redraw
+    if kept:
+        sys.stderr.write("\n".join(kept) + "\n")
+        sys.stderr.flush()
 
 
 def profile_breakdown(fn: Callable[[], Any], device: str, runs: int = 5,
@@ -38,7 +77,7 @@ def profile_breakdown(fn: Callable[[], Any], device: str, runs: int = 5,
     totals: dict[tuple[str, str], list[float]] = {}  # (op, shapes) -> [calls, self time in us]
     for batch in ([1] * runs if setup is not None else [runs]):
         prepare()
-        with profile(activities=activities, record_shapes=True) as prof:
+        with profiler_chatter_held(), profile(activities=activities, record_shapes=True) as prof:
             for _ in range(batch):
                 fn()
             if cuda:
@@ -62,7 +101,7 @@ def profile_breakdown(fn: Callable[[], Any], device: str, runs: int = 5,
         fn()
         torch.cuda.synchronize()
         return ops, int(torch.cuda.max_memory_allocated() - before), "CUDA allocator peak above the memory in use before the call"
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with profiler_chatter_held(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
     deltas = sorted(
         (e.time_range.start, e.cpu_memory_usage if e.name == "[memory]" else e.self_cpu_memory_usage)

@@ -83,9 +83,11 @@ def test_capture_ops_says_what_it_is_doing(tmp_path):
     repo = tmp_path / ".modulelens"
     capture_tanh_scale(repo)
     seen: list[str | None] = []
+    fractions: list[tuple[float, float | None]] = []
 
     async def on_progress(progress: float, total: float | None, message: str | None) -> None:
         seen.append(message)
+        fractions.append((progress, total))
 
     async def main():
         async with Client(build_server(all_tools(), repo_root=repo)) as client:
@@ -95,3 +97,6 @@ def test_capture_ops_says_what_it_is_doing(tmp_path):
     anyio.run(main)
     assert any(m and m.startswith("recording and timing the operators of scale") for m in seen), seen
     assert any(m and m.startswith("recorded scale:v1") for m in seen), seen
+    assert any(m and m.startswith("timing each operator of scale:v1: repeat 2/3") for m in seen), seen
+    assert any(m and m.startswith("storing ") and " cards" in m for m in seen), seen
+    assert [p for p, _ in fractions] == sorted(p for p, _ in fractions) and len({p for p, _ in fractions}) >= 4

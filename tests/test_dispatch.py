@@ -473,6 +473,35 @@ def test_a_run_with_no_hits_says_so_first_and_claims_no_speedup(cli, tmp_path):
     assert r["recorded"] is None  # the pack was never stored in this repository
 
 
+def test_check_pack_says_which_capture_it_is_replaying(tmp_path):
+    import anyio
+    from mcp import Client
+
+    from conftest import capture_tanh_scale
+    from modulelens.mcp_server.server import build_server
+    from modulelens.tools import all_tools
+
+    capture_tanh_scale(tmp_path, "a")
+    capture_tanh_scale(tmp_path, "b")
+    path = _write(tmp_path / "p.pack", [_op_entry(torch.randn(4, 8))])
+    seen: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append((progress, total, message))
+
+    async def main():
+        async with Client(build_server(all_tools(), repo_root=tmp_path)) as client:
+            r = await client.call_tool("check_pack", {"pack": path, "captures": ["a", "b"], "min_run_time": 0.05},
+                                       progress_callback=on_progress)
+            assert not r.is_error, r.content
+
+    anyio.run(main)
+    said = [m for _, _, m in seen if m and m.startswith("replaying capture")]
+    assert said[:1] == ["replaying capture 1/2, a: with the pack, then timed with and without it"], seen
+    assert "replaying capture 2/2, b: with the pack, then timed with and without it" in said, seen
+    assert any(total == 2 and done == 1 for done, total, _ in seen), seen  # a fraction, not only "working"
+
+
 def test_run_compare_prints_the_scripts_output_once_per_run_labelled(cli, tmp_path):
     path = _write(tmp_path / "p.pack", [_op_entry(torch.randn(4, 8))])
     script = tmp_path / "s.py"

@@ -170,11 +170,13 @@ def pack_captures(runtime: PackRuntime) -> list[str]:
 
 def check_pack(repo: Repository, path: str, captures: list[str], *, allow_env_mismatch: bool = False,
                mechanism: Mechanism = DEFAULT_MECHANISM, min_run_time: float = 0.3,
-               progress: Callable[[str], None] | None = None) -> tuple[list[CaptureCheck], PackRuntime]:
+               progress: Callable[[str], None] | None = None,
+               on_capture: Callable[[int, int, str], None] | None = None) -> tuple[list[CaptureCheck], PackRuntime]:
     """The check of each capture (see the module docstring), and a runtime of the pack (unused:
     for its entries and the entries it skips). Extensions of module entries with no verified build
     here are built first, in their own process, saying so through ``progress``
-    (:func:`~modulelens.dispatch.builds.prepare_builds`)."""
+    (:func:`~modulelens.dispatch.builds.prepare_builds`); ``on_capture(i, n, ref)`` hears of each
+    capture before its replay (the i-th of n, from 0)."""
     from modulelens.dispatch.api import load_runtime
     from modulelens.dispatch.builds import prepare_builds
 
@@ -185,7 +187,12 @@ def check_pack(repo: Repository, path: str, captures: list[str], *, allow_env_mi
 
     runtime = make_runtime()
     refs = captures or pack_captures(runtime)
-    return [check_capture(repo, ref, make_runtime, min_run_time) for ref in refs], runtime
+    checks = []
+    for i, ref in enumerate(refs):
+        if on_capture is not None:
+            on_capture(i, len(refs), ref)
+        checks.append(check_capture(repo, ref, make_runtime, min_run_time))
+    return checks, runtime
 
 
 def _stderr(message: str) -> None:

@@ -115,9 +115,14 @@ class _ModuleRunner:
         return result
 
 
-def record_opset(repo: Repository, capture_ref: str, options: RecordOptions) -> Artifact:
+def record_opset(repo: Repository, capture_ref: str, options: RecordOptions,
+                 progress: Callable[[int, int, str], None] | None = None) -> Artifact:
     """Record the operators the capture ``capture_ref`` runs and store them as a new version of
-    the opset named like the capture. Returns the stored opset."""
+    the opset named like the capture. Returns the stored opset. ``progress(done, total, message)``
+    hears of each step: the recording call, each timing repeat, the storing of the cards."""
+    say = progress or (lambda done, total, message: None)
+    total = options.repeats + 2
+    say(0, total, f"recording the operators {capture_ref} runs (one call)")
     art = repo.open(CAPTURES, capture_ref)
     m = capture_manifest(art)
     _check_inputs(art, m, options.allow_synthesized)
@@ -142,7 +147,9 @@ def record_opset(repo: Repository, capture_ref: str, options: RecordOptions) -> 
         runner.run(module, runner.fresh())
     plain: list[float] = []
     per_variant: dict[str, list[float]] = {key: [] for key in recorder.variants}
-    for _ in range(options.repeats):
+    for i in range(options.repeats):
+        say(1 + i, total, f"timing each operator of {art.ref}: repeat {i + 1}/{options.repeats} "
+                          f"({len(recorder.variants)} operator calls)")
         plain.append(runner.timed_run(module))
         timer, inputs = OpTimer(), runner.fresh()
         with timer:
@@ -156,6 +163,7 @@ def record_opset(repo: Repository, capture_ref: str, options: RecordOptions) -> 
     listed = [v for v in variants if options.include_views or v.kind != "view"]
     views_share = sum(seconds[v.key] for v in variants if v.kind == "view") / module_time
 
+    say(total - 1, total, f"storing {len(listed)} cards with their samples")
     sink = TensorSink("", options.max_tensor_bytes)
     # A card's index is its call site (the variant's first-call order), its rank its place by time share.
     cards = [_card(v, v.first_seen, rank, seconds[v.key], module_time, sink) for rank, v in enumerate(listed)]

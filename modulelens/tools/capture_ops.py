@@ -40,11 +40,14 @@ def capture_ops(req: CaptureOpsRequest, ctx: ToolContext) -> OpSetSummary:
     repo = Repository(ctx.repo_root)
     is_script = Path(req.ref).suffix == ".py" or (ctx.project / Path(req.ref).expanduser()).is_file()
     if is_script:
-        ctx.progress(0, 2, f"capturing {req.module or 'the model'} from {Path(req.ref).name}")
+        ctx.progress(0, req.repeats + 4, f"capturing {req.module or 'the model'} from {Path(req.ref).name}: "
+                     "running the script")
     ref = _capture_first(req, ctx) if is_script else req.ref
-    ctx.progress(1 if is_script else 0, 2, f"recording and timing the operators of {ref} ({req.repeats} repeats)")
-    opset = record_opset(repo, ref, req)
-    ctx.progress(2, 2, f"recorded {opset.ref}")
+    first = 1 if is_script else 0  # the capture of a script is step 0
+    steps = first + req.repeats + 3
+    ctx.progress(first, steps, f"recording and timing the operators of {ref} ({req.repeats} repeats)")
+    opset = record_opset(repo, ref, req, progress=lambda done, total, message: ctx.progress(first + 1 + done, steps, message))
+    ctx.progress(steps, steps, f"recorded {opset.ref}")
     summary = summarize_opset(repo, opset.ref, top=req.top)
     if summary.cards:
         top = summary.cards[0].card_id

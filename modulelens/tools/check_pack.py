@@ -50,7 +50,9 @@ def check_pack(req: CheckPackRequest, ctx: ToolContext) -> CheckPackResult:
     ctx.progress(0, 1, f"replaying {replayed} with and without {req.pack}")
     checks, runtime = check(repo, str(pack_path), req.captures,
                             allow_env_mismatch=req.allow_env_mismatch, mechanism=req.mechanism,
-                            min_run_time=req.min_run_time, progress=lambda m: ctx.progress(0, 1, m))
+                            min_run_time=req.min_run_time, progress=lambda m: ctx.progress(0, 1, m),
+                            on_capture=lambda i, n, ref: ctx.progress(i, n, f"replaying capture {i + 1}/{n}, {ref}: "
+                                                                          "with the pack, then timed with and without it"))
     not_hit, untested = entry_coverage(runtime, checks)
     hits = sum(c.hits for c in checks)
     matched = all(c.matches_captured and c.grads_match is not False for c in checks)

@@ -502,6 +502,44 @@ def test_check_pack_says_which_capture_it_is_replaying(tmp_path):
     assert any(total == 2 and done == 1 for done, total, _ in seen), seen  # a fraction, not only "working"
 
 
+def test_pack_tables_at_80_columns_put_a_shape_rule_on_one_readable_line(app, tmp_path):
+    """``show packs`` (and ``pack``'s own view) at 80 columns: a shape rule says where each
+    variable size is (argument, dimension) and what is admitted, on its own line, not folded over
+    many lines of a narrow column."""
+    from click.testing import CliRunner
+    from rich.console import Console
+
+    from modulelens.cli.kernel_views import pack_view
+    from modulelens.kernels.shape_rules import ShapeRule, VariableDim
+    from modulelens.repo import Repository
+    from modulelens.team.packs import store_pack
+    from modulelens.tools.pack import PackResult
+
+    rule = ShapeRule(dims=[VariableDim(at=[(0, 0)], captured=8, sizes=[1, 8, 17]),
+                           VariableDim(at=[(0, 1), (1, 1)], captured=16, sizes=[16, 33])], checked=True)
+    entries = [_op_entry(torch.randn(8, 16), cid=f"tinyformer_block.card{i}:v1").model_copy(update={"shape_rule": rule})
+               for i in (3, 12)]
+    path = _write(tmp_path / "model.pack", entries)
+    store_pack(Repository(tmp_path), tmp_path / "model.pack")
+    said = "argument 0, dim 0: captured 8, admits 1..17; argument 0, dim 1 = argument 1, dim 1: captured 16, admits 16..33"
+    r = CliRunner().invoke(app, ["show", "packs", "model", "--repo", str(tmp_path)], env={"COLUMNS": "80"})
+    assert r.exit_code == 0, r.output
+    console = Console(width=80, record=True, file=open("/dev/null", "w"))  # pack's own view, as the CLI prints it
+    console.print(pack_view(PackResult.model_validate(
+        {"ref": "model:v1", "path": path, "sha256": "0" * 64, "environment": {},
+         "entries": [{"candidate_id": e.candidate_id, "kind": "op", "target": "t:v1/0", "phase": "forward",
+                      "backend": "triton", "verdict": "custom", "speedup_vs_eager": 2.0, "shape_rule": rule.summary(), "dispatched": True}
+                     for e in entries]}), wide=False))
+    for out in (r.stdout, console.export_text()):
+        lines = out.splitlines()
+        assert max(len(line) for line in lines) <= 80, out
+        assert "tinyformer_block.card3:v1" in out and "tinyformer_block.card12:v1" in out, out
+        flat = " ".join(line.strip() for line in lines)
+        assert flat.count(said) == 2, out  # each entry's rule, whole, in words
+        rule_lines = [i for i, line in enumerate(lines) if "argument" in line or "admits" in line]
+        assert len(rule_lines) <= 2 * 2, out  # at most two lines per rule (80 columns), not five to nine
+
+
 def test_run_compare_prints_the_scripts_output_once_per_run_labelled(cli, tmp_path):
     path = _write(tmp_path / "p.pack", [_op_entry(torch.randn(4, 8))])
     script = tmp_path / "s.py"

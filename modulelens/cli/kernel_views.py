@@ -251,9 +251,9 @@ def pack_view(r: PackResult, wide: bool) -> RenderableType:
         Column("phase", "value", drop=3),
         Column("verdict", "value", drop=1),
         Column("speedup", "value", justify="right"),
-        Column("shapes", "text", drop=4),
+        Column("shapes", "text"),
         Column("used", "value", drop=0),
-    ], title=f"pack {r.ref}: {r.path} (sha256 {r.sha256[:12]}…)", wide=wide)
+    ], title=f"pack {r.ref}: {r.path} (sha256 {r.sha256[:12]}…)", wide=wide, stack=True)  # a rule on its own line
     for e in r.entries:
         table.add_row(e.candidate_id, e.kind, e.target, e.phase, Cell((e.verdict,), style=VERDICT_STYLE.get(e.verdict, "")),
                       speedup(e.speedup_vs_eager), e.shape_rule or "exact", yes_no(e.dispatched))

@@ -51,9 +51,10 @@ def show_pack_view(r: ShowPackResult, wide: bool) -> RenderableType:
                      ("environment", f"torch {r.environment.torch}, {r.environment.device_name}")], title=f"pack {r.ref}")
     table = FittedTable([Column("candidate", "key", style="cyan"), Column("target", "key"),
                          Column("phase", "value", drop=3), Column("verdict", "value", drop=2),
-                         Column("speedup", "value", justify="right"), Column("shapes", "text", drop=4),
+                         Column("speedup", "value", justify="right"), Column("shapes", "text"),
                          Column("used", "value"), Column("run hits", "value", drop=1),
-                         Column("check hits", "value", justify="right", drop=0)], wide=wide)
+                         Column("check hits", "value", justify="right", drop=0)], wide=wide,
+                        stack=True)  # a shape rule on its own line rather than folded in a narrow column
     for e in r.entries:
         run = "-" if e.run_hits is None else " ".join(f"{k} {n}" for k, n in e.run_hits.items()) or "0"
         table.add_row(e.candidate_id, e.target, e.phase, Cell((e.verdict,), style=VERDICT_STYLE.get(e.verdict, "")),

@@ -48,6 +48,10 @@ class VariableDim(BaseModel):
     def text(self) -> str:
         return "=".join(f"{a}.{d}" for a, d in self.at)
 
+    def place(self) -> str:
+        """Where the size is, for people: ``argument 0, dim 0`` (``= argument 1, dim 0`` when shared)."""
+        return " = ".join(f"argument {a}, dim {d}" for a, d in self.at)
+
 
 class ShapeRule(BaseModel):
     """The variable dimensions of a candidate (see the module docstring). ``checked`` is set by
@@ -61,12 +65,14 @@ class ShapeRule(BaseModel):
         return " ".join(d.text() for d in self.dims)
 
     def summary(self) -> str:
-        """One line for people: ``0.0 (16; checked 1..33) 0.1 (...)``."""
+        """One line for people, each variable dimension by where it is (the argument position
+        counts the kernel's arguments, see the module docstring): ``argument 0, dim 0: captured 8,
+        admits 1..17; argument 0, dim 1: ...`` (``tried`` for sizes of a rule not checked)."""
         parts = []
         for d in self.dims:
-            sizes = f"{min(d.sizes)}..{d.max_size}" if d.sizes else "unchecked"
-            parts.append(f"{d.text()} (captured {d.captured}; {'admits ' if self.checked else ''}{sizes})")
-        return " ".join(parts)
+            sizes = f"{'admits' if self.checked else 'tried'} {min(d.sizes)}..{d.max_size}" if d.sizes else "unchecked"
+            parts.append(f"{d.place()}: captured {d.captured}, {sizes}")
+        return "; ".join(parts)
 
     def positions(self) -> set[int]:
         """Argument positions that have a variable dimension."""

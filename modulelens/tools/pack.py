@@ -32,7 +32,7 @@ class PackedEntry(BaseModel):
     speedup_vs_eager: float | None = Field(None, description="Measured at validation; null when not timed or undetermined.")
     speedup_interval: list[float] | None = Field(None, description="Its 95% interval at validation.")
     shape_rule: str | None = Field(None, description="The checked shape rule calls are admitted by, per variable "
-                                    "dimension: A.D (argument A, dimension D), its captured size and the sizes admitted; "
+                                    "dimension: where it is (argument A, dim D), its captured size and the sizes admitted; "
                                     "null: exact shapes.")
     dispatched: bool = Field(description="Whether it will be used: only entries validated correct whose speedup "
                              "interval's lower bound is above 1 (or forced).")

@@ -31,7 +31,7 @@ JOB_PROCESS = "modulelens.jobs.process"
 LONG_TOOLS = ("capture_module", "gather_stats", "validate_kernel", "generate_kernel",
               "optimize", "capture_ops", "profile", "export_repro", "replay_module", "run")
 # The request field that says what a job acts on, for the UI's job table (the first one given).
-SUBJECT_FIELDS = ("ref", "candidate", "capture", "script", "card", "search_id", "targets")
+SUBJECT_FIELDS = ("ref", "candidate", "capture", "script", "card", "search_id", "targets", "target", "pack", "source")
 _JOB_ID = re.compile(r"^[a-z0-9_]+-[0-9a-f]{8}$")
 
 JobState = Literal["running", "done", "failed", "cancelled"]

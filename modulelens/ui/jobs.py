@@ -28,9 +28,11 @@ from pydantic import BaseModel, Field, ValidationError
 from modulelens.arguments import argument_errors
 from modulelens.errors import Front, ModuleLensError, ReferenceNotFound
 from modulelens.jobs import CANCEL_WAIT_S, JobRecord, JobTable
+from modulelens.jobs.table import job_subject
 from modulelens.listing import MAX_ITEMS, everything
 from modulelens.paths import refuse_outside_outputs
 from modulelens.tools import get_tool
+from modulelens.ui.outcomes import job_outcome
 
 LOG_LINES = 40
 UI_FRONT: Front = "args"
@@ -53,8 +55,13 @@ class Job(BaseModel):
     started_at: float = Field(description="Unix time.")
     ended_at: float | None = None
     progress: float | None = Field(None, description="0..1 when the tool reports a total.")
+    progress_text: str = Field("", description="While running: the percentage done, or 'running, N s' when the "
+                               "tool reports no total.")
     message: str = ""
     result: dict[str, Any] | None = None
+    outcome: str | None = Field(None, description="Once done: what it came to, in words (verdict, match, what was stored).")
+    good: bool | None = Field(None, description="Once done: whether the outcome is a good one.")
+    link: str | None = Field(None, description="Once done: the page of what it made or checked.")
     error: str | None = None
     hint: str | None = None
     log_tail: list[str] = Field(default_factory=list, description="Last lines the job printed.")
@@ -134,19 +141,27 @@ def _describe(exc: ValidationError) -> str:
 
 
 def job_view(record: JobRecord, log_tail: list[str]) -> Job:
-    """``record`` as the pages read it: a cancelled job reads ``stopped``, progress as a fraction,
-    times as Unix times, errors with arguments named as the forms' fields."""
+    """``record`` as the pages read it: a cancelled job reads ``stopped``, progress as a fraction
+    (or, with no total reported, an honest "running, N s"), times as Unix times, errors with
+    arguments named as the forms' fields; a job started elsewhere (an agent's ``start_job``, the
+    CLI) named by its tool and main argument, and once done, its outcome and its result's page."""
     error, hint = (ModuleLensError(record.error, record.hint).rendered(UI_FRONT) if record.error is not None
                    else (None, None))
     state = "stopped" if record.state == "cancelled" else record.state
     progress = (min(1.0, max(0.0, record.progress / record.total))
                 if record.total and record.progress is not None else None)
     message = {"done": "done", "stopped": "stopped"}.get(state, record.message or "")
-    return Job(id=record.job, action=record.action, tool=record.tool, label=record.label or record.tool,
-               subject=record.subject, request=record.arguments, state=state, started_at=_unix(record.started_at),
+    subject = record.subject or job_subject(record.arguments)
+    label = record.label if record.label not in ("", record.tool) else f"{record.tool} {subject}".strip()
+    progress_text = ("" if state != "running" else f"running, {record.elapsed_s():.0f} s" if progress is None
+                     else f"{progress:.0%}, {record.elapsed_s():.0f} s")
+    outcome = job_outcome(record.tool, record.result) if state == "done" else None
+    return Job(id=record.job, action=record.action, tool=record.tool, label=label,
+               subject=subject, request=record.arguments, state=state, started_at=_unix(record.started_at),
                ended_at=_unix(record.ended_at) if record.ended_at else None,
-               progress=1.0 if state == "done" else progress, message=message, result=record.result,
-               error=error, hint=hint, log_tail=log_tail)
+               progress=1.0 if state == "done" else progress, progress_text=progress_text, message=message,
+               result=record.result, outcome=outcome.text if outcome else None, good=outcome.good if outcome else None,
+               link=outcome.link if outcome else None, error=error, hint=hint, log_tail=log_tail)
 
 
 def _unix(iso: str) -> float:

@@ -148,6 +148,8 @@
 
   function summary(job) {
     if (job.state === "done" && job.result && SUMMARIES[job.action]) return SUMMARIES[job.action](job.result);
+    // any other job (an agent's start_job, the CLI): the server's reading of its result
+    if (job.state === "done" && job.outcome) return { good: job.good !== false, text: job.outcome, link: job.link };
     if (job.state === "failed") return { good: false, text: (job.error || "failed") + (job.hint ? " (" + job.hint + ")" : "") };
     if (job.state === "stopped") return { good: false, text: "stopped" };
     return null;
@@ -160,9 +162,10 @@
 
   function jobRow(job) {
     const s = summary(job);
-    const progress = job.state === "running"
-      ? (job.progress === null ? el("progress") : el("progress", { value: job.progress, max: 1 }))
-      : null;
+    // a bar only for a real fraction; otherwise an honest "running, N s"
+    const progress = job.state !== "running" ? null
+      : job.progress === null ? el("span", { class: "muted", text: job.progress_text || "running" })
+      : el("span", {}, el("progress", { value: job.progress, max: 1 }), " ", el("span", { class: "muted", text: job.progress_text }));
     const message = el("td", {}, s ? el("span", { text: s.text }) : el("span", { text: job.message || "" }));
     if (s && s.link) message.append(" ", el("a", { href: s.link, text: "open" }));
     if (job.state !== "running" && job.log_tail && job.log_tail.length && job.state !== "done") {

@@ -327,3 +327,33 @@ def test_a_chart_of_more_than_eight_module_types_gets_a_legend_that_scrolls(brow
         assert page.locator('svg[data-plot="types"] path.series.selected[data-series="Type07"]').count() == 1
         page.screenshot(path=str(shots / "stats_many_types.png"), full_page=True)
     assert not errors, errors
+
+
+def test_the_jobs_page_shows_jobs_an_agent_started_with_subject_outcome_link_and_progress(browser_page, tmp_path, shots):
+    """Jobs recorded as start_job records them (tool and arguments only): in Chromium each row names
+    its tool and main argument, a finished one says what it came to and links to its page, a running
+    one without a reported total reads "running, N s" instead of an empty bar."""
+    from modulelens.jobs import JobTable
+    from modulelens.jobs.table import now_iso, write_record
+    from modulelens.ui.server import UiServer
+
+    repo = tmp_path / "repo"
+    table = JobTable(repo)
+    table.attach("profile", {"target": "scale"})  # running, owned by this process
+    done = table.attach("validate_kernel", {"target": "blk/3", "source": "k.cpp"})
+    write_record(done, table.get(done.stem).model_copy(update={
+        "state": "done", "ended_at": now_iso(), "owner": "",
+        "result": {"verdict": "custom", "reason": "correct; faster than eager", "speedup_vs_eager": 1.8,
+                   "candidate_id": "blk.card3:v2"}}))
+    page, errors = browser_page
+    with UiServer(repo, port=0, project_root=tmp_path) as srv:
+        page.goto(f"{srv.url.rstrip('/')}/jobs")
+        row = page.locator(f'tr[data-job="{done.stem}"]')
+        row.wait_for(timeout=10_000)
+        assert "validate_kernel blk/3" in row.inner_text() and "custom: correct; faster than eager" in row.inner_text()
+        assert row.locator("a").get_attribute("href") == "/candidates/blk.card3%3Av2"
+        running = page.locator("tr[data-job^='profile-']")
+        assert "profile scale" in running.inner_text() and "running, " in running.inner_text()
+        assert running.locator("progress").count() == 0  # no bar without a fraction
+        page.screenshot(path=str(shots / "jobs_started_elsewhere.png"), full_page=True)
+    assert not errors, errors

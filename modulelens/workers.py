@@ -153,6 +153,7 @@ class WorkerRun(Generic[Res]):
 def launch_worker(
     module: str, request: BaseModel, result_model: type[Res], *, what: str, timeout: float,
     timeout_error: ModuleLensError, cwd: str | os.PathLike[str], nproc: int = 1, relay_prefix: str = "",
+    on_line: Callable[[str], None] | None = None,
 ) -> WorkerRun[Res]:
     """Run ``python -m module REQUEST.json OUT_DIR`` (``nproc`` processes under torchrun when > 1)
     in the folder ``cwd`` to its end, ``request`` written to REQUEST.json in a temporary OUT_DIR, its
@@ -160,7 +161,8 @@ def launch_worker(
     the other side).
 
     ``what`` names the worker in errors (``capture``, ``statistics``); ``relay_prefix`` starts each
-    relayed line (which of several runs printed it). Raises the first failure a
+    relayed line (which of several runs printed it); ``on_line`` hears each line the worker prints
+    (a caller's progress: what the script is doing). Raises the first failure a
     process reported (its ModuleLensError, in rank order), ``timeout_error`` when it ran longer than
     ``timeout`` seconds, :class:`~modulelens.cancellation.CallCancelled` when the call was
     cancelled, and :class:`WorkerDied` when no process wrote a result."""
@@ -170,7 +172,7 @@ def launch_worker(
         request_file.write_text(request.model_dump_json())
         done = run_worker_process(module_command(module, [str(request_file), tmp], nproc=nproc), cwd=cwd,
                                   relay_to_stderr=True, timeout=timeout, timeout_error=timeout_error,
-                                  relay_prefix=relay_prefix)
+                                  relay_prefix=relay_prefix, on_line=on_line)
         results = read_worker_results(out_dir, result_model)
     run = WorkerRun(what=what, results=results, exit_code=done.code, output_tail=done.output_tail)
     if not results:
@@ -181,6 +183,7 @@ def launch_worker(
 def run_worker_process(
     cmd: list[str], *, relay_to_stderr: bool, timeout: float, timeout_error: ModuleLensError,
     cwd: str | os.PathLike[str] | None = None, relay_prefix: str = "",
+    on_line: Callable[[str], None] | None = None,
 ) -> WorkerExit:
     """Run a worker command to its end in the folder ``cwd`` (None: ours), its stdout and stderr
     relayed line by line to our stderr when ``relay_to_stderr`` (never to our stdout: with MCP over
@@ -205,6 +208,11 @@ def run_worker_process(
         assert proc.stdout is not None
         for line in proc.stdout:
             tail.append(line.rstrip("\n"))
+            if on_line is not None:
+                try:
+                    on_line(line.rstrip("\n"))
+                except Exception:  # noqa: BLE001  (a listener never stops the relay)
+                    pass
             if relay_to_stderr:
                 sys.stderr.write(relay_prefix + line)
                 sys.stderr.flush()

@@ -77,6 +77,29 @@ def test_the_cli_counts_checks_over_every_one_that_ran():
     assert "19/19 passed" in str(checks_cell(whole).forms[0])
 
 
+def test_capturing_from_a_script_says_what_the_script_prints(tmp_path):
+    """While the script runs (capture_module, and capture_ops given a script) the progress message
+    is its last printed line, not only "working (N s)"."""
+    import shutil
+    from pathlib import Path
+
+    shutil.copy(Path(__file__).parent / "scripts" / "chatty.py", tmp_path / "chatty.py")
+    seen: list[str | None] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append(message)
+
+    async def main():
+        async with Client(build_server(all_tools(), repo_root=tmp_path / ".modulelens")) as client:
+            r = await client.call_tool("capture_module", {"script": "chatty.py", "module": "1", "name": "loud"},
+                                       progress_callback=on_progress)
+            assert not r.is_error, r.content
+
+    anyio.run(main)
+    assert "running chatty.py until 1 is called: hello from the script: this line must not reach the MCP " \
+           "protocol stream" in seen, seen
+
+
 def test_capture_ops_says_what_it_is_doing(tmp_path):
     from conftest import capture_tanh_scale
 

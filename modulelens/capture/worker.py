@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -107,7 +108,7 @@ class ScriptCapture:
 # -- parent side ------------------------------------------------------------------------------
 
 def run_capture_worker(
-    request: CaptureWorkerRequest, *, nproc: int, timeout: float
+    request: CaptureWorkerRequest, *, nproc: int, timeout: float, on_line: Callable[[str], None] | None = None,
 ) -> WorkerRun[CaptureWorkerResult]:
     """Run the capture in a worker process (under torchrun when ``nproc`` > 1) and read what each
     rank wrote (:func:`~modulelens.workers.launch_worker`). Raises the first failure a rank
@@ -118,14 +119,16 @@ def run_capture_worker(
         "raise [--timeout], or check that the target module is called early in the run",
     )
     return launch_worker("modulelens.capture.worker", request, CaptureWorkerResult, what="capture",
-                         timeout=timeout, timeout_error=timeout_error, cwd=request.workdir, nproc=nproc)
+                         timeout=timeout, timeout_error=timeout_error, cwd=request.workdir, nproc=nproc,
+                         on_line=on_line)
 
 
-def capture_script(options: ScriptCaptureOptions, repo: Repository, *, workdir: Path) -> ScriptCapture:
+def capture_script(options: ScriptCaptureOptions, repo: Repository, *, workdir: Path,
+                   on_line: Callable[[str], None] | None = None) -> ScriptCapture:
     """Capture from an unmodified script or KernelBench file into ``repo``, in a worker process
     (see :func:`run_capture_worker`) that runs in ``workdir`` (the call's project folder: where the
     user would run the script). Raises :class:`CaptureFailed` when the script does not exist or no
-    rank captured."""
+    rank captured. ``on_line`` hears each line the script prints (see :func:`launch_worker`)."""
     script = Path(options.script).expanduser()
     if not script.is_file():
         raise CaptureFailed(f"script {options.script!r} does not exist", "give the path of a Python file")
@@ -140,7 +143,7 @@ def capture_script(options: ScriptCaptureOptions, repo: Repository, *, workdir: 
         repo=str(repo.root), workdir=str(Path(workdir).absolute()),
     )
     try:
-        run = run_capture_worker(request, nproc=options.nproc, timeout=options.timeout)
+        run = run_capture_worker(request, nproc=options.nproc, timeout=options.timeout, on_line=on_line)
     finally:
         repo.remove_stale_tmp()  # a worker killed while it wrote (timeout, cancelled call) left its folder
     written = sorted((r for r in run.results.values() if r.ref), key=lambda r: r.rank)

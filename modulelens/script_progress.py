@@ -1,0 +1,31 @@
+"""Progress while a user's script runs in a worker: the last line it printed, as the message of
+the call's progress (``running train.py: step 2 loss 3.1``), at most one report every
+:data:`MIN_GAP_S` so a chatty script does not flood the client with notifications."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+MIN_GAP_S = 0.5
+MAX_LINE_CHARS = 80
+
+
+class ScriptLines:
+    """An ``on_line`` listener (see :func:`modulelens.workers.launch_worker`) that reports
+    ``f"{head}: {line}"`` through ``progress(done, total, message)`` at fraction ``done/total``."""
+
+    def __init__(self, progress: Callable[[float, float | None, str | None], None], done: float,
+                 total: float | None, head: str):
+        self._progress, self._done, self._total, self._head = progress, done, total, head
+        self._last = 0.0
+
+    def __call__(self, line: str) -> None:
+        text = line.strip()
+        now = time.monotonic()
+        if not text or now - self._last < MIN_GAP_S:
+            return
+        self._last = now
+        if len(text) > MAX_LINE_CHARS:
+            text = text[:MAX_LINE_CHARS - 1] + "…"
+        self._progress(self._done, self._total, f"{self._head}: {text}")

@@ -65,6 +65,13 @@ class ToolContext:
         return self.workdir is not None
 
     @property
+    def person_reads_stderr(self) -> bool:
+        """Whether a person watches this process's stderr, where a worker's output is relayed (the
+        CLI, the Python API: ``workdir`` set); not over MCP, its jobs or the UI, whose clients see
+        only what the call reports."""
+        return self.workdir is not None
+
+    @property
     def project(self) -> Path:
         """The project folder of this call (``workdir``, else the folder holding the repository)."""
         return Path(self.workdir).absolute() if self.workdir is not None else project_folder(self.repo_root)

@@ -540,6 +540,31 @@ def test_pack_tables_at_80_columns_put_a_shape_rule_on_one_readable_line(app, tm
         assert len(rule_lines) <= 2 * 2, out  # at most two lines per rule (80 columns), not five to nine
 
 
+def test_run_progress_says_what_the_script_prints_in_each_run(tmp_path):
+    import anyio
+    from mcp import Client
+
+    from modulelens.mcp_server.server import build_server
+    from modulelens.tools import all_tools
+
+    path = _write(tmp_path / "p.pack", [_op_entry(torch.randn(4, 8))])
+    (tmp_path / "s.py").write_text("import time\nprint('step 0 done', flush=True)\ntime.sleep(0.6)\n"
+                                   "print('step 1 done', flush=True)\n")
+    seen: list[str | None] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append(message)
+
+    async def main():
+        async with Client(build_server(all_tools(), repo_root=tmp_path / ".modulelens")) as client:
+            r = await client.call_tool("run", {"script": "s.py", "pack": path, "compare": True},
+                                       progress_callback=on_progress)
+            assert not r.is_error, r.content
+
+    anyio.run(main)
+    assert "running s.py with the pack: step 0 done" in seen and "running s.py without the pack: step 0 done" in seen, seen
+
+
 def test_run_compare_prints_the_scripts_output_once_per_run_labelled(cli, tmp_path):
     path = _write(tmp_path / "p.pack", [_op_entry(torch.randn(4, 8))])
     script = tmp_path / "s.py"
@@ -547,12 +572,13 @@ def test_run_compare_prints_the_scripts_output_once_per_run_labelled(cli, tmp_pa
                       "    print(f'step {i} done')\n")
     code, _, res = cli("run", script, "--pack", path, "--compare", "--repo", tmp_path)
     assert code == 0, res.output
-    printed = [line for line in res.stderr.splitlines() if "done" in line and "step" in line]
+    printed = [line for line in res.stderr.splitlines() if "done" in line and not line.startswith("run: ")]
+    assert not any("step 0" in line for line in res.stderr.splitlines() if line.startswith("run: ")), res.stderr
     assert printed == ["[run 1/2: with the pack] step 0 done", "[run 1/2: with the pack] step 1 done",
                        "[run 2/2: without the pack] step 0 done", "[run 2/2: without the pack] step 1 done"], res.stderr
     code, _, res = cli("run", script, "--pack", path, "--repo", tmp_path)  # one run: printed as the script printed it
-    assert [line for line in res.stderr.splitlines() if "done" in line and "step" in line] == ["step 0 done",
-                                                                                          "step 1 done"]
+    assert [line for line in res.stderr.splitlines() if "done" in line and not line.startswith("run: ")] == [
+        "step 0 done", "step 1 done"]
 
 
 MUL_KERNEL = """

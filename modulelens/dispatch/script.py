@@ -235,9 +235,10 @@ def run_in_worker(request: ScriptRunRequest) -> ScriptRunOutcome:
 
 
 def run_script(request: ScriptRunRequest, timeout: float, progress: Callable[[str], None] | None = None,
-               label: str = "") -> tuple[ScriptRunOutcome, str]:
+               label: str = "", on_line: Callable[[str], None] | None = None) -> tuple[ScriptRunOutcome, str]:
     """Run the script in a worker process (its output relayed to stderr, each line after ``[label] ``
-    when a label is given); returns its outcome and the last lines it printed (without the label).
+    when a label is given, and each heard by ``on_line``); returns its outcome and the last lines it
+    printed (without the label).
     With a pack, the extensions of its module entries that have no verified build here are built
     first, in their own process, saying so through ``progress`` (stderr by default; see
     :func:`~modulelens.dispatch.builds.prepare_builds`): the script's run only loads builds."""
@@ -247,7 +248,7 @@ def run_script(request: ScriptRunRequest, timeout: float, progress: Callable[[st
         prepare_builds(request.pack, progress or (lambda m: print(f"modulelens: {m}", file=sys.stderr, flush=True)))
     run = launch_worker(
         "modulelens.dispatch.worker", request, ScriptRunOutcome, what="run", timeout=timeout, cwd=request.workdir,
-        relay_prefix=f"[{label}] " if label else "",
+        relay_prefix=f"[{label}] " if label else "", on_line=on_line,
         timeout_error=ModuleLensError(f"the script did not finish within {timeout:.0f} s and was stopped",
                                       "raise [--timeout] or run fewer steps"))
     return run.result(), run.output_tail

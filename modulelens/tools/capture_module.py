@@ -11,7 +11,7 @@ from modulelens.paths import input_script
 from modulelens.registry import ToolContext, tool
 from modulelens.replies import ToolReply, call
 from modulelens.repo import Repository
-from modulelens.script_progress import ScriptLines
+from modulelens.script_progress import script_lines
 from modulelens.team.handover import check_push_target, push
 
 MAX_TENSOR_BYTES = 1 << 40  # a bound on max_tensor_bytes (1 TiB): a larger value is a mistake
@@ -44,7 +44,7 @@ def capture_module(req: CaptureModuleRequest, ctx: ToolContext) -> CaptureModule
     script = input_script(req.script, ctx.project, "script")
     ctx.progress(0, 1, f"running {script.name} until {req.module or 'the model'} is called")
     t0 = time.perf_counter()
-    said = ScriptLines(ctx.progress, 0, 1, f"running {script.name} until {req.module or 'the model'} is called")
+    said = script_lines(ctx, 0, 1, f"running {script.name} until {req.module or 'the model'} is called")
     done = capture_script(req.model_copy(update={"script": str(script)}), repo, workdir=ctx.project, on_line=said)
     seconds = time.perf_counter() - t0
     summary = summarize(repo.open(KIND, done.ref))

@@ -13,7 +13,7 @@ from modulelens.paths import input_script
 from modulelens.registry import ToolContext, tool
 from modulelens.replies import call
 from modulelens.repo import Repository
-from modulelens.script_progress import ScriptLines
+from modulelens.script_progress import script_lines
 
 
 class CaptureOpsRequest(RecordOptions):
@@ -32,7 +32,7 @@ def _capture_first(req: CaptureOpsRequest, ctx: ToolContext) -> str:
     script = input_script(req.ref, ctx.project, "ref")
     options = ScriptCaptureOptions(script=str(script), script_args=req.script_args, module=req.module,
                                    max_tensor_bytes=req.max_tensor_bytes, backward=req.backward)
-    said = ScriptLines(ctx.progress, 0, req.repeats + 4, f"capturing {req.module or 'the model'}: running {script.name}")
+    said = script_lines(ctx, 0, req.repeats + 4, f"capturing {req.module or 'the model'}: running {script.name}")
     return capture_script(options, Repository(ctx.repo_root), workdir=ctx.project, on_line=said).ref
 
 

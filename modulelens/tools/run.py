@@ -20,6 +20,7 @@ from modulelens.listing import MAX_ITEMS, LeftOut, keep_first
 from modulelens.paths import input_script
 from modulelens.registry import ToolContext, tool
 from modulelens.replies import ToolReply, call
+from modulelens.script_progress import script_lines
 
 # With compare, each line the script prints (relayed to stderr) starts with its run's label.
 WITH_LABEL, WITHOUT_LABEL = "run 1/2: with the pack", "run 2/2: without the pack"
@@ -105,7 +106,9 @@ def run(req: RunRequest, ctx: ToolContext) -> RunResult:
                  + (" (switched off in alternate steps)" if req.compare else ""))
     with_pack, tail = run_script(base.model_copy(update={"pack": str(pack_path), "toggle": req.compare}), req.timeout,
                                  progress=lambda m: ctx.progress(0, 2 if req.compare else 1, m),
-                                 label=WITH_LABEL if req.compare else "")
+                                 label=WITH_LABEL if req.compare else "",
+                                 on_line=script_lines(ctx, 0, 2 if req.compare else 1, f"running {script.name} "
+                                                     "with the pack"))
     report = with_pack.report
     assert report is not None
     by_phase: dict[str, int] = {}
@@ -123,7 +126,8 @@ def run(req: RunRequest, ctx: ToolContext) -> RunResult:
     if req.compare:
         compare_steps(result, with_pack.step_seconds, with_pack.step_pack_on)
         ctx.progress(1, 2, f"running {script.name} without the pack")
-        without, _ = run_script(base, req.timeout, label=WITHOUT_LABEL)
+        without, _ = run_script(base, req.timeout, label=WITHOUT_LABEL,
+                                on_line=script_lines(ctx, 1, 2, f"running {script.name} without the pack"))
         result.exit_code_without = without.exit_code
         result.outputs_without = without.outputs
         result.outputs_match, result.max_output_difference = outputs_agree(with_pack.outputs, without.outputs,

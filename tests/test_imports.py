@@ -141,6 +141,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("jobs", "prestart"),
     # One module per tool; a tool never imports another (see above).
     ("tools",),
+    # Progress from the lines a user's script prints (over the registry's context).
+    ("script_progress",),
     # The registry of tools and the context handed to them: it imports no tool, and nothing below
     # the tools imports it (callbacks come from ``callbacks``).
     ("registry",),
@@ -169,7 +171,7 @@ LAYERS: list[tuple[str, ...]] = [
     # Devices: parsing, the "CUDA asked for, none here" policy, synchronisation.
     ("device",),
     # Leaves that import nothing of modulelens.
-    ("errors", "callbacks", "faces", "listing", "numerics", "wrappers", "version"),
+    ("errors", "callbacks", "faces", "kinds", "listing", "numerics", "wrappers", "version"),
 ]
 _MODULE_STRING = re.compile(r"^modulelens(\.\w+)+(:\w+)?$")
 

@@ -20,6 +20,7 @@ _FACE = {
     "capture": "runner", "record_constructors": "runner", "run_user_file": "runner", "script_error": "runner",
     "ScriptCaptureOptions": "worker", "capture_script": "worker",
     "autocast_regions": "tracer", "rng_states": "tracer", "set_rng_states": "tracer",
+    "current_settings": "numerics", "describe_settings": "numerics", "recorded_settings": "numerics",
     # The stored capture and what is told about it.
     "KIND": "manifest", "CaptureManifest": "manifest", "capture_manifest": "manifest",
     "load_tensors": "artifact",

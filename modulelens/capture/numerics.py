@@ -73,6 +73,6 @@ def recorded_settings(recorded: dict[str, SettingValue]) -> Iterator[dict[str, t
                 _set(name, own)
 
 
-def describe(changed: dict[str, tuple[SettingValue, SettingValue]]) -> str:
+def describe_settings(changed: dict[str, tuple[SettingValue, SettingValue]]) -> str:
     """``mkldnn False (this process: True)`` for each changed setting, joined."""
     return ", ".join(f"{name} {value} (this process: {own})" for name, (value, own) in changed.items())

@@ -17,15 +17,16 @@ from modulelens.capture import (
     TensorSpec,
     autocast_regions,
     capture_manifest,
+    describe_settings,
     flatten,
     keyed_tensors,
     keyed_values,
     layout_differences,
     parse_dtype,
+    recorded_settings,
     replayed_state,
     set_rng_states,
 )
-from modulelens.capture.numerics import describe, recorded_settings
 from modulelens.device import is_cuda, processor_name, require, synchronize
 from modulelens.errors import ModuleLensError, ReplayFailed, arg
 from modulelens.numerics import diff, short_repr, tolerances
@@ -267,7 +268,7 @@ def replay_module(req: ReplayModuleRequest, ctx: ToolContext) -> ReplayModuleRes
     attempts = [StrategyAttempt(strategy=s, error=e) for s, e in tried]
     notes = list(loaded.manifest.notes)
     if changed:
-        notes.append(f"replayed under the capture's numeric settings: {describe(changed)}")
+        notes.append(f"replayed under the capture's numeric settings: {describe_settings(changed)}")
     stored = loaded.manifest.activations
     if stored is not None and stored.mode != "full":
         notes.append(f"replayed on what the capture stored ({stored.mode}): {stored.reason}")

@@ -79,3 +79,16 @@ def test_internal_errors_and_wrong_answers_are_errors():
     assert "TB" in e.value.hint
     with pytest.raises(ModuleLensError, match="with a pong result"):
         validation_report(PongResult(), "cpp")
+
+
+def test_builds_against_another_torch_installation_get_folders_of_their_own(monkeypatch):
+    """A build's ninja file names torch's headers by path: two virtual environments sharing one
+    build folder made ninja rebuild it each time the other one loaded it."""
+    from modulelens.kernels.module_builds import module_build_address
+
+    cpp, source = get_backend("cpp"), "int forward() { return 1; }"
+    here = (cpp.build_name(source), module_build_address(source, "ext"))
+    assert (cpp.build_name(source), module_build_address(source, "ext")) == here  # the same installation shares
+    monkeypatch.setattr(build_cache, "torch_location", lambda: "/elsewhere/.venv/lib/python3.11/site-packages/torch")
+    elsewhere = (cpp.build_name(source), module_build_address(source, "ext"))
+    assert elsewhere[0] != here[0] and elsewhere[1] != here[1]

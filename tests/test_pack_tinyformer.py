@@ -90,9 +90,16 @@ def test_run_the_training_script_with_the_pack(tiny_pack, cli):
     assert r["outputs_match"] is True and len(r["outputs_with"]) == steps, (r["outputs_with"], r["outputs_without"])
     assert r["step_seconds_with"] > 0 and r["step_seconds_without"] > 0
     assert r["timing_status"] in ("ok", "undetermined") and r["timing_reason"]
-    low, high = r["step_ratio_interval"]
     assert (r["step_ratio"] is None) == (r["timing_status"] == "undetermined")
-    assert r["step_ratio"] is None or low <= r["step_ratio"] <= high
+    # A 95% interval goes with every ratio; an undetermined one whose rounds failed the noise checks
+    # (a loaded machine) has none, and its reason gives the range of round ratios instead.
+    interval = r["step_ratio_interval"]
+    if r["step_ratio"] is not None:
+        low, high = interval
+        assert low <= r["step_ratio"] <= high
+    else:
+        assert interval is not None or "range of round ratios" in r["timing_reason"], r["timing_reason"]
+    low, high = interval or (float("nan"), float("nan"))
     by_id = {e["candidate_id"]: e for e in r["entries"]}
     for e in forced["entries"]:
         got = by_id[e["candidate_id"]]

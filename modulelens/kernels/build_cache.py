@@ -68,6 +68,16 @@ def default_build_dir() -> Path:
     return base
 
 
+def torch_location() -> str:
+    """The folder torch is installed in. A build's ninja file names torch's headers and libraries
+    by this path, so builds against another installation (another virtual environment, a clean
+    clone's) go in folders of their own: sharing one made ninja rebuild it each time the other
+    installation loaded it."""
+    import torch
+
+    return os.path.dirname(os.path.realpath(torch.__file__))
+
+
 def source_key(*parts: str) -> str:
     """sha256 of the parts that decide a build's output."""
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()

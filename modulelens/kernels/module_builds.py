@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from modulelens.kernels import build_cache
 from modulelens.kernels.backends.compiler import LIB_SUFFIX, compiler_version, import_library
 from modulelens.kernels.backends.cpp import machine_tag
 from modulelens.kernels.build_cache import published_build, remember_build, source_key
@@ -28,7 +29,7 @@ def environment_parts() -> list[str]:
     """What a build's binary depends on besides its own inputs: torch, Python, CUDA, the C++
     compiler and the CPU (``-march=native``)."""
     return [torch.__version__, str(torch.version.cuda), sys.version, platform.machine(), machine_tag(),
-            compiler_version(os.environ.get("CXX", "c++"))]
+            compiler_version(os.environ.get("CXX", "c++")), build_cache.torch_location()]
 
 
 def module_build_address(module_source: str, extension: str) -> str:

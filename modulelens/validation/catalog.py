@@ -55,6 +55,7 @@ class CandidateEntry(BaseModel):
     correct: bool | None = None
     reason: str | None = None
     speedup_vs_eager: float | None = None
+    timing_status: str | None = None
 
 
 def _described(repo: Repository, art: Artifact) -> CandidateEntry:
@@ -77,7 +78,7 @@ def _entry(repo: Repository, art: Artifact) -> tuple[CandidateEntry, ValidationR
         return entry, None
     entry.report, report = found
     entry.verdict, entry.correct, entry.reason = report.verdict, report.correct, report.reason
-    entry.speedup_vs_eager = report.speedup_vs_eager
+    entry.speedup_vs_eager, entry.timing_status = report.speedup_vs_eager, report.timing_status
     return entry, report
 
 

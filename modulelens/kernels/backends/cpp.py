@@ -34,6 +34,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from modulelens.kernels import build_cache
 from modulelens.kernels.backends.base import BackendStatus, CompileError
 from modulelens.kernels.backends.compiler import NO_IMPLICIT_HEADERS, build_extension, compiler_version
 from modulelens.kernels.build_cache import default_build_dir, source_key
@@ -103,7 +104,8 @@ class CppBackend:
         (the checker computes it too, to find and publish the build)."""
         import torch
 
-        key = source_key("cpp", entry, source, " ".join(self.cflags()), " ".join(self.ldflags()), machine_tag(), torch.__version__)
+        key = source_key("cpp", entry, source, " ".join(self.cflags()), " ".join(self.ldflags()), machine_tag(), torch.__version__,
+                         build_cache.torch_location())
         return f"ml_cpp_{key[:16]}"
 
     _name = build_name

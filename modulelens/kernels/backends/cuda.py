@@ -150,7 +150,8 @@ class CudaBackend:
         import torch
 
         key = source_key("cuda", entry, source, " ".join(CUDA_FLAGS), torch.__version__, str(torch.version.cuda),
-                         os.environ.get("TORCH_CUDA_ARCH_LIST", ""), ".".join(map(str, torch.cuda.get_device_capability())))
+                         os.environ.get("TORCH_CUDA_ARCH_LIST", ""), ".".join(map(str, torch.cuda.get_device_capability())),
+                         build_cache.torch_location())
         return f"ml_cuda_{key[:16]}"
 
     def load(self, source: str, entry: str = "forward", build_dir: Path | None = None) -> Callable[..., Any]:
